@@ -1,0 +1,139 @@
+package guard
+
+import (
+	"net/netip"
+
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// Request is one request to decide. Only Key or IP identify the client; the
+// raw Key never leaves the process (it becomes a key_id first).
+type Request struct {
+	// Key is the raw API key; empty for an anonymous request.
+	Key string
+	// Tenant and Tier come from a trusted auth layer, if any. The key
+	// registry overrides them; without either the key is its own tenant.
+	Tenant string
+	Tier   string
+	// Path is the request path (or check API endpoint); it is normalised
+	// with the ruleset's route templates.
+	Path   string
+	Method string
+	// Domain and Descriptor are Envoy RLS fields; empty for HTTP requests.
+	Domain     string
+	Descriptor map[string]string
+	// IP is the client address (the socket peer, or the first untrusted
+	// X-Forwarded-For hop behind a trusted proxy).
+	IP netip.Addr
+	// Cost is the number of units the request asks for; 0 means 1 (use
+	// Guard.Peek for a cost-0 peek). A rule's own cost takes precedence.
+	Cost int64
+}
+
+// Reason says why a decision came out the way it did.
+type Reason string
+
+// Reasons, used in decision events, metrics and the check API's `reason`.
+const (
+	ReasonAllowed          Reason = "allowed"
+	ReasonRateLimited      Reason = "rate_limited"
+	ReasonBlocklisted      Reason = "blocklisted"
+	ReasonAllowlisted      Reason = "allowlisted"
+	ReasonNoRule           Reason = "no_rule"
+	ReasonPenalty          Reason = "penalty"
+	ReasonBlockRule        Reason = "block_rule"
+	ReasonCostExceedsLimit Reason = "cost_exceeds_limit"
+	ReasonInvalidKey       Reason = "invalid_key"
+	ReasonRedisUnavailable Reason = "redis_unavailable"
+)
+
+// API error codes (SPEC §3, §4). One table for every surface.
+const (
+	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED"
+	CodeKeyBlocked        = "KEY_BLOCKED"
+	CodePenalty           = "PENALTY"
+	CodeCostExceedsLimit  = "COST_EXCEEDS_LIMIT"
+	CodeInvalidKey        = "INVALID_KEY"
+	CodeBatchTooLarge     = "BATCH_TOO_LARGE"
+	CodeInvalidRequest    = "INVALID_REQUEST"
+	CodeUnauthorized      = "UNAUTHORIZED"
+)
+
+// RuleResult is the state of one applicable rule after a decision.
+type RuleResult struct {
+	ID        string
+	Algorithm rules.Algorithm
+	Shadow    bool
+	// Allowed: this rule admitted (or, for a shadow rule, would have
+	// admitted) the request.
+	Allowed bool
+	// Limit is the rule's effective limit, capacity or burst (after
+	// overrides and penalties).
+	Limit int64
+	// Remaining is the floor of the units available now, ≥ 0 (debt shows
+	// as 0).
+	Remaining int64
+	// Window is the RateLimit-Policy `w` in whole seconds.
+	Window int64
+	// Reset is the Unix time in seconds (rounded up) at which the counter is
+	// full again if no more requests come.
+	Reset int64
+	// Next is the RateLimit `t`: whole seconds (rounded up) until at least
+	// one more unit is available; 0 when the counter is full.
+	Next int64
+	// RetryAfter is, for a rejecting rule, the whole seconds (≥ 1, rounded
+	// up, never shorter than Next) until the request's cost is admitted.
+	RetryAfter int64
+	// Degraded: decided without Redis (fail-open or local fail-closed).
+	Degraded bool
+}
+
+// Decision is the answer for one request: everything the SPEC §3 headers,
+// the check API, Envoy RLS and decision events need.
+type Decision struct {
+	Allowed bool
+	// Status is the HTTP status to answer with: 200, 429, 403 or 400.
+	Status int
+	// Code is the API error code when Status is not 200.
+	Code   string
+	Reason Reason
+	// Degraded: at least one rule was decided without Redis.
+	Degraded bool
+	// Peek: the request was only peeked (cost 0); nothing was charged.
+	Peek bool
+
+	// Rules holds the applicable enforced rules, in ruleset order, then the
+	// shadow rules. Deciding indexes the rule whose values go into the
+	// X-RateLimit-* headers (-1 when no rule applied).
+	Rules    []RuleResult
+	Deciding int
+
+	// RetryAfter is the Retry-After header value in seconds (0 unless
+	// Status is 429).
+	RetryAfter int64
+
+	// Time is the decision's time in Unix microseconds (Redis time when
+	// Redis decided).
+	Time int64
+
+	// Identity, resolved from the request. KeyID is the keyed hash of the
+	// key, KeyPrefix a short non-secret prefix for humans.
+	KeyID     string
+	KeyPrefix string
+	Tenant    string
+	Tier      string
+	Endpoint  string
+	Cost      int64
+}
+
+// DecidingRule returns the deciding rule's result, or nil.
+func (d *Decision) DecidingRule() *RuleResult {
+	if d.Deciding < 0 || d.Deciding >= len(d.Rules) {
+		return nil
+	}
+	return &d.Rules[d.Deciding]
+}
+
+// HasHeaders reports whether the response carries rate-limit headers: not
+// for allowlisted, blocked or unmatched requests.
+func (d *Decision) HasHeaders() bool { return d.Deciding >= 0 }

@@ -1,0 +1,541 @@
+package guard
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// Errors.
+var (
+	// ErrNoRules is returned while no ruleset has been loaded.
+	ErrNoRules = errors.New("guard: no ruleset loaded")
+	// ErrInvalidKey is the error of a key longer than MaxKeyLen or holding
+	// control characters.
+	ErrInvalidKey = errors.New("guard: invalid API key")
+)
+
+// MaxKeyLen is the longest API key accepted, in bytes.
+const MaxKeyLen = 256
+
+// Guard decides requests against a ruleset, with counters in a Store.
+// Create it with New; it is safe for concurrent use and starts no
+// goroutines.
+type Guard struct {
+	store    Store
+	fallback Store
+	share    float64
+	hasher   *keyid.Hasher
+	prefix   string
+	maxCost  int64
+	controls *Controls
+	clock    func() int64
+	log      *slog.Logger
+
+	rules atomic.Pointer[rules.Ruleset]
+}
+
+var _ Checker = (*Guard)(nil)
+
+// Option configures a Guard.
+type Option func(*Guard)
+
+// WithKeyPrefix sets the prefix of every counter's key (default "tg").
+func WithKeyPrefix(p string) Option { return func(g *Guard) { g.prefix = p } }
+
+// WithMaxCost sets the largest cost a request may ask for (default 1000).
+func WithMaxCost(n int64) Option { return func(g *Guard) { g.maxCost = n } }
+
+// WithControls sets the dynamic blocklist, allowlist, penalties and
+// overrides (default: empty Controls of the Guard's own, see Controls).
+func WithControls(c *Controls) Option { return func(g *Guard) { g.controls = c } }
+
+// WithFallback sets the store that decides `on_failure: closed` rules when
+// the main store fails (typically a memstore.Store), with their limits
+// scaled by share (this gateway's share of the fleet; default 0.25).
+func WithFallback(s Store, share float64) Option {
+	return func(g *Guard) { g.fallback, g.share = s, share }
+}
+
+// WithClock sets the clock for expiries of controls (Unix µs; default the
+// system clock). Counters always use the store's time.
+func WithClock(now func() int64) Option { return func(g *Guard) { g.clock = now } }
+
+// WithLogger sets the logger (default: discard). Keys are never logged.
+func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
+
+// New returns a Guard deciding with store, deriving key_ids under secret,
+// enforcing rs (which may be nil until SetRules is called).
+func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard, error) {
+	h, err := keyid.New(secret)
+	if err != nil {
+		return nil, err
+	}
+	g := &Guard{
+		store:   store,
+		hasher:  h,
+		prefix:  "tg",
+		maxCost: 1000,
+		share:   0.25,
+		clock:   func() int64 { return time.Now().UnixMicro() },
+	}
+	for _, o := range opts {
+		o(g)
+	}
+	if g.controls == nil {
+		g.controls = NewControls()
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if rs != nil {
+		g.rules.Store(rs)
+	}
+	return g, nil
+}
+
+// SetRules swaps the ruleset atomically. Requests already being decided
+// finish with the ruleset they started with.
+func (g *Guard) SetRules(rs *rules.Ruleset) { g.rules.Store(rs) }
+
+// Rules returns the ruleset in force (nil before the first).
+func (g *Guard) Rules() *rules.Ruleset { return g.rules.Load() }
+
+// Controls returns the guard's dynamic controls.
+func (g *Guard) Controls() *Controls { return g.controls }
+
+// KeyID returns the key_id of an API key.
+func (g *Guard) KeyID(key string) string { return g.hasher.ID(key) }
+
+// Check decides req and charges its cost when it is admitted.
+func (g *Guard) Check(ctx context.Context, req *Request) (*Decision, error) {
+	d := &Decision{}
+	return d, g.CheckInto(ctx, req, d)
+}
+
+// CheckInto is Check filling d, reusing d.Rules' storage.
+func (g *Guard) CheckInto(ctx context.Context, req *Request, d *Decision) error {
+	return g.decide(ctx, OpCheck, req, d)
+}
+
+// Peek answers what a request of cost 1 would get, charging nothing.
+func (g *Guard) Peek(ctx context.Context, req *Request) (*Decision, error) {
+	d := &Decision{}
+	return d, g.decide(ctx, OpPeek, req, d)
+}
+
+// Report charges req.Cost to every rule applicable to req after the fact
+// (usage known only once the response is complete). Counters may go into
+// debt, at most one full limit below zero. The decision holds the state
+// afterwards.
+func (g *Guard) Report(ctx context.Context, req *Request) (*Decision, error) {
+	d := &Decision{}
+	return d, g.decide(ctx, OpReport, req, d)
+}
+
+// Reset empties the counters of every rule applicable to req: they start
+// full.
+func (g *Guard) Reset(ctx context.Context, req *Request) (*Decision, error) {
+	d := &Decision{}
+	return d, g.decide(ctx, OpReset, req, d)
+}
+
+// AddQuota gives n units back to every rule applicable to req (never above
+// a full counter).
+func (g *Guard) AddQuota(ctx context.Context, req *Request, n int64) (*Decision, error) {
+	r := *req
+	r.Cost = n
+	d := &Decision{}
+	return d, g.decide(ctx, OpAddQuota, &r, d)
+}
+
+// ValidKey reports whether key is an acceptable API key: at most MaxKeyLen
+// bytes of printable ASCII or UTF-8 without control characters.
+func ValidKey(key string) bool {
+	if len(key) > MaxKeyLen {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// applicable is one rule applying to a request, with its counter.
+type applicable struct {
+	rule    *rules.Rule
+	params  rules.Params
+	counter Counter
+}
+
+func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) error {
+	rs := g.rules.Load()
+	if rs == nil {
+		return ErrNoRules
+	}
+	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
+	if !ValidKey(req.Key) {
+		d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+		return nil
+	}
+	now := g.clock()
+	mreq := rules.Request{
+		Key:        req.Key,
+		Method:     req.Method,
+		Domain:     req.Domain,
+		Descriptor: req.Descriptor,
+		IP:         req.IP,
+	}
+	if req.Key != "" {
+		mreq.KeyID = g.hasher.ID(req.Key)
+		d.KeyID, d.KeyPrefix = mreq.KeyID, keyid.Prefix(req.Key)
+
+		// Precedence: blocklist > allowlist > penalty > rules.
+		st := rs.Listed(req.Key)
+		if st == rules.Unlisted {
+			st = g.controls.status(mreq.KeyID, now)
+		} else if st == rules.Allowlisted && g.controls.status(mreq.KeyID, now) == rules.Blocklisted {
+			st = rules.Blocklisted
+		}
+		switch st {
+		case rules.Blocklisted:
+			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
+			return nil
+		case rules.Allowlisted:
+			d.Reason = ReasonAllowlisted
+			return nil
+		}
+		if p, ok := g.controls.penalty(mreq.KeyID, now); ok && op == OpCheck {
+			d.reject(429, CodePenalty, ReasonPenalty)
+			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
+			d.Time = now
+			return nil
+		}
+		info, registered := rs.Identify(req.Key)
+		switch {
+		case registered:
+			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
+		default:
+			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
+			if mreq.Tier == "" {
+				mreq.Tier = info.Tier
+			}
+		}
+		if mreq.Tenant == "" {
+			mreq.Tenant = mreq.KeyID
+		}
+	}
+	mreq.Endpoint = rs.Normalize(req.Path)
+	d.Tenant, d.Tier, d.Endpoint = mreq.Tenant, mreq.Tier, mreq.Endpoint
+
+	var buf [8]*rules.Rule
+	matched := rs.Match(&mreq, buf[:0])
+	if len(matched) == 0 {
+		d.Reason = ReasonNoRule
+		return nil
+	}
+
+	cost := req.Cost
+	if cost <= 0 {
+		cost = 1
+	}
+	if op == OpPeek {
+		cost = 1
+	}
+	if (op == OpCheck || op == OpReport) && cost > g.maxCost {
+		d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+		return nil
+	}
+
+	var abuf [8]applicable
+	apps := abuf[:0]
+	for _, r := range matched {
+		if r.Block {
+			if r.Shadow {
+				continue
+			}
+			d.reject(403, CodeKeyBlocked, ReasonBlockRule)
+			return nil
+		}
+		a := applicable{rule: r}
+		a.params, _ = r.ParamsFor(req.Key, mreq.KeyID)
+		if o, ok := g.controls.override(r, mreq.KeyID, mreq.Tenant, now); ok {
+			a.params = o.Apply(a.params)
+		}
+		c := cost
+		if r.Cost > 0 && op != OpPeek && op != OpAddQuota {
+			c = r.Cost
+		}
+		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
+			d.Cost = c
+			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+			return nil
+		}
+		a.counter = Counter{
+			Name:      g.counterName(r, &mreq),
+			Algorithm: r.Algorithm,
+			Params:    a.params,
+			Cost:      c,
+			Shadow:    r.Shadow,
+		}
+		apps = append(apps, a)
+	}
+	d.Cost = cost
+	if len(apps) == 0 {
+		d.Reason = ReasonNoRule
+		return nil
+	}
+	return g.run(ctx, op, apps, d)
+}
+
+// run sends the counters to the store and fills the decision.
+func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) error {
+	// Key and tenant counters first: on Cluster the store decides the first
+	// counter's slot last.
+	var cbuf [8]Counter
+	var rbuf [8]CounterResult
+	counters := cbuf[:0]
+	order := make([]int, 0, len(apps))
+	for pass := 0; pass < 2; pass++ {
+		for i := range apps {
+			primary := apps[i].rule.Scope == rules.ScopeKey || apps[i].rule.Scope == rules.ScopeTenant
+			if primary == (pass == 0) {
+				counters = append(counters, apps[i].counter)
+				order = append(order, i)
+			}
+		}
+	}
+	res := rbuf[:0]
+	for range counters {
+		res = append(res, CounterResult{})
+	}
+	now, err := g.store.Do(ctx, op, 0, counters, res)
+	degraded := false
+	if err != nil {
+		if op != OpCheck && op != OpPeek {
+			return err
+		}
+		degraded = true
+		ruleOf := make([]*rules.Rule, len(order))
+		for j, i := range order {
+			ruleOf[j] = apps[i].rule
+		}
+		now, err = g.degrade(ctx, op, ruleOf, counters, res)
+		if err != nil {
+			return err
+		}
+	}
+	d.Time = now
+	d.Degraded = degraded
+	if degraded {
+		d.Reason = ReasonRedisUnavailable
+	}
+
+	// Results in ruleset order: enforced rules, then shadow ones.
+	byApp := make([]int, len(apps))
+	for j, i := range order {
+		byApp[i] = j
+	}
+	for pass := 0; pass < 2; pass++ {
+		for i := range apps {
+			if apps[i].rule.Shadow != (pass == 1) {
+				continue
+			}
+			local := degraded && apps[i].rule.OnFailure == rules.FailClosed && g.fallback != nil
+			rr := g.result(apps[i], &res[byApp[i]], now, degraded && !local)
+			rr.Degraded = degraded
+			d.Rules = append(d.Rules, rr)
+		}
+	}
+
+	admitted := true
+	for i := range d.Rules {
+		if !d.Rules[i].Shadow && !d.Rules[i].Allowed {
+			admitted = false
+		}
+	}
+	deciding := -1
+	for i := range d.Rules {
+		rr := &d.Rules[i]
+		if rr.Shadow {
+			continue
+		}
+		if deciding < 0 {
+			deciding = i
+			continue
+		}
+		best := &d.Rules[deciding]
+		if !admitted {
+			if !rr.Allowed && (best.Allowed || rr.RetryAfter > best.RetryAfter) {
+				deciding = i
+			}
+		} else if rr.Remaining < best.Remaining || (rr.Remaining == best.Remaining && rr.Limit < best.Limit) {
+			deciding = i
+		}
+	}
+	d.Deciding = deciding
+	if deciding < 0 {
+		// Only shadow rules applied: no headers.
+		d.Reason = ReasonNoRule
+		if degraded {
+			d.Reason = ReasonRedisUnavailable
+		}
+		return nil
+	}
+	if !admitted && (op == OpCheck || op == OpPeek) {
+		d.reject(429, CodeRateLimitExceeded, ReasonRateLimited)
+		d.RetryAfter = d.Rules[deciding].RetryAfter
+	}
+	d.Peek = op == OpPeek
+	return nil
+}
+
+// result turns a store's counter result into a RuleResult.
+func (g *Guard) result(a applicable, r *CounterResult, now int64, failOpen bool) RuleResult {
+	rr := RuleResult{
+		ID:        a.rule.ID,
+		Algorithm: a.rule.Algorithm,
+		Shadow:    a.rule.Shadow,
+		Allowed:   r.Allowed,
+		Limit:     a.params.Limit,
+		Window:    a.params.PolicyWindow(a.rule.Algorithm),
+	}
+	if failOpen {
+		rr.Allowed, rr.Remaining, rr.Degraded = true, -1, true
+		rr.Reset = ceilDiv(now, 1_000_000)
+		return rr
+	}
+	rr.Remaining = max(r.Remaining, 0)
+	rr.Reset = ceilDiv(now+r.ResetAfter, 1_000_000)
+	rr.Next = ceilDiv(r.NextAfter, 1_000_000)
+	if !r.Allowed {
+		rr.RetryAfter = max(1, ceilDiv(r.RetryAfter, 1_000_000), rr.Next)
+	}
+	return rr
+}
+
+// degrade decides a check while the store is unavailable: `on_failure:
+// closed` rules through the fallback store with their limits scaled by the
+// gateway's share of the fleet; every other rule allows (fail open).
+func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counters []Counter, res []CounterResult) (int64, error) {
+	now := g.clock()
+	for i := range res {
+		res[i] = CounterResult{Allowed: true}
+	}
+	if g.fallback == nil {
+		return now, nil
+	}
+	var closed []Counter
+	var idx []int
+	for i, c := range counters {
+		if ruleOf[i].OnFailure == rules.FailClosed {
+			c.Params.Limit = max(1, int64(float64(c.Params.Limit)*g.share))
+			closed = append(closed, c)
+			idx = append(idx, i)
+		}
+	}
+	if len(closed) == 0 {
+		return now, nil
+	}
+	fr := make([]CounterResult, len(closed))
+	if _, err := g.fallback.Do(ctx, op, now, closed, fr); err != nil {
+		return now, err
+	}
+	for j, i := range idx {
+		res[i] = fr[j]
+	}
+	return now, nil
+}
+
+// counterName builds a counter's storage key: the prefix, the scope value
+// in a Cluster hash tag, then the rule's tag (SPEC §2 Redis layout):
+//
+//	key scope:    <prefix>{<tenant>}<tag>[<key_id> if the key has a tenant]
+//	tenant scope: <prefix>{<tenant>}<tag>
+//	ip scope:     <prefix>{ip:<address or IPv6 /64>}<tag>
+//	global scope: <prefix>{g:<tag>}<tag>
+//
+// followed by ":" and a hash of the normalised endpoint for by_endpoint
+// rules. Anonymous requests count key- and tenant-scope rules per client IP.
+func (g *Guard) counterName(r *rules.Rule, req *rules.Request) string {
+	scope := r.Scope
+	if req.Key == "" && (scope == rules.ScopeKey || scope == rules.ScopeTenant) {
+		scope = rules.ScopeIP
+	}
+	b := make([]byte, 0, 64)
+	b = append(b, g.prefix...)
+	b = append(b, '{')
+	switch scope {
+	case rules.ScopeIP:
+		b = append(b, "ip:"...)
+		b = appendIP(b, req.IP)
+	case rules.ScopeGlobal:
+		b = append(b, "g:"...)
+		b = append(b, r.Tag...)
+	default:
+		b = appendTenantTag(b, req.Tenant)
+	}
+	b = append(b, '}')
+	b = append(b, r.Tag...)
+	if scope == rules.ScopeKey && req.Tenant != req.KeyID {
+		b = append(b, req.KeyID...)
+	}
+	if r.ByEndpoint {
+		sum := sha256.Sum256([]byte(req.Endpoint))
+		b = append(b, ':')
+		b = base64.RawURLEncoding.AppendEncode(b, sum[:8])
+	}
+	return string(b)
+}
+
+// appendIP appends an IPv4 address, or an IPv6 address's /64 prefix.
+func appendIP(b []byte, ip netip.Addr) []byte {
+	if !ip.IsValid() {
+		return append(b, '-')
+	}
+	ip = ip.Unmap()
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.AppendTo(b)
+	}
+	return ip.AppendTo(b)
+}
+
+// appendTenantTag appends the tenant as a hash tag: as is when it is made of
+// characters that cannot end a tag or be confused with other scopes, else
+// "~" and a hash of it.
+func appendTenantTag(b []byte, tenant string) []byte {
+	safe := len(tenant) > 0 && len(tenant) <= 64
+	for i := 0; safe && i < len(tenant); i++ {
+		c := tenant[i]
+		safe = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
+	}
+	if safe {
+		return append(b, tenant...)
+	}
+	sum := sha256.Sum256([]byte(tenant))
+	b = append(b, '~')
+	return base64.RawURLEncoding.AppendEncode(b, sum[:16])
+}
+
+func (d *Decision) reject(status int, code string, reason Reason) {
+	d.Allowed, d.Status, d.Code, d.Reason = false, status, code, reason
+}
+
+func ceilDiv(x, y int64) int64 {
+	q := x / y
+	if x%y != 0 && (x < 0) == (y < 0) {
+		q++
+	}
+	return q
+}

@@ -1,0 +1,276 @@
+// Package memstore holds Tollgate's algorithms in exact in-memory form.
+//
+// It is two things at once. It is the reference model the Redis scripts are
+// checked against: every algorithm is written here a second time, in plain
+// int64 arithmetic with an injected clock, and property tests require the
+// scripts and this package to agree on every decision, remaining count,
+// reset, `t` and retry time. And it is the local limiter that decides
+// `on_failure: closed` rules while Redis is unavailable.
+//
+// A Store is safe for concurrent use. Counters that are full again are
+// dropped, and the number of counters is bounded (WithMaxCounters): when the
+// bound is reached the counters nearest to being full are evicted first.
+package memstore
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// Store is an in-memory guard.Store.
+type Store struct {
+	clock func() int64
+	max   int
+
+	mu       sync.Mutex
+	counters map[string]*state
+}
+
+var _ guard.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock sets the clock used when Do is called with now == 0 (Unix
+// microseconds). The default is the system clock.
+func WithClock(now func() int64) Option { return func(s *Store) { s.clock = now } }
+
+// WithMaxCounters bounds the number of counters kept (default 1,000,000).
+func WithMaxCounters(n int) Option { return func(s *Store) { s.max = n } }
+
+// New returns an empty Store.
+func New(opts ...Option) *Store {
+	s := &Store{
+		clock:    func() int64 { return time.Now().UnixMicro() },
+		max:      1_000_000,
+		counters: make(map[string]*state),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Len returns the number of counters held.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.counters)
+}
+
+// state is one counter's persisted state, the same fields the Redis scripts
+// keep (see guard/redisstore/lua).
+type state struct {
+	alg rules.Algorithm
+	// expires is when the counter is full again (Unix µs). A full counter
+	// equals a missing one, so expired counters are dropped when space is
+	// needed.
+	expires int64
+
+	// token_bucket: debt, last refill, scale. gcra: tat.
+	z, ts, s, tat int64
+	// fixed_window
+	ws, n int64
+	// sliding_window_counter: sub-window index -> units
+	cnt map[int64]int64
+	// sliding_window_log: entries in Redis order (time, then member bytes)
+	log []entry
+}
+
+type entry struct {
+	ts, seq, n int64
+	m          string
+}
+
+// work is a counter during one call: its parameters and loaded state.
+type work struct {
+	c    *guard.Counter
+	alg  algorithm
+	name string
+	L    int64
+
+	// bucket
+	a, b, k, z, ts int64
+	// fixed window
+	ws, n int64
+	// sliding counter
+	sw, q, P, t, i int64
+	cnt            map[int64]int64
+	// sliding log
+	w   int64
+	log []entry
+	u   int64
+}
+
+type algorithm interface {
+	load(w *work, st *state, now int64)
+	fits(w *work, cost int64) bool
+	add(w *work, cost int64, capped bool, now int64) string
+	sub(w *work, n int64)
+	refund(w *work, token string)
+	save(w *work, now int64) *state // nil: delete
+	stats(w *work, now, cost int64) (rem, reset, next, retry int64)
+}
+
+func algorithmOf(a rules.Algorithm) algorithm {
+	switch a {
+	case rules.GCRA:
+		return gcraAlg{}
+	case rules.FixedWindow:
+		return fixedWindow{}
+	case rules.SlidingWindowCounter:
+		return slidingCounter{}
+	case rules.SlidingWindowLog:
+		return slidingLog{}
+	default:
+		return tokenBucket{}
+	}
+}
+
+// Do implements guard.Store with the semantics of the Redis script
+// (guard/redisstore/lua/decide.lua).
+func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	if now == 0 {
+		now = s.clock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	ws := make([]work, len(counters))
+	for i := range counters {
+		c := &counters[i]
+		w := &ws[i]
+		w.c, w.name, w.alg, w.L = c, c.Name, algorithmOf(c.Algorithm), c.Params.Limit
+		setParams(w, c)
+		if op == guard.OpReset {
+			delete(s.counters, c.Name)
+		}
+		st := s.counters[c.Name]
+		if st != nil && st.alg != c.Algorithm {
+			st = nil
+		}
+		w.alg.load(w, st, now)
+		res[i] = guard.CounterResult{}
+	}
+
+	admitted := true
+	switch op {
+	case guard.OpCheck, guard.OpPeek:
+		for i := range ws {
+			res[i].Allowed = ws[i].alg.fits(&ws[i], ws[i].c.Cost)
+			if !ws[i].c.Shadow && !res[i].Allowed {
+				admitted = false
+			}
+		}
+		if admitted {
+			for i := range ws {
+				if res[i].Allowed {
+					res[i].Token = ws[i].alg.add(&ws[i], ws[i].c.Cost, false, now)
+					res[i].Charged = op == guard.OpCheck
+				}
+			}
+		}
+	case guard.OpReport:
+		for i := range ws {
+			res[i].Allowed, res[i].Charged = true, true
+			res[i].Token = ws[i].alg.add(&ws[i], ws[i].c.Cost, true, now)
+		}
+	case guard.OpAddQuota:
+		for i := range ws {
+			res[i].Allowed, res[i].Charged = true, true
+			ws[i].alg.sub(&ws[i], ws[i].c.Cost)
+		}
+	case guard.OpRefund:
+		for i := range ws {
+			res[i].Allowed, res[i].Charged = true, true
+			ws[i].alg.refund(&ws[i], ws[i].c.Token)
+		}
+	case guard.OpReset:
+		for i := range ws {
+			res[i].Allowed = true
+		}
+	}
+
+	for i := range ws {
+		w := &ws[i]
+		if res[i].Charged {
+			if st := w.alg.save(w, now); st != nil {
+				st.alg = w.c.Algorithm
+				s.put(w.name, st, now)
+			} else {
+				delete(s.counters, w.name)
+			}
+		}
+		r := &res[i]
+		r.Remaining, r.ResetAfter, r.NextAfter, r.RetryAfter = w.alg.stats(w, now, w.c.Cost)
+		if !r.Charged {
+			r.Token = ""
+		}
+	}
+	return now, nil
+}
+
+func (s *Store) put(name string, st *state, now int64) {
+	if _, ok := s.counters[name]; !ok && len(s.counters) >= s.max {
+		s.evict(now)
+	}
+	s.counters[name] = st
+}
+
+// evict drops expired counters, then, if still at the bound, the tenth of
+// the counters nearest to being full.
+func (s *Store) evict(now int64) {
+	for k, st := range s.counters {
+		if st.expires <= now {
+			delete(s.counters, k)
+		}
+	}
+	if len(s.counters) < s.max {
+		return
+	}
+	type kv struct {
+		k string
+		e int64
+	}
+	all := make([]kv, 0, len(s.counters))
+	for k, st := range s.counters {
+		all = append(all, kv{k, st.expires})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].e < all[j].e })
+	for _, x := range all[:max(len(all)/10, 1)] {
+		delete(s.counters, x.k)
+	}
+}
+
+func setParams(w *work, c *guard.Counter) {
+	p := c.Params
+	switch c.Algorithm {
+	case rules.FixedWindow, rules.SlidingWindowLog:
+		w.w = p.Window
+	case rules.SlidingWindowCounter:
+		w.sw, w.q = guard.WindowScale(p)
+		w.P = max(p.Precision, 1)
+	default:
+		w.a, w.b, w.k = guard.BucketScale(p)
+	}
+}
+
+// Exact integer helpers (the Lua prelude's fdiv, cdiv, ms).
+
+func fdiv(x, y int64) int64 {
+	q := x / y
+	if (x%y != 0) && ((x < 0) != (y < 0)) {
+		q--
+	}
+	return q
+}
+
+func cdiv(x, y int64) int64 { return -fdiv(-x, y) }
+
+func itoa(x int64) string { return strconv.FormatInt(x, 10) }

@@ -1,0 +1,164 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is the `redis.*` section of the gateway configuration (SPEC §4).
+type Config struct {
+	// Mode is standalone (default), sentinel or cluster.
+	// TOLLGATE_REDIS_MODE.
+	Mode string `yaml:"mode"`
+	// Addrs: the server, the sentinels, or cluster seed nodes (default
+	// 127.0.0.1:6379). TOLLGATE_REDIS_ADDRS, comma-separated.
+	Addrs []string `yaml:"addrs"`
+	// MasterName is the Sentinel master name (default mymaster).
+	// TOLLGATE_REDIS_MASTER_NAME.
+	MasterName string `yaml:"master_name"`
+	// Username, Password, PasswordFile: ACL credentials. PasswordFile wins
+	// over Password. TOLLGATE_REDIS_USERNAME, _PASSWORD, _PASSWORD_FILE.
+	Username     string `yaml:"username"`
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// TLS enables TLS, with TLSCAFile as the trusted CA bundle (optional).
+	// TOLLGATE_REDIS_TLS, TOLLGATE_REDIS_TLS_CA_FILE.
+	TLS       bool   `yaml:"tls"`
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// DB is the database (standalone and Sentinel). TOLLGATE_REDIS_DB.
+	DB int `yaml:"db"`
+	// KeyPrefix starts every counter's key (default tg).
+	// TOLLGATE_REDIS_KEY_PREFIX.
+	KeyPrefix string `yaml:"key_prefix"`
+	// PoolSize is connections per node (default: the client's, 10 per CPU).
+	// TOLLGATE_REDIS_POOL_SIZE.
+	PoolSize int `yaml:"pool_size"`
+	// Timeout is the deadline of one Redis call (default 50ms).
+	// TOLLGATE_REDIS_TIMEOUT.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// Modes.
+const (
+	ModeStandalone = "standalone"
+	ModeSentinel   = "sentinel"
+	ModeCluster    = "cluster"
+)
+
+// SetDefaults fills unset fields with their defaults.
+func (c *Config) SetDefaults() {
+	if c.Mode == "" {
+		c.Mode = ModeStandalone
+	}
+	if len(c.Addrs) == 0 {
+		c.Addrs = []string{"127.0.0.1:6379"}
+	}
+	if c.MasterName == "" {
+		c.MasterName = "mymaster"
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = "tg"
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 50 * time.Millisecond
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	switch c.Mode {
+	case ModeStandalone, ModeSentinel, ModeCluster:
+	default:
+		errs = append(errs, fmt.Errorf("redis.mode: %q is not standalone, sentinel or cluster", c.Mode))
+	}
+	if len(c.Addrs) == 0 {
+		errs = append(errs, errors.New("redis.addrs: empty"))
+	}
+	if c.Mode == ModeStandalone && len(c.Addrs) > 1 {
+		errs = append(errs, errors.New("redis.addrs: standalone mode takes one address"))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, errors.New("redis.timeout: must be positive"))
+	}
+	if c.PoolSize < 0 {
+		errs = append(errs, errors.New("redis.pool_size: must not be negative"))
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		errs = append(errs, errors.New("redis.key_prefix: must not contain { or }"))
+	}
+	return errors.Join(errs...)
+}
+
+// NewClient builds the go-redis client for cfg with the settings the guard
+// needs (DEPENDENCIES trap 4): context deadlines honoured, read and write
+// timeouts at the call deadline, a short dial timeout, and no automatic
+// retries — a script whose reply was lost must never be sent again.
+func NewClient(cfg Config) (redis.UniversalClient, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	password := cfg.Password
+	if cfg.PasswordFile != "" {
+		b, err := os.ReadFile(cfg.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis.password_file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	var tlsCfg *tls.Config
+	if cfg.TLS {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		if cfg.TLSCAFile != "" {
+			pem, err := os.ReadFile(cfg.TLSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("redis.tls_ca_file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, errors.New("redis.tls_ca_file: no certificates found")
+			}
+			tlsCfg.RootCAs = pool
+		}
+	}
+	io := max(cfg.Timeout, 10*time.Millisecond)
+	opts := &redis.UniversalOptions{
+		Addrs:                 cfg.Addrs,
+		DB:                    cfg.DB,
+		Username:              cfg.Username,
+		Password:              password,
+		MasterName:            cfg.MasterName,
+		TLSConfig:             tlsCfg,
+		PoolSize:              cfg.PoolSize,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		DialTimeout:           max(4*cfg.Timeout, 200*time.Millisecond),
+		DialerRetries:         1,
+		ReadTimeout:           io,
+		WriteTimeout:          io,
+		PoolTimeout:           io,
+		MaxRedirects:          3,
+		DisableIdentity:       true,
+	}
+	if cfg.Mode != ModeSentinel {
+		opts.MasterName = ""
+	}
+	switch cfg.Mode {
+	case ModeCluster:
+		opts.IsClusterMode = true
+		opts.DB = 0
+		return redis.NewClusterClient(opts.Cluster()), nil
+	case ModeSentinel:
+		return redis.NewFailoverClient(opts.Failover()), nil
+	default:
+		return redis.NewClient(opts.Simple()), nil
+	}
+}

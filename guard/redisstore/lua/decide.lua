@@ -1,0 +1,133 @@
+-- decide.lua: decides one request's counters atomically (one EVALSHA).
+-- It is appended to prelude.lua and the algorithm files to form the script.
+--
+-- KEYS[i]  the i-th counter's key. All keys share one Cluster hash tag.
+-- ARGV[1]  op: 1 check, 2 peek, 3 report, 4 reset, 5 add quota, 6 refund
+-- ARGV[2]  now in Unix µs, or 0 to use redis TIME (always 0 in production;
+--          an explicit time exists only so tests can drive a clock)
+-- ARGV[3]  TTL margin in ms added to every key's expiry
+-- then 8 values per counter i, starting at ARGV[4 + 8*(i-1)]:
+--   algorithm (1 token_bucket, 2 gcra, 3 fixed_window,
+--              4 sliding_window_counter, 5 sliding_window_log),
+--   cost (units; add quota: units to give back),
+--   shadow (1 = shadow counter), refund token ("" unless op 6),
+--   a, b, c, d: the algorithm's parameters (see its file)
+--
+-- check: the request is admitted when every non-shadow counter can take its
+-- cost; then all of them are charged, otherwise none is. A shadow counter
+-- is charged only when the request is admitted and it would have admitted it.
+-- peek: as check, nothing written. report: charge unconditionally, debt down
+-- to one full limit below zero. reset: delete. add quota: give units back,
+-- never above full. refund: undo the charge named by the token.
+--
+-- Reply: { now, admitted (1/0), then 7 values per counter:
+--   allowed (1/0), charged (1/0), remaining (floor, may be negative),
+--   reset after (µs until full), next after (µs until one more unit;
+--   0 when full), retry after (µs until the cost is admitted; 0 when it is),
+--   token (string, "" when nothing was charged) }
+
+local ALGOS = {
+  { load = tb_load, save = tb_save, fits = bucket_fits, add = bucket_add,
+    sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
+  { load = gcra_load, save = gcra_save, fits = bucket_fits, add = bucket_add,
+    sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
+  { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
+    sub = fw_sub, refund = fw_refund, stats = fw_stats },
+  { load = swc_load, save = swc_save, fits = swc_fits, add = swc_add,
+    sub = swc_sub, refund = swc_refund, stats = swc_stats },
+  { load = swl_load, save = swl_save, fits = swl_fits, add = swl_add,
+    sub = swl_sub, refund = swl_refund, stats = swl_stats },
+}
+
+local op = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local margin = tonumber(ARGV[3])
+
+local cs = {}
+for i = 1, #KEYS do
+  local b = 4 + 8 * (i - 1)
+  cs[i] = {
+    key = KEYS[i], alg = ALGOS[tonumber(ARGV[b])], cost = tonumber(ARGV[b + 1]),
+    shadow = ARGV[b + 2] == '1', token = ARGV[b + 3],
+    a = tonumber(ARGV[b + 4]), b = tonumber(ARGV[b + 5]),
+    c = tonumber(ARGV[b + 6]), d = tonumber(ARGV[b + 7]),
+    allowed = false, charged = false, tok = '',
+  }
+end
+
+local admitted = true
+if op == 4 then
+  for i = 1, #cs do
+    redis.call('DEL', cs[i].key)
+  end
+end
+for i = 1, #cs do
+  cs[i].alg.load(cs[i], now)
+end
+
+if op == 1 or op == 2 then
+  for i = 1, #cs do
+    local c = cs[i]
+    c.allowed = c.alg.fits(c, c.cost)
+    if not c.shadow and not c.allowed then
+      admitted = false
+    end
+  end
+  if admitted then
+    for i = 1, #cs do
+      local c = cs[i]
+      if c.allowed then
+        c.tok = c.alg.add(c, c.cost, false, now)
+        c.charged = op == 1
+      end
+    end
+  end
+elseif op == 3 then
+  for i = 1, #cs do
+    local c = cs[i]
+    c.allowed = true
+    c.tok = c.alg.add(c, c.cost, true, now)
+    c.charged = true
+  end
+elseif op == 5 then
+  for i = 1, #cs do
+    cs[i].allowed = true
+    cs[i].alg.sub(cs[i], cs[i].cost)
+    cs[i].charged = true
+  end
+elseif op == 6 then
+  for i = 1, #cs do
+    cs[i].allowed = true
+    cs[i].alg.refund(cs[i], cs[i].token)
+    cs[i].charged = true
+  end
+elseif op == 4 then
+  for i = 1, #cs do
+    cs[i].allowed = true
+  end
+end
+
+local out = { now, admitted and 1 or 0 }
+for i = 1, #cs do
+  local c = cs[i]
+  if c.charged then
+    c.alg.save(c, now, margin)
+  end
+  local rem, reset, nxt, retry = c.alg.stats(c, now, c.cost)
+  if not c.charged then
+    c.tok = ''
+  end
+  local n = #out
+  out[n + 1] = c.allowed and 1 or 0
+  out[n + 2] = c.charged and 1 or 0
+  out[n + 3] = rem
+  out[n + 4] = reset
+  out[n + 5] = nxt
+  out[n + 6] = retry
+  out[n + 7] = c.tok
+end
+return out

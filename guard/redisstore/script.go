@@ -1,0 +1,48 @@
+package redisstore
+
+import (
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
+	"strings"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// scriptParts are concatenated, in order, into the one script every call
+// runs: the shared prelude, the algorithms, then the driver that reads KEYS
+// and ARGV. Each file's header states its inputs and outputs.
+var scriptParts = []string{
+	"lua/prelude.lua",
+	"lua/bucket.lua",
+	"lua/fixed_window.lua",
+	"lua/sliding_window_counter.lua",
+	"lua/sliding_window_log.lua",
+	"lua/decide.lua",
+}
+
+// Script is the guard's Redis script: its source and SHA-1 (for EVALSHA).
+type Script struct {
+	Source string
+	SHA    string
+}
+
+// DecideScript returns the script that decides a request's counters
+// (lua/decide.lua describes its KEYS, ARGV and reply).
+func DecideScript() Script {
+	var b strings.Builder
+	for _, name := range scriptParts {
+		src, err := luaFiles.ReadFile(name)
+		if err != nil {
+			// The files are embedded at build time; a missing one is a
+			// build defect, caught by the package's tests.
+			panic("redisstore: missing embedded " + name)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	src := b.String()
+	sum := sha1.Sum([]byte(src))
+	return Script{Source: src, SHA: hex.EncodeToString(sum[:])}
+}

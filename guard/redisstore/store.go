@@ -1,0 +1,529 @@
+// Package redisstore decides guard counters in Redis: one Lua script (see
+// lua/), run with EVALSHA and loaded on NOSCRIPT, deciding every counter of
+// a request that shares a Cluster hash tag in one atomic call, with time
+// from Redis TIME.
+//
+// Concurrent calls share pipelines: calls arriving together are written to
+// Redis as one pipeline per connection, bounded in size (WithBatch), adding
+// no delay when Redis keeps up (a batch is whatever queued while the previous
+// one was in flight). A call that timed out is never sent again: Redis may
+// have run it, and a retry would charge twice. Only errors where the script
+// surely did not run are retried: NOSCRIPT, TRYAGAIN and a failed dial
+// (MOVED and ASK are followed by the Cluster client).
+//
+// On Redis Cluster, counters in other slots than the request's own (IP and
+// global rules) are decided first, slot by slot; when a later slot rejects,
+// what the earlier slots charged is refunded with the tokens their scripts
+// returned. Between the charge and the refund (one round trip) other
+// requests see those units as consumed: the refund bound is that concurrent
+// requests may be rejected by up to one request's cost per in-flight
+// multi-slot rejection; the fleet never admits more than the limits.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// Errors.
+var (
+	// ErrClosed is returned by Do after Close.
+	ErrClosed = errors.New("redisstore: closed")
+	// ErrReply is returned when the script's reply cannot be read.
+	ErrReply = errors.New("redisstore: malformed script reply")
+)
+
+// Store is a guard.Store backed by Redis. Create it with New; it is safe for
+// concurrent use. New starts the batching goroutines (WithBatch); Close
+// stops them and waits for them.
+type Store struct {
+	client  redis.UniversalClient
+	script  Script
+	cluster bool
+	timeout time.Duration
+	margin  int64
+	log     *slog.Logger
+
+	batch   int
+	workers int
+	queue   chan *call
+	quit    chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+	once    sync.Once
+
+	calls atomic.Int64 // scripts sent, for tests and metrics
+}
+
+var _ guard.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTimeout sets the deadline of one Redis call (default 50 ms). It holds
+// when Redis hangs as well as when it refuses.
+func WithTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
+
+// WithTTLMargin sets how long, beyond the time a counter is full again, its
+// key is kept (default 1 s). Tests that drive an explicit clock set it high.
+func WithTTLMargin(d time.Duration) Option {
+	return func(s *Store) { s.margin = d.Milliseconds() }
+}
+
+// WithBatch sets the most calls written in one pipeline (default 64) and the
+// number of pipelines in flight at once (default 8). A batch of 1 disables
+// batching: every call is its own round trip.
+func WithBatch(size, inflight int) Option {
+	return func(s *Store) { s.batch, s.workers = size, inflight }
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
+
+// New returns a Store using client. A *redis.ClusterClient enables Cluster
+// slot handling. The client should be built with NewClient (or the same
+// settings: no automatic retries, context deadlines honoured).
+func New(client redis.UniversalClient, opts ...Option) *Store {
+	s := &Store{
+		client:  client,
+		script:  decideScript,
+		timeout: 50 * time.Millisecond,
+		margin:  1000,
+		batch:   64,
+		workers: 8,
+		quit:    make(chan struct{}),
+	}
+	_, s.cluster = client.(*redis.ClusterClient)
+	for _, o := range opts {
+		o(s)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.batch > 1 && s.workers > 0 {
+		s.queue = make(chan *call, s.batch*s.workers)
+		for range s.workers {
+			s.wg.Add(1)
+			go s.worker()
+		}
+	}
+	return s
+}
+
+var decideScript = DecideScript()
+
+// Close stops the batching goroutines and waits for them. Calls in flight
+// finish; later calls get ErrClosed. It does not close the client. Close is
+// idempotent and safe from many goroutines.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		s.closed.Store(true)
+		close(s.quit)
+	})
+	s.wg.Wait()
+	return nil
+}
+
+// Calls returns the number of scripts sent to Redis so far.
+func (s *Store) Calls() int64 { return s.calls.Load() }
+
+// Load loads the script into Redis (every primary on Cluster), so the first
+// calls need no NOSCRIPT round trip.
+func (s *Store) Load(ctx context.Context) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.ScriptLoad(ctx, s.script.Source).Err()
+		})
+	}
+	if err := s.client.ScriptLoad(ctx, s.script.Source).Err(); err != nil {
+		return fmt.Errorf("redisstore: script load: %w", err)
+	}
+	return nil
+}
+
+// Do implements guard.Store.
+func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	if len(counters) == 0 {
+		return now, nil
+	}
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if !s.cluster {
+		t, _, err := s.eval(ctx, op, now, counters, res)
+		return t, err
+	}
+	return s.doCluster(ctx, op, now, counters, res)
+}
+
+// doCluster decides counters slot by slot: other slots first, the first
+// counter's slot (the request's key and tenant) last; a rejection refunds
+// what earlier slots charged.
+func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	groups := groupBySlot(counters)
+	if len(groups) == 1 {
+		t, _, err := s.eval(ctx, op, now, counters, res)
+		return t, err
+	}
+	// groups[0] is the first counter's slot: decide it last.
+	order := append(groups[1:len(groups):len(groups)], groups[0])
+	var t int64
+	done := make([]slotGroup, 0, len(order))
+	for gi, g := range order {
+		cs, rs := g.gather(counters)
+		tt, admitted, err := s.eval(ctx, op, now, cs, rs)
+		if err != nil {
+			return 0, err
+		}
+		g.scatter(rs, res)
+		t = max(t, tt)
+		if op == guard.OpCheck && !admitted {
+			s.refund(ctx, counters, res, done)
+			// Peek the slots not decided, so every rule has its state.
+			for _, rest := range order[gi+1:] {
+				cs, rs := rest.gather(counters)
+				if _, _, err := s.eval(ctx, guard.OpPeek, now, cs, rs); err != nil {
+					return 0, err
+				}
+				for i := range rs {
+					rs[i].Charged, rs[i].Token = false, ""
+				}
+				rest.scatter(rs, res)
+			}
+			return t, nil
+		}
+		done = append(done, g)
+	}
+	return t, nil
+}
+
+func (s *Store) refund(ctx context.Context, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) {
+	for _, g := range groups {
+		var cs []guard.Counter
+		var idx []int
+		for _, i := range g.idx {
+			if res[i].Charged && res[i].Token != "" {
+				c := counters[i]
+				c.Token = res[i].Token
+				cs = append(cs, c)
+				idx = append(idx, i)
+			}
+		}
+		if len(cs) == 0 {
+			continue
+		}
+		rs := make([]guard.CounterResult, len(cs))
+		if _, _, err := s.eval(ctx, guard.OpRefund, 0, cs, rs); err != nil {
+			// The charge stays: the key is limited a little more until it
+			// refills. Never over-admission.
+			s.log.Warn("refund failed", "error", err)
+			continue
+		}
+		for j, i := range idx {
+			res[i] = rs[j]
+			res[i].Allowed, res[i].Charged, res[i].Token = true, false, ""
+		}
+	}
+}
+
+type slotGroup struct {
+	slot int
+	idx  []int
+}
+
+func (g slotGroup) gather(counters []guard.Counter) ([]guard.Counter, []guard.CounterResult) {
+	cs := make([]guard.Counter, len(g.idx))
+	for j, i := range g.idx {
+		cs[j] = counters[i]
+	}
+	return cs, make([]guard.CounterResult, len(g.idx))
+}
+
+func (g slotGroup) scatter(rs, res []guard.CounterResult) {
+	for j, i := range g.idx {
+		res[i] = rs[j]
+	}
+}
+
+func groupBySlot(counters []guard.Counter) []slotGroup {
+	var groups []slotGroup
+outer:
+	for i := range counters {
+		slot := Slot(counters[i].Name)
+		for g := range groups {
+			if groups[g].slot == slot {
+				groups[g].idx = append(groups[g].idx, i)
+				continue outer
+			}
+		}
+		groups = append(groups, slotGroup{slot: slot, idx: []int{i}})
+	}
+	return groups
+}
+
+// eval runs the script once for counters that share a slot.
+func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, bool, error) {
+	keys, args := buildArgs(op, now, s.margin, counters)
+	var reply any
+	var err error
+	if s.queue != nil {
+		reply, err = s.enqueue(ctx, keys, args)
+	} else {
+		reply, err = s.run(ctx, keys, args)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	t, admitted, err := parseReply(reply, res)
+	if err != nil {
+		return 0, false, err
+	}
+	return t, admitted, nil
+}
+
+// run sends one script call, retrying only where it surely did not run.
+func (s *Store) run(ctx context.Context, keys []string, args []any) (any, error) {
+	s.calls.Add(1)
+	v, err := s.client.EvalSha(ctx, s.script.SHA, keys, args...).Result()
+	for attempt := 0; err != nil && attempt < 2 && retriable(err); attempt++ {
+		if isNoScript(err) {
+			v, err = s.client.Eval(ctx, s.script.Source, keys, args...).Result()
+			continue
+		}
+		v, err = s.client.EvalSha(ctx, s.script.SHA, keys, args...).Result()
+	}
+	return v, err
+}
+
+// call is one queued script call.
+type call struct {
+	ctx   context.Context
+	keys  []string
+	args  []any
+	reply any
+	err   error
+	done  chan struct{}
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func (s *Store) enqueue(ctx context.Context, keys []string, args []any) (any, error) {
+	c := callPool.Get().(*call)
+	c.ctx, c.keys, c.args, c.reply, c.err = ctx, keys, args, nil, nil
+	select {
+	case s.queue <- c:
+	case <-ctx.Done():
+		callPool.Put(c)
+		return nil, ctx.Err()
+	case <-s.quit:
+		callPool.Put(c)
+		return nil, ErrClosed
+	}
+	select {
+	case <-c.done:
+		reply, err := c.reply, c.err
+		c.ctx, c.keys, c.args, c.reply = nil, nil, nil, nil
+		callPool.Put(c)
+		return reply, err
+	case <-ctx.Done():
+		// The worker still owns c and will signal done into its buffer;
+		// c is not reused (left to the garbage collector).
+		return nil, ctx.Err()
+	}
+}
+
+// worker takes a call, adds whatever else is queued (up to the batch size),
+// and sends them as one pipeline.
+func (s *Store) worker() {
+	defer s.wg.Done()
+	batch := make([]*call, 0, s.batch)
+	for {
+		select {
+		case <-s.quit:
+			s.drain()
+			return
+		case c := <-s.queue:
+			batch = append(batch[:0], c)
+		}
+	fill:
+		for len(batch) < s.batch {
+			select {
+			case c := <-s.queue:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		s.flush(batch)
+	}
+}
+
+// drain fails the calls still queued at Close.
+func (s *Store) drain() {
+	for {
+		select {
+		case c := <-s.queue:
+			c.err = ErrClosed
+			c.done <- struct{}{}
+		default:
+			return
+		}
+	}
+}
+
+func (s *Store) flush(batch []*call) {
+	// Skip calls whose caller already gave up: never send work nobody waits
+	// for.
+	live := batch[:0]
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			c.err = c.ctx.Err()
+			c.done <- struct{}{}
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if len(live) == 1 {
+		c := live[0]
+		c.reply, c.err = s.run(c.ctx, c.keys, c.args)
+		c.done <- struct{}{}
+		return
+	}
+	// The pipeline's deadline is the latest of its callers': each caller
+	// still stops waiting at its own.
+	deadline := time.Now().Add(s.timeout)
+	for _, c := range live {
+		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	s.calls.Add(int64(len(live)))
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(live))
+	for i, c := range live {
+		cmds[i] = pipe.EvalSha(ctx, s.script.SHA, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range live {
+		c.reply, c.err = cmds[i].Result()
+		if c.err != nil && retriable(c.err) {
+			c.reply, c.err = s.run(ctx, c.keys, c.args)
+		}
+		c.done <- struct{}{}
+	}
+}
+
+func retriable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if isNoScript(err) || strings.HasPrefix(err.Error(), "TRYAGAIN") {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+func isNoScript(err error) bool { return strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+var algoCodes = map[rules.Algorithm]int64{
+	rules.TokenBucket:          1,
+	rules.GCRA:                 2,
+	rules.FixedWindow:          3,
+	rules.SlidingWindowCounter: 4,
+	rules.SlidingWindowLog:     5,
+}
+
+var opCodes = map[guard.Op]int64{
+	guard.OpCheck:    1,
+	guard.OpPeek:     2,
+	guard.OpReport:   3,
+	guard.OpReset:    4,
+	guard.OpAddQuota: 5,
+	guard.OpRefund:   6,
+}
+
+// buildArgs lays out KEYS and ARGV as lua/decide.lua reads them.
+func buildArgs(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, []any) {
+	keys := make([]string, len(counters))
+	args := make([]any, 0, 3+8*len(counters))
+	args = append(args, opCodes[op], now, margin)
+	for i := range counters {
+		c := &counters[i]
+		keys[i] = c.Name
+		a, b, cc, d := ScriptParams(c.Algorithm, c.Params)
+		shadow := int64(0)
+		if c.Shadow {
+			shadow = 1
+		}
+		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d)
+	}
+	return keys, args
+}
+
+// ScriptParams returns the four algorithm parameters (a, b, c, d) the script
+// takes for a counter; see each algorithm's file.
+func ScriptParams(alg rules.Algorithm, p rules.Params) (a, b, c, d int64) {
+	switch alg {
+	case rules.FixedWindow, rules.SlidingWindowLog:
+		return p.Limit, p.Window, 0, 0
+	case rules.SlidingWindowCounter:
+		s, q := guard.WindowScale(p)
+		return p.Limit, s, max(p.Precision, 1), q
+	default:
+		a, b, k := guard.BucketScale(p)
+		return p.Limit, a, b, k
+	}
+}
+
+func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 2+7*len(res) {
+		return 0, false, ErrReply
+	}
+	now, ok1 := arr[0].(int64)
+	adm, ok2 := arr[1].(int64)
+	if !ok1 || !ok2 {
+		return 0, false, ErrReply
+	}
+	for i := range res {
+		b := 2 + 7*i
+		var n [6]int64
+		for j := range n {
+			x, ok := arr[b+j].(int64)
+			if !ok {
+				return 0, false, ErrReply
+			}
+			n[j] = x
+		}
+		tok, _ := arr[b+6].(string)
+		res[i] = guard.CounterResult{
+			Allowed: n[0] == 1, Charged: n[1] == 1, Remaining: n[2],
+			ResetAfter: n[3], NextAfter: n[4], RetryAfter: n[5], Token: tok,
+		}
+	}
+	return now, adm == 1, nil
+}
+
+// itoa is strconv.FormatInt in base 10.
+func itoa(x int64) string { return strconv.FormatInt(x, 10) }
