@@ -38,6 +38,7 @@ type Guard struct {
 	maxCost  int64
 	controls *Controls
 	clock    func() int64
+	decClock func() int64
 	log      *slog.Logger
 
 	rules atomic.Pointer[rules.Ruleset]
@@ -68,6 +69,12 @@ func WithFallback(s Store, share float64) Option {
 // WithClock sets the clock for expiries of controls (Unix µs; default the
 // system clock). Counters always use the store's time.
 func WithClock(now func() int64) Option { return func(g *Guard) { g.clock = now } }
+
+// WithDecisionClock makes the guard pass its own time to the store instead
+// of letting the store use its clock (Redis TIME). It exists only so tests
+// can drive Redis and the reference model with one deterministic clock;
+// never use it in production: gateways with skewed clocks would disagree.
+func WithDecisionClock(now func() int64) Option { return func(g *Guard) { g.decClock = now } }
 
 // WithLogger sets the logger (default: discard). Keys are never logged.
 func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
@@ -319,7 +326,11 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 	for range counters {
 		res = append(res, CounterResult{})
 	}
-	now, err := g.store.Do(ctx, op, 0, counters, res)
+	var at int64
+	if g.decClock != nil {
+		at = g.decClock()
+	}
+	now, err := g.store.Do(ctx, op, at, counters, res)
 	degraded := false
 	if err != nil {
 		if op != OpCheck && op != OpPeek {
