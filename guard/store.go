@@ -27,6 +27,10 @@ const (
 	OpAddQuota
 	// OpRefund undoes an earlier OpCheck charge identified by Counter.Token.
 	OpRefund
+	// OpState reports each counter's state and whether it could take its
+	// cost, as the counters are now: nothing is charged, not even
+	// hypothetically (unlike OpPeek, whose figures are after the cost).
+	OpState
 )
 
 func (o Op) String() string {
@@ -43,6 +47,8 @@ func (o Op) String() string {
 		return "add_quota"
 	case OpRefund:
 		return "refund"
+	case OpState:
+		return "state"
 	}
 	return "unknown"
 }

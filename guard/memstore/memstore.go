@@ -191,6 +191,10 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 			res[i].Allowed, res[i].Charged = true, true
 			ws[i].alg.refund(&ws[i], ws[i].c.Token)
 		}
+	case guard.OpState:
+		for i := range ws {
+			res[i].Allowed = ws[i].alg.fits(&ws[i], ws[i].c.Cost)
+		}
 	case guard.OpReset:
 		for i := range ws {
 			res[i].Allowed = true

@@ -149,6 +149,8 @@ func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
 			op = guard.OpAddQuota
 		case r < 19:
 			op = guard.OpRefund
+		case r < 20 && rng.IntN(2) == 0:
+			op = guard.OpState
 		default:
 			op = guard.OpReset
 		}

@@ -193,15 +193,12 @@ func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters 
 		g.scatter(rs, res)
 		t = max(t, tt)
 		if op == guard.OpCheck && !admitted {
-			s.refund(ctx, counters, res, done)
-			// Peek the slots not decided, so every rule has its state.
+			s.refund(ctx, now, counters, res, done)
+			// Read the slots not decided, so every rule has its state.
 			for _, rest := range order[gi+1:] {
 				cs, rs := rest.gather(counters)
-				if _, _, err := s.eval(ctx, guard.OpPeek, now, cs, rs); err != nil {
+				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
 					return 0, err
-				}
-				for i := range rs {
-					rs[i].Charged, rs[i].Token = false, ""
 				}
 				rest.scatter(rs, res)
 			}
@@ -212,7 +209,7 @@ func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters 
 	return t, nil
 }
 
-func (s *Store) refund(ctx context.Context, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) {
+func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) {
 	for _, g := range groups {
 		var cs []guard.Counter
 		var idx []int
@@ -228,7 +225,7 @@ func (s *Store) refund(ctx context.Context, counters []guard.Counter, res []guar
 			continue
 		}
 		rs := make([]guard.CounterResult, len(cs))
-		if _, _, err := s.eval(ctx, guard.OpRefund, 0, cs, rs); err != nil {
+		if _, _, err := s.eval(ctx, guard.OpRefund, now, cs, rs); err != nil {
 			// The charge stays: the key is limited a little more until it
 			// refills. Never over-admission.
 			s.log.Warn("refund failed", "error", err)
@@ -461,6 +458,7 @@ var opCodes = map[guard.Op]int64{
 	guard.OpReset:    4,
 	guard.OpAddQuota: 5,
 	guard.OpRefund:   6,
+	guard.OpState:    7,
 }
 
 // buildArgs lays out KEYS and ARGV as lua/decide.lua reads them.

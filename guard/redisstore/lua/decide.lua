@@ -2,7 +2,8 @@
 -- It is appended to prelude.lua and the algorithm files to form the script.
 --
 -- KEYS[i]  the i-th counter's key. All keys share one Cluster hash tag.
--- ARGV[1]  op: 1 check, 2 peek, 3 report, 4 reset, 5 add quota, 6 refund
+-- ARGV[1]  op: 1 check, 2 peek, 3 report, 4 reset, 5 add quota, 6 refund,
+--          7 state
 -- ARGV[2]  now in Unix µs, or 0 to use redis TIME (always 0 in production;
 --          an explicit time exists only so tests can drive a clock)
 -- ARGV[3]  TTL margin in ms added to every key's expiry
@@ -18,7 +19,8 @@
 -- is charged only when the request is admitted and it would have admitted it.
 -- peek: as check, nothing written. report: charge unconditionally, debt down
 -- to one full limit below zero. reset: delete. add quota: give units back,
--- never above full. refund: undo the charge named by the token.
+-- never above full. refund: undo the charge named by the token. state:
+-- whether each counter could take its cost, figures before any charge.
 --
 -- Reply: { now, admitted (1/0), then 7 values per counter:
 --   allowed (1/0), charged (1/0), remaining (floor, may be negative),
@@ -104,6 +106,10 @@ elseif op == 6 then
     cs[i].allowed = true
     cs[i].alg.refund(cs[i], cs[i].token)
     cs[i].charged = true
+  end
+elseif op == 7 then
+  for i = 1, #cs do
+    cs[i].allowed = cs[i].alg.fits(cs[i], cs[i].cost)
   end
 elseif op == 4 then
   for i = 1, #cs do
