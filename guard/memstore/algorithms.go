@@ -48,6 +48,25 @@ func (gcraAlg) load(w *work, st *state, now int64) {
 	}
 }
 
+// gcra keeps its debt on the tick grid, as stored (see bucket.lua).
+func (gcraAlg) round(w *work) { w.z = cdiv(w.z, w.b) * w.b }
+
+func (g gcraAlg) add(w *work, cost int64, capped bool, now int64) string {
+	tok := g.bucket.add(w, cost, capped, now)
+	g.round(w)
+	return tok
+}
+
+func (g gcraAlg) sub(w *work, n int64) {
+	g.bucket.sub(w, n)
+	g.round(w)
+}
+
+func (g gcraAlg) refund(w *work, token string) {
+	g.bucket.refund(w, token)
+	g.round(w)
+}
+
 func (gcraAlg) save(w *work, now int64) *state {
 	if w.z <= 0 {
 		return nil

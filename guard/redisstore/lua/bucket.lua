@@ -13,8 +13,12 @@
 --   rescales the debt: consumed units carry over).
 -- gcra state, one integer string: the theoretical arrival time (TAT, µs),
 --   i.e. the time the bucket is full again; the debt is
---   ceil((TAT - now) / k) * B. Increments are rounded up to a tick, so a gcra
---   counter never admits more than the equivalent token bucket.
+--   ceil((TAT - now) / k) * B. Debt is rounded up to a whole tick, so a gcra
+--   counter never admits more than the equivalent token bucket (it is the
+--   same when the emission interval is a whole number of ticks). Holding one
+--   value (SPEC §8: at most 88 bytes), it cannot rescale its debt when its
+--   limit or rate changes: the debt *time* carries over, i.e. the fraction
+--   of the burst consumed, not the units (token_bucket carries units).
 -- A missing key is a full bucket; a bucket that refills completely is deleted.
 
 local function tb_load(c, now)
@@ -94,6 +98,28 @@ local function bucket_refund(c, token)
   if n and n > 0 then
     bucket_sub(c, n)
   end
+end
+
+-- gcra keeps its debt on the tick grid (a whole number of ticks of debt
+-- time, rounded up), as stored, so its figures match what is read back.
+local function gcra_round(c)
+  c.z = cdiv(c.z, c.c) * c.c
+end
+
+local function gcra_add(c, cost, capped)
+  local tok = bucket_add(c, cost, capped)
+  gcra_round(c)
+  return tok
+end
+
+local function gcra_sub(c, n)
+  bucket_sub(c, n)
+  gcra_round(c)
+end
+
+local function gcra_refund(c, token)
+  bucket_refund(c, token)
+  gcra_round(c)
 end
 
 -- time (µs from now) until the debt is at most target*A.

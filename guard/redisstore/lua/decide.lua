@@ -31,8 +31,8 @@
 local ALGOS = {
   { load = tb_load, save = tb_save, fits = bucket_fits, add = bucket_add,
     sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
-  { load = gcra_load, save = gcra_save, fits = bucket_fits, add = bucket_add,
-    sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
+  { load = gcra_load, save = gcra_save, fits = bucket_fits, add = gcra_add,
+    sub = gcra_sub, refund = gcra_refund, stats = bucket_stats },
   { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
     sub = fw_sub, refund = fw_refund, stats = fw_stats },
   { load = swc_load, save = swc_save, fits = swc_fits, add = swc_add,
