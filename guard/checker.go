@@ -6,6 +6,7 @@ import "context"
 // path, a circuit breaker) implement it too, so callers never change.
 type Checker interface {
 	// CheckInto decides req and fills d, reusing d.Rules' storage. An error
-	// means no decision could be made at all (never a rejection).
+	// means no decision could be made at all (never a rejection). The
+	// Checker must not retain req or d after it returns: callers pool them.
 	CheckInto(ctx context.Context, req *Request, d *Decision) error
 }

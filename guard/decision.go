@@ -71,7 +71,7 @@ type RuleResult struct {
 	// overrides and penalties).
 	Limit int64
 	// Remaining is the floor of the units available now, ≥ 0 (debt shows
-	// as 0).
+	// as 0); -1 when FailOpen.
 	Remaining int64
 	// Window is the RateLimit-Policy `w` in whole seconds.
 	Window int64
@@ -86,6 +86,9 @@ type RuleResult struct {
 	RetryAfter int64
 	// Degraded: decided without Redis (fail-open or local fail-closed).
 	Degraded bool
+	// FailOpen: allowed without any counter because Redis is unavailable
+	// and the rule fails open (headers show remaining -1).
+	FailOpen bool
 }
 
 // Decision is the answer for one request: everything the SPEC §3 headers,
@@ -101,6 +104,12 @@ type Decision struct {
 	Degraded bool
 	// Peek: the request was only peeked (cost 0); nothing was charged.
 	Peek bool
+	// PenaltyLevel is the key's penalty ladder level when Reason is
+	// ReasonPenalty; CloseConnection asks the HTTP layer to answer with
+	// Connection: close where the peer is the client itself (the top of
+	// the ladder).
+	PenaltyLevel    int
+	CloseConnection bool
 
 	// Rules holds the applicable enforced rules, in ruleset order, then the
 	// shadow rules. Deciding indexes the rule whose values go into the

@@ -225,6 +225,7 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 		if p, ok := g.controls.penalty(mreq.KeyID, now); ok && op == OpCheck {
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
+			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
 			d.Time = now
 			return nil
 		}
@@ -422,7 +423,7 @@ func (g *Guard) result(a applicable, r *CounterResult, now int64, failOpen bool)
 		Window:    a.params.PolicyWindow(a.rule.Algorithm),
 	}
 	if failOpen {
-		rr.Allowed, rr.Remaining, rr.Degraded = true, -1, true
+		rr.Allowed, rr.Remaining, rr.Degraded, rr.FailOpen = true, -1, true, true
 		rr.Reset = ceilDiv(now, 1_000_000)
 		return rr
 	}

@@ -1,0 +1,250 @@
+package httpguard
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/tollgate/tollgate/guard"
+)
+
+// ErrorHandler answers a request when the Checker returned an error, that
+// is when no decision could be made at all. It either calls next (fail
+// open) or writes a response itself.
+type ErrorHandler func(w http.ResponseWriter, r *http.Request, next http.Handler, err error)
+
+// FailOpen is the default ErrorHandler: it calls next without rate-limit
+// headers, as a rule with on_failure: open would.
+func FailOpen(w http.ResponseWriter, r *http.Request, next http.Handler, _ error) {
+	next.ServeHTTP(w, r)
+}
+
+// Option configures Middleware.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	id      *Identity
+	log     *slog.Logger
+	onError ErrorHandler
+}
+
+// WithIdentity sets how requests are identified. Default: the zero
+// Identity (keys from X-API-Key then Authorization: Bearer, the socket
+// peer as client IP, no trusted proxies). id must not change afterwards.
+func WithIdentity(id *Identity) Option {
+	return optionFunc(func(c *config) {
+		if id != nil {
+			c.id = id
+		}
+	})
+}
+
+// WithLogger sets the logger for Checker errors (warn) and refused
+// identities (debug). Default, and for nil: discard. API keys are never
+// logged.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		c.log = l
+	})
+}
+
+// WithErrorHandler sets what happens when the Checker cannot decide.
+// Default, and for nil: FailOpen.
+func WithErrorHandler(h ErrorHandler) Option {
+	return optionFunc(func(c *config) {
+		if h == nil {
+			h = FailOpen
+		}
+		c.onError = h
+	})
+}
+
+// Middleware returns net/http middleware that puts c in front of a
+// handler. For each request it
+//
+//   - extracts the identity (WithIdentity); an invalid key or cost is
+//     answered 400 INVALID_KEY or INVALID_REQUEST with WriteError;
+//   - asks c.CheckInto with the request's context; on an error the
+//     ErrorHandler runs (WithErrorHandler; default FailOpen);
+//   - answers every decision that is not an admission itself with
+//     WriteDecision (429, 403, 400), adding Connection: close to penalty
+//     and blocklist answers when the client is connected directly
+//     (Identity.Direct), so that a repeat offender pays a new handshake
+//     while clients behind a shared proxy keep their connection (over
+//     HTTP/2 net/http turns the header into a graceful GOAWAY);
+//   - otherwise sets the SPEC §3 headers and calls the handler with a
+//     ResponseWriter that sets them again right before the status is
+//     written, so they replace same-named headers the handler set (or
+//     deletes them when the decision has no headers).
+//
+// The ResponseWriter passed on implements http.Flusher, http.Hijacker and
+// io.ReaderFrom by delegation, and Unwrap for http.ResponseController.
+// Decisions are pooled: a Checker must not keep the *guard.Decision it
+// fills. c must not be nil. The returned middleware is safe for concurrent use and starts no
+// goroutines.
+func Middleware(c guard.Checker, opts ...Option) func(http.Handler) http.Handler {
+	cfg := config{
+		id:      &Identity{},
+		log:     slog.New(slog.DiscardHandler),
+		onError: FailOpen,
+	}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	pool := &sync.Pool{New: func() any {
+		st := new(checkState)
+		st.d.Deciding = -1
+		return st
+	}}
+	return func(next http.Handler) http.Handler {
+		return &handler{checker: c, cfg: cfg, pool: pool, next: next}
+	}
+}
+
+// checkState is what one check needs, pooled across requests.
+type checkState struct {
+	req guard.Request
+	d   guard.Decision
+}
+
+type handler struct {
+	checker guard.Checker
+	cfg     config
+	pool    *sync.Pool
+	next    http.Handler
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st := h.pool.Get().(*checkState)
+	ctx := r.Context()
+
+	if err := h.cfg.id.Extract(r, &st.req); err != nil {
+		h.release(st)
+		code, msg := guard.CodeInvalidRequest, "The request's cost is not a positive integer."
+		if errors.Is(err, ErrInvalidKey) {
+			code, msg = guard.CodeInvalidKey, "The API key is malformed."
+		}
+		h.cfg.log.LogAttrs(ctx, slog.LevelDebug, "httpguard: request refused",
+			slog.String("code", code), slog.String("error", err.Error()))
+		WriteError(w, r, http.StatusBadRequest, code, msg)
+		return
+	}
+
+	d := &st.d
+	if err := h.checker.CheckInto(ctx, &st.req, d); err != nil {
+		h.release(st)
+		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+			h.cfg.log.LogAttrs(ctx, slog.LevelWarn, "httpguard: no decision",
+				slog.String("method", r.Method), slog.String("error", err.Error()))
+		}
+		h.cfg.onError(w, r, h.next, err)
+		return
+	}
+
+	if decisionStatus(d) != http.StatusOK {
+		if (d.CloseConnection || d.Reason == guard.ReasonBlocklisted) && h.cfg.id.Direct(r) {
+			w.Header().Set("Connection", "close")
+		}
+		WriteDecision(w, r, d)
+		h.release(st)
+		return
+	}
+
+	// The rendered headers are all the wrapper needs: the pooled state
+	// goes back before the handler runs, however long it streams.
+	rw := &responseWriter{ResponseWriter: w, hv: renderHeaders(d)}
+	h.release(st)
+	rw.apply()
+	h.next.ServeHTTP(rw, r)
+	if !rw.wrote && !rw.hijacked {
+		// The handler wrote nothing: net/http sends 200 with the header
+		// map as it is now, so restore ours over whatever it set.
+		rw.apply()
+	}
+}
+
+// release clears st of the request's data (the raw key among it) and
+// returns it to the pool, keeping the Rules slice's storage.
+func (h *handler) release(st *checkState) {
+	st.req = guard.Request{}
+	rules := st.d.Rules[:0]
+	clear(st.d.Rules)
+	st.d = guard.Decision{Rules: rules, Deciding: -1}
+	h.pool.Put(st)
+}
+
+// responseWriter sets the decision's headers right before the response
+// header is written.
+type responseWriter struct {
+	http.ResponseWriter
+	hv       headerValues
+	backing  [numFields]string
+	wrote    bool
+	hijacked bool
+}
+
+func (w *responseWriter) apply() { w.hv.apply(w.ResponseWriter.Header(), &w.backing) }
+
+// before runs before anything that writes the response header.
+func (w *responseWriter) before() {
+	if !w.wrote {
+		w.apply()
+		w.wrote = true
+	}
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		w.before()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(p []byte) (int, error) {
+	w.before()
+	return w.ResponseWriter.Write(p)
+}
+
+// ReadFrom keeps sendfile and friends working through the wrapper.
+func (w *responseWriter) ReadFrom(src io.Reader) (int64, error) {
+	w.before()
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(w.ResponseWriter, src)
+}
+
+// Flush implements http.Flusher; it does nothing when the underlying
+// writer cannot flush.
+func (w *responseWriter) Flush() { _ = w.FlushError() }
+
+// FlushError is what http.ResponseController.Flush calls.
+func (w *responseWriter) FlushError() error {
+	w.before()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack implements http.Hijacker, returning http.ErrNotSupported where
+// the underlying writer cannot hijack (HTTP/2).
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.hijacked = true
+	}
+	return conn, brw, err
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
