@@ -1,0 +1,83 @@
+# Tollgate. `make` (or `make help`) lists the targets.
+# Needs Go; `make deps` installs redis-server and friends (see scripts/install-deps.sh).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO           ?= go
+PKGS         ?= ./...
+TEST_TIMEOUT ?= 20m
+TESTFLAGS    ?=
+BENCHFLAGS   ?=
+BENCHTIME    ?= 2s
+# Flags of the SPEC §8 EVALSHA ratio run (guard/redisstore/internal/evalbench -h).
+EVALBENCHFLAGS ?= -rounds 3 -duration 5s
+FUZZTIME     ?= 10s
+BIN_DIR      ?= bin
+
+# Main packages `make build` builds, each only once its directory holds Go
+# files, so the Makefile works before they exist.
+MAIN_PKGS     := gateway/cmd/gateway aggregator/cmd/aggregator loadtest/cmd/loadtest compose/cmd/tollgate-stack
+EXISTING_MAIN := $(foreach p,$(MAIN_PKGS),$(if $(wildcard $(p)/*.go),./$(p)))
+# The local stack `make run` starts (SPEC §9).
+STACK_PKG     := compose/cmd/tollgate-stack
+
+# Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
+GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
+
+.PHONY: help build test deps lint ci bench run fuzz tidy-check clean
+
+help: ## List the targets (default)
+	@echo "Tollgate make targets:"
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@echo "Variables: PKGS=$(PKGS) TEST_TIMEOUT=$(TEST_TIMEOUT) TESTFLAGS= BENCHFLAGS= BENCHTIME=$(BENCHTIME) FUZZTIME=$(FUZZTIME)"
+
+build: ## Compile every package, and the commands that exist into bin/
+	$(GO) build $(PKGS)
+ifneq ($(strip $(EXISTING_MAIN)),)
+	$(GO) build -o $(BIN_DIR)/ $(EXISTING_MAIN)
+else
+	@echo "build: no commands yet ($(MAIN_PKGS))"
+endif
+
+deps: ## Check for redis-server, redis-cli, redis-benchmark and gcc; install them if root or passwordless sudo
+	@scripts/install-deps.sh
+
+test: deps ## Run all tests with the race detector against real servers (runs deps first)
+	$(GO) test -race -shuffle=on -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(PKGS)
+
+lint: ## gofmt -l must print nothing; go vet
+	@unformatted="$$(gofmt -l $(GO_FILES))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff; changes nothing)
+	$(GO) mod tidy -diff
+
+ci: lint tidy-check test ## lint, tidy-check and test, as before a merge
+
+bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio of SPEC §8; prints a summary
+	@mkdir -p $(BIN_DIR)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime=$(BENCHTIME) $(BENCHFLAGS) $(PKGS) | tee $(BIN_DIR)/bench.txt
+	$(GO) run ./guard/redisstore/internal/evalbench $(EVALBENCHFLAGS) | tee $(BIN_DIR)/evalbench.txt
+	@echo; echo "== make bench summary (full output: $(BIN_DIR)/bench.txt, $(BIN_DIR)/evalbench.txt) =="
+	@awk '/^BenchmarkCheck/ { c = ""; a = ""; for (i = 2; i <= NF; i++) { if ($$i == "checks/s") c = $$(i-1); if ($$i == "allocs/op") a = $$(i-1) } \
+		if (c != "") printf "  %-50s %10s checks/s %5s allocs/op\n", $$1, c, a }' $(BIN_DIR)/bench.txt
+	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
+
+run: ## Start the local stack in the foreground (Ctrl-C stops it)
+	@if [ -d $(STACK_PKG) ]; then \
+		exec $(GO) run ./$(STACK_PKG); \
+	else \
+		echo "run: the local stack is not built yet: ./$(STACK_PKG) does not exist." >&2; \
+		echo "run: see SPEC.md §9 for what it will start." >&2; \
+		exit 1; \
+	fi
+
+fuzz: ## Run each Fuzz target for FUZZTIME (default 10s)
+	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh $(PKGS)
+
+clean: ## Remove bin/ and the test cache
+	rm -rf $(BIN_DIR)
+	$(GO) clean -testcache

@@ -1,0 +1,21 @@
+// Package guard decides, for every request, whether it may pass and when a
+// rejected client may retry, against a ruleset (package rules) with counters
+// in a Store: redisstore in production, where one Lua script decides every
+// rule of a request atomically with Redis time, or memstore.
+//
+// Most users need only this package and an HTTP integration:
+//
+//	g, err := guard.New(redisstore.New(client), secret, ruleset)
+//	d, err := g.Check(ctx, &guard.Request{Key: apiKey, Path: r.URL.Path, Method: r.Method})
+//
+// A Decision carries everything the SPEC §3 headers, the check API, Envoy
+// RLS and decision events need; package httpguard writes it to HTTP.
+//
+// Precedence: blocklist (403) > allowlist (no limits) > penalty (429) >
+// rules. Every matching rule applies; a request is admitted only when all
+// enforced rules admit it, and a rejected request consumes nothing. API keys
+// become key_ids (package keyid) before anything leaves the process.
+//
+// Guard implements Checker, the interface a local fast path and a circuit
+// breaker wrap, so callers never change. See docs/guard.md for the design.
+package guard

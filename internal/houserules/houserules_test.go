@@ -1,0 +1,287 @@
+package houserules
+
+import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// bannedPackageNames are names that say nothing about what a package provides.
+var bannedPackageNames = map[string]bool{
+	"util": true, "utils": true, "common": true, "helpers": true, "helper": true, "misc": true,
+}
+
+// sleepAllowlist names test files (slash paths from the module root) that may
+// call time.Sleep, each with the reason. Keep it empty: poll with a deadline.
+var sleepAllowlist = map[string]string{}
+
+// docAllowlist names package directories (slash paths from the module root)
+// that may lack a package comment for now, each with the reason. An entry
+// whose package has gained its comment, or no longer exists, fails the test,
+// so the list only shrinks.
+var docAllowlist = map[string]string{}
+
+// globalLoggerFuncs are the package-level functions of log/slog and log that
+// use or change the process-wide default logger.
+var globalLoggerFuncs = map[string]map[string]bool{
+	"log/slog": set("Debug", "DebugContext", "Info", "InfoContext", "Warn", "WarnContext",
+		"Error", "ErrorContext", "Log", "LogAttrs", "Default", "SetDefault", "With", "SetLogLoggerLevel"),
+	"log": set("Print", "Printf", "Println", "Fatal", "Fatalf", "Fatalln", "Panic", "Panicf",
+		"Panicln", "Default", "SetOutput", "SetFlags", "SetPrefix", "Output", "Writer"),
+}
+
+func set(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// Rule names, as they appear in violations.
+const (
+	ruleName    = "package-name"
+	ruleSleep   = "no-sleep-in-tests"
+	ruleLogger  = "no-global-logger"
+	ruleDoc     = "package-comment"
+	ruleParsing = "parse"
+)
+
+// violation is one broken rule at a position ("dir/file.go:line" or "dir").
+type violation struct {
+	Rule string
+	Pos  string
+	Msg  string
+}
+
+func (v violation) String() string { return fmt.Sprintf("%s: [%s] %s", v.Pos, v.Rule, v.Msg) }
+
+// goFile is one parsed file of a package directory.
+type goFile struct {
+	path string // slash path from the root
+	test bool
+	gen  bool // "Code generated ... DO NOT EDIT."
+	ast  *ast.File
+}
+
+// check applies the house rules to every package directory in fsys and
+// returns the violations and the number of package directories checked.
+func check(fsys fs.FS) ([]violation, int, error) {
+	dirs := map[string][]string{} // dir → .go files
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p == "." {
+				return nil
+			}
+			name := d.Name()
+			if name == "testdata" || name == "vendor" || name == "node_modules" ||
+				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+				return fs.SkipDir
+			}
+			if _, err := fs.Stat(fsys, path.Join(p, "go.mod")); err == nil {
+				return fs.SkipDir // a nested module has its own rules
+			}
+			return nil
+		}
+		if strings.HasSuffix(p, ".go") && d.Type().IsRegular() {
+			dir := path.Dir(p)
+			dirs[dir] = append(dirs[dir], p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("walk: %w", err)
+	}
+
+	var out []violation
+	keys := make([]string, 0, len(dirs))
+	for dir := range dirs {
+		keys = append(keys, dir)
+	}
+	slices.Sort(keys)
+	for _, dir := range keys {
+		fset := token.NewFileSet()
+		var files []goFile
+		for _, p := range dirs[dir] {
+			src, err := fs.ReadFile(fsys, p)
+			if err != nil {
+				return nil, 0, err
+			}
+			f, err := parser.ParseFile(fset, p, src, parser.ParseComments|parser.SkipObjectResolution)
+			if err != nil {
+				out = append(out, violation{ruleParsing, p, err.Error()})
+				continue
+			}
+			files = append(files, goFile{path: p, test: strings.HasSuffix(p, "_test.go"), gen: ast.IsGenerated(f), ast: f})
+		}
+		out = append(out, checkPackage(fset, dir, files)...)
+	}
+	return out, len(keys), nil
+}
+
+// checkPackage applies the rules to the files of one directory.
+func checkPackage(fset *token.FileSet, dir string, files []goFile) []violation {
+	var out []violation
+	if len(files) == 0 {
+		return nil
+	}
+	// Package names: the directory and every package clause.
+	if base := path.Base(dir); bannedPackageNames[base] {
+		out = append(out, violation{ruleName, dir, fmt.Sprintf("directory %q: name the package for what it provides", base)})
+	}
+	names := map[string]bool{}
+	for _, f := range files {
+		names[strings.TrimSuffix(f.ast.Name.Name, "_test")] = true
+	}
+	for name := range names {
+		if bannedPackageNames[name] && name != path.Base(dir) {
+			out = append(out, violation{ruleName, dir, fmt.Sprintf("package %q: name the package for what it provides", name)})
+		}
+	}
+
+	// Package comment: on a non-test file, or on a test file if there is no other.
+	var nonTest, documented bool
+	isMain := false
+	for _, f := range files {
+		if !f.test {
+			nonTest = true
+			if f.ast.Name.Name == "main" {
+				isMain = true
+			}
+		}
+	}
+	for _, f := range files {
+		if f.test == !nonTest && f.ast.Doc != nil && strings.TrimSpace(f.ast.Doc.Text()) != "" {
+			documented = true
+		}
+	}
+	if !documented {
+		name := strings.TrimSuffix(files[0].ast.Name.Name, "_test")
+		for _, f := range files {
+			if !f.test {
+				name = f.ast.Name.Name
+				break
+			}
+		}
+		out = append(out, violation{ruleDoc, dir, fmt.Sprintf(
+			"package %s has no package comment: add a doc.go starting \"// Package %s ...\" (or \"// Command ...\" for a main package)", name, name)})
+	}
+
+	for _, f := range files {
+		if f.gen {
+			continue
+		}
+		imports := importNames(f.ast)
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			id, ok := sel.X.(*ast.Ident)
+			if !ok {
+				return true
+			}
+			pkg := imports[id.Name]
+			pos := fset.Position(sel.Pos())
+			at := fmt.Sprintf("%s:%d", f.path, pos.Line)
+			switch {
+			case f.test && pkg == "time" && sel.Sel.Name == "Sleep":
+				if _, ok := sleepAllowlist[f.path]; !ok {
+					out = append(out, violation{ruleSleep, at,
+						"time.Sleep in a test: poll with a deadline (internal/testwait.Eventually)"})
+				}
+			case !f.test && !isMain && globalLoggerFuncs[pkg][sel.Sel.Name]:
+				out = append(out, violation{ruleLogger, at, fmt.Sprintf(
+					"%s.%s uses the global logger in a library package: take a *slog.Logger (nil: discard)",
+					path.Base(pkg), sel.Sel.Name)})
+			}
+			return true
+		})
+	}
+	return out
+}
+
+// importNames maps the names a file uses for its imports to their paths.
+func importNames(f *ast.File) map[string]string {
+	m := map[string]string{}
+	for _, imp := range f.Imports {
+		p, err := strconv.Unquote(imp.Path.Value)
+		if err != nil {
+			continue
+		}
+		name := path.Base(p)
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		if name == "_" || name == "." {
+			continue
+		}
+		m[name] = p
+	}
+	return m
+}
+
+// moduleRoot finds the directory holding go.mod, from the test's directory up.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// TestHouseRules checks the whole module; see the package comment.
+func TestHouseRules(t *testing.T) {
+	t.Parallel()
+	root := moduleRoot(t)
+	violations, pkgs, err := check(os.DirFS(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	undocumented := map[string]bool{}
+	for _, v := range violations {
+		if v.Rule == ruleDoc {
+			undocumented[v.Pos] = true
+			if _, ok := docAllowlist[v.Pos]; ok {
+				continue
+			}
+		}
+		t.Error(v)
+	}
+	for dir, why := range docAllowlist {
+		if !undocumented[dir] {
+			t.Errorf("docAllowlist names %s (%s), which now has a package comment or is gone: remove the entry", dir, why)
+		}
+	}
+	t.Logf("checked %d package directories under %s", pkgs, root)
+	for file := range sleepAllowlist {
+		if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(file))); err != nil {
+			t.Errorf("sleepAllowlist names %s, which does not exist: remove the entry", file)
+		}
+	}
+}

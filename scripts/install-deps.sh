@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# install-deps.sh makes sure this machine has what `make test` needs besides
+# Go: redis-server, redis-cli and redis-benchmark (Debian package
+# redis-server; tests spawn redis-server on ephemeral ports) and a C compiler
+# (go test -race needs cgo).
+#
+# Idempotent: when everything is present it only reports versions. When
+# something is missing and apt-get exists, it installs it if it can without a
+# password (running as root, as CI does, or with passwordless sudo);
+# otherwise it stops at once and prints the exact command to run.
+#
+# Environment:
+#   TOLLGATE_REDIS_SERVER  a redis-server binary to use instead of PATH's
+#   TOLLGATE_NO_INSTALL=1  never install, only check
+set -euo pipefail
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+missing=()    # what is absent, for the message
+packages=()   # Debian packages that provide it
+
+redis_server="${TOLLGATE_REDIS_SERVER:-redis-server}"
+if ! have "$redis_server" || ! have redis-cli || ! have redis-benchmark; then
+	have "$redis_server" || missing+=("$redis_server")
+	have redis-cli || missing+=(redis-cli)
+	have redis-benchmark || missing+=(redis-benchmark)
+	packages+=(redis-server)
+fi
+
+cc="$(go env CC 2>/dev/null || true)"
+cc="${cc%% *}"
+if ! have "${cc:-gcc}"; then
+	missing+=("${cc:-gcc} (C compiler for go test -race)")
+	packages+=(gcc libc6-dev)
+fi
+
+report() {
+	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
+	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+	report
+	exit 0
+fi
+
+cmd="apt-get update && apt-get install -y ${packages[*]}"
+echo "deps: missing: ${missing[*]}" >&2
+
+sudo=""
+can_install=false
+if [ "${TOLLGATE_NO_INSTALL:-}" != 1 ] && have apt-get; then
+	if [ "$(id -u)" -eq 0 ]; then
+		can_install=true
+	elif have sudo && sudo -n true 2>/dev/null; then
+		can_install=true
+		sudo="sudo -n"
+	fi
+fi
+
+if ! $can_install; then
+	{
+		echo "deps: cannot install without a password here. Run:"
+		if have apt-get; then
+			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
+			echo "  (as root: $cmd)"
+		else
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) with your package manager,"
+			echo "    or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+		fi
+		echo "then run make again."
+	} >&2
+	exit 1
+fi
+
+echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
+
+for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}"; do
+	if ! have "$bin"; then
+		echo "deps: $bin still missing after installing ${packages[*]}" >&2
+		exit 1
+	fi
+done
+report
