@@ -1,0 +1,183 @@
+// Command loadtest is Tollgate's load generator: it sends a bounded load to
+// the gateway's proxy, check API or Envoy rate-limit service, prints a
+// progress line every second to stderr and a summary at the end (text, or
+// JSON on stdout with -json). Ctrl-C stops it cleanly, summary included; a
+// second Ctrl-C exits at once. See loadtest/README.md.
+//
+// Exit status: 0 after a run, 1 when the run could not start or no request
+// was answered, 2 for bad flags, 130 when interrupted (after the summary).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/loadtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// After the first signal, restore the default handling: a second
+	// Ctrl-C kills the process.
+	context.AfterFunc(ctx, stop)
+	// go-redis logs dial retries to stderr; the sampler returns its errors.
+	redis.SetLogger(silentRedisLog{})
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// silentRedisLog drops go-redis's internal log lines.
+type silentRedisLog struct{}
+
+func (silentRedisLog) Printf(context.Context, string, ...any) {}
+
+// Exit statuses.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// run is the command: it parses args, runs the load and writes the
+// summary, and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg := loadtest.DefaultConfig()
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n\n"+
+			"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
+			"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	var (
+		paths, redisAddrs string
+		jsonOut, quiet    bool
+		cpuProfile        string
+	)
+	fs.StringVar(&cfg.Target, "target", cfg.Target, "`target`: proxy (HTTP through the gateway), check (POST /v1/check) or grpc (Envoy RLS)")
+	fs.StringVar(&cfg.URL, "url", "", "URL of an HTTP target (default "+loadtest.DefaultProxyURL+" for proxy, "+loadtest.DefaultCheckURL+" for check)")
+	fs.StringVar(&cfg.Addr, "addr", "", "host:port of the grpc target (default "+loadtest.DefaultGRPCAddr+")")
+	fs.StringVar(&cfg.Method, "method", cfg.Method, "HTTP `method` of proxy requests; the method named in check bodies")
+	fs.StringVar(&cfg.Body, "body", "", "body of every proxy request (e.g. with -method POST)")
+	fs.StringVar(&cfg.Token, "token", "", "bearer token for the check API (default $TOLLGATE_API_TOKEN, which keeps it out of ps)")
+	fs.StringVar(&cfg.Domain, "domain", cfg.Domain, "domain of grpc requests")
+	fs.IntVar(&cfg.GRPCConns, "grpc-conns", cfg.GRPCConns, "gRPC connections, used round-robin")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "open loop: send `N` requests per second on a fixed schedule (latency from the scheduled time)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "closed loop: `N` concurrent workers, each sending when its last request is answered")
+	fs.IntVar(&cfg.MaxInFlight, "max-inflight", cfg.MaxInFlight, "open loop: at most `N` outstanding requests")
+	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after `N` requests (0: no count bound)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "stop after `D` (0: no time bound; never longer than "+loadtest.MaxDuration.String()+")")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "timeout of each request")
+	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "number of distinct API keys")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", cfg.KeyPrefix, "prefix of every key; the key index follows")
+	fs.StringVar(&cfg.Dist, "dist", cfg.Dist, "key distribution: uniform or zipf (key 0 most frequent)")
+	fs.Float64Var(&cfg.ZipfS, "zipf-s", cfg.ZipfS, "Zipf exponent, > 1")
+	fs.StringVar(&paths, "paths", "", "comma-separated endpoints, drawn uniformly (default: the proxy URL as given; / for check and grpc)")
+	fs.IntVar(&cfg.Cost, "cost", cfg.Cost, "cost of each request (check body cost; grpc hits, 0 is a peek)")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the key and path draws")
+	fs.IntVar(&cfg.PID, "pid", 0, "`pid` of the target process: report its CPU µs per decision (Linux /proc)")
+	fs.StringVar(&redisAddrs, "redis", "", "comma-separated Redis `host:port`s: report commands and EVALSHA per decision from INFO commandstats\n(credentials from $TOLLGATE_REDIS_USERNAME, $TOLLGATE_REDIS_PASSWORD)")
+	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text summary goes to stderr)")
+	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write loadtest's own CPU profile to `file` (to tune the generator)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "loadtest: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["rate"] && set["workers"] {
+		fmt.Fprintln(stderr, "loadtest: -rate (open loop) and -workers (closed loop) exclude each other; cap an open loop with -max-inflight")
+		return exitUsage
+	}
+	if !set["token"] {
+		cfg.Token = os.Getenv("TOLLGATE_API_TOKEN") // not a flag default: -h would print it
+	}
+	cfg.Paths = splitList(paths)
+	cfg.Redis = splitList(redisAddrs)
+	cfg.RedisUsername = os.Getenv("TOLLGATE_REDIS_USERNAME")
+	cfg.RedisPassword = os.Getenv("TOLLGATE_REDIS_PASSWORD")
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "%v\n\nRun loadtest -h for the flags.\n", err)
+		return exitUsage
+	}
+
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadtest: %v\n", err)
+			return exitFailed
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "loadtest: cpu profile: %v\n", err)
+			return exitFailed
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	var progress io.Writer
+	if !quiet {
+		progress = stderr
+	}
+	start := time.Now()
+	sum, err := loadtest.Run(ctx, cfg, progress)
+	if sum == nil {
+		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		return exitFailed
+	}
+	text := stdout
+	if jsonOut {
+		text = stderr
+		if werr := sum.WriteJSON(stdout); werr != nil {
+			fmt.Fprintf(stderr, "loadtest: %v\n", werr)
+			return exitFailed
+		}
+	}
+	if werr := sum.WriteText(text); werr != nil {
+		fmt.Fprintf(stderr, "loadtest: %v\n", werr)
+		return exitFailed
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		return exitFailed
+	case sum.StoppedBy == "interrupted":
+		fmt.Fprintf(stderr, "loadtest: interrupted after %v\n", time.Since(start).Round(time.Millisecond))
+		return exitInterrupted
+	case sum.Answered == 0:
+		fmt.Fprintln(stderr, "loadtest: no request was answered")
+		return exitFailed
+	}
+	return exitOK
+}
+
+// splitList splits a comma-separated list, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

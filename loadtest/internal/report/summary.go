@@ -1,0 +1,171 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Latency is a latency distribution in microseconds. Values are those of
+// the HDR histogram (3 significant digits): a percentile is the highest
+// value equivalent to the recorded one, so it may read up to 0.1 % high.
+type Latency struct {
+	Count int64   `json:"count"`
+	Min   int64   `json:"min"`
+	Mean  float64 `json:"mean"`
+	P50   int64   `json:"p50"`
+	P90   int64   `json:"p90"`
+	P99   int64   `json:"p99"`
+	P999  int64   `json:"p99_9"`
+	Max   int64   `json:"max"`
+}
+
+// GatewayCPU is the CPU time the target process used during the run.
+type GatewayCPU struct {
+	PID int `json:"pid"`
+	// CPUSeconds is user plus system time, at the kernel's clock-tick
+	// resolution (10 ms).
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// MicrosPerDecision is CPUSeconds in microseconds divided by the
+	// number of decisions; 0 when there were none.
+	MicrosPerDecision float64 `json:"cpu_us_per_decision"`
+}
+
+// RedisUsage is what Redis executed during the run, from INFO commandstats
+// before and after, summed over every address given.
+type RedisUsage struct {
+	Addrs []string `json:"addrs"`
+	// Commands counts calls of every command except INFO.
+	Commands int64 `json:"commands"`
+	// EvalSHA counts EVALSHA and EVALSHA_RO calls.
+	EvalSHA             int64   `json:"evalsha"`
+	CommandsPerDecision float64 `json:"commands_per_decision"`
+	EvalSHAPerDecision  float64 `json:"evalsha_per_decision"`
+	// ByCommand holds the calls of each command that ran, INFO excluded;
+	// subcommands are named as Redis names them ("client|setinfo").
+	ByCommand map[string]int64 `json:"by_command,omitempty"`
+}
+
+// Summary is the end-of-run report. Its JSON form is loadtest's -json
+// output; field names are stable.
+type Summary struct {
+	Target   string `json:"target"`
+	Endpoint string `json:"endpoint"`
+	// Mode is "open" (fixed Rate) or "closed" (fixed Workers).
+	Mode        string  `json:"mode"`
+	Rate        float64 `json:"rate,omitempty"`
+	Workers     int     `json:"workers,omitempty"`
+	MaxInFlight int     `json:"max_in_flight,omitempty"`
+	Keys        int     `json:"keys"`
+	Dist        string  `json:"dist"`
+	Paths       int     `json:"paths"`
+	Cost        int     `json:"cost"`
+
+	// StoppedBy is "requests", "duration" or "interrupted".
+	StoppedBy      string  `json:"stopped_by"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	// Sent counts requests sent; each is answered, an error or cancelled.
+	Sent      int64 `json:"sent"`
+	Answered  int64 `json:"answered"`
+	Decisions int64 `json:"decisions"`
+	Errors    int64 `json:"errors"`
+	Cancelled int64 `json:"cancelled"`
+	// Missed (open loop) counts requests scheduled before the end but never
+	// sent because MaxInFlight requests were outstanding; Waited counts
+	// sends that had to wait for a free slot (their latency includes the
+	// wait, since it is measured from the scheduled time).
+	Missed int64 `json:"missed"`
+	Waited int64 `json:"waited"`
+	// ThroughputRPS is answers per second of elapsed time.
+	ThroughputRPS float64 `json:"throughput_rps"`
+	// Statuses counts answers per outcome name.
+	Statuses map[string]int64 `json:"statuses"`
+	// LatencyFrom is "scheduled" (open loop: from the scheduled send
+	// time, free of coordinated omission) or "sent" (closed loop).
+	LatencyFrom string  `json:"latency_from"`
+	LatencyUS   Latency `json:"latency_us"`
+
+	ErrorSamples map[string]int64 `json:"error_samples,omitempty"`
+	Gateway      *GatewayCPU      `json:"gateway,omitempty"`
+	Redis        *RedisUsage      `json:"redis,omitempty"`
+	// LoadtestCPUMicrosPerRequest is this process's own CPU per request
+	// sent, to judge how much of the machine the generator took.
+	LoadtestCPUMicrosPerRequest float64 `json:"loadtest_cpu_us_per_request"`
+
+	// Order lists the outcome names in the target's order, for the text form.
+	Order []string `json:"-"`
+}
+
+// WriteJSON writes s as indented JSON followed by a newline.
+func (s *Summary) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(s); err != nil {
+		return fmt.Errorf("report: encode summary: %w", err)
+	}
+	return nil
+}
+
+// WriteText writes s for people, one topic a line.
+func (s *Summary) WriteText(w io.Writer) error {
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%-11s"+format+"\n", append([]any{label}, args...)...)
+	}
+	load := fmt.Sprintf("closed loop, %d workers", s.Workers)
+	if s.Mode == "open" {
+		load = fmt.Sprintf("open loop, %g req/s, at most %d in flight", s.Rate, s.MaxInFlight)
+	}
+	line("target", "%s %s (%s)", s.Target, s.Endpoint, load)
+	line("keys", "%d %s, %d path(s), cost %d", s.Keys, s.Dist, s.Paths, s.Cost)
+	line("elapsed", "%.3fs (stopped by %s)", s.ElapsedSeconds, s.StoppedBy)
+	req := fmt.Sprintf("%d sent, %d answered, %d errors, %d cancelled", s.Sent, s.Answered, s.Errors, s.Cancelled)
+	if s.Mode == "open" {
+		req += fmt.Sprintf(", %d missed, %d waited for a slot", s.Missed, s.Waited)
+	}
+	line("requests", "%s", req)
+	line("throughput", "%.1f answers/s", s.ThroughputRPS)
+	order := s.Order
+	if len(order) == 0 {
+		order = slices.Sorted(maps.Keys(s.Statuses))
+	}
+	var st strings.Builder
+	for _, name := range order {
+		fmt.Fprintf(&st, "%s=%d ", name, s.Statuses[name])
+	}
+	fmt.Fprintf(&st, "errors=%d", s.Errors)
+	line("statuses", "%s", st.String())
+	l := s.LatencyUS
+	line("latency", "p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (n=%d, from %s time)",
+		FormatMicros(l.P50), FormatMicros(l.P90), FormatMicros(l.P99), FormatMicros(l.P999),
+		FormatMicros(l.Max), l.Count, s.LatencyFrom)
+	if g := s.Gateway; g != nil {
+		line("gateway", "pid %d: %.2fs CPU, %.1f µs CPU per decision", g.PID, g.CPUSeconds, g.MicrosPerDecision)
+	}
+	if r := s.Redis; r != nil {
+		line("redis", "%.3f commands per decision (%d), %.3f EVALSHA per decision (%d)",
+			r.CommandsPerDecision, r.Commands, r.EvalSHAPerDecision, r.EvalSHA)
+	}
+	line("loadtest", "%.1f µs CPU per request", s.LoadtestCPUMicrosPerRequest)
+	for _, msg := range slices.Sorted(maps.Keys(s.ErrorSamples)) {
+		line("error", "%d× %s", s.ErrorSamples[msg], msg)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// FormatMicros renders a duration given in microseconds: "850µs", "1.23ms",
+// "2.50s".
+func FormatMicros(us int64) string {
+	switch {
+	case us < 1000:
+		return fmt.Sprintf("%dµs", us)
+	case us < 1_000_000:
+		return fmt.Sprintf("%.2fms", float64(us)/1e3)
+	default:
+		return fmt.Sprintf("%.2fs", float64(us)/1e6)
+	}
+}

@@ -1,0 +1,133 @@
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tollgate/tollgate/loadtest/internal/gen"
+	"github.com/tollgate/tollgate/loadtest/internal/report"
+)
+
+// RLS outcome indexes, in the order of RLSOutcomes.
+const (
+	RLSOK = iota
+	RLSOverLimit
+	RLSUnknown
+)
+
+// RLSOutcomes are the classes of ShouldRateLimit answers, by overall code.
+var RLSOutcomes = []report.Outcome{
+	RLSOK:        {Name: "OK", Decision: true},
+	RLSOverLimit: {Name: "OVER_LIMIT", Decision: true},
+	RLSUnknown:   {Name: "UNKNOWN", Decision: false},
+}
+
+// Descriptor entry keys RLS sends, as the gateway reads them (SPEC §4).
+const (
+	EntryAPIKey = "api_key"
+	EntryPath   = "path"
+)
+
+// RLSConfig configures [NewRLS].
+type RLSConfig struct {
+	// Addr is the service's host:port, dialled without TLS.
+	Addr string
+	// Domain is every request's domain.
+	Domain string
+	// Cost is the hits of each request. 1 is sent as Envoy sends it by
+	// default (hits_addend unset); 0 is sent as a descriptor hits_addend of
+	// 0, a peek; any other value as the request's hits_addend.
+	Cost int
+	// Conns is the number of gRPC connections, used round-robin; at least
+	// 1. One HTTP/2 connection carries many concurrent calls.
+	Conns int
+}
+
+// RLS calls envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+// with one descriptor of entries api_key and path.
+type RLS struct {
+	conns   []*grpc.ClientConn
+	clients []rlsv3.RateLimitServiceClient
+	next    atomic.Uint64
+	domain  string
+	cost    int
+}
+
+var _ gen.Target = (*RLS)(nil)
+
+// NewRLS returns an RLS target. Connections are made lazily, by the first
+// calls; an unreachable address shows up as errors then.
+func NewRLS(cfg RLSConfig) (*RLS, error) {
+	if cfg.Cost < 0 || uint64(cfg.Cost) > 1<<32-1 {
+		return nil, fmt.Errorf("target: rls cost %d out of range [0, 2^32)", cfg.Cost)
+	}
+	r := &RLS{domain: cfg.Domain, cost: cfg.Cost}
+	for range max(cfg.Conns, 1) {
+		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			_ = r.Close()
+			return nil, fmt.Errorf("target: rls client for %s: %w", cfg.Addr, err)
+		}
+		r.conns = append(r.conns, cc)
+		r.clients = append(r.clients, rlsv3.NewRateLimitServiceClient(cc))
+	}
+	return r, nil
+}
+
+// Outcomes returns RLSOutcomes.
+func (r *RLS) Outcomes() []report.Outcome { return RLSOutcomes }
+
+// Request returns the ShouldRateLimit request Do sends for req.
+func (r *RLS) Request(req gen.Request) *rlsv3.RateLimitRequest {
+	d := &ratelimitv3.RateLimitDescriptor{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: EntryAPIKey, Value: req.Key},
+			{Key: EntryPath, Value: req.Path},
+		},
+	}
+	m := &rlsv3.RateLimitRequest{Domain: r.domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	switch r.cost {
+	case 0:
+		d.HitsAddend = wrapperspb.UInt64(0)
+	case 1:
+	default:
+		m.HitsAddend = uint32(r.cost)
+	}
+	return m
+}
+
+// Do calls ShouldRateLimit for req.
+func (r *RLS) Do(ctx context.Context, req gen.Request) (int, error) {
+	c := r.clients[r.next.Add(1)%uint64(len(r.clients))]
+	resp, err := c.ShouldRateLimit(ctx, r.Request(req))
+	if err != nil {
+		return 0, err
+	}
+	switch resp.GetOverallCode() {
+	case rlsv3.RateLimitResponse_OK:
+		return RLSOK, nil
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+		return RLSOverLimit, nil
+	default:
+		return RLSUnknown, nil
+	}
+}
+
+// Close closes every connection.
+func (r *RLS) Close() error {
+	var errs []error
+	for _, cc := range r.conns {
+		if err := cc.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
