@@ -45,6 +45,9 @@ const (
 	ReasonCostExceedsLimit Reason = "cost_exceeds_limit"
 	ReasonInvalidKey       Reason = "invalid_key"
 	ReasonRedisUnavailable Reason = "redis_unavailable"
+	// ReasonCallRejected: a CheckMany request that was refused with the
+	// rest of its call because another request of the call was rejected.
+	ReasonCallRejected Reason = "call_rejected"
 )
 
 // API error codes (SPEC §3, §4). One table for every surface.

@@ -190,10 +190,23 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 	if rs == nil {
 		return ErrNoRules
 	}
+	var abuf [8]applicable
+	apps, ok := g.resolve(rs, op, req, d, abuf[:0])
+	if !ok {
+		return nil
+	}
+	return g.run(ctx, op, apps, d)
+}
+
+// resolve starts d for req under rs and appends the rules applicable to req,
+// with their counters, to apps. ok is false when d is already final, decided
+// without the store: an invalid key, the blocklist, the allowlist, a
+// penalty, a block rule, no applicable rule, or a cost exceeding a limit.
+func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
 	if !ValidKey(req.Key) {
 		d.reject(400, CodeInvalidKey, ReasonInvalidKey)
-		return nil
+		return apps, false
 	}
 	now := g.clock()
 	mreq := rules.Request{
@@ -217,17 +230,17 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 		switch st {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
-			return nil
+			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted
-			return nil
+			return apps, false
 		}
 		if p, ok := g.controls.penalty(mreq.KeyID, now); ok && op == OpCheck {
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
 			d.Time = now
-			return nil
+			return apps, false
 		}
 		info, registered := rs.Identify(req.Key)
 		switch {
@@ -250,7 +263,7 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 	matched := rs.Match(&mreq, buf[:0])
 	if len(matched) == 0 {
 		d.Reason = ReasonNoRule
-		return nil
+		return apps, false
 	}
 
 	cost := req.Cost
@@ -262,18 +275,16 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 	}
 	if (op == OpCheck || op == OpReport) && cost > g.maxCost {
 		d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
-		return nil
+		return apps, false
 	}
 
-	var abuf [8]applicable
-	apps := abuf[:0]
 	for _, r := range matched {
 		if r.Block {
 			if r.Shadow {
 				continue
 			}
 			d.reject(403, CodeKeyBlocked, ReasonBlockRule)
-			return nil
+			return apps, false
 		}
 		a := applicable{rule: r}
 		a.params, _ = r.ParamsFor(req.Key, mreq.KeyID)
@@ -287,7 +298,7 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
 			d.Cost = c
 			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
-			return nil
+			return apps, false
 		}
 		a.counter = Counter{
 			Name:      g.counterName(r, &mreq),
@@ -301,9 +312,9 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 	d.Cost = cost
 	if len(apps) == 0 {
 		d.Reason = ReasonNoRule
-		return nil
+		return apps, false
 	}
-	return g.run(ctx, op, apps, d)
+	return apps, true
 }
 
 // run sends the counters to the store and fills the decision.
@@ -347,6 +358,18 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 			return err
 		}
 	}
+	byApp := make([]int, len(apps))
+	for j, i := range order {
+		byApp[i] = j
+	}
+	g.finish(op, apps, res, byApp, now, degraded, d)
+	return nil
+}
+
+// finish fills d from the store's results, the result of apps[i] being
+// res[at[i]], decided at now (Unix µs); degraded: the store failed and res
+// came from degrade.
+func (g *Guard) finish(op Op, apps []applicable, res []CounterResult, at []int, now int64, degraded bool, d *Decision) {
 	d.Time = now
 	d.Degraded = degraded
 	if degraded {
@@ -354,17 +377,13 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 	}
 
 	// Results in ruleset order: enforced rules, then shadow ones.
-	byApp := make([]int, len(apps))
-	for j, i := range order {
-		byApp[i] = j
-	}
 	for pass := 0; pass < 2; pass++ {
 		for i := range apps {
 			if apps[i].rule.Shadow != (pass == 1) {
 				continue
 			}
 			local := degraded && apps[i].rule.OnFailure == rules.FailClosed && g.fallback != nil
-			rr := g.result(apps[i], &res[byApp[i]], now, degraded && !local)
+			rr := g.result(apps[i], &res[at[i]], now, degraded && !local)
 			rr.Degraded = degraded
 			d.Rules = append(d.Rules, rr)
 		}
@@ -402,14 +421,13 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 		if degraded {
 			d.Reason = ReasonRedisUnavailable
 		}
-		return nil
+		return
 	}
 	if !admitted && (op == OpCheck || op == OpPeek) {
 		d.reject(429, CodeRateLimitExceeded, ReasonRateLimited)
 		d.RetryAfter = d.Rules[deciding].RetryAfter
 	}
 	d.Peek = op == OpPeek
-	return nil
 }
 
 // result turns a store's counter result into a RuleResult.
