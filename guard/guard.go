@@ -292,7 +292,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			a.params = o.Apply(a.params)
 		}
 		c := cost
-		if r.Cost > 0 && op != OpPeek && op != OpAddQuota {
+		if r.Cost > 0 && op == OpCheck {
 			c = r.Cost
 		}
 		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
