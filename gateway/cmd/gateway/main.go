@@ -1,0 +1,114 @@
+// Command gateway runs a Tollgate gateway: the rate-limiting reverse proxy,
+// the check API, Envoy's rate-limit service and the metrics endpoints
+// (SPEC §4). It is configured by an optional YAML file (--config) and the
+// TOLLGATE_* environment variables, listed by --help.
+//
+// Exit codes: 0 after a clean shutdown (SIGINT or SIGTERM), 1 when the
+// gateway failed to start or stopped on an error, 2 for bad flags or
+// configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+}
+
+const usageHead = `Usage: gateway [--config FILE]
+
+Runs a Tollgate gateway. Configuration comes from the YAML file given with
+--config (optional), then from the environment: every field is overridden by
+TOLLGATE_ + its path in upper snake case. Only TOLLGATE_KEY_SECRET is
+required; set TOLLGATE_UPSTREAM to start the proxy. For example:
+
+  TOLLGATE_REDIS_ADDRS=127.0.0.1:6379 TOLLGATE_RULES_FILE=configs/rules.yaml \
+  TOLLGATE_KEY_SECRET=$(openssl rand -base64 32) \
+  TOLLGATE_UPSTREAM=http://127.0.0.1:9000 gateway
+
+Flags:
+  --config FILE      YAML configuration file (unknown fields are refused)
+  --example-config   print the documented example configuration and exit
+  --help             print this help and exit
+
+Environment variables:
+`
+
+func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	configPath := fs.String("config", "", "")
+	example := fs.Bool("example-config", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return help(stdout, stderr)
+		}
+		fmt.Fprintf(stderr, "gateway: %v\nRun gateway --help for usage.\n", err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gateway: unexpected argument %q\nRun gateway --help for usage.\n", fs.Arg(0))
+		return 2
+	}
+	if *example {
+		_, _ = stdout.Write(configs.GatewayYAML())
+		return 0
+	}
+
+	cfg, err := gateway.LoadConfig(*configPath, lookup)
+	if err != nil {
+		fmt.Fprintf(stderr, "gateway: %v\n", err)
+		return 2
+	}
+	log := cfg.Log.NewLogger(stderr)
+	// go-redis logs every failed dial through its own process-wide logger:
+	// route it into ours at debug level (the gateway logs the outage once
+	// and counts the errors in tollgate_redis_errors_total).
+	redis.SetLogger(redisLogger{log})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv, err := gateway.New(cfg, log)
+	if err != nil {
+		log.Error("gateway did not start", "error", err.Error())
+		return 1
+	}
+	if err := srv.Run(ctx); err != nil {
+		return 1
+	}
+	return 0
+}
+
+func help(stdout, stderr io.Writer) int {
+	vars, err := gateway.Vars()
+	if err != nil {
+		fmt.Fprintf(stderr, "gateway: %v\n", err)
+		return 1
+	}
+	_, _ = io.WriteString(stdout, usageHead)
+	if err := configs.WriteHelp(stdout, vars); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// redisLogger adapts slog to go-redis's logger.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), slog.String("component", "go-redis"))
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/configs"
+)
+
+func lookup(m map[string]string) configs.LookupFunc {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--help"}, lookup(nil), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, name := range []string{
+		"TOLLGATE_LISTEN", "TOLLGATE_UPSTREAM", "TOLLGATE_API_LISTEN", "TOLLGATE_API_TOKEN",
+		"TOLLGATE_METRICS_LISTEN", "TOLLGATE_GRPC_LISTEN", "TOLLGATE_RULES_FILE", "TOLLGATE_KEY_SECRET",
+		"TOLLGATE_REDIS_MODE", "TOLLGATE_REDIS_ADDRS", "TOLLGATE_REDIS_PASSWORD_FILE", "TOLLGATE_REDIS_TIMEOUT",
+		"TOLLGATE_KAFKA_BROKERS", "TOLLGATE_NATS_URL", "TOLLGATE_GATEWAY_ID", "TOLLGATE_IDENTITY_KEY_SOURCES",
+		"default: 127.0.0.1:8080", "default: 50ms",
+	} {
+		if !strings.Contains(out.String(), name) {
+			t.Errorf("--help lacks %s", name)
+		}
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{"no key secret", nil, nil, 2, "TOLLGATE_KEY_SECRET"},
+		{"bad flag", []string{"--nope"}, nil, 2, "--help"},
+		{"stray argument", []string{"serve"}, nil, 2, "unexpected argument"},
+		{"bad variable", nil, map[string]string{"TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_REDIS_TIMEOUT": "fast"}, 2, "TOLLGATE_REDIS_TIMEOUT"},
+		{"missing config file", []string{"--config", "/nonexistent/gw.yaml"}, nil, 2, "/nonexistent/gw.yaml"},
+		{"missing rules file", nil, map[string]string{"TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_RULES_FILE": "/nonexistent/rules.yaml",
+			"TOLLGATE_API_LISTEN": "127.0.0.1:0", "TOLLGATE_METRICS_LISTEN": "127.0.0.1:0", "TOLLGATE_GRPC_LISTEN": "off"}, 1, "rules_file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			if code := run(tt.args, lookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestExampleConfig(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--example-config"}, lookup(nil), &out, &errOut); code != 0 || !bytes.Equal(out.Bytes(), configs.GatewayYAML()) {
+		t.Fatalf("exit %d, output %d bytes", code, out.Len())
+	}
+}

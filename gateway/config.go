@@ -1,0 +1,374 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/textproto"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/httpguard"
+	"github.com/tollgate/tollgate/guard/redisstore"
+)
+
+// Off, as a listen address, disables the check API, metrics or gRPC
+// listener (the proxy is disabled by leaving upstream empty).
+const Off = "off"
+
+// Config is the gateway's configuration (SPEC §4). Every field can be set in
+// the YAML file given with --config and overridden by the environment
+// variable TOLLGATE_ + its YAML path in upper snake case (package configs);
+// the `doc` tags are what --help prints. Zero fields take their defaults in
+// SetDefaults; configs/gateway.yaml is the documented example, equal to the
+// defaults (a test checks it).
+type Config struct {
+	Listen        string `yaml:"listen" doc:"Address of the public reverse proxy. Started only when upstream is set."`
+	Upstream      string `yaml:"upstream" doc:"URL the proxy forwards admitted requests to, e.g. http://127.0.0.1:9000. Empty: no proxy, only the check API and Envoy RLS."`
+	APIListen     string `yaml:"api_listen" doc:"Address of the check API, POST /v1/check, /v1/check/batch and /v1/report; off disables it."`
+	APIToken      string `yaml:"api_token" doc:"Bearer token the check API requires (Authorization: Bearer <token>). Empty: no token, so keep api_listen on loopback."`
+	MetricsListen string `yaml:"metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz; off disables it."`
+	GRPCListen    string `yaml:"grpc_listen" doc:"Address of Envoy's rate-limit gRPC service, envoy.service.ratelimit.v3; off disables it."`
+	RulesFile     string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
+	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
+
+	Redis redisstore.Config `yaml:"redis"`
+	Kafka KafkaConfig       `yaml:"kafka"`
+	NATS  NATSConfig        `yaml:"nats"`
+
+	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
+
+	MaxCost      int64   `yaml:"max_cost" doc:"Largest cost one request may ask for (check API cost, trusted cost header, Envoy hits_addend); more is answered 400 COST_EXCEEDS_LIMIT."`
+	MaxBatch     int     `yaml:"max_batch" doc:"Most items in one POST /v1/check/batch; a longer array is refused whole with 400 BATCH_TOO_LARGE."`
+	FailureShare float64 `yaml:"failure_share" doc:"This gateway's share of the fleet, in (0, 1]: while Redis is unavailable, rules with on_failure: closed are limited locally at max(1, floor(limit x share))."`
+
+	Identity IdentityConfig `yaml:"identity"`
+
+	CostResponseHeader string `yaml:"cost_response_header" doc:"Upstream response header whose value (a positive integer, e.g. tokens of an LLM answer) the proxy charges after the response, like POST /v1/report, in addition to the request's own cost; at most max_cost. Empty: none."`
+
+	Limits LimitsConfig `yaml:"limits"`
+
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
+
+	Log LogConfig `yaml:"log"`
+}
+
+// LogConfig is the `log` section, used by bin/gateway to build its logger
+// (New takes a *slog.Logger and ignores it).
+type LogConfig struct {
+	Level  string `yaml:"level" doc:"Least level logged: debug, info, warn or error. API keys are never logged."`
+	Format string `yaml:"format" doc:"Log format on stderr: text or json."`
+}
+
+// KafkaConfig is the `kafka` section. Decision events are not produced yet
+// (a later issue); the field is accepted so configurations can carry it.
+type KafkaConfig struct {
+	Brokers []string `yaml:"brokers" doc:"Kafka seed brokers, comma-separated, for decision events (empty: no events). Accepted but not used yet: decision events come in a later version."`
+}
+
+// NATSConfig is the `nats` section. Fleet mode is not implemented yet (a
+// later issue); the field is accepted so configurations can carry it.
+type NATSConfig struct {
+	URL string `yaml:"url" doc:"NATS server URL for fleet mode: rules, blocklist and overrides from JetStream KV (empty: static rules only). Accepted but not used yet: the gateway reads rules_file."`
+}
+
+// IdentityConfig is the `identity` section: how the proxy reads a request's
+// API key, client IP, tenant, tier and cost (SPEC §3).
+type IdentityConfig struct {
+	KeySources     []string `yaml:"key_sources" doc:"Where the proxy looks for the API key, in order; the first present wins: header:<name>, bearer (Authorization: Bearer; a token that is not a valid key, say a JWT, falls through) or query:<name>."`
+	TrustedProxies []string `yaml:"trusted_proxies" doc:"CIDRs (or addresses) of proxies in front of the gateway. Only from them are X-Forwarded-For (walked from the right), tenant_header, tier_header and cost_header believed. Empty: the client IP is always the socket peer."`
+	TenantHeader   string   `yaml:"tenant_header" doc:"Request header carrying the tenant, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
+	TierHeader     string   `yaml:"tier_header" doc:"Request header carrying the tier, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
+	CostHeader     string   `yaml:"cost_header" doc:"Request header carrying the request's cost (a positive integer); honoured only from trusted_proxies, and a rule's own cost wins. Empty: none."`
+}
+
+// LimitsConfig is the `limits` section: protection against slow or hostile
+// clients.
+type LimitsConfig struct {
+	MaxBodyBytes      int64         `yaml:"max_body_bytes" doc:"Largest check API request body in bytes; larger is answered 413 BODY_TOO_LARGE. Proxied bodies are streamed and not limited."`
+	MaxHeaderBytes    int           `yaml:"max_header_bytes" doc:"Largest request header block in bytes on every listener."`
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout" doc:"Time a client has to send its request headers."`
+	ReadTimeout       time.Duration `yaml:"read_timeout" doc:"Time a client has to send a whole request, body included."`
+	WriteTimeout      time.Duration `yaml:"write_timeout" doc:"Longest time to write a proxied response; 0 means no limit, so streamed responses may last. The check API and metrics listeners always use at most 30s."`
+	IdleTimeout       time.Duration `yaml:"idle_timeout" doc:"How long an idle keep-alive connection stays open."`
+}
+
+// Defaults of Config's fields.
+const (
+	DefaultListen          = "127.0.0.1:8080"
+	DefaultAPIListen       = "127.0.0.1:8082"
+	DefaultMetricsListen   = "127.0.0.1:9091"
+	DefaultGRPCListen      = "127.0.0.1:8089"
+	DefaultRulesFile       = "configs/rules.yaml"
+	DefaultMaxCost         = 1000
+	DefaultMaxBatch        = 100
+	DefaultFailureShare    = 0.25
+	DefaultShutdownTimeout = 10 * time.Second
+
+	DefaultMaxBodyBytes      = 64 << 10
+	DefaultMaxHeaderBytes    = 16 << 10
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+
+	// apiWriteTimeout bounds writes on the check API and metrics listeners.
+	apiWriteTimeout = 30 * time.Second
+)
+
+// DefaultKeySources are the identity.key_sources default (SPEC §3).
+var defaultKeySources = []string{"header:X-API-Key", "bearer"}
+
+// minKeySecret is the shortest key_secret accepted, in bytes.
+const minKeySecret = 16
+
+// SetDefaults fills zero fields with their defaults. GatewayID defaults to
+// the host name and process id.
+func (c *Config) SetDefaults() {
+	setDefault(&c.Listen, DefaultListen)
+	setDefault(&c.APIListen, DefaultAPIListen)
+	setDefault(&c.MetricsListen, DefaultMetricsListen)
+	setDefault(&c.GRPCListen, DefaultGRPCListen)
+	setDefault(&c.RulesFile, DefaultRulesFile)
+	c.Redis.SetDefaults()
+	if c.GatewayID == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "gateway"
+		}
+		c.GatewayID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	setDefault(&c.MaxCost, DefaultMaxCost)
+	setDefault(&c.MaxBatch, DefaultMaxBatch)
+	setDefault(&c.FailureShare, DefaultFailureShare)
+	if len(c.Identity.KeySources) == 0 {
+		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
+	}
+	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	setDefault(&c.Limits.ReadTimeout, DefaultReadTimeout)
+	setDefault(&c.Limits.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	setDefault(&c.Log.Level, "info")
+	setDefault(&c.Log.Format, "text")
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports every problem of a configuration with its defaults
+// applied, at once (errors.Join), each naming the field and its variable.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s (%s): %s", path, configs.EnvName(path), fmt.Sprintf(format, args...)))
+	}
+	if c.KeySecret == "" {
+		bad("key_secret", "required: the secret of the keyed hash that turns API keys into key_ids; set the same value on every gateway (e.g. `openssl rand -base64 32`)")
+	} else if len(c.KeySecret) < minKeySecret {
+		bad("key_secret", "too short: at least %d bytes", minKeySecret)
+	}
+	for _, l := range []struct{ path, addr string }{
+		{"listen", c.Listen}, {"api_listen", c.APIListen},
+		{"metrics_listen", c.MetricsListen}, {"grpc_listen", c.GRPCListen},
+	} {
+		if (l.addr == Off && l.path != "listen") || (l.path == "listen" && c.Upstream == "") {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(l.addr); err != nil {
+			bad(l.path, "%q is not host:port: %v", l.addr, err)
+		}
+	}
+	if c.Upstream != "" {
+		u, err := url.Parse(c.Upstream)
+		switch {
+		case err != nil:
+			bad("upstream", "%v", err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			bad("upstream", "%q: scheme must be http or https", c.Upstream)
+		case u.Host == "":
+			bad("upstream", "%q has no host", c.Upstream)
+		case u.RawQuery != "" || u.Fragment != "":
+			bad("upstream", "%q must not have a query or fragment", c.Upstream)
+		}
+	}
+	if c.RulesFile == "" {
+		bad("rules_file", "required")
+	}
+	if err := c.Redis.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxCost < 1 {
+		bad("max_cost", "must be at least 1")
+	}
+	if c.MaxBatch < 1 {
+		bad("max_batch", "must be at least 1")
+	}
+	if !(c.FailureShare > 0 && c.FailureShare <= 1) {
+		bad("failure_share", "%v is not in (0, 1]", c.FailureShare)
+	}
+	for i, s := range c.Identity.KeySources {
+		if _, err := httpguard.ParseKeySource(s); err != nil {
+			bad("identity.key_sources", "item %d: %v", i+1, err)
+		}
+	}
+	for i, s := range c.Identity.TrustedProxies {
+		if _, err := parsePrefix(s); err != nil {
+			bad("identity.trusted_proxies", "item %d: %v", i+1, err)
+		}
+	}
+	for _, h := range []struct{ path, name string }{
+		{"identity.tenant_header", c.Identity.TenantHeader},
+		{"identity.tier_header", c.Identity.TierHeader},
+		{"identity.cost_header", c.Identity.CostHeader},
+		{"cost_response_header", c.CostResponseHeader},
+	} {
+		if h.name != "" && !validHeaderName(h.name) {
+			bad(h.path, "%q is not a header name", h.name)
+		}
+	}
+	if c.Limits.MaxBodyBytes < 1 {
+		bad("limits.max_body_bytes", "must be positive")
+	}
+	if c.Limits.MaxHeaderBytes < 1 {
+		bad("limits.max_header_bytes", "must be positive")
+	}
+	for _, d := range []struct {
+		path string
+		v    time.Duration
+	}{
+		{"limits.read_header_timeout", c.Limits.ReadHeaderTimeout},
+		{"limits.read_timeout", c.Limits.ReadTimeout},
+		{"limits.write_timeout", c.Limits.WriteTimeout},
+		{"limits.idle_timeout", c.Limits.IdleTimeout},
+		{"shutdown_timeout", c.ShutdownTimeout},
+	} {
+		if d.v < 0 {
+			bad(d.path, "must not be negative")
+		}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+// NewLogger returns the logger the `log` section describes, writing to w.
+func (c *LogConfig) NewLogger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level)) // validated; info otherwise
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// identity builds the httpguard.Identity of a validated configuration.
+func (c *Config) identity() (*httpguard.Identity, error) {
+	id := &httpguard.Identity{
+		TenantHeader: c.Identity.TenantHeader,
+		TierHeader:   c.Identity.TierHeader,
+		CostHeader:   c.Identity.CostHeader,
+	}
+	for _, s := range c.Identity.KeySources {
+		ks, err := httpguard.ParseKeySource(s)
+		if err != nil {
+			return nil, err
+		}
+		id.Sources = append(id.Sources, ks)
+	}
+	for _, s := range c.Identity.TrustedProxies {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return nil, err
+		}
+		id.TrustedProxies = append(id.TrustedProxies, p)
+	}
+	return id, nil
+}
+
+// parsePrefix parses a CIDR, or a bare address as a one-address prefix.
+func parsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(s) != ""
+}
+
+// redisDocs documents the redis.* fields for --help: redisstore.Config is
+// the guard's type and carries doc comments, not tags. configs.Vars fails
+// on a stale entry and the tests on a missing one.
+var redisDocs = map[string]string{
+	"redis.mode":          "standalone, sentinel or cluster (default standalone).",
+	"redis.addrs":         "Redis server, Sentinel addresses or Cluster seed nodes, comma-separated (default 127.0.0.1:6379).",
+	"redis.master_name":   "Sentinel master name (default mymaster).",
+	"redis.username":      "Redis ACL user name. Empty: none.",
+	"redis.password":      "Redis password. Prefer password_file. Empty: none.",
+	"redis.password_file": "File holding the Redis password (trailing newline ignored); wins over password.",
+	"redis.tls":           "true to connect to Redis over TLS (default false).",
+	"redis.tls_ca_file":   "PEM bundle of CAs trusted for Redis TLS. Empty: the system's.",
+	"redis.db":            "Redis database number, standalone and Sentinel (default 0).",
+	"redis.key_prefix":    "Prefix of every counter's Redis key (default tg).",
+	"redis.pool_size":     "Connections per Redis node (default 0: the client's, 10 per CPU).",
+	"redis.timeout":       "Deadline of one Redis call, holding even when Redis hangs; a call that timed out is answered by the failure mode of its rules, never retried (default 50ms).",
+}
+
+// Vars lists every configuration variable with its default and
+// documentation, for --help.
+func Vars() ([]configs.Var, error) {
+	var c Config
+	c.SetDefaults()
+	c.GatewayID = "" // host-specific: documented in the doc tag
+	return configs.Vars(&c, redisDocs)
+}
+
+// LoadConfig loads a configuration the way bin/gateway does: the YAML file
+// at path (none when empty), then the TOLLGATE_* environment (lookup; nil
+// means os.LookupEnv), then SetDefaults and Validate.
+func LoadConfig(path string, lookup configs.LookupFunc) (Config, error) {
+	var c Config
+	if err := configs.Load(&c, path, lookup); err != nil {
+		return c, err
+	}
+	c.SetDefaults()
+	return c, c.Validate()
+}

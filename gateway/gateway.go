@@ -1,0 +1,465 @@
+// Package gateway is Tollgate's data-plane process as a library: a reverse
+// proxy with the guard in front, the check API for gateways written in
+// other languages, Envoy's rate-limit service, and the metrics and health
+// endpoints (SPEC §4). bin/gateway (gateway/cmd/gateway) only loads a
+// Config and calls New and Run; tests and `make run` start servers in
+// process the same way.
+//
+//	cfg, err := gateway.LoadConfig("", nil) // TOLLGATE_* variables
+//	srv, err := gateway.New(cfg, logger)
+//	err = srv.Run(ctx) // returns after a graceful drain once ctx is done
+//
+// Counters live in Redis (redis.*); while Redis is unavailable rules fail
+// open, except `on_failure: closed` ones, which a local in-memory limiter
+// decides with failure_share of their limits. The gateway starts without
+// Redis. Rules come from rules_file, which is watched and hot-reloaded.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/gateway/internal/checkapi"
+	"github.com/tollgate/tollgate/gateway/internal/metrics"
+	"github.com/tollgate/tollgate/gateway/internal/proxy"
+	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/memstore"
+	"github.com/tollgate/tollgate/guard/redisstore"
+)
+
+// Errors.
+var (
+	// ErrRunning is returned by a second call of Run.
+	ErrRunning = errors.New("gateway: Run called more than once")
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("gateway: server closed")
+)
+
+// Sizes of the after-the-fact cost queue (cost_response_header).
+const (
+	costQueue   = 4096
+	costWorkers = 4
+)
+
+// Addrs are the addresses a Server listens on; "" for a listener that is
+// not started.
+type Addrs struct {
+	Proxy   string
+	API     string
+	Metrics string
+	GRPC    string
+}
+
+// Server is a gateway. Create it with New, then call Run once. It is safe
+// for concurrent use.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     *metrics.Metrics
+	guard *guard.Guard
+
+	client redis.UniversalClient
+	store  *redisstore.Store
+
+	watcher  *rulefile.Watcher
+	reporter *proxy.Reporter
+	upstream *http.Transport
+
+	servers   []*httpServer // proxy, check API (draining first), metrics last
+	grpc      *grpcServer   // nil without the Envoy RLS listener
+	addrs     Addrs
+	ruleState atomic.Pointer[rulefile.Ruleset]
+	draining  atomic.Bool
+
+	mu     sync.Mutex
+	state  int // stateNew, stateRunning, stateClosed
+	cancel context.CancelFunc
+	done   chan struct{} // closed once every resource is released
+}
+
+const (
+	stateNew = iota
+	stateRunning
+	stateClosed
+)
+
+// httpServer is one HTTP listener.
+type httpServer struct {
+	name string
+	srv  *http.Server
+	ln   net.Listener
+}
+
+// New builds a gateway from cfg (SetDefaults is applied, then Validate):
+// it loads and compiles the rules file (refusing to start without a valid
+// one), creates the Redis client and store, and binds every listener, so
+// Addrs is known when New returns and clients connecting before Run wait
+// in the listen queue. log may be nil (discard); API keys are never logged.
+//
+// New starts the Redis store's pipelining goroutines and nothing else; Run
+// starts the servers, the rules watcher and the cost reporters, and Close
+// (or Run's return) stops and waits for all of them.
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: invalid configuration:\n%w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	rs, err := rulefile.Load(cfg.RulesFile)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
+	}
+	id, err := cfg.identity()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), done: make(chan struct{})}
+	s.registerProcessMetrics()
+	s.m = metrics.New(prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg))
+
+	s.client, err = redisstore.NewClient(cfg.Redis)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: redis: %w", err)
+	}
+	s.store = redisstore.New(s.client,
+		redisstore.WithTimeout(cfg.Redis.Timeout),
+		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
+	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), rs.Rules,
+		guard.WithFallback(memstore.New(), cfg.FailureShare),
+		guard.WithMaxCost(cfg.MaxCost),
+		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
+		guard.WithLogger(log.With(slog.String("component", "guard"))))
+	if err != nil {
+		s.releaseStore()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s.setRules(rs, false)
+	s.watcher = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, true) },
+		rulefile.WithLogger(log.With(slog.String("component", "rulefile"))),
+		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
+
+	checker := s.m.Wrap(s.guard)
+	if cfg.Upstream != "" {
+		u, _ := url.Parse(cfg.Upstream) // validated
+		s.upstream = proxy.NewTransport()
+		pcfg := proxy.Config{
+			Upstream:  u,
+			Checker:   checker,
+			Identity:  id,
+			Transport: s.upstream,
+			Log:       log.With(slog.String("component", "proxy")),
+		}
+		if cfg.CostResponseHeader != "" {
+			s.reporter = proxy.NewReporter(func(ctx context.Context, req *guard.Request) error {
+				_, err := checker.Report(ctx, req)
+				return err
+			}, costQueue, costWorkers, time.Second, s.m.CostDropped)
+			pcfg.CostHeader, pcfg.Reporter = cfg.CostResponseHeader, s.reporter
+		}
+		s.addServer("proxy", cfg.Listen, proxy.New(pcfg), cfg.Limits.WriteTimeout)
+	}
+	if cfg.APIListen != Off {
+		s.addServer("api", cfg.APIListen, checkapi.New(checkapi.Config{
+			Decider:  checker,
+			Token:    cfg.APIToken,
+			MaxBatch: cfg.MaxBatch,
+			MaxBody:  cfg.Limits.MaxBodyBytes,
+			Log:      log.With(slog.String("component", "checkapi")),
+		}), apiWriteTimeout)
+	}
+	if cfg.MetricsListen != Off {
+		s.addServer("metrics", cfg.MetricsListen, s.metricsHandler(), apiWriteTimeout)
+	}
+	if cfg.GRPCListen != Off {
+		s.grpc = newGRPCServer(s.guard, s.m, log)
+	}
+	if err := s.listen(); err != nil {
+		s.releaseListeners()
+		s.releaseStore()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) addServer(name, addr string, h http.Handler, writeTimeout time.Duration) {
+	l := s.cfg.Limits
+	s.servers = append(s.servers, &httpServer{name: name, srv: &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       l.ReadTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.With(slog.String("listener", name)).Handler(), slog.LevelDebug),
+	}})
+}
+
+// listen binds every listener.
+func (s *Server) listen() error {
+	for _, hs := range s.servers {
+		ln, err := net.Listen("tcp", hs.srv.Addr)
+		if err != nil {
+			return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+		}
+		hs.ln = ln
+		switch hs.name {
+		case "proxy":
+			s.addrs.Proxy = ln.Addr().String()
+		case "api":
+			s.addrs.API = ln.Addr().String()
+		case "metrics":
+			s.addrs.Metrics = ln.Addr().String()
+		}
+	}
+	if s.grpc != nil {
+		ln, err := net.Listen("tcp", s.cfg.GRPCListen)
+		if err != nil {
+			return fmt.Errorf("gateway: grpc listener: %w", err)
+		}
+		s.grpc.ln = ln
+		s.addrs.GRPC = ln.Addr().String()
+	}
+	return nil
+}
+
+// Addrs returns the bound addresses (useful with port 0).
+func (s *Server) Addrs() Addrs { return s.addrs }
+
+// Guard returns the server's guard, for callers that need its controls
+// (blocklist, penalties, overrides) or its rules.
+func (s *Server) Guard() *guard.Guard { return s.guard }
+
+// Registry returns the server's Prometheus registry (what /metrics serves).
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// setRules applies a ruleset: the guard's, the metrics' route labels and
+// the version readyz reports.
+func (s *Server) setRules(rs *rulefile.Ruleset, reload bool) {
+	s.guard.SetRules(rs.Rules)
+	s.m.SetRules(rs.Rules, rs.Routes, reload)
+	s.ruleState.Store(rs)
+	if reload {
+		s.log.Info("rules reloaded", slog.String("version", rs.Version()), slog.Int("rules", len(rs.Rules.Rules())))
+	}
+}
+
+// Run serves until ctx is done or a listener fails, then shuts down
+// gracefully: it stops accepting, lets in-flight requests finish within
+// shutdown_timeout (then closes their connections), charges the queued
+// costs, and releases Redis. It returns nil after a shutdown asked for by
+// ctx or Close, else the error that stopped it. Run may be called once;
+// every goroutine it starts has exited when it returns.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	switch s.state {
+	case stateRunning:
+		s.mu.Unlock()
+		return ErrRunning
+	case stateClosed:
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.state = stateRunning
+	ctx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.state = stateClosed
+		s.mu.Unlock()
+		close(s.done)
+	}()
+	defer cancel()
+
+	s.log.Info("gateway started",
+		slog.String("gateway_id", s.cfg.GatewayID),
+		slog.String("proxy", s.addrs.Proxy), slog.String("upstream", redactURL(s.cfg.Upstream)),
+		slog.String("api", s.addrs.API), slog.String("metrics", s.addrs.Metrics), slog.String("grpc", s.addrs.GRPC),
+		slog.String("rules_file", s.cfg.RulesFile), slog.String("rules_version", s.ruleState.Load().Version()),
+		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
+
+	var g group
+	g.cancel = cancel
+	g.Go(func() error { s.loadScript(ctx); return nil })
+	g.Go(func() error { return s.watcher.Run(ctx) })
+	if s.reporter != nil {
+		g.Go(s.reporter.Run)
+	}
+	for _, hs := range s.servers {
+		g.Go(func() error {
+			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+			}
+			return nil
+		})
+	}
+	if s.grpc != nil {
+		g.Go(func() error {
+			if err := s.grpc.serve(); err != nil {
+				return fmt.Errorf("gateway: grpc listener: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		s.shutdown()
+		return nil
+	})
+	err := g.Wait()
+	s.releaseStore()
+	if err != nil {
+		s.log.Error("gateway stopped", slog.String("error", err.Error()))
+	} else {
+		s.log.Info("gateway stopped")
+	}
+	return err
+}
+
+// shutdown drains the listeners: the proxy, check API and gRPC first (while
+// /readyz answers 503 draining), then the metrics listener, then the cost
+// reports.
+func (s *Server) shutdown() {
+	s.draining.Store(true)
+	s.log.Info("gateway shutting down", slog.Duration("timeout", s.cfg.ShutdownTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	var metricsSrv *httpServer
+	for _, hs := range s.servers {
+		if hs.name == "metrics" {
+			metricsSrv = hs
+			continue
+		}
+		wg.Go(func() { s.shutdownHTTP(ctx, hs) })
+	}
+	if s.grpc != nil {
+		wg.Go(func() { s.grpc.shutdown(ctx) })
+	}
+	wg.Wait()
+	if metricsSrv != nil {
+		s.shutdownHTTP(ctx, metricsSrv)
+	}
+	if s.reporter != nil {
+		// Queued costs get what is left of the shutdown time.
+		s.reporter.Close(ctx)
+	}
+	if s.upstream != nil {
+		s.upstream.CloseIdleConnections()
+	}
+}
+
+func (s *Server) shutdownHTTP(ctx context.Context, hs *httpServer) {
+	if err := hs.srv.Shutdown(ctx); err != nil {
+		s.log.Warn("in-flight requests cut at shutdown timeout", slog.String("listener", hs.name))
+		_ = hs.srv.Close()
+	}
+}
+
+// loadScript loads the Redis script so that the first checks need no
+// NOSCRIPT round trip. Redis may be down: the gateway starts anyway, fails
+// open, and the store loads the script on its first NOSCRIPT.
+func (s *Server) loadScript(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(time.Second, 4*s.cfg.Redis.Timeout))
+	defer cancel()
+	if err := s.store.Load(ctx); err != nil {
+		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+			s.log.Warn("redis unavailable at start; failing open until it answers (on_failure: closed rules limited locally)",
+				slog.String("error", err.Error()))
+		}
+		return
+	}
+	s.log.Info("redis ready", slog.Any("addrs", s.cfg.Redis.Addrs))
+}
+
+// Close stops a running server and waits for Run to return, or releases
+// the listeners and Redis of a server Run was never called on. It is
+// idempotent and safe from many goroutines.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	switch s.state {
+	case stateNew:
+		s.state = stateClosed
+		s.mu.Unlock()
+		s.releaseListeners()
+		s.releaseStore()
+		close(s.done)
+		return nil
+	case stateRunning:
+		s.cancel()
+	}
+	s.mu.Unlock()
+	<-s.done
+	return nil
+}
+
+func (s *Server) releaseListeners() {
+	for _, hs := range s.servers {
+		if hs.ln != nil {
+			_ = hs.ln.Close()
+		}
+	}
+	if s.grpc != nil && s.grpc.ln != nil {
+		_ = s.grpc.ln.Close()
+	}
+}
+
+func (s *Server) releaseStore() {
+	if s.store != nil {
+		_ = s.store.Close()
+	}
+	if s.client != nil {
+		_ = s.client.Close()
+	}
+}
+
+// group runs goroutines, cancels on the first error and waits for all
+// (golang.org/x/sync/errgroup in 20 lines, without the dependency).
+type group struct {
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+	cancel context.CancelFunc
+}
+
+func (g *group) Go(f func() error) {
+	g.wg.Go(func() {
+		if err := f(); err != nil {
+			g.once.Do(func() {
+				g.err = err
+				g.cancel()
+			})
+		}
+	})
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	return g.err
+}
+
+// redactURL drops user information from a URL for logs.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
+}

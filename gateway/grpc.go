@@ -1,0 +1,86 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"github.com/tollgate/tollgate/gateway/internal/metrics"
+	"github.com/tollgate/tollgate/gateway/internal/rls"
+	"github.com/tollgate/tollgate/guard"
+)
+
+// minPingTimeout bounds the Redis PING of /readyz from below.
+const minPingTimeout = 100 * time.Millisecond
+
+// maxGRPCMessage bounds one gRPC request: RLS calls are small.
+const maxGRPCMessage = 1 << 20
+
+// grpcServer is the Envoy rate-limit service listener, with the standard
+// gRPC health service (grpc.health.v1) for Envoy's cluster health checks.
+type grpcServer struct {
+	srv    *grpc.Server
+	health *health.Server
+	ln     net.Listener
+}
+
+func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger) *grpcServer {
+	srv := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
+	)
+	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls")))).Register(srv)
+	hs := health.NewServer()
+	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	return &grpcServer{srv: srv, health: hs}
+}
+
+// shouldRateLimit is the full gRPC method name of the Envoy RLS call.
+const shouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// rlsInterceptor counts RLS calls by outcome.
+func rlsInterceptor(m *metrics.Metrics) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if info.FullMethod == shouldRateLimit {
+			r, _ := resp.(*rlsv3.RateLimitResponse)
+			m.RLSCall(r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT, status.Code(err))
+		}
+		return resp, err
+	}
+}
+
+func (g *grpcServer) serve() error {
+	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// shutdown stops accepting calls and waits for those in flight until ctx
+// is done, then cuts them.
+func (g *grpcServer) shutdown(ctx context.Context) {
+	g.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		g.srv.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		g.srv.Stop()
+		<-done
+	}
+}

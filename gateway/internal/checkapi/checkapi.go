@@ -1,0 +1,356 @@
+// Package checkapi is the gateway's check API (SPEC §4), for gateways
+// written in other languages: POST /v1/check, POST /v1/check/batch and
+// POST /v1/report, optionally behind a bearer token.
+//
+// Bodies are decoded strictly (unknown fields, trailing data and wrong
+// types are 400 INVALID_REQUEST) and bounded in size (413 BODY_TOO_LARGE).
+// A check answers with the decision's HTTP status, the SPEC §3 headers and
+// the decision as JSON, with the §3 error object when it is not an
+// admission. A batch is always 200 with one decision per item, decided in
+// order, each with its own status.
+package checkapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/httpguard"
+)
+
+// API error codes of the check API beyond guard's table (guard.Code*).
+const (
+	CodeBodyTooLarge     = "BODY_TOO_LARGE"
+	CodeNotFound         = "NOT_FOUND"
+	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
+	CodeUnavailable      = "UNAVAILABLE"
+)
+
+// reasonInvalidRequest is the `reason` of a batch item whose body is
+// invalid (guard never sees it).
+const reasonInvalidRequest = "invalid_request"
+
+// Decider decides requests: a *guard.Guard, or a wrapper recording metrics.
+type Decider interface {
+	guard.Checker
+	Peek(ctx context.Context, req *guard.Request) (*guard.Decision, error)
+	Report(ctx context.Context, req *guard.Request) (*guard.Decision, error)
+}
+
+// Config configures the handler.
+type Config struct {
+	// Decider decides; required.
+	Decider Decider
+	// Token, when set, is the bearer token every request must carry;
+	// otherwise 401 UNAUTHORIZED.
+	Token string
+	// MaxBatch is the most items of a batch (default 100).
+	MaxBatch int
+	// MaxBody is the largest body in bytes (default 64 KiB).
+	MaxBody int64
+	// Log receives errors of the Decider (nil: discard). API keys are never
+	// logged.
+	Log *slog.Logger
+}
+
+// New returns the check API handler. It is safe for concurrent use and
+// starts no goroutines.
+func New(cfg Config) http.Handler {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 100
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 64 << 10
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{cfg: cfg}
+	if cfg.Token != "" {
+		h.token = []byte(cfg.Token)
+	}
+	return h
+}
+
+type handler struct {
+	cfg   Config
+	token []byte
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.token != nil && !h.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
+		httpguard.WriteError(w, r, http.StatusUnauthorized, guard.CodeUnauthorized, "A valid bearer token is required (Authorization: Bearer <api_token>).")
+		return
+	}
+	var serve func(http.ResponseWriter, *http.Request, []byte)
+	switch r.URL.Path {
+	case "/v1/check":
+		serve = h.check
+	case "/v1/check/batch":
+		serve = h.batch
+	case "/v1/report":
+		serve = h.report
+	default:
+		httpguard.WriteError(w, r, http.StatusNotFound, CodeNotFound, "No such endpoint; the check API serves POST /v1/check, /v1/check/batch and /v1/report.")
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		httpguard.WriteError(w, r, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Use POST.")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			httpguard.WriteError(w, r, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+				fmt.Sprintf("The body is larger than %d bytes.", h.cfg.MaxBody))
+			return
+		}
+		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, "The body could not be read.")
+		return
+	}
+	serve(w, r, body)
+}
+
+// authorized checks the bearer token in constant time.
+func (h *handler) authorized(r *http.Request) bool {
+	v := r.Header.Get("Authorization")
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimLeft(v[len(scheme):], " ")), h.token) == 1
+}
+
+func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
+	req, peek, err := decodeCheck(body)
+	if err != nil {
+		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		return
+	}
+	d, err := h.decide(r.Context(), &req, peek)
+	if err != nil {
+		h.unavailable(w, r, err)
+		return
+	}
+	httpguard.SetHeaders(w.Header(), d)
+	status := d.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, appendDecision(nil, d, status))
+}
+
+func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
+	items, err := decodeBatch(body, h.cfg.MaxBatch)
+	if errors.Is(err, errTooLarge) {
+		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeBatchTooLarge,
+			fmt.Sprintf("A batch holds at most %d checks.", h.cfg.MaxBatch))
+		return
+	}
+	if err != nil {
+		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		return
+	}
+	out := make([]byte, 0, 64+200*len(items))
+	out = append(out, '[')
+	var d guard.Decision
+	for i, raw := range items {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		req, peek, err := decodeCheck(raw)
+		if err != nil {
+			out = appendItemError(out, http.StatusBadRequest, guard.CodeInvalidRequest, reasonInvalidRequest, err.Error())
+			continue
+		}
+		dd, err := h.decideInto(r.Context(), &req, peek, &d)
+		if err != nil {
+			h.cfg.Log.LogAttrs(r.Context(), slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
+			out = appendItemError(out, http.StatusServiceUnavailable, CodeUnavailable, "error", "No decision could be made.")
+			continue
+		}
+		status := dd.Status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		out = appendDecision(out, dd, status)
+	}
+	out = append(out, ']')
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {
+	req, peek, err := decodeCheck(body)
+	if err != nil {
+		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		return
+	}
+	if peek { // cost 0: nothing to charge
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	d, err := h.cfg.Decider.Report(r.Context(), &req)
+	if err != nil {
+		h.unavailable(w, r, err)
+		return
+	}
+	if d.Status == http.StatusBadRequest {
+		// Invalid key, or a cost above max_cost.
+		writeJSON(w, d.Status, appendDecision(nil, d, d.Status))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) decide(ctx context.Context, req *guard.Request, peek bool) (*guard.Decision, error) {
+	return h.decideInto(ctx, req, peek, new(guard.Decision))
+}
+
+// decideInto decides req, into d for a check; a peek returns a new
+// decision.
+func (h *handler) decideInto(ctx context.Context, req *guard.Request, peek bool, d *guard.Decision) (*guard.Decision, error) {
+	if peek {
+		return h.cfg.Decider.Peek(ctx, req)
+	}
+	return d, h.cfg.Decider.CheckInto(ctx, req, d)
+}
+
+func (h *handler) unavailable(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() == nil {
+		h.cfg.Log.LogAttrs(r.Context(), slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
+	}
+	w.Header().Set("Retry-After", "1")
+	httpguard.WriteError(w, r, http.StatusServiceUnavailable, CodeUnavailable, "No decision could be made; retry shortly.")
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// decisionJSON is a decision as the check API writes it (SPEC §4).
+type decisionJSON struct {
+	Allowed    bool       `json:"allowed"`
+	Status     int        `json:"status"`
+	Limit      int64      `json:"limit"`
+	Remaining  int64      `json:"remaining"`
+	Reset      int64      `json:"reset"`
+	RetryAfter int64      `json:"retry_after"`
+	Rule       string     `json:"rule"`
+	Algorithm  string     `json:"algorithm"`
+	Degraded   bool       `json:"degraded"`
+	Reason     string     `json:"reason"`
+	Error      *errorJSON `json:"error,omitempty"`
+}
+
+// errorJSON is SPEC §3's error object.
+type errorJSON struct {
+	Code    string       `json:"code"`
+	Message string       `json:"message"`
+	Details *detailsJSON `json:"details,omitempty"`
+}
+
+type detailsJSON struct {
+	Rule              string `json:"rule"`
+	Limit             int64  `json:"limit"`
+	Remaining         int64  `json:"remaining"`
+	WindowSeconds     int64  `json:"window_seconds"`
+	RetryAfterSeconds int64  `json:"retry_after_seconds"`
+	ResetAt           string `json:"reset_at"`
+}
+
+// appendDecision appends d as JSON. Without a deciding rule (allowlisted,
+// no rule matched, blocked) rule and algorithm are empty and limit,
+// remaining and reset 0; while the deciding rule fails open remaining is
+// -1, as in X-RateLimit-Remaining.
+func appendDecision(b []byte, d *guard.Decision, status int) []byte {
+	j := decisionJSON{
+		Allowed:    d.Allowed,
+		Status:     status,
+		RetryAfter: d.RetryAfter,
+		Degraded:   d.Degraded,
+		Reason:     string(d.Reason),
+	}
+	dr := d.DecidingRule()
+	if dr != nil {
+		j.Limit, j.Remaining, j.Reset = dr.Limit, max(dr.Remaining, 0), dr.Reset
+		if dr.FailOpen {
+			j.Remaining = -1
+		}
+		j.Rule, j.Algorithm = dr.ID, string(dr.Algorithm)
+	}
+	if !d.Allowed {
+		code := d.Code
+		if code == "" {
+			code = guard.CodeRateLimitExceeded
+		}
+		j.Error = &errorJSON{Code: code, Message: message(d, code)}
+		if status == http.StatusTooManyRequests && dr != nil {
+			j.Error.Details = &detailsJSON{
+				Rule:              dr.ID,
+				Limit:             dr.Limit,
+				Remaining:         0,
+				WindowSeconds:     dr.Window,
+				RetryAfterSeconds: d.RetryAfter,
+				ResetAt:           time.Unix(dr.Reset, 0).UTC().Format(time.RFC3339),
+			}
+		}
+	}
+	out, err := json.Marshal(&j)
+	if err != nil { // cannot happen: strings, numbers and bools only
+		return append(b, `{"error":{"code":"UNAVAILABLE","message":"encoding failed"}}`...)
+	}
+	return append(b, out...)
+}
+
+// appendItemError appends a batch item that got no decision from the guard.
+func appendItemError(b []byte, status int, code, reason, msg string) []byte {
+	j := decisionJSON{Status: status, Reason: reason, Error: &errorJSON{Code: code, Message: msg}}
+	out, _ := json.Marshal(&j)
+	return append(b, out...)
+}
+
+// message is the human-readable message of a decision that is not an
+// admission. It never contains the API key.
+func message(d *guard.Decision, code string) string {
+	dr := d.DecidingRule()
+	switch code {
+	case guard.CodeRateLimitExceeded:
+		if dr != nil {
+			return fmt.Sprintf("Rate limit %q exceeded: %d per %s. Retry after %s.", dr.ID, dr.Limit, seconds(dr.Window), seconds(d.RetryAfter))
+		}
+		return fmt.Sprintf("Rate limit exceeded. Retry after %s.", seconds(d.RetryAfter))
+	case guard.CodePenalty:
+		return fmt.Sprintf("This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after %s.", seconds(d.RetryAfter))
+	case guard.CodeKeyBlocked:
+		return "This API key is blocked."
+	case guard.CodeCostExceedsLimit:
+		return "The request's cost exceeds what a rule or the gateway's max_cost can ever admit."
+	case guard.CodeInvalidKey:
+		return "The API key is malformed: longer than 256 bytes or holding control characters."
+	}
+	return "The request was not admitted."
+}
+
+func seconds(n int64) string {
+	if n == 1 {
+		return "1 second"
+	}
+	return strconv.FormatInt(n, 10) + " seconds"
+}

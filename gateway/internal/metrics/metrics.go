@@ -1,0 +1,275 @@
+// Package metrics records the gateway's Prometheus metrics (tollgate_*):
+// decisions by outcome, reason, deciding rule and route template, decision
+// latency, Redis calls, errors and latency (through a guard.Store
+// decorator), shadow would-rejects, the rules version and reload errors.
+//
+// Labels are bounded sets only: rule ids, decisions, reasons, algorithms and
+// route templates of the ruleset in force (any other endpoint is "other").
+// API keys, raw paths and client IPs are never labels. The gateway label is
+// added by the registerer the gateway passes in.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// Label values.
+const (
+	// RouteOther is the route label of an endpoint that is not a route
+	// template of the ruleset.
+	RouteOther = "other"
+	// RuleNone is the rule label of a decision without a deciding rule.
+	RuleNone = "none"
+
+	DecisionAllowed  = "allowed"
+	DecisionRejected = "rejected" // 429
+	DecisionBlocked  = "blocked"  // 403
+	DecisionInvalid  = "invalid"  // 400
+	DecisionError    = "error"    // no decision could be made
+)
+
+// Metrics holds the gateway's collectors. Create it with New; it is safe
+// for concurrent use.
+type Metrics struct {
+	checks        *prometheus.CounterVec
+	checkDuration prometheus.Histogram
+	shadow        *prometheus.CounterVec
+	reports       *prometheus.CounterVec
+
+	redisCalls    prometheus.Counter
+	redisErrors   prometheus.Counter
+	redisDuration prometheus.Histogram
+
+	rulesVersion  prometheus.Gauge
+	rulesLoaded   prometheus.Gauge
+	reloads       prometheus.Counter
+	reloadErrors  prometheus.Counter
+	costsDropped  prometheus.Counter
+	costsReported prometheus.Counter
+	rlsCalls      *prometheus.CounterVec
+
+	routes atomic.Pointer[map[string]struct{}]
+}
+
+// New creates the collectors and registers them with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	latency := []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1}
+	m := &Metrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_checks_total",
+			Help: "Decisions made by the proxy and the check API (peeks included; Envoy RLS calls are in tollgate_rls_calls_total), by decision (allowed, rejected, blocked, invalid, error), reason, deciding rule (none without one) and route template (other when the endpoint is not one).",
+		}, []string{"decision", "reason", "rule", "route"}),
+		checkDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tollgate_check_duration_seconds",
+			Help:    "Time to decide one request, Redis round trip included.",
+			Buckets: latency,
+		}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_shadow_would_reject_total",
+			Help: "Requests a shadow rule would have rejected, by rule.",
+		}, []string{"rule"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_reports_total",
+			Help: "Costs charged after the fact (POST /v1/report, cost_response_header), by decision: allowed (charged), invalid (refused: a bad key, or a cost above max_cost) or error (Redis unavailable: not charged).",
+		}, []string{"decision"}),
+		redisCalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_redis_calls_total",
+			Help: "Calls to the Redis store (one per decision that reaches Redis).",
+		}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_redis_errors_total",
+			Help: "Redis store calls that failed or timed out (the decision then followed the rules' on_failure).",
+		}),
+		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tollgate_redis_call_duration_seconds",
+			Help:    "Duration of Redis store calls, failed ones included.",
+			Buckets: latency,
+		}),
+		rulesVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_rules_version",
+			Help: "The `version` field of the ruleset in force (the content hash is in /readyz and the reload log).",
+		}),
+		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_rules_loaded_timestamp_seconds",
+			Help: "Unix time the ruleset in force was applied.",
+		}),
+		reloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_rules_reloads_total",
+			Help: "Rulesets applied after a change of the rules file.",
+		}),
+		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_rules_reload_errors_total",
+			Help: "Changes of the rules file refused (invalid or unreadable); the running rules stayed.",
+		}),
+		costsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_cost_reports_dropped_total",
+			Help: "Costs from cost_response_header not charged because the report queue was full.",
+		}),
+		rlsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_rls_calls_total",
+			Help: "Envoy rate-limit calls, by decision: allowed (OK), rejected (OVER_LIMIT), invalid (malformed call) or error (no decision).",
+		}, []string{"decision"}),
+	}
+	m.costsReported = m.reports.WithLabelValues(DecisionAllowed)
+	reg.MustRegister(m.checks, m.checkDuration, m.shadow, m.reports, m.redisCalls, m.redisErrors,
+		m.redisDuration, m.rulesVersion, m.rulesLoaded, m.reloads, m.reloadErrors, m.costsDropped, m.rlsCalls)
+	empty := map[string]struct{}{}
+	m.routes.Store(&empty)
+	return m
+}
+
+// SetRules records the ruleset in force and its route templates (the only
+// endpoints used as route labels). reload says whether it replaced another.
+func (m *Metrics) SetRules(rs *rules.Ruleset, routes []string, reload bool) {
+	set := make(map[string]struct{}, len(routes))
+	for _, r := range routes {
+		set[r] = struct{}{}
+	}
+	m.routes.Store(&set)
+	m.rulesVersion.Set(float64(rs.Version()))
+	m.rulesLoaded.Set(float64(time.Now().UnixMilli()) / 1e3)
+	if reload {
+		m.reloads.Inc()
+	}
+}
+
+// ReloadError counts a refused change of the rules file.
+func (m *Metrics) ReloadError() { m.reloadErrors.Inc() }
+
+// CostDropped counts a cost report the queue had no room for.
+func (m *Metrics) CostDropped() { m.costsDropped.Inc() }
+
+// route returns the route label of a normalised endpoint.
+func (m *Metrics) route(endpoint string) string {
+	if _, ok := (*m.routes.Load())[endpoint]; ok {
+		return endpoint
+	}
+	return RouteOther
+}
+
+// Decision records one decision (d may be nil when err is not) and the time
+// it took.
+func (m *Metrics) Decision(d *guard.Decision, err error, took time.Duration) {
+	m.checkDuration.Observe(took.Seconds())
+	if err != nil || d == nil {
+		m.checks.WithLabelValues(DecisionError, "error", RuleNone, RouteOther).Inc()
+		return
+	}
+	rule := RuleNone
+	if dr := d.DecidingRule(); dr != nil {
+		rule = dr.ID
+	}
+	m.checks.WithLabelValues(decisionLabel(d), string(d.Reason), rule, m.route(d.Endpoint)).Inc()
+	for i := range d.Rules {
+		if rr := &d.Rules[i]; rr.Shadow && !rr.Allowed && !rr.Degraded {
+			m.shadow.WithLabelValues(rr.ID).Inc()
+		}
+	}
+}
+
+// RLSCall records one Envoy rate-limit call: over says the answer was
+// OVER_LIMIT; code is the gRPC status code of the call.
+func (m *Metrics) RLSCall(over bool, code codes.Code) {
+	d := DecisionAllowed
+	switch {
+	case code == codes.InvalidArgument:
+		d = DecisionInvalid
+	case code != codes.OK:
+		d = DecisionError
+	case over:
+		d = DecisionRejected
+	}
+	m.rlsCalls.WithLabelValues(d).Inc()
+}
+
+// Report records one after-the-fact charge.
+func (m *Metrics) Report(d *guard.Decision, err error) {
+	switch {
+	case err != nil || d == nil:
+		m.reports.WithLabelValues(DecisionError).Inc()
+	case d.Status == 400:
+		m.reports.WithLabelValues(DecisionInvalid).Inc()
+	default:
+		m.costsReported.Inc()
+	}
+}
+
+func decisionLabel(d *guard.Decision) string {
+	switch {
+	case d.Allowed:
+		return DecisionAllowed
+	case d.Status == 403:
+		return DecisionBlocked
+	case d.Status == 400:
+		return DecisionInvalid
+	}
+	return DecisionRejected
+}
+
+// Store returns s wrapped so that every call is counted and timed.
+func (m *Metrics) Store(s guard.Store) guard.Store { return &store{s: s, m: m} }
+
+// store is a guard.Store decorator recording Redis metrics.
+type store struct {
+	s guard.Store
+	m *Metrics
+}
+
+var _ guard.Store = (*store)(nil)
+
+// Do implements guard.Store.
+func (s *store) Do(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	start := time.Now()
+	t, err := s.s.Do(ctx, op, now, counters, res)
+	s.m.redisDuration.Observe(time.Since(start).Seconds())
+	s.m.redisCalls.Inc()
+	// A caller that went away is not a Redis error.
+	if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
+		s.m.redisErrors.Inc()
+	}
+	return t, err
+}
+
+// Guard wraps a *guard.Guard so that every decision is recorded. It
+// implements guard.Checker and the Peek and Report the check API needs.
+type Guard struct {
+	g *guard.Guard
+	m *Metrics
+}
+
+// Wrap returns g recording into m.
+func (m *Metrics) Wrap(g *guard.Guard) *Guard { return &Guard{g: g, m: m} }
+
+var _ guard.Checker = (*Guard)(nil)
+
+// CheckInto implements guard.Checker.
+func (w *Guard) CheckInto(ctx context.Context, req *guard.Request, d *guard.Decision) error {
+	start := time.Now()
+	err := w.g.CheckInto(ctx, req, d)
+	w.m.Decision(d, err, time.Since(start))
+	return err
+}
+
+// Peek is guard.Guard.Peek, recorded.
+func (w *Guard) Peek(ctx context.Context, req *guard.Request) (*guard.Decision, error) {
+	start := time.Now()
+	d, err := w.g.Peek(ctx, req)
+	w.m.Decision(d, err, time.Since(start))
+	return d, err
+}
+
+// Report is guard.Guard.Report, recorded.
+func (w *Guard) Report(ctx context.Context, req *guard.Request) (*guard.Decision, error) {
+	d, err := w.g.Report(ctx, req)
+	w.m.Report(d, err)
+	return d, err
+}

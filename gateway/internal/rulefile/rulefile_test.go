@@ -1,0 +1,130 @@
+package rulefile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+const valid = `
+version: 4
+routes: ["/v1/users/{id}", "/v1/orders/{id}"]
+rules:
+  - {id: r, match: {}, algorithm: token_bucket, capacity: %d, rate: 1/1s}
+`
+
+func write(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rulesWith(capacity string) string { return strings.Replace(valid, "%d", capacity, 1) }
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write(t, path, rulesWith("5"))
+	rs, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Routes) != 2 || rs.Routes[1] != "/v1/orders/{id}" || rs.Rules.Version() != 4 {
+		t.Fatalf("%+v", rs)
+	}
+	if v := rs.Version(); !strings.HasPrefix(v, "4+") || len(v) != 2+12 {
+		t.Fatalf("Version %q", v)
+	}
+	write(t, path, rulesWith("0"))
+	var ve *rules.ValidationError
+	if _, err := Load(path); !errors.As(err, &ve) || ve.Rule != "r" {
+		t.Fatalf("invalid file: %v", err)
+	}
+	if _, err := Load(path + ".none"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+// recorder collects what a Watcher hands over.
+type recorder struct {
+	mu      sync.Mutex
+	applied []*Ruleset
+	refused []error
+}
+
+func (r *recorder) counts() (int, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.applied), len(r.refused)
+}
+
+func TestWatcher(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write(t, path, rulesWith("5"))
+	cur, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	w := NewWatcher(path, cur, func(rs *Ruleset) {
+		rec.mu.Lock()
+		rec.applied = append(rec.applied, rs)
+		rec.mu.Unlock()
+	}, WithInterval(5*time.Millisecond), OnRefused(func(err error) {
+		rec.mu.Lock()
+		rec.refused = append(rec.refused, err)
+		rec.mu.Unlock()
+	}))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	expect := func(applied, refused int) {
+		t.Helper()
+		testwait.Eventually(t, 2*time.Second, func() error {
+			if a, r := rec.counts(); a != applied || r != refused {
+				return fmt.Errorf("applied %d, refused %d", a, r)
+			}
+			return nil
+		})
+	}
+	write(t, path, rulesWith("6"))
+	expect(1, 0)
+	write(t, path, rulesWith("0")) // invalid: refused once, however many polls
+	expect(1, 1)
+	write(t, path, rulesWith("6"))  // back to the rules in force: nothing to apply
+	write(t, path, rulesWith("-1")) // another invalid content: reported
+	expect(1, 2)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	expect(1, 3)
+	write(t, path, rulesWith("7"))
+	expect(2, 3)
+	rec.mu.Lock()
+	last := rec.applied[len(rec.applied)-1]
+	rec.mu.Unlock()
+	if p, _ := last.Rules.Rule("r").ParamsFor("", ""); p.Limit != 7 {
+		t.Fatalf("applied limit %d, want 7", p.Limit)
+	}
+}
