@@ -66,14 +66,9 @@ bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio o
 		if (c != "") printf "  %-50s %10s checks/s %5s allocs/op\n", $$1, c, a }' $(BIN_DIR)/bench.txt
 	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
 
-run: ## Start the local stack in the foreground (Ctrl-C stops it)
-	@if [ -d $(STACK_PKG) ]; then \
-		exec $(GO) run ./$(STACK_PKG); \
-	else \
-		echo "run: the local stack is not built yet: ./$(STACK_PKG) does not exist." >&2; \
-		echo "run: see SPEC.md §9 for what it will start." >&2; \
-		exit 1; \
-	fi
+run: ## Start the local stack in the foreground: gateway, Redis, demo API (Ctrl-C stops it)
+	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)
+	exec $(BIN_DIR)/tollgate-stack
 
 fuzz: ## Run each Fuzz target for FUZZTIME (default 10s)
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh $(PKGS)

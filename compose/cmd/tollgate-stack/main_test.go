@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/configs"
+)
+
+func lookup(m map[string]string) configs.LookupFunc {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--help"}, lookup(nil), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, s := range []string{
+		"TOLLGATE_LISTEN", "TOLLGATE_API_LISTEN", "TOLLGATE_METRICS_LISTEN", "TOLLGATE_GRPC_LISTEN",
+		"TOLLGATE_DEMO_LISTEN", "TOLLGATE_RULES_FILE", "TOLLGATE_KEY_SECRET", "TOLLGATE_ADMIN_TOKEN",
+		"TOLLGATE_STACK_REDIS", "TOLLGATE_REDIS_SERVER", "TOLLGATE_LOG_LEVEL",
+		"default: 127.0.0.1:8080", "default: 127.0.0.1:9000", "default: configs/rules.yaml",
+	} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("--help lacks %s", s)
+		}
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = busy.Close() }) // after the parallel subtests
+	free := map[string]string{
+		"TOLLGATE_LISTEN": "127.0.0.1:0", "TOLLGATE_API_LISTEN": "127.0.0.1:0", "TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_GRPC_LISTEN": "127.0.0.1:0", "TOLLGATE_DEMO_LISTEN": "127.0.0.1:0", "TOLLGATE_RULES_FILE": "../../../configs/rules.yaml",
+	}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{k: v}
+		for k, v := range free {
+			if _, ok := m[k]; !ok {
+				m[k] = v
+			}
+		}
+		return m
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{"bad flag", []string{"--nope"}, nil, 2, "--help"},
+		{"stray argument", []string{"start"}, nil, 2, "unexpected argument"},
+		{"bad variable", nil, with("TOLLGATE_STACK_REDIS", "docker"), 2, "TOLLGATE_STACK_REDIS"},
+		{"missing rules file", nil, with("TOLLGATE_RULES_FILE", "/nonexistent/rules.yaml"), 1, "TOLLGATE_RULES_FILE"},
+		{"busy port", nil, with("TOLLGATE_DEMO_LISTEN", busy.Addr().String()), 1, "set TOLLGATE_DEMO_LISTEN to another address"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			if code := run(tt.args, lookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
+			}
+		})
+	}
+}

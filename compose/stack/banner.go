@@ -1,0 +1,70 @@
+package stack
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tollgate/tollgate/configs"
+)
+
+// printBanner writes what a newcomer needs once the stack is ready: the
+// addresses, the secrets it generated and curl lines to try. The curl lines
+// fit the shipped configs/rules.yaml.
+func (s *Stack) printBanner() {
+	a := s.addrs
+	proxy := "http://" + dialable(a.Proxy)
+	api := "http://" + dialable(a.API)
+	metrics := "http://" + dialable(a.Metrics)
+
+	var b strings.Builder
+	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	redis := a.Redis + "  (redis-server)"
+	if s.redisKind == BackendEmbedded {
+		redis = a.Redis + "  (embedded stand-in for redis-server: fine to try, not to measure)"
+	}
+
+	line("")
+	line("Tollgate is running. Ctrl-C stops it.")
+	line("")
+	line("  gateway proxy    %s  -> demo API http://%s", proxy, dialable(a.Demo))
+	line("  check API        %s/v1/check", api)
+	line("  metrics          %s/metrics  (also /healthz, /readyz)", metrics)
+	line("  Envoy RLS gRPC   %s", dialable(a.GRPC))
+	line("  redis            %s", redis)
+	line("  rules            %s  (edit it: changes apply within a second)", s.cfg.RulesFile)
+	line("")
+	if s.genSecret {
+		line("  key secret       %s", s.cfg.KeySecret)
+		line("                   generated for this run; set %s to keep one", configs.EnvName("key_secret"))
+	} else {
+		line("  key secret       from %s", configs.EnvName("key_secret"))
+	}
+	if s.genToken {
+		line("  admin token      %s", s.cfg.AdminToken)
+		line("                   for the aggregator's operator API, which joins make run later; set %s to keep one", configs.EnvName("admin_token"))
+	} else {
+		line("  admin token      from %s (for the aggregator, which joins make run later)", configs.EnvName("admin_token"))
+	}
+	line("")
+	line("Try it:")
+	line("")
+	line("  # Passes, with the rate-limit headers (sk_prod_acme_1: pro tier, tenant acme):")
+	line("  curl -i -H 'X-API-Key: sk_prod_acme_1' %s/v1/users/42", proxy)
+	line("")
+	line("  # The demo key's bucket (rule free-default) holds 5 requests and refills one every 12 s:")
+	line("  # five 200s, then 429 with Retry-After; wait that long and it passes again.")
+	line("  for i in 1 2 3 4 5 6; do")
+	line("    curl -s -o /dev/null -D - -H 'X-API-Key: sk_free_demo' %s/v1/users/42 | grep -iE '^(HTTP/|Retry-After:)'", proxy)
+	line("  done")
+	line("")
+	line("  # The check API, for gateways in other languages; it shares the proxy's counters:")
+	line(`  curl -s -X POST %s/v1/check -d '{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}'; echo`, api)
+	line("")
+	line("  # A slow upstream answer (the demo API waits ms milliseconds, at most 10000):")
+	line("  curl -s -H 'X-API-Key: sk_prod_acme_1' '%s/v1/slow?ms=250'", proxy)
+	line("")
+	line("  # Decisions so far, by rule and route (all metrics: %s/metrics):", metrics)
+	line("  curl -s %s/metrics | grep '^tollgate_checks_total'", metrics)
+	line("")
+	_, _ = fmt.Fprint(s.out, b.String())
+}

@@ -1,0 +1,149 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway"
+)
+
+// Values of Config.Redis.
+const (
+	// RedisAuto runs a redis-server from $TOLLGATE_REDIS_SERVER or PATH,
+	// else the embedded one.
+	RedisAuto = "auto"
+	// RedisServer runs a redis-server and fails when there is none.
+	RedisServer = "server"
+	// RedisEmbedded runs the embedded Redis (miniredis) even when a
+	// redis-server is installed.
+	RedisEmbedded = "embedded"
+)
+
+// Defaults of the fields the gateway does not own (its own are
+// gateway.DefaultListen and friends).
+const (
+	DefaultDemoListen = "127.0.0.1:9000"
+	DefaultRedis      = RedisAuto
+)
+
+// Config is the local stack's configuration (SPEC §9). Every field is
+// overridden by the environment variable TOLLGATE_ + its YAML path in upper
+// snake case (package configs), the same variables bin/gateway reads for
+// the fields they share; the `doc` tags are what --help prints. Zero fields
+// take their defaults in SetDefaults. Any address may use port 0 (a free
+// port; Stack.Addrs tells which), as tests do.
+type Config struct {
+	Listen        string `yaml:"listen" doc:"Address of the gateway's public reverse proxy, in front of the demo API."`
+	APIListen     string `yaml:"api_listen" doc:"Address of the gateway's check API (POST /v1/check, /v1/check/batch, /v1/report)."`
+	MetricsListen string `yaml:"metrics_listen" doc:"Address of the gateway's GET /metrics, /healthz and /readyz."`
+	GRPCListen    string `yaml:"grpc_listen" doc:"Address of the gateway's Envoy rate-limit gRPC service (envoy.service.ratelimit.v3)."`
+	DemoListen    string `yaml:"demo_listen" doc:"Address of the demo API the proxy forwards to: JSON for any path, GET /v1/slow?ms=N for latency."`
+	RulesFile     string `yaml:"rules_file" doc:"Rules file the gateway loads and watches: edit it while the stack runs and the change applies within a second. Relative paths start from the current directory (make run: the repository root)."`
+	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids, at least 16 bytes. Empty: generated at start and printed."`
+	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the aggregator's operator API. The aggregator joins the stack in a later version; the token is already generated (when empty) and printed so scripts can rely on it."`
+	Redis         string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
+
+	Log gateway.LogConfig `yaml:"log"`
+}
+
+// SetDefaults fills zero fields with their defaults (SPEC §9's addresses).
+// It leaves KeySecret and AdminToken empty: New generates them.
+func (c *Config) SetDefaults() {
+	setDefault(&c.Listen, gateway.DefaultListen)
+	setDefault(&c.APIListen, gateway.DefaultAPIListen)
+	setDefault(&c.MetricsListen, gateway.DefaultMetricsListen)
+	setDefault(&c.GRPCListen, gateway.DefaultGRPCListen)
+	setDefault(&c.DemoListen, DefaultDemoListen)
+	setDefault(&c.RulesFile, gateway.DefaultRulesFile)
+	setDefault(&c.Redis, DefaultRedis)
+	setDefault(&c.Log.Level, "info")
+	setDefault(&c.Log.Format, "text")
+}
+
+func setDefault(p *string, v string) {
+	if *p == "" {
+		*p = v
+	}
+}
+
+// Validate reports every problem of a configuration with its defaults
+// applied, at once (errors.Join), each naming its variable. The gateway
+// checks its own fields again, with its own messages.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", configs.EnvName(path), fmt.Sprintf(format, args...)))
+	}
+	seen := map[string]string{}
+	for _, l := range c.listeners() {
+		_, port, err := net.SplitHostPort(l.addr)
+		if err != nil {
+			bad(l.path, "%q is not host:port", l.addr)
+			continue
+		}
+		if other, dup := seen[l.addr]; dup && port != "0" {
+			bad(l.path, "%s is also %s: give each listener its own port", l.addr, configs.EnvName(other))
+		}
+		seen[l.addr] = l.path
+	}
+	if c.KeySecret != "" && len(c.KeySecret) < minSecret {
+		bad("key_secret", "too short: at least %d bytes (or leave it unset to have one generated)", minSecret)
+	}
+	switch c.Redis {
+	case RedisAuto, RedisServer, RedisEmbedded:
+	default:
+		bad("stack_redis", "%q is not auto, server or embedded", c.Redis)
+	}
+	if c.RulesFile == "" {
+		bad("rules_file", "required")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+// listener is one address the stack listens on, with its YAML path.
+type listener struct {
+	path, addr string
+}
+
+// listeners lists the stack's listeners in start order. The stack starts
+// every one: it has no "off".
+func (c *Config) listeners() []listener {
+	return []listener{
+		{"demo_listen", c.DemoListen},
+		{"listen", c.Listen},
+		{"api_listen", c.APIListen},
+		{"metrics_listen", c.MetricsListen},
+		{"grpc_listen", c.GRPCListen},
+	}
+}
+
+// Vars lists every variable of the stack with its default and
+// documentation, for --help.
+func Vars() ([]configs.Var, error) {
+	var c Config
+	c.SetDefaults()
+	return configs.Vars(&c, nil)
+}
+
+// LoadConfig reads the configuration from the environment (lookup; nil
+// means os.LookupEnv), then applies SetDefaults and Validate.
+func LoadConfig(lookup configs.LookupFunc) (Config, error) {
+	var c Config
+	if err := configs.ApplyEnv(&c, lookup); err != nil {
+		return c, err
+	}
+	c.SetDefaults()
+	return c, c.Validate()
+}

@@ -1,0 +1,422 @@
+package stack_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/compose/demoapi"
+	"github.com/tollgate/tollgate/compose/redisserver"
+	"github.com/tollgate/tollgate/compose/stack"
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+// rulesFile is the shipped ruleset, the one make run loads.
+const rulesFile = "../../configs/rules.yaml"
+
+// testConfig puts every listener on a free port.
+func testConfig(redis string) stack.Config {
+	return stack.Config{
+		Listen:        "127.0.0.1:0",
+		APIListen:     "127.0.0.1:0",
+		MetricsListen: "127.0.0.1:0",
+		GRPCListen:    "127.0.0.1:0",
+		DemoListen:    "127.0.0.1:0",
+		RulesFile:     rulesFile,
+		Redis:         redis,
+	}
+}
+
+// running is a stack running in the background.
+type running struct {
+	st     *stack.Stack
+	banner *bytes.Buffer // written once, before Ready is closed
+	cancel context.CancelFunc
+	errc   chan error
+	addrs  stack.Addrs
+}
+
+// start starts a stack and waits until it is ready. The test must stop it
+// with stop; a cleanup does it too if the test fails first.
+func start(t *testing.T, cfg stack.Config) *running {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r := &running{banner: &bytes.Buffer{}, errc: make(chan error, 1)}
+	var err error
+	r.st, err = stack.New(cfg, log, r.banner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.errc <- r.st.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-r.errc // nil or already checked by stop
+	})
+	select {
+	case <-r.st.Ready():
+	case err := <-r.errc:
+		r.errc <- err
+		t.Fatalf("Run returned before Ready: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("stack not ready within 30s")
+	}
+	r.addrs = r.st.Addrs()
+	return r
+}
+
+// stop cancels Run's context and checks that Run returns nil within a few
+// seconds.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.errc:
+		r.errc <- nil // for the cleanup
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of the cancel")
+	}
+}
+
+var client = &http.Client{Timeout: 10 * time.Second}
+
+func get(t *testing.T, url, key string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	return do(t, req)
+}
+
+func do(t *testing.T, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// journey replays what the banner tells a newcomer to try, and returns
+// when the 429's Retry-After ends.
+func journey(t *testing.T, r *running) time.Time {
+	t.Helper()
+	proxy := "http://" + r.addrs.Proxy
+
+	// One that passes, with the headers, answered by the demo API.
+	resp, body := get(t, proxy+"/v1/users/42", "sk_prod_acme_1")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("sk_prod_acme_1: status %d: %s", resp.StatusCode, body)
+	}
+	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"} {
+		if resp.Header.Get(h) == "" {
+			t.Errorf("sk_prod_acme_1: no %s header", h)
+		}
+	}
+	var demo struct {
+		OK      bool   `json:"ok"`
+		Service string `json:"service"`
+		Path    string `json:"path"`
+	}
+	if err := json.Unmarshal(body, &demo); err != nil || !demo.OK || demo.Service != demoapi.Service || demo.Path != "/v1/users/42" {
+		t.Errorf("sk_prod_acme_1: body %s (%v), want the demo API's answer", body, err)
+	}
+
+	// The demo key: five pass, the sixth is 429 with Retry-After.
+	var retryEnds time.Time
+	for i := 1; i <= 6; i++ {
+		resp, body := get(t, proxy+"/v1/users/42", "sk_free_demo")
+		want := http.StatusOK
+		if i == 6 {
+			want = http.StatusTooManyRequests
+		}
+		if resp.StatusCode != want {
+			t.Fatalf("sk_free_demo request %d: status %d, want %d: %s", i, resp.StatusCode, want, body)
+		}
+		if i < 6 {
+			continue
+		}
+		ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil || ra < 1 {
+			t.Fatalf("429 Retry-After %q, want whole seconds >= 1", resp.Header.Get("Retry-After"))
+		}
+		retryEnds = time.Now().Add(time.Duration(ra) * time.Second)
+		var rejection struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(body, &rejection); err != nil || rejection.Error.Code != "RATE_LIMIT_EXCEEDED" {
+			t.Errorf("429 body %s (%v)", body, err)
+		}
+	}
+
+	// The check API shares the proxy's counters: the demo key is spent.
+	req, err := http.NewRequest(http.MethodPost, "http://"+r.addrs.API+"/v1/check",
+		strings.NewReader(`{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body = do(t, req)
+	var decision struct {
+		Allowed    bool   `json:"allowed"`
+		Status     int    `json:"status"`
+		Rule       string `json:"rule"`
+		RetryAfter int    `json:"retry_after"`
+	}
+	if err := json.Unmarshal(body, &decision); err != nil {
+		t.Fatalf("check API: %s: %v", body, err)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || decision.Allowed || decision.Status != 429 || decision.Rule != "free-default" || decision.RetryAfter < 1 {
+		t.Errorf("check API: status %d, decision %s; want the spent free-default bucket", resp.StatusCode, body)
+	}
+
+	// The latency endpoint, through the proxy.
+	resp, body = get(t, proxy+"/v1/slow?ms=5", "sk_prod_acme_1")
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"slept_ms":5`)) {
+		t.Errorf("/v1/slow: status %d: %s", resp.StatusCode, body)
+	}
+
+	// Metrics count what happened.
+	resp, body = get(t, "http://"+r.addrs.Metrics+"/metrics", "")
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`tollgate_checks_total{decision="rejected"`)) {
+		t.Errorf("/metrics: status %d, no rejected checks in %d bytes", resp.StatusCode, len(body))
+	}
+
+	// The banner names what was tried.
+	banner := r.banner.String()
+	for _, s := range []string{proxy + "/v1/users/42", "http://" + r.addrs.API + "/v1/check", "http://" + r.addrs.Metrics + "/metrics", "sk_free_demo", "sk_prod_acme_1", r.addrs.Redis, "Ctrl-C"} {
+		if !strings.Contains(banner, s) {
+			t.Errorf("banner lacks %q:\n%s", s, banner)
+		}
+	}
+	return retryEnds
+}
+
+// redisPid returns the pid of the redis-server process serving addr, or 0
+// (Linux: redis-server shows its address in its process title).
+func redisPid(t *testing.T, addr string) int {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dirs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		cmd := string(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		if strings.Contains(cmd, "redis-server") && strings.Contains(cmd, addr) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			return pid
+		}
+	}
+	return 0
+}
+
+func refused(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil
+	}
+	_ = c.Close()
+	return fmt.Errorf("%s still accepts connections", addr)
+}
+
+// TestJourneyRedisServer runs the README's journey against the stack with a
+// real redis-server, waits out the 429's Retry-After as a client would,
+// then stops the stack and checks nothing is left running.
+func TestJourneyRedisServer(t *testing.T) {
+	t.Parallel()
+	if _, err := redisserver.LookPath(); err != nil {
+		t.Fatalf("%v (make deps installs it)", err)
+	}
+	r := start(t, testConfig(stack.RedisServer))
+	if got := r.st.RedisBackend(); got != stack.BackendRedisServer {
+		t.Fatalf("RedisBackend %q", got)
+	}
+	var pid int
+	if runtime.GOOS == "linux" {
+		if pid = redisPid(t, r.addrs.Redis); pid == 0 {
+			t.Fatalf("no redis-server process serving %s", r.addrs.Redis)
+		}
+	}
+	retryEnds := journey(t, r)
+
+	// A client that waits exactly Retry-After is admitted (SPEC §3). This
+	// wait is the behaviour under test, not synchronisation.
+	<-time.After(time.Until(retryEnds))
+	if resp, body := get(t, "http://"+r.addrs.Proxy+"/v1/users/42", "sk_free_demo"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after Retry-After: status %d: %s", resp.StatusCode, body)
+	}
+
+	r.stop(t)
+	for _, addr := range []string{r.addrs.Proxy, r.addrs.API, r.addrs.Metrics, r.addrs.GRPC, r.addrs.Demo, r.addrs.Redis} {
+		if err := refused(addr); err != nil {
+			t.Error(err)
+		}
+	}
+	if pid != 0 {
+		testwait.Eventually(t, 5*time.Second, func() error {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+				return fmt.Errorf("redis-server pid %d still exists", pid)
+			}
+			return nil
+		})
+	}
+	if err := r.st.Run(context.Background()); !errors.Is(err, stack.ErrRunning) {
+		t.Errorf("second Run: %v, want ErrRunning", err)
+	}
+}
+
+// TestJourneyEmbeddedRedis runs the same journey when no redis-server can
+// be found, so make run falls back to the embedded Redis. That fallback is
+// the only place miniredis is allowed in Tollgate (DEPENDENCIES.md: never a
+// test backend); this test exists to keep it working.
+func TestJourneyEmbeddedRedis(t *testing.T) {
+	t.Setenv(redisserver.EnvServer, filepath.Join(t.TempDir(), "no-redis-server"))
+	r := start(t, testConfig(stack.RedisAuto))
+	if got := r.st.RedisBackend(); got != stack.BackendEmbedded {
+		t.Fatalf("RedisBackend %q, want the embedded fallback", got)
+	}
+	if !strings.Contains(r.banner.String(), "embedded") {
+		t.Errorf("banner does not say Redis is embedded:\n%s", r.banner)
+	}
+	journey(t, r)
+	r.stop(t)
+	if err := refused(r.addrs.Redis); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestEmbeddedCountersExpire checks what the embedded Redis needs for the
+// guard's scripts beyond EVALSHA: TIME from the wall clock and TTLs that
+// count down (miniredis's ClockTTL), so an idle counter disappears.
+func TestEmbeddedCountersExpire(t *testing.T) {
+	t.Parallel()
+	r := start(t, testConfig(stack.RedisEmbedded))
+	defer r.stop(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.addrs.Redis, DisableIdentity: true})
+	defer rdb.Close()
+	ctx := t.Context()
+	secs, err := rdb.Eval(ctx, "return redis.call('TIME')[1]", nil).Text()
+	if err != nil {
+		t.Fatalf("TIME from a script: %v", err)
+	}
+	unix, err := strconv.ParseInt(secs, 10, 64)
+	if err != nil {
+		t.Fatalf("TIME from a script: %q: %v", secs, err)
+	}
+	if d := time.Since(time.Unix(unix, 0)); d < -2*time.Second || d > 2*time.Second {
+		t.Errorf("TIME is %v off the wall clock", d)
+	}
+	if err := rdb.Set(ctx, "k", "v", 50*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Eventually(t, 5*time.Second, func() error {
+		n, err := rdb.Exists(ctx, "k").Result()
+		if err != nil || n != 0 {
+			return fmt.Errorf("EXISTS k = %d, %v after its 50ms TTL", n, err)
+		}
+		return nil
+	})
+}
+
+func TestNewRefusesBusyPorts(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := testConfig(stack.RedisServer)
+	cfg.APIListen = ln.Addr().String()
+	_, err = stack.New(cfg, nil, nil)
+	if !errors.Is(err, stack.ErrAddrInUse) || !strings.Contains(err.Error(), "TOLLGATE_API_LISTEN") {
+		t.Fatalf("New: %v, want ErrAddrInUse naming TOLLGATE_API_LISTEN", err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*stack.Config)
+		want   string // "" means valid
+	}{
+		{"defaults", func(*stack.Config) {}, ""},
+		{"bad redis", func(c *stack.Config) { c.Redis = "docker" }, "TOLLGATE_STACK_REDIS"},
+		{"short secret", func(c *stack.Config) { c.KeySecret = "short" }, "TOLLGATE_KEY_SECRET"},
+		{"bad address", func(c *stack.Config) { c.DemoListen = "9000" }, "TOLLGATE_DEMO_LISTEN"},
+		{"same port twice", func(c *stack.Config) { c.GRPCListen = c.Listen }, "TOLLGATE_GRPC_LISTEN"},
+		{"bad log level", func(c *stack.Config) { c.Log.Level = "loud" }, "TOLLGATE_LOG_LEVEL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var c stack.Config
+			c.SetDefaults()
+			tt.mutate(&c)
+			err := c.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate: %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDefaultsAreSpecAddresses(t *testing.T) {
+	t.Parallel()
+	c, err := stack.LoadConfig(func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := stack.Config{
+		Listen: "127.0.0.1:8080", APIListen: "127.0.0.1:8082", MetricsListen: "127.0.0.1:9091",
+		GRPCListen: "127.0.0.1:8089", DemoListen: "127.0.0.1:9000", RulesFile: "configs/rules.yaml", Redis: "auto",
+	}
+	want.Log.Level, want.Log.Format = "info", "text"
+	if c != want {
+		t.Errorf("defaults %+v, want %+v", c, want)
+	}
+	env := map[string]string{"TOLLGATE_LISTEN": "127.0.0.1:18080", "TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_STACK_REDIS": "embedded"}
+	c, err = stack.LoadConfig(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:18080" || c.KeySecret != "0123456789abcdef" || c.Redis != "embedded" {
+		t.Errorf("variables not applied: %+v", c)
+	}
+}
