@@ -140,6 +140,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.store = redisstore.New(s.client,
 		redisstore.WithTimeout(cfg.Redis.Timeout),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
+	prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg).MustRegister(newBreakerCollector(s.store))
 	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), rs.Rules,
 		guard.WithFallback(memstore.New(), cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),

@@ -3,7 +3,7 @@ package guard
 import "context"
 
 // Checker decides requests. *Guard implements it; wrappers (a local fast
-// path, a circuit breaker) implement it too, so callers never change.
+// path, metrics) implement it too, so callers never change.
 type Checker interface {
 	// CheckInto decides req and fills d, reusing d.Rules' storage. An error
 	// means no decision could be made at all (never a rejection). The

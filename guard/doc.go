@@ -16,6 +16,13 @@
 // enforced rules admit it, and a rejected request consumes nothing. API keys
 // become key_ids (package keyid) before anything leaves the process.
 //
-// Guard implements Checker, the interface a local fast path and a circuit
-// breaker wrap, so callers never change. See docs/guard.md for the design.
+// When the store fails, or refuses at once because a node's circuit breaker
+// is open (ErrUnavailable), checks are decided degraded: `on_failure: open`
+// rules allow, `on_failure: closed` rules are limited locally by the
+// fallback store (WithFallback), and the decision says Degraded with reason
+// redis_unavailable. Nothing decided degraded is charged afterwards.
+//
+// Guard implements Checker, the interface a local fast path wraps, so
+// callers never change. See docs/guard.md for the design and
+// docs/operations.md for failure modes.
 package guard

@@ -21,6 +21,11 @@ var (
 	// ErrInvalidKey is the error of a key longer than MaxKeyLen or holding
 	// control characters.
 	ErrInvalidKey = errors.New("guard: invalid API key")
+	// ErrUnavailable is wrapped by a Store's errors that mean the store is
+	// known to be unavailable and was not even called (redisstore's
+	// ErrBreakerOpen: an open circuit breaker). Checks then degrade at
+	// once, as after any store error.
+	ErrUnavailable = errors.New("guard: store unavailable")
 )
 
 // MaxKeyLen is the longest API key accepted, in bytes.
@@ -40,9 +45,19 @@ type Guard struct {
 	clock    func() int64
 	decClock func() int64
 	log      *slog.Logger
+	onDegr   func(error)
 
 	rules atomic.Pointer[rules.Ruleset]
+
+	// Rate limit of the "deciding degraded" log line: the Unix ns of the
+	// last line, and the degraded decisions since.
+	degrLogged atomic.Int64
+	degrCount  atomic.Int64
 }
+
+// degradedLogInterval is the least time between two log lines about
+// degraded decisions.
+const degradedLogInterval = time.Second
 
 var _ Checker = (*Guard)(nil)
 
@@ -77,7 +92,18 @@ func WithClock(now func() int64) Option { return func(g *Guard) { g.clock = now 
 func WithDecisionClock(now func() int64) Option { return func(g *Guard) { g.decClock = now } }
 
 // WithLogger sets the logger (default: discard). Keys are never logged.
+// While the store fails, the guard logs one warning per second at most,
+// with the number of degraded decisions since the previous one.
 func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
+
+// WithOnDegraded sets a function called once for every check or peek (or
+// CheckMany call) decided degraded because the store failed, with the
+// store's error (default: none), for metrics: errors.Is(err,
+// ErrUnavailable) tells a call refused by an open circuit breaker from a
+// failed or timed-out one. It runs on the deciding goroutine and must be
+// quick. Decision.Degraded and Reason ReasonRedisUnavailable say the same
+// per decision.
+func WithOnDegraded(fn func(err error)) Option { return func(g *Guard) { g.onDegr = fn } }
 
 // New returns a Guard deciding with store, deriving key_ids under secret,
 // enforcing rs (which may be nil until SetRules is called).
@@ -348,6 +374,7 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 		if op != OpCheck && op != OpPeek {
 			return err
 		}
+		g.degraded(err)
 		degraded = true
 		ruleOf := make([]*rules.Rule, len(order))
 		for j, i := range order {
@@ -454,9 +481,33 @@ func (g *Guard) result(a applicable, r *CounterResult, now int64, failOpen bool)
 	return rr
 }
 
+// degraded records a decision made degraded after the store failed with
+// err: the hook, and a log line at most every degradedLogInterval.
+func (g *Guard) degraded(err error) {
+	if g.onDegr != nil {
+		g.onDegr(err)
+	}
+	n := g.degrCount.Add(1)
+	now := time.Now().UnixNano()
+	last := g.degrLogged.Load()
+	if now-last < int64(degradedLogInterval) || !g.degrLogged.CompareAndSwap(last, now) {
+		return
+	}
+	g.degrCount.Add(-n)
+	g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
+		"error", err, "degraded_decisions", n)
+}
+
 // degrade decides a check while the store is unavailable: `on_failure:
 // closed` rules through the fallback store with their limits scaled by the
 // gateway's share of the fleet; every other rule allows (fail open).
+//
+// Nothing decided here is ever sent to the store afterwards: admissions
+// made while degraded are not charged to the shared counters once Redis is
+// back (replaying them would reject clients for traffic the fleet already
+// let through, long after the fact). The cost of an outage is therefore
+// bounded by its length: fail-open rules admit everything meanwhile, and
+// fail-closed rules up to share × limit per gateway.
 func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counters []Counter, res []CounterResult) (int64, error) {
 	now := g.clock()
 	for i := range res {

@@ -136,6 +136,7 @@ func (g *Guard) CheckMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 	now, err := g.store.Do(ctx, OpCheck, now, counters, res)
 	degraded := false
 	if err != nil {
+		g.degraded(err)
 		degraded = true
 		if now, err = g.degrade(ctx, OpCheck, ruleOf, counters, res); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
@@ -52,8 +53,11 @@ func FuzzCounterName(f *testing.F) {
 		if hashTag(kn) != hashTag(tn) {
 			t.Fatalf("key and tenant counters in different slots: %q %q", kn, tn)
 		}
-		if strings.Contains(kn, key) && len(key) > 3 {
-			t.Fatalf("raw key in counter name %q", kn)
+		// A key without a tenant is its own tenant: its tag is the key_id,
+		// never the raw key (a raw key ending the name by chance, as "}abc"
+		// does "tg{…}abc", is not the raw key leaking).
+		if tenant1 == "" && hashTag(kn) != kid {
+			t.Fatalf("key %q: tag of %q is not its key_id", key, kn)
 		}
 		r2 := *r1
 		r2.Tenant = tenant2
@@ -98,4 +102,98 @@ func TestCounterNames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHostileKeyMaterial: API keys and tenants holding the characters that
+// matter to Redis key names ({, } end or start a Cluster hash tag, : is the
+// separator of the scope prefixes, * is a glob in KEYS/SCAN) can neither
+// escape their hash tag nor collide with another key's counter: keys are
+// hashed to key_ids, tenants that are not plain are hashed too.
+func TestHostileKeyMaterial(t *testing.T) {
+	t.Parallel()
+	g := testGuard(t)
+	keyRule := &rules.Rule{ID: "k", Scope: rules.ScopeKey, Tag: "abc"}
+	tenantRule := &rules.Rule{ID: "t", Scope: rules.ScopeTenant, Tag: "def"}
+	epRule := &rules.Rule{ID: "e", Scope: rules.ScopeKey, Tag: "ghi", ByEndpoint: true}
+	hostile := []string{
+		"a", "b", "a{b}", "{b}", "{", "}", "{}", "}{", "a}b{c", "{{a}}",
+		"a:b", "ip:10.0.0.1", "g:abc", "~abc", "*", "a*", "*}", "{*}",
+		"tg{acme}abc", "acme", "}abc", "sk_live:{tenant}*:x",
+	}
+	seen := map[string]string{} // counter name → what produced it
+	add := func(name, what string) {
+		t.Helper()
+		if strings.Count(name, "{") != 1 || strings.Count(name, "}") != 1 || strings.Index(name, "{") > strings.Index(name, "}") {
+			t.Fatalf("%s: name %q does not have exactly one hash tag", what, name)
+		}
+		if prev, ok := seen[name]; ok {
+			t.Fatalf("%s and %s share counter %q", what, prev, name)
+		}
+		seen[name] = what
+	}
+	for _, key := range hostile {
+		kid := g.KeyID(key)
+		// The key is its own tenant: the tag is its key_id.
+		r := &rules.Request{Key: key, KeyID: kid, Tenant: kid, Endpoint: "/x"}
+		kn := g.counterName(keyRule, r)
+		if hashTag(kn) != kid {
+			t.Fatalf("key %q: tag %q, want its key_id", key, hashTag(kn))
+		}
+		if len(key) > 4 && strings.Contains(kn, key) {
+			t.Fatalf("raw key %q in counter name %q", key, kn)
+		}
+		add(kn, "key "+key)
+		add(g.counterName(tenantRule, r), "tenant of key "+key)
+		add(g.counterName(epRule, r), "endpoint counter of key "+key)
+		// The same string as a tenant (from a registry or a trusted header).
+		rt := &rules.Request{Key: "k", KeyID: g.KeyID("k"), Tenant: key}
+		tn := g.counterName(tenantRule, rt)
+		if tag := hashTag(tn); tag != key && !strings.HasPrefix(tag, "~") {
+			t.Fatalf("tenant %q: tag %q is neither the tenant nor its hash", key, tag)
+		}
+		add(tn, "tenant "+key)
+		add(g.counterName(keyRule, rt), "key k of tenant "+key)
+	}
+}
+
+// TestHostileKeysIsolated: through a whole guard, exhausting the counter
+// of one hostile key leaves every other key's counter untouched.
+func TestHostileKeysIsolated(t *testing.T) {
+	t.Parallel()
+	rs, err := rules.Load([]byte("rules:\n  - {id: r, match: {}, algorithm: fixed_window, limit: 2, window: 1h}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(&countingStore{counts: map[string]int64{}}, []byte("s"), rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "a{b}", "{b}", "b", "a:b", "a*", "*", "{a}", "a}"}
+	for _, victim := range keys {
+		for i := range 3 {
+			d, err := g.Check(t.Context(), &Request{Key: victim, Path: "/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed != (i < 2) {
+				t.Fatalf("key %q, check %d: allowed %v", victim, i, d.Allowed)
+			}
+		}
+	}
+}
+
+// countingStore is a Store counting units per counter name, limit from the
+// counter's params (a fixed window that never ends).
+type countingStore struct{ counts map[string]int64 }
+
+func (s *countingStore) Do(_ context.Context, op Op, now int64, cs []Counter, res []CounterResult) (int64, error) {
+	for i, c := range cs {
+		n := s.counts[c.Name]
+		res[i] = CounterResult{Allowed: n+c.Cost <= c.Params.Limit, Remaining: c.Params.Limit - n}
+		if res[i].Allowed && op == OpCheck {
+			s.counts[c.Name] = n + c.Cost
+			res[i].Charged, res[i].Remaining = true, c.Params.Limit-n-c.Cost
+		}
+	}
+	return now, nil
 }

@@ -9,12 +9,14 @@
 //
 // A Store is safe for concurrent use. Counters that are full again are
 // dropped, and the number of counters is bounded (WithMaxCounters): when the
-// bound is reached the counters nearest to being full are evicted first.
+// bound is reached, a new counter evicts, among a random sample of 32, the
+// ones that are full again or else the one nearest to being full, so memory
+// stays bounded and a flood of distinct keys costs constant work per key.
 package memstore
 
 import (
 	"context"
-	"sort"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -22,6 +24,12 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
 )
+
+// DefaultMaxCounters is the default bound on the counters a Store keeps:
+// about 200 MB at most for fixed-window or bucket counters under 50-byte
+// names, the most a gateway's fail-closed fallback can hold whatever keys
+// arrive during an outage.
+const DefaultMaxCounters = 1_000_000
 
 // Store is an in-memory guard.Store.
 type Store struct {
@@ -41,14 +49,16 @@ type Option func(*Store)
 // microseconds). The default is the system clock.
 func WithClock(now func() int64) Option { return func(s *Store) { s.clock = now } }
 
-// WithMaxCounters bounds the number of counters kept (default 1,000,000).
+// WithMaxCounters bounds the number of counters kept (default
+// DefaultMaxCounters). Evicting a counter that is not yet full forgets its
+// usage: the key starts full again, as after a Redis restart.
 func WithMaxCounters(n int) Option { return func(s *Store) { s.max = n } }
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
 	s := &Store{
 		clock:    func() int64 { return time.Now().UnixMicro() },
-		max:      1_000_000,
+		max:      DefaultMaxCounters,
 		counters: make(map[string]*state),
 	}
 	for _, o := range opts {
@@ -227,28 +237,32 @@ func (s *Store) put(name string, st *state, now int64) {
 	s.counters[name] = st
 }
 
-// evict drops expired counters, then, if still at the bound, the tenth of
-// the counters nearest to being full.
+// evictSample is how many counters evict looks at to make room for one.
+const evictSample = 32
+
+// evict makes room for one new counter: among up to evictSample counters
+// (map iteration starts at a random place) it drops those that are full
+// again, or if none is, the one nearest to being full. The work per new
+// counter is bounded, so a flood of distinct keys never stalls the store:
+// sorting all counters instead takes about 0.4 s for a million, under the
+// lock every decision needs.
 func (s *Store) evict(now int64) {
+	var victim string
+	best := int64(math.MaxInt64)
+	seen, dropped := 0, 0
 	for k, st := range s.counters {
 		if st.expires <= now {
 			delete(s.counters, k)
+			dropped++
+		} else if st.expires < best {
+			victim, best = k, st.expires
+		}
+		if seen++; seen == evictSample {
+			break
 		}
 	}
-	if len(s.counters) < s.max {
-		return
-	}
-	type kv struct {
-		k string
-		e int64
-	}
-	all := make([]kv, 0, len(s.counters))
-	for k, st := range s.counters {
-		all = append(all, kv{k, st.expires})
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].e < all[j].e })
-	for _, x := range all[:max(len(all)/10, 1)] {
-		delete(s.counters, x.k)
+	if dropped == 0 && seen > 0 {
+		delete(s.counters, victim)
 	}
 }
 

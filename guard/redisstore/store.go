@@ -8,8 +8,27 @@
 // no delay when Redis keeps up (a batch is whatever queued while the previous
 // one was in flight). A call that timed out is never sent again: Redis may
 // have run it, and a retry would charge twice. Only errors where the script
-// surely did not run are retried: NOSCRIPT, TRYAGAIN and a failed dial
-// (MOVED and ASK are followed by the Cluster client).
+// surely did not run are retried: NOSCRIPT and TRYAGAIN (MOVED and ASK are
+// followed by the Cluster client). A failed dial is not retried at once
+// either, though it would be safe: a refused port refuses again a
+// microsecond later, and every failed dial counts towards go-redis's own
+// pool breaker, which after PoolSize of them fails dials without trying and
+// retries only once a second, delaying recovery by up to that second; the
+// call is answered degraded and the node's breaker probes again.
+//
+// Every node (the server, the Sentinel-managed primary, or each Cluster
+// primary) has a circuit breaker (package breaker, WithBreaker): once a
+// node's calls time out or fail often enough, calls for its slots fail at
+// once with ErrBreakerOpen, without touching Redis, so the guard answers
+// degraded in microseconds; probes let through after OpenFor close it
+// again when the node answers. A script error (a bad argument) shows a live
+// node and never opens a breaker. On Cluster only the slots of the failing
+// primary are affected, and pipelines are split by primary so a hung node
+// never holds the calls of the others.
+//
+// A Redis that restarts empty, or a replica promoted before it had every
+// write, has lost counters: a missing counter is a full one, so those keys
+// start with their whole limit again. Scripts are reloaded on NOSCRIPT.
 //
 // On Redis Cluster, counters in other slots than the request's own (IP and
 // global rules) are decided first, slot by slot; when a later slot rejects,
@@ -25,7 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +54,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/breaker"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -44,15 +64,23 @@ var (
 	ErrClosed = errors.New("redisstore: closed")
 	// ErrReply is returned when the script's reply cannot be read.
 	ErrReply = errors.New("redisstore: malformed script reply")
+	// ErrBreakerOpen is returned at once, without a Redis call, for a call
+	// to a node whose circuit breaker is open. It wraps
+	// guard.ErrUnavailable.
+	ErrBreakerOpen = fmt.Errorf("redisstore: circuit breaker open: %w", guard.ErrUnavailable)
 )
 
 // Store is a guard.Store backed by Redis. Create it with New; it is safe for
-// concurrent use. New starts the batching goroutines (WithBatch); Close
-// stops them and waits for them.
+// concurrent use. New starts the batching goroutines (WithBatch); on
+// Cluster each of them sends the pipelines of a batch's primaries on
+// goroutines of its own and waits for them before taking the next batch.
+// Close stops them and waits for them.
 type Store struct {
 	client  redis.UniversalClient
 	script  Script
 	cluster bool
+	cc      *redis.ClusterClient // when cluster
+	nodes   nodes
 	timeout time.Duration
 	margin  int64
 	log     *slog.Logger
@@ -93,6 +121,23 @@ func WithBatch(size, inflight int) Option {
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
 
+// WithBreaker sets the configuration of every node's circuit breaker
+// (default: breaker's defaults: open after at least half of at least 20
+// calls within 1s failed, or 5 in a row; open for 500ms; 1 probe). Zero
+// fields take the defaults; an invalid configuration is logged as an error
+// by New, which then uses the defaults. cfg.OnStateChange is called for
+// every node; WithOnBreakerChange also says which.
+func WithBreaker(cfg breaker.Config) Option { return func(s *Store) { s.nodes.cfg = cfg } }
+
+// WithOnBreakerChange sets a function called whenever a node's circuit
+// breaker changes state (default: none), with the node's address, for
+// metrics. It is called on the goroutine of the call that caused the
+// change and must not block. Changes are also logged: opening at warn,
+// closing at info, the half-open steps in between at debug.
+func WithOnBreakerChange(fn func(node string, from, to breaker.State)) Option {
+	return func(s *Store) { s.nodes.onChange = fn }
+}
+
 // New returns a Store using client. A *redis.ClusterClient enables Cluster
 // slot handling. The client should be built with NewClient (or the same
 // settings: no automatic retries, context deadlines honoured).
@@ -106,13 +151,21 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		workers: 8,
 		quit:    make(chan struct{}),
 	}
-	_, s.cluster = client.(*redis.ClusterClient)
+	s.cc, s.cluster = client.(*redis.ClusterClient)
 	for _, o := range opts {
 		o(s)
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	check := s.nodes.cfg
+	check.SetDefaults()
+	if err := check.Validate(); err != nil {
+		s.log.Error("invalid circuit breaker configuration: using the defaults", "error", err)
+		s.nodes.cfg = breaker.Config{OnStateChange: s.nodes.cfg.OnStateChange}
+	}
+	s.nodes.log = s.log
+	s.nodes.init(client)
 	if s.batch > 1 && s.workers > 0 {
 		s.queue = make(chan *call, s.batch*s.workers)
 		for range s.workers {
@@ -137,8 +190,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Calls returns the number of scripts sent to Redis so far.
+// Calls returns the number of scripts sent to Redis so far (calls refused
+// by an open circuit breaker are not sent).
 func (s *Store) Calls() int64 { return s.calls.Load() }
+
+// BreakerStates returns the state of every node's circuit breaker, sorted
+// by node (on Cluster, the primaries called so far), for metrics and
+// health endpoints.
+func (s *Store) BreakerStates() []BreakerState { return s.nodes.states() }
 
 // Load loads the script into Redis (every primary on Cluster), so the first
 // calls need no NOSCRIPT round trip.
@@ -273,16 +332,22 @@ outer:
 	return groups
 }
 
-// eval runs the script once for counters that share a slot.
+// eval runs the script once for counters that share a slot, unless the
+// circuit breaker of the slot's node is open.
 func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, bool, error) {
+	n := s.nodes.forKey(ctx, s.cc, counters[0].Name)
+	if !n.b.Allow() {
+		return 0, false, ErrBreakerOpen
+	}
 	keys, args := buildArgs(op, now, s.margin, counters)
 	var reply any
 	var err error
 	if s.queue != nil {
-		reply, err = s.enqueue(ctx, keys, args)
+		reply, err = s.enqueue(ctx, n, keys, args)
 	} else {
 		reply, err = s.run(ctx, keys, args)
 	}
+	n.record(err)
 	if err != nil {
 		return 0, false, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
@@ -296,20 +361,59 @@ func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []gua
 // run sends one script call, retrying only where it surely did not run.
 func (s *Store) run(ctx context.Context, keys []string, args []any) (any, error) {
 	s.calls.Add(1)
-	v, err := s.client.EvalSha(ctx, s.script.SHA, keys, args...).Result()
+	v, err := s.process(ctx, s.client, "evalsha", s.script.SHA, keys, args)
 	for attempt := 0; err != nil && attempt < 2 && retriable(err); attempt++ {
 		if isNoScript(err) {
-			v, err = s.client.Eval(ctx, s.script.Source, keys, args...).Result()
+			v, err = s.process(ctx, s.client, "eval", s.script.Source, keys, args)
 			continue
 		}
-		v, err = s.client.EvalSha(ctx, s.script.SHA, keys, args...).Result()
+		v, err = s.process(ctx, s.client, "evalsha", s.script.SHA, keys, args)
 	}
 	return v, err
+}
+
+// process sends one EVAL or EVALSHA through p (the client or a pipeline)
+// and returns its result (a pipeline's once executed).
+func (s *Store) process(ctx context.Context, p processor, name, script string, keys []string, args []any) (any, error) {
+	cmd := scriptCmd(ctx, name, script, keys, args)
+	_ = p.Process(ctx, cmd)
+	return cmd.Result()
+}
+
+// processor is a client or a pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// noRetryCmd is a script call go-redis must never send twice: the Cluster
+// client retries commands after timeouts and broken connections whatever
+// MaxRetries says, and a script whose reply was lost may have run.
+type noRetryCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to retry the command on a transient error
+// (MOVED and ASK are still followed: the script did not run).
+func (noRetryCmd) NoRetry() bool { return true }
+
+// scriptCmd builds EVAL or EVALSHA as go-redis's EvalSha does, marked
+// never to be retried by go-redis.
+func scriptCmd(ctx context.Context, name, script string, keys []string, args []any) noRetryCmd {
+	a := make([]any, 3+len(keys), 3+len(keys)+len(args))
+	a[0], a[1], a[2] = name, script, len(keys)
+	for i, k := range keys {
+		a[3+i] = k
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return noRetryCmd{cmd}
 }
 
 // call is one queued script call.
 type call struct {
 	ctx   context.Context
+	node  *node
 	keys  []string
 	args  []any
 	reply any
@@ -319,9 +423,9 @@ type call struct {
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-func (s *Store) enqueue(ctx context.Context, keys []string, args []any) (any, error) {
+func (s *Store) enqueue(ctx context.Context, n *node, keys []string, args []any) (any, error) {
 	c := callPool.Get().(*call)
-	c.ctx, c.keys, c.args, c.reply, c.err = ctx, keys, args, nil, nil
+	c.ctx, c.node, c.keys, c.args, c.reply, c.err = ctx, n, keys, args, nil, nil
 	select {
 	case s.queue <- c:
 	case <-ctx.Done():
@@ -334,7 +438,7 @@ func (s *Store) enqueue(ctx context.Context, keys []string, args []any) (any, er
 	select {
 	case <-c.done:
 		reply, err := c.reply, c.err
-		c.ctx, c.keys, c.args, c.reply = nil, nil, nil, nil
+		c.ctx, c.node, c.keys, c.args, c.reply = nil, nil, nil, nil, nil
 		callPool.Put(c)
 		return reply, err
 	case <-ctx.Done():
@@ -398,6 +502,41 @@ func (s *Store) flush(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
+	if s.cluster && len(live) > 1 {
+		s.sendByNode(live)
+		return
+	}
+	s.send(live)
+}
+
+// sendByNode sends one pipeline per Cluster primary, concurrently, so that
+// the callers of a node that answers are not held by one that hangs: each
+// group's callers are answered as soon as their own pipeline returns.
+func (s *Store) sendByNode(live []*call) {
+	sort.SliceStable(live, func(i, j int) bool { return live[i].node.name < live[j].node.name })
+	var groups [][]*call
+	for i := 0; i < len(live); {
+		j := i + 1
+		for j < len(live) && live[j].node == live[i].node {
+			j++
+		}
+		groups = append(groups, live[i:j])
+		i = j
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.send(g)
+		}()
+	}
+	s.send(groups[0])
+	wg.Wait()
+}
+
+// send sends live as one pipeline (or one call) and answers their callers.
+func (s *Store) send(live []*call) {
 	if len(live) == 1 {
 		c := live[0]
 		c.reply, c.err = s.run(c.ctx, c.keys, c.args)
@@ -416,9 +555,10 @@ func (s *Store) flush(batch []*call) {
 	defer cancel()
 	s.calls.Add(int64(len(live)))
 	pipe := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(live))
+	cmds := make([]noRetryCmd, len(live))
 	for i, c := range live {
-		cmds[i] = pipe.EvalSha(ctx, s.script.SHA, c.keys, c.args...)
+		cmds[i] = scriptCmd(ctx, "evalsha", s.script.SHA, c.keys, c.args)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range live {
@@ -430,15 +570,10 @@ func (s *Store) flush(batch []*call) {
 	}
 }
 
+// retriable reports whether err says the script surely did not run and is
+// worth sending again at once.
 func retriable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if isNoScript(err) || strings.HasPrefix(err.Error(), "TRYAGAIN") {
-		return true
-	}
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	return err != nil && (isNoScript(err) || strings.HasPrefix(err.Error(), "TRYAGAIN"))
 }
 
 func isNoScript(err error) bool { return strings.HasPrefix(err.Error(), "NOSCRIPT") }
