@@ -140,9 +140,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.store = redisstore.New(s.client,
 		redisstore.WithTimeout(cfg.Redis.Timeout),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
-	prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg).MustRegister(newBreakerCollector(s.store))
+	fallback := memstore.New()
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg)
+	labelled.MustRegister(newBreakerCollector(s.store),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_fallback_counters",
+			Help: "Counters held by the in-memory limiter that decides on_failure: closed rules while Redis is unavailable (bounded by memstore.DefaultMaxCounters).",
+		}, func() float64 { return float64(fallback.Len()) }))
 	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), rs.Rules,
-		guard.WithFallback(memstore.New(), cfg.FailureShare),
+		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
 		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))

@@ -150,6 +150,8 @@ rules:
 		`tollgate_redis_calls_total`,
 		`tollgate_rules_version`,
 		`tollgate_rules_reload_errors_total`,
+		`tollgate_fallback_counters`,
+		`tollgate_redis_breaker_state`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(body, want) {
