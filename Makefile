@@ -11,8 +11,8 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 BENCHFLAGS   ?=
 BENCHTIME    ?= 2s
-# Flags of the SPEC §8 EVALSHA ratio run (guard/redisstore/internal/evalbench -h).
-EVALBENCHFLAGS ?= -rounds 3 -duration 5s
+# Flags of the SPEC §8 EVALSHA ratio run (go run ./guard/redisstore/internal/evalbench -h).
+EVALBENCHFLAGS ?=
 FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
 
