@@ -58,7 +58,7 @@ func (s *Stack) printBanner() {
 	line("  done")
 	line("")
 	line("  # The check API, for gateways in other languages; it shares the proxy's counters:")
-	line(`  curl -s -X POST %s/v1/check -d '{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}'; echo`, api)
+	line(`  curl -s -X POST %s/v1/check -d '{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}'`, api)
 	line("")
 	line("  # A slow upstream answer (the demo API waits ms milliseconds, at most 10000):")
 	line("  curl -s -H 'X-API-Key: sk_prod_acme_1' '%s/v1/slow?ms=250'", proxy)

@@ -235,7 +235,9 @@ func (h *handler) unavailable(w http.ResponseWriter, r *http.Request, err error)
 	httpguard.WriteError(w, r, http.StatusServiceUnavailable, CodeUnavailable, "No decision could be made; retry shortly.")
 }
 
+// writeJSON writes body and a final newline, as curl users expect.
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	body = append(body, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
