@@ -39,7 +39,7 @@ func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger) *grpcSe
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
 	)
-	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls")))).Register(srv)
+	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls"))), rls.WithObserver(m.Decision)).Register(srv)
 	hs := health.NewServer()
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)

@@ -64,4 +64,11 @@ rules:
 	if v := e.metric(e.gw, "tollgate_rls_calls_total", `decision="rejected"`); v != 1 {
 		t.Errorf("tollgate_rls_calls_total rejected = %v", v)
 	}
+	// RLS decisions count per rule like HTTP ones: 2 admitted (HTTP, RLS), 1 rejected.
+	if v := e.metric(e.gw, "tollgate_checks_total", `decision="allowed"`, `rule="two"`); v != 2 {
+		t.Errorf("tollgate_checks_total allowed, rule two = %v, want 2", v)
+	}
+	if v := e.metric(e.gw, "tollgate_checks_total", `decision="rejected"`, `rule="two"`); v != 1 {
+		t.Errorf("tollgate_checks_total rejected, rule two = %v, want 1", v)
+	}
 }

@@ -30,9 +30,10 @@ const (
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	g      *guard.Guard
-	log    *slog.Logger
-	limits limits
+	g       *guard.Guard
+	log     *slog.Logger
+	limits  limits
+	observe func(d *guard.Decision, err error, took time.Duration)
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -88,6 +89,14 @@ func WithMaxValueLen(n int) Option {
 	})
 }
 
+// WithObserver sets a function called with every descriptor's decision
+// (err set and d nil when the call could not be decided) and the time the
+// call's decisions took, for per-rule metrics. It must not retain d.
+// Default: none.
+func WithObserver(fn func(d *guard.Decision, err error, took time.Duration)) Option {
+	return optionFunc(func(s *Server) { s.observe = fn })
+}
+
 // New returns a Server deciding with g.
 func New(g *guard.Guard, opts ...Option) *Server {
 	s := &Server{
@@ -121,7 +130,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if s.g == nil {
 		return nil, status.Error(codes.Unavailable, "tollgate: no guard")
 	}
+	start := time.Now()
 	ds, err := s.decide(ctx, reqs, peek)
+	if s.observe != nil {
+		took := time.Since(start)
+		if err != nil {
+			s.observe(nil, err, took)
+		}
+		for _, d := range ds {
+			if d != nil {
+				s.observe(d, nil, took)
+			}
+		}
+	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()
