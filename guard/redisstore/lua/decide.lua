@@ -28,18 +28,25 @@
 --   0 when full), retry after (µs until the cost is admitted; 0 when it is),
 --   token (string, "" when nothing was charged) }
 
-local ALGOS = {
-  { load = tb_load, save = tb_save, fits = bucket_fits, add = bucket_add,
-    sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
-  { load = gcra_load, save = gcra_save, fits = bucket_fits, add = gcra_add,
-    sub = gcra_sub, refund = gcra_refund, stats = bucket_stats },
-  { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
-    sub = fw_sub, refund = fw_refund, stats = fw_stats },
-  { load = swc_load, save = swc_save, fits = swc_fits, add = swc_add,
-    sub = swc_sub, refund = swc_refund, stats = swc_stats },
-  { load = swl_load, save = swl_save, fits = swl_fits, add = swl_add,
-    sub = swl_sub, refund = swl_refund, stats = swl_stats },
-}
+-- The algorithms, created on first use in this call (see make_bucket).
+local made = {}
+local function algorithm(code)
+  local alg = made[code]
+  if alg then
+    return alg
+  end
+  if code == 1 or code == 2 then
+    local b = make_bucket()
+    made[1], made[2] = b[1], b[2]
+  elseif code == 3 then
+    made[3] = make_fixed_window()
+  elseif code == 4 then
+    made[4] = make_sliding_window_counter()
+  elseif code == 5 then
+    made[5] = make_sliding_window_log()
+  end
+  return made[code]
+end
 
 local op = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
@@ -53,7 +60,7 @@ local cs = {}
 for i = 1, #KEYS do
   local b = 4 + 8 * (i - 1)
   cs[i] = {
-    key = KEYS[i], alg = ALGOS[tonumber(ARGV[b])], cost = tonumber(ARGV[b + 1]),
+    key = KEYS[i], alg = algorithm(tonumber(ARGV[b])), cost = tonumber(ARGV[b + 1]),
     shadow = ARGV[b + 2] == '1', token = ARGV[b + 3],
     a = tonumber(ARGV[b + 4]), b = tonumber(ARGV[b + 5]),
     c = tonumber(ARGV[b + 6]), d = tonumber(ARGV[b + 7]),

@@ -6,61 +6,68 @@
 -- State, a hash: w = the window's start (µs), c = units counted in it. The
 -- window start lives in the value, so the key name never depends on time.
 -- Refund token: "<window start>:<units>".
+--
+-- make_fixed_window() returns the implementation table (see make_bucket).
 
-local function fw_load(c, now)
-  local v = redis.call('HMGET', c.key, 'w', 'c')
-  local ws = fdiv(now, c.b) * c.b
-  local n = 0
-  if tonumber(v[1]) == ws then
-    n = tonumber(v[2]) or 0
+local function make_fixed_window()
+  local function fw_load(c, now)
+    local v = redis.call('HMGET', c.key, 'w', 'c')
+    local ws = fdiv(now, c.b) * c.b
+    local n = 0
+    if tonumber(v[1]) == ws then
+      n = tonumber(v[2]) or 0
+    end
+    c.ws, c.n = ws, n
   end
-  c.ws, c.n = ws, n
-end
 
-local function fw_save(c, now, margin)
-  if c.n <= 0 then
-    redis.call('DEL', c.key)
-    return
+  local function fw_save(c, now, margin)
+    if c.n <= 0 then
+      redis.call('DEL', c.key)
+      return
+    end
+    redis.call('HSET', c.key, 'w', ifmt(c.ws), 'c', ifmt(c.n))
+    redis.call('PEXPIRE', c.key, ms(c.ws + c.b - now) + margin)
   end
-  redis.call('HSET', c.key, 'w', ifmt(c.ws), 'c', ifmt(c.n))
-  redis.call('PEXPIRE', c.key, ms(c.ws + c.b - now) + margin)
-end
 
-local function fw_fits(c, cost)
-  return c.n + cost <= c.a
-end
+  local function fw_fits(c, cost)
+    return c.n + cost <= c.a
+  end
 
-local function fw_add(c, cost, capped)
-  c.n = c.n + cost
-  if capped and c.n > 2 * c.a then
-    c.n = 2 * c.a
+  local function fw_add(c, cost, capped)
+    c.n = c.n + cost
+    if capped and c.n > 2 * c.a then
+      c.n = 2 * c.a
+    end
+    return ifmt(c.ws) .. ':' .. ifmt(cost)
   end
-  return ifmt(c.ws) .. ':' .. ifmt(cost)
-end
 
-local function fw_sub(c, n)
-  c.n = c.n - n
-  if c.n < 0 then
-    c.n = 0
+  local function fw_sub(c, n)
+    c.n = c.n - n
+    if c.n < 0 then
+      c.n = 0
+    end
   end
-end
 
-local function fw_refund(c, token)
-  local w, n = string.match(token, '^(%-?%d+):(%d+)$')
-  if w and tonumber(w) == c.ws then
-    fw_sub(c, tonumber(n))
+  local function fw_refund(c, token)
+    local w, n = string.match(token, '^(%-?%d+):(%d+)$')
+    if w and tonumber(w) == c.ws then
+      fw_sub(c, tonumber(n))
+    end
   end
-end
 
-local function fw_stats(c, now, cost)
-  local rem = c.a - c.n
-  local wait = c.ws + c.b - now
-  local reset, nxt, retry = 0, 0, 0
-  if c.n > 0 then
-    reset, nxt = wait, wait
+  local function fw_stats(c, now, cost)
+    local rem = c.a - c.n
+    local wait = c.ws + c.b - now
+    local reset, nxt, retry = 0, 0, 0
+    if c.n > 0 then
+      reset, nxt = wait, wait
+    end
+    if c.n + cost > c.a then
+      retry = wait
+    end
+    return rem, reset, nxt, retry
   end
-  if c.n + cost > c.a then
-    retry = wait
-  end
-  return rem, reset, nxt, retry
+
+  return { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
+    sub = fw_sub, refund = fw_refund, stats = fw_stats }
 end
