@@ -230,6 +230,10 @@ var _ guard.Store = (*store)(nil)
 func (s *store) Do(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	start := time.Now()
 	t, err := s.s.Do(ctx, op, now, counters, res)
+	if errors.Is(err, guard.ErrUnavailable) {
+		// Refused by an open circuit breaker: no call reached Redis.
+		return t, err
+	}
 	s.m.redisDuration.Observe(time.Since(start).Seconds())
 	s.m.redisCalls.Inc()
 	// A caller that went away is not a Redis error.
