@@ -173,10 +173,13 @@ func (c *Cluster) Nodes() []*Server {
 }
 
 // Addrs returns the nodes' addresses in slot order.
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
-		addrs[i] = n.Addr()
+func (c *Cluster) Addrs() []string { return addrsOf(c.nodes) }
+
+// addrsOf returns the servers' addresses, in order.
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr()
 	}
 	return addrs
 }

@@ -157,13 +157,7 @@ func (st *Sentinel) Sentinels() []*Server {
 }
 
 // SentinelAddrs returns the sentinels' addresses.
-func (st *Sentinel) SentinelAddrs() []string {
-	addrs := make([]string, len(st.sentinels))
-	for i, s := range st.sentinels {
-		addrs[i] = s.Addr()
-	}
-	return addrs
-}
+func (st *Sentinel) SentinelAddrs() []string { return addrsOf(st.sentinels) }
 
 // FailoverOptions returns fresh go-redis failover options for MasterName
 // through the sentinels, with the short timeouts and no retries of
