@@ -1,0 +1,569 @@
+// Package windows is the aggregator's usage logic without Kafka or disk:
+// decision events in, per-(tenant, key_id, endpoint) minute, hour and day
+// rows out, with the deduplication and gap counting that make the stream
+// exactly once (SPEC §5, §6).
+//
+// A Table holds the state of one decisions partition: its rows that are
+// still open or recently written, and one Mark per event source (gateway,
+// boot epoch, partition). Changes are made in a Txn, which reads through
+// to the Table (and, for rows the Table no longer holds, to a Loader) and
+// holds every change privately until Commit; Discard drops them, which is
+// what an aborted Kafka transaction needs. Everything runs on an injected
+// clock; nothing here starts goroutines or is safe for concurrent use: one
+// partition's table is owned by one processing loop.
+//
+// Deduplication: a gateway numbers its events per (epoch, partition) from
+// 1 and delivers them in order, possibly repeating a prefix after a
+// reconnect or a spool replay. An event whose sequence number is not above
+// its source's high-water mark is a duplicate and changes nothing. A jump
+// over numbers counts them as missing; an EpochClosed marker counts the
+// numbers reserved after the mark and never delivered (an upper bound).
+package windows
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Granularity is the size of a usage window.
+type Granularity uint8
+
+// Granularities, in the order rows are written.
+const (
+	Minute Granularity = iota + 1
+	Hour
+	Day
+)
+
+// All lists the granularities every event is counted in.
+var All = [...]Granularity{Minute, Hour, Day}
+
+// Seconds is the window's length.
+func (g Granularity) Seconds() int64 {
+	switch g {
+	case Minute:
+		return 60
+	case Hour:
+		return 3600
+	case Day:
+		return 86400
+	}
+	return 0
+}
+
+func (g Granularity) String() string {
+	switch g {
+	case Minute:
+		return "minute"
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	}
+	return "unknown"
+}
+
+// ParseGranularity is the inverse of String.
+func ParseGranularity(s string) (Granularity, bool) {
+	for _, g := range All {
+		if g.String() == s {
+			return g, true
+		}
+	}
+	return 0, false
+}
+
+// Kind is what an event records.
+type Kind uint8
+
+// Event kinds (the DecisionEvent kinds of the schemas).
+const (
+	// KindDecision is an allowed or rejected request.
+	KindDecision Kind = iota + 1
+	// KindReport is a charge after the fact: it adds cost only.
+	KindReport
+	// KindEpochClosed closes an earlier epoch of its gateway on its
+	// partition, naming the last sequence number reserved in it.
+	KindEpochClosed
+)
+
+// Source identifies a stream of numbered events.
+type Source struct {
+	Gateway   string
+	Epoch     uint64
+	Partition int32
+}
+
+// Event is one decision event, as the processor decoded it.
+type Event struct {
+	Source
+	Seq        uint64
+	TimeMicros int64
+	Kind       Kind
+	Tenant     string
+	KeyID      string
+	KeyPrefix  string
+	Endpoint   string
+	Rule       string
+	Allowed    bool
+	Cost       int64
+	// LastSeq is the last sequence reserved (KindEpochClosed only).
+	LastSeq uint64
+}
+
+// RowKey identifies a usage row. Partition is the decisions partition the
+// row's events came from: a row is only ever written by the owner of that
+// partition, so rows of one tenant split over two partitions (gateways
+// disagreeing on the partition count) never overwrite each other; reports
+// add them up.
+type RowKey struct {
+	Partition int32
+	Tenant    string
+	KeyID     string
+	Endpoint  string
+	Gran      Granularity
+	Start     int64 // Unix seconds, a multiple of Gran.Seconds()
+}
+
+// End is the Unix second the window ends at.
+func (k RowKey) End() int64 { return k.Start + k.Gran.Seconds() }
+
+// MaxRules bounds the distinct rule ids a row remembers.
+const MaxRules = 16
+
+// Row is the usage of one window.
+type Row struct {
+	KeyPrefix string
+	Allowed   int64
+	Rejected  int64
+	Cost      int64
+	// Rules holds the distinct deciding rule ids, sorted, at most MaxRules.
+	Rules []string
+	// Closed: the window has been published to the usage topic; Revision
+	// counts its publications (late events republish it).
+	Closed   bool
+	Revision uint32
+}
+
+func (r *Row) clone() *Row {
+	c := *r
+	c.Rules = slices.Clone(r.Rules)
+	return &c
+}
+
+func (r *Row) addRule(id string) {
+	if id == "" {
+		return
+	}
+	i, found := slices.BinarySearch(r.Rules, id)
+	if found || len(r.Rules) >= MaxRules {
+		return
+	}
+	r.Rules = slices.Insert(r.Rules, i, id)
+}
+
+// Mark is a source's deduplication state.
+type Mark struct {
+	// HWM is the highest sequence number applied.
+	HWM uint64
+	// Missing counts sequence numbers skipped or, after an EpochClosed
+	// marker, reserved and never delivered.
+	Missing uint64
+	// Closed: an EpochClosed marker was applied; no later event of the
+	// source counts.
+	Closed bool
+	// Seen is the Unix second the mark last changed (for retention).
+	Seen int64
+}
+
+// Config holds the windowing parameters.
+type Config struct {
+	// Lateness is how long after its end a window stays open for late
+	// events before it is published (default 10s; a closed window still
+	// takes late events, republished with a new revision, and counts them
+	// as late).
+	Lateness time.Duration
+	// Retention per granularity: rows whose window ended longer ago are
+	// deleted (defaults: minute 2 days, hour 90 days, day 2 years).
+	Retention map[Granularity]time.Duration
+	// MarkRetention: marks of closed epochs unchanged for this long are
+	// deleted (default 30 days).
+	MarkRetention time.Duration
+}
+
+// SetDefaults fills zero fields.
+func (c *Config) SetDefaults() {
+	if c.Lateness <= 0 {
+		c.Lateness = 10 * time.Second
+	}
+	def := map[Granularity]time.Duration{Minute: 48 * time.Hour, Hour: 90 * 24 * time.Hour, Day: 2 * 365 * 24 * time.Hour}
+	if c.Retention == nil {
+		c.Retention = map[Granularity]time.Duration{}
+	}
+	for g, d := range def {
+		if c.Retention[g] <= 0 {
+			c.Retention[g] = d
+		}
+	}
+	if c.MarkRetention <= 0 {
+		c.MarkRetention = 30 * 24 * time.Hour
+	}
+}
+
+// Loader reads rows and marks the Table does not hold (from Pebble).
+type Loader interface {
+	Row(k RowKey) (Row, bool, error)
+}
+
+// entry is a row the table holds, with the changelog position of its last
+// write (0 while it was never written by this table).
+type entry struct {
+	row     *Row
+	written int64
+}
+
+// Table is the state of one decisions partition.
+type Table struct {
+	cfg       Config
+	partition int32
+	load      Loader
+	rows      map[RowKey]*entry
+	marks     map[Source]*Mark
+}
+
+// NewTable returns the table of partition p; rows it does not hold are
+// read from load, and marks (all of which a table holds) start as given.
+func NewTable(cfg Config, p int32, load Loader, open map[RowKey]Row, marks map[Source]Mark) *Table {
+	cfg.SetDefaults()
+	t := &Table{cfg: cfg, partition: p, load: load, rows: make(map[RowKey]*entry, len(open)), marks: make(map[Source]*Mark, len(marks))}
+	for k, r := range open {
+		r := r
+		t.rows[k] = &entry{row: r.clone()}
+	}
+	for s, m := range marks {
+		m := m
+		t.marks[s] = &m
+	}
+	return t
+}
+
+// Partition is the table's decisions partition.
+func (t *Table) Partition() int32 { return t.partition }
+
+// Len is the number of rows held in memory.
+func (t *Table) Len() int { return len(t.rows) }
+
+// Marks returns a copy of the marks.
+func (t *Table) Marks() map[Source]Mark {
+	m := make(map[Source]Mark, len(t.marks))
+	for s, v := range t.marks {
+		m[s] = *v
+	}
+	return m
+}
+
+// Evict drops closed rows whose last write is at or below materialized
+// (the changelog position Pebble holds), so memory holds only open rows and
+// recent writes; the Loader serves them from then on.
+func (t *Table) Evict(materialized int64) int {
+	n := 0
+	for k, e := range t.rows {
+		if e.row.Closed && e.written > 0 && e.written <= materialized {
+			delete(t.rows, k)
+			n++
+		}
+	}
+	return n
+}
+
+// Begin starts a transaction on the table.
+func (t *Table) Begin() *Txn {
+	return &Txn{t: t, rows: map[RowKey]*Row{}, marks: map[Source]*Mark{}}
+}
+
+// Txn is a set of changes to a Table, invisible to it until Commit.
+type Txn struct {
+	t       *Table
+	rows    map[RowKey]*Row
+	marks   map[Source]*Mark
+	deleted map[RowKey]bool
+	dmarks  map[Source]bool
+	publish map[RowKey]bool
+	stats   Stats
+}
+
+// Stats counts what a transaction did.
+type Stats struct {
+	Applied    int // events counted
+	Duplicates int // events at or below their source's mark
+	Late       int // events for windows already published
+	Missing    uint64
+	Expired    int // rows deleted by retention
+}
+
+// Stats returns the transaction's counts so far.
+func (x *Txn) Stats() Stats { return x.stats }
+
+func (x *Txn) row(k RowKey) (*Row, error) {
+	if r, ok := x.rows[k]; ok {
+		return r, nil
+	}
+	var base *Row
+	if e, ok := x.t.rows[k]; ok && !x.deleted[k] {
+		base = e.row.clone()
+	} else if !x.deleted[k] && x.t.load != nil {
+		r, ok, err := x.t.load.Row(k)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			base = r.clone()
+		}
+	}
+	if base == nil {
+		base = &Row{}
+	}
+	delete(x.deleted, k)
+	x.rows[k] = base
+	return base, nil
+}
+
+func (x *Txn) mark(s Source) *Mark {
+	if m, ok := x.marks[s]; ok {
+		return m
+	}
+	m := &Mark{}
+	if b, ok := x.t.marks[s]; ok {
+		*m = *b
+	}
+	x.marks[s] = m
+	return m
+}
+
+// Apply counts ev, decided at nowSec (Unix seconds, wall clock). It returns
+// false for a duplicate. An error comes only from the Loader.
+func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
+	m := x.mark(ev.Source)
+	if m.Closed || ev.Seq <= m.HWM {
+		x.stats.Duplicates++
+		return false, nil
+	}
+	if ev.Kind == KindEpochClosed {
+		if ev.LastSeq > m.HWM {
+			m.Missing += ev.LastSeq - m.HWM
+			x.stats.Missing += ev.LastSeq - m.HWM
+		}
+		m.HWM = max(m.HWM, ev.Seq, ev.LastSeq)
+		m.Closed, m.Seen = true, nowSec
+		return true, nil
+	}
+	if ev.Seq > m.HWM+1 {
+		m.Missing += ev.Seq - m.HWM - 1
+		x.stats.Missing += ev.Seq - m.HWM - 1
+	}
+	m.HWM, m.Seen = ev.Seq, nowSec
+	x.stats.Applied++
+	sec := floorDiv(ev.TimeMicros, 1_000_000)
+	late := false
+	for _, g := range All {
+		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
+		k.Start = sec - mod(sec, g.Seconds())
+		r, err := x.row(k)
+		if err != nil {
+			return true, err
+		}
+		if ev.KeyPrefix != "" {
+			r.KeyPrefix = ev.KeyPrefix
+		}
+		switch {
+		case ev.Kind == KindReport:
+			r.Cost += ev.Cost
+		case ev.Allowed:
+			r.Allowed++
+			r.Cost += ev.Cost
+		default:
+			r.Rejected++
+		}
+		r.addRule(ev.Rule)
+		if r.Closed {
+			// Late: publish the window again with its new totals.
+			late = true
+			x.markPublish(k)
+		}
+	}
+	if late {
+		x.stats.Late++
+	}
+	return true, nil
+}
+
+func (x *Txn) markPublish(k RowKey) {
+	if x.publish == nil {
+		x.publish = map[RowKey]bool{}
+	}
+	x.publish[k] = true
+}
+
+// CloseDue closes every open window whose end plus the allowed lateness is
+// at or before nowSec: it is published (Revision 1). Windows already closed
+// that took late events in this transaction are republished too.
+func (x *Txn) CloseDue(nowSec int64) error {
+	lateness := int64(x.t.cfg.Lateness / time.Second)
+	for k, e := range x.t.rows {
+		if e.row.Closed || x.deleted[k] || k.End()+lateness > nowSec {
+			continue
+		}
+		r, err := x.row(k)
+		if err != nil {
+			return err
+		}
+		if !r.Closed {
+			x.markPublish(k)
+		}
+	}
+	for k, r := range x.rows {
+		if !r.Closed && k.End()+lateness <= nowSec {
+			x.markPublish(k)
+		}
+	}
+	return nil
+}
+
+// Expire deletes the rows held in memory whose retention has passed, and
+// marks of closed epochs unchanged for MarkRetention. Rows only on disk are
+// expired by ExpireRow, which the processor calls while scanning them.
+func (x *Txn) Expire(nowSec int64) {
+	for k := range x.t.rows {
+		x.ExpireRow(k, nowSec)
+	}
+	for s, m := range x.t.marks {
+		if m.Closed && nowSec-m.Seen > int64(x.t.cfg.MarkRetention/time.Second) {
+			if x.dmarks == nil {
+				x.dmarks = map[Source]bool{}
+			}
+			x.dmarks[s] = true
+			delete(x.marks, s)
+		}
+	}
+}
+
+// Expired reports whether k's retention has passed at nowSec.
+func (t *Table) Expired(k RowKey, nowSec int64) bool {
+	return nowSec-k.End() > int64(t.cfg.Retention[k.Gran]/time.Second)
+}
+
+// ExpireRow deletes k when its retention has passed; it reports whether it
+// did.
+func (x *Txn) ExpireRow(k RowKey, nowSec int64) bool {
+	if !x.t.Expired(k, nowSec) || x.deleted[k] {
+		return false
+	}
+	if x.deleted == nil {
+		x.deleted = map[RowKey]bool{}
+	}
+	x.deleted[k] = true
+	delete(x.rows, k)
+	delete(x.publish, k)
+	x.stats.Expired++
+	return true
+}
+
+// Change is one row or mark a transaction writes; Deleted for a tombstone.
+type Change struct {
+	Row     *RowKey // nil for a mark
+	Value   Row
+	Source  Source
+	Mark    Mark
+	Deleted bool
+	// Publish: the row is to be published to the usage topic with its
+	// Revision (already incremented).
+	Publish bool
+}
+
+// Changes finalizes the transaction's writes, in a deterministic order:
+// windows to publish get Closed and their next Revision. The returned
+// slice is what the processor writes to the changelog (and publishes).
+func (x *Txn) Changes() []Change {
+	for k := range x.publish {
+		r, _ := x.row(k) // in x.rows already: publish is set only for rows read
+		if r != nil {
+			r.Closed = true
+			r.Revision++
+		}
+	}
+	out := make([]Change, 0, len(x.rows)+len(x.marks)+len(x.deleted)+len(x.dmarks))
+	for k, r := range x.rows {
+		k := k
+		out = append(out, Change{Row: &k, Value: *r, Publish: x.publish[k]})
+	}
+	for k := range x.deleted {
+		k := k
+		out = append(out, Change{Row: &k, Deleted: true})
+	}
+	for s, m := range x.marks {
+		out = append(out, Change{Source: s, Mark: *m})
+	}
+	for s := range x.dmarks {
+		out = append(out, Change{Source: s, Deleted: true})
+	}
+	slices.SortFunc(out, compareChanges)
+	x.publish = nil
+	return out
+}
+
+func compareChanges(a, b Change) int {
+	if (a.Row == nil) != (b.Row == nil) {
+		if a.Row != nil {
+			return -1
+		}
+		return 1
+	}
+	if a.Row != nil {
+		return CompareRowKeys(*a.Row, *b.Row)
+	}
+	return cmp.Or(cmp.Compare(a.Source.Gateway, b.Source.Gateway), cmp.Compare(a.Source.Epoch, b.Source.Epoch),
+		cmp.Compare(a.Source.Partition, b.Source.Partition))
+}
+
+// CompareRowKeys orders row keys by tenant, granularity, start, key_id,
+// endpoint and partition.
+func CompareRowKeys(a, b RowKey) int {
+	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Gran, b.Gran), cmp.Compare(a.Start, b.Start),
+		cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Partition, b.Partition))
+}
+
+// Commit applies the transaction's changes to the table, which records
+// written as the changelog position of their write (the offset of the last
+// changelog record of the transaction). Call it only once the Kafka
+// transaction carrying Changes() committed; the Txn is spent afterwards.
+func (x *Txn) Commit(written int64) {
+	for k, r := range x.rows {
+		x.t.rows[k] = &entry{row: r, written: written}
+	}
+	for k := range x.deleted {
+		delete(x.t.rows, k)
+	}
+	for s, m := range x.marks {
+		x.t.marks[s] = m
+	}
+	for s := range x.dmarks {
+		delete(x.t.marks, s)
+	}
+	*x = Txn{}
+}
+
+// Empty reports whether the transaction changes nothing.
+func (x *Txn) Empty() bool {
+	return len(x.rows) == 0 && len(x.marks) == 0 && len(x.deleted) == 0 && len(x.dmarks) == 0 && len(x.publish) == 0
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func mod(a, b int64) int64 { return a - floorDiv(a, b)*b }
