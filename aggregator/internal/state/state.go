@@ -1,0 +1,449 @@
+// Package state is the aggregator's Pebble store: each instance's local
+// materialization of the changelog topic (usage rows and deduplication
+// marks of every partition), with the changelog offsets written in the
+// same Pebble batch as the state they reflect, the indexes reports need,
+// and consistent checkpoints (SPEC §6).
+//
+// The changelog is the truth. Pebble is rebuilt from it: Materialize is
+// the only writer of rows and marks, fed by one goroutine tailing the
+// changelog with read_committed; the processor reads through it (Row,
+// LoadPartition) and never writes it. A DB made against another Kafka
+// cluster or topic is wiped on open (CheckIdentity), so a reused data
+// directory never mixes two histories.
+//
+// Keys (see codec.go): rows are ordered by tenant, granularity and window
+// start so a tenant's report is one range scan; an index by key_id serves
+// key reports, one by window end serves retention, and one of unpublished
+// rows lets a new owner of a partition find the windows it must close.
+//
+// A DB is safe for concurrent use.
+package state
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/tollgate/tollgate/aggregator/internal/windows"
+)
+
+// Errors.
+var (
+	// ErrBadCursor is returned for a continuation token this package did
+	// not write.
+	ErrBadCursor = errors.New("state: bad cursor")
+)
+
+// DB is an aggregator instance's Pebble store.
+type DB struct {
+	db  *pebble.DB
+	log *slog.Logger
+}
+
+// Open opens (creating) the store in dir. log may be nil.
+func Open(dir string, log *slog.Logger) (*DB, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}})
+	if err != nil {
+		return nil, fmt.Errorf("state: open %s: %w", dir, err)
+	}
+	return &DB{db: db, log: log}, nil
+}
+
+// OpenReadOnly opens a checkpoint (or a stopped instance's store) without
+// writing to it.
+func OpenReadOnly(dir string, log *slog.Logger) (*DB, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("state: open %s: %w", dir, err)
+	}
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("state: open %s: %w", dir, err)
+	}
+	return &DB{db: db, log: log}, nil
+}
+
+// Close closes the store.
+func (d *DB) Close() error { return d.db.Close() }
+
+// Pebble returns the underlying database, for packages that keep their own
+// key spaces in it (the audit log).
+func (d *DB) Pebble() *pebble.DB { return d.db }
+
+// Checkpoint writes a consistent snapshot of the store into dir, which must
+// not exist.
+func (d *DB) Checkpoint(dir string) error {
+	if err := d.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("state: checkpoint %s: %w", dir, err)
+	}
+	return nil
+}
+
+// CheckIdentity compares id (the Kafka cluster and changelog topic the
+// store is a materialization of) with the one recorded. When they differ,
+// everything is deleted and id recorded: the store is rebuilt from the new
+// changelog. It reports whether it wiped anything.
+func (d *DB) CheckIdentity(id string) (bool, error) {
+	cur, closer, err := d.db.Get(metaKey("identity"))
+	switch {
+	case err == nil:
+		same := string(cur) == id
+		_ = closer.Close()
+		if same {
+			return false, nil
+		}
+	case !errors.Is(err, pebble.ErrNotFound):
+		return false, fmt.Errorf("state: read identity: %w", err)
+	}
+	wiped := err == nil
+	if !wiped {
+		// A store without an identity may still hold rows (a crash before
+		// the first identity write): wipe unless it is empty.
+		it, ierr := d.db.NewIter(nil)
+		if ierr != nil {
+			return false, ierr
+		}
+		wiped = it.First()
+		_ = it.Close()
+	}
+	b := d.db.NewBatch()
+	defer b.Close()
+	if wiped {
+		if err := b.DeleteRange([]byte{0}, []byte{0xff, 0xff}, nil); err != nil {
+			return false, err
+		}
+	}
+	if err := b.Set(metaKey("identity"), []byte(id), nil); err != nil {
+		return false, err
+	}
+	if err := d.db.Apply(b, pebble.Sync); err != nil {
+		return false, fmt.Errorf("state: write identity: %w", err)
+	}
+	return wiped, nil
+}
+
+// Record is one changelog record.
+type Record struct {
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte // nil: a tombstone
+	// Control marks a transaction marker: only its offset counts.
+	Control bool
+}
+
+// Materialize applies changelog records, in offset order per partition, in
+// one batch together with the next offset of each partition. Records below
+// a partition's recorded offset are skipped, so replaying is harmless.
+func (d *DB) Materialize(recs []Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	next := map[int32]int64{}
+	b := d.db.NewBatch()
+	defer b.Close()
+	for i := range recs {
+		r := &recs[i]
+		from, ok := next[r.Partition]
+		if !ok {
+			var err error
+			if from, err = d.Offset(TopicChangelog, r.Partition); err != nil {
+				return err
+			}
+		}
+		if r.Offset < from {
+			next[r.Partition] = from
+			continue
+		}
+		next[r.Partition] = r.Offset + 1
+		if r.Control || len(r.Key) == 0 {
+			continue
+		}
+		if err := applyRecord(b, r); err != nil {
+			d.log.Warn("changelog record skipped", slog.Int("partition", int(r.Partition)),
+				slog.Int64("offset", r.Offset), slog.String("error", err.Error()))
+		}
+	}
+	for p, off := range next {
+		if err := b.Set(offsetKey(TopicChangelog, p), appendInt64(nil, off), nil); err != nil {
+			return err
+		}
+	}
+	if err := d.db.Apply(b, pebble.NoSync); err != nil {
+		return fmt.Errorf("state: materialize: %w", err)
+	}
+	return nil
+}
+
+func applyRecord(b *pebble.Batch, r *Record) error {
+	switch r.Key[0] {
+	case spaceRow:
+		k, err := DecodeRowKey(r.Key)
+		if err != nil {
+			return err
+		}
+		if r.Value == nil {
+			for _, key := range [][]byte{r.Key, byKeyKey(k, r.Key), openKey(k.Partition, r.Key), expiryKey(k, r.Key)} {
+				if err := b.Delete(key, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		row, err := DecodeRowValue(r.Value)
+		if err != nil {
+			return err
+		}
+		if err := b.Set(r.Key, r.Value, nil); err != nil {
+			return err
+		}
+		if err := b.Set(byKeyKey(k, r.Key), nil, nil); err != nil {
+			return err
+		}
+		if err := b.Set(expiryKey(k, r.Key), nil, nil); err != nil {
+			return err
+		}
+		if row.Closed {
+			return b.Delete(openKey(k.Partition, r.Key), nil)
+		}
+		return b.Set(openKey(k.Partition, r.Key), nil, nil)
+	case spaceMark:
+		if _, err := DecodeMarkKey(r.Key); err != nil {
+			return err
+		}
+		if r.Value == nil {
+			return b.Delete(r.Key, nil)
+		}
+		if _, err := DecodeMarkValue(r.Value); err != nil {
+			return err
+		}
+		return b.Set(r.Key, r.Value, nil)
+	}
+	return fmt.Errorf("%w: unknown key space %q", errCorrupt, r.Key[0])
+}
+
+// Offset returns the next offset to read of a partition of a materialized
+// topic (0 when nothing was read).
+func (d *DB) Offset(topic byte, p int32) (int64, error) {
+	v, closer, err := d.db.Get(offsetKey(topic, p))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("state: read offset: %w", err)
+	}
+	defer closer.Close()
+	off, _, err := readInt64(v)
+	return off, err
+}
+
+// Row reads a row (windows.Loader).
+func (d *DB) Row(k windows.RowKey) (windows.Row, bool, error) {
+	v, closer, err := d.db.Get(RowKey(k))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return windows.Row{}, false, nil
+	}
+	if err != nil {
+		return windows.Row{}, false, fmt.Errorf("state: read row: %w", err)
+	}
+	defer closer.Close()
+	r, err := DecodeRowValue(v)
+	return r, err == nil, err
+}
+
+var _ windows.Loader = (*DB)(nil)
+
+// LoadPartition returns partition p's unpublished rows and its marks: what
+// a new owner of p needs in memory.
+func (d *DB) LoadPartition(p int32) (map[windows.RowKey]windows.Row, map[windows.Source]windows.Mark, error) {
+	open := map[windows.RowKey]windows.Row{}
+	prefix := appendPartition([]byte{spaceOpen}, p)
+	err := d.scan(prefix, prefixEnd(prefix), func(k, _ []byte) error {
+		primary := k[len(prefix):]
+		rk, err := DecodeRowKey(primary)
+		if err != nil {
+			return err
+		}
+		r, ok, err := d.Row(rk)
+		if err != nil {
+			return err
+		}
+		if ok {
+			open[rk] = r
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	marks := map[windows.Source]windows.Mark{}
+	mp := markPrefix(p)
+	err = d.scan(mp, prefixEnd(mp), func(k, v []byte) error {
+		s, err := DecodeMarkKey(k)
+		if err != nil {
+			return err
+		}
+		m, err := DecodeMarkValue(v)
+		if err != nil {
+			return err
+		}
+		marks[s] = m
+		return nil
+	})
+	return open, marks, err
+}
+
+// ExpiredRows calls fn with every row key of partition p and granularity g
+// whose window ended before endBefore (Unix seconds), oldest first, until
+// fn returns false.
+func (d *DB) ExpiredRows(p int32, g windows.Granularity, endBefore int64, fn func(windows.RowKey) bool) error {
+	prefix := append(appendPartition([]byte{spaceExpiry}, p), byte(g))
+	stop := errors.New("stop")
+	err := d.scan(prefix, appendInt64(bytes.Clone(prefix), endBefore), func(k, _ []byte) error {
+		rk, err := DecodeRowKey(k[len(prefix)+8:])
+		if err != nil {
+			return err
+		}
+		if !fn(rk) {
+			return stop
+		}
+		return nil
+	})
+	if errors.Is(err, stop) {
+		return nil
+	}
+	return err
+}
+
+func (d *DB) scan(lower, upper []byte, fn func(k, v []byte) error) error {
+	it, err := d.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if err := fn(it.Key(), it.Value()); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	return it.Close()
+}
+
+// ReportRow is one row of a usage report: the sum over partitions of one
+// (window, key_id, endpoint).
+type ReportRow struct {
+	Start     int64
+	KeyID     string
+	KeyPrefix string
+	Endpoint  string
+	Allowed   int64
+	Rejected  int64
+	Cost      int64
+}
+
+// Query selects report rows: a tenant's or a key_id's, of one granularity,
+// windows starting in [From, To).
+type Query struct {
+	Tenant string // or
+	KeyID  string
+	Gran   windows.Granularity
+	From   int64
+	To     int64
+	// Limit bounds the rows returned; Cursor continues an earlier answer.
+	Limit  int
+	Cursor string
+}
+
+// Report answers q, in window order, with the cursor of the rest ("" when
+// complete).
+func (d *DB) Report(q Query) ([]ReportRow, string, error) {
+	var prefix []byte
+	byKey := q.Tenant == ""
+	if byKey {
+		prefix = keyPrefix(q.KeyID, q.Gran)
+	} else {
+		prefix = tenantPrefix(q.Tenant, q.Gran)
+	}
+	lower := appendInt64(bytes.Clone(prefix), q.From)
+	upper := appendInt64(bytes.Clone(prefix), q.To)
+	if q.Cursor != "" {
+		c, err := base64.RawURLEncoding.DecodeString(q.Cursor)
+		if err != nil || !bytes.HasPrefix(c, prefix) || bytes.Compare(c, lower) < 0 {
+			return nil, "", ErrBadCursor
+		}
+		lower = append(c, 0) // just after it
+	}
+	if q.Limit <= 0 {
+		q.Limit = 10_000
+	}
+	var rows []ReportRow
+	var last []byte
+	full := errors.New("full")
+	err := d.scan(lower, upper, func(k, v []byte) error {
+		primary := k
+		if byKey {
+			primary = k[len(prefix)+8:]
+			pv, closer, err := d.db.Get(primary)
+			if errors.Is(err, pebble.ErrNotFound) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			v = bytes.Clone(pv)
+			_ = closer.Close()
+		}
+		rk, err := DecodeRowKey(primary)
+		if err != nil {
+			return err
+		}
+		r, err := DecodeRowValue(v)
+		if err != nil {
+			return err
+		}
+		if n := len(rows); n > 0 && rows[n-1].Start == rk.Start && rows[n-1].KeyID == rk.KeyID && rows[n-1].Endpoint == rk.Endpoint {
+			rows[n-1].Allowed += r.Allowed
+			rows[n-1].Rejected += r.Rejected
+			rows[n-1].Cost += r.Cost
+			last = bytes.Clone(k)
+			return nil
+		}
+		if len(rows) == q.Limit {
+			return full
+		}
+		rows = append(rows, ReportRow{Start: rk.Start, KeyID: rk.KeyID, KeyPrefix: r.KeyPrefix, Endpoint: rk.Endpoint,
+			Allowed: r.Allowed, Rejected: r.Rejected, Cost: r.Cost})
+		last = bytes.Clone(k)
+		return nil
+	})
+	if errors.Is(err, full) {
+		return rows, base64.RawURLEncoding.EncodeToString(last), nil
+	}
+	return rows, "", err
+}
+
+// pebbleLogger sends Pebble's log lines to slog.
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	l.log.Error(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+	panic(fmt.Sprintf(format, args...))
+}
