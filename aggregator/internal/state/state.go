@@ -447,3 +447,37 @@ func (l pebbleLogger) Fatalf(format string, args ...any) {
 	l.log.Error(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
 	panic(fmt.Sprintf(format, args...))
 }
+
+// Totals sums every row q selects (its Limit and Cursor are ignored).
+func (d *DB) Totals(q Query) (allowed, rejected, cost int64, err error) {
+	q.Cursor, q.Limit = "", 1<<62
+	var prefix []byte
+	byKey := q.Tenant == ""
+	if byKey {
+		prefix = keyPrefix(q.KeyID, q.Gran)
+	} else {
+		prefix = tenantPrefix(q.Tenant, q.Gran)
+	}
+	err = d.scan(appendInt64(bytes.Clone(prefix), q.From), appendInt64(bytes.Clone(prefix), q.To), func(k, v []byte) error {
+		if byKey {
+			pv, closer, err := d.db.Get(k[len(prefix)+8:])
+			if errors.Is(err, pebble.ErrNotFound) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			defer closer.Close()
+			v = pv
+		}
+		r, err := DecodeRowValue(v)
+		if err != nil {
+			return err
+		}
+		allowed += r.Allowed
+		rejected += r.Rejected
+		cost += r.Cost
+		return nil
+	})
+	return allowed, rejected, cost, err
+}

@@ -1,0 +1,239 @@
+// Package aggregator is Tollgate's control-plane process as a library: the
+// exactly-once consumer of the decision stream, the per-tenant usage
+// windows in Pebble, the usage reports, and its metrics and health
+// endpoints (SPEC §6). bin/aggregator (aggregator/cmd/aggregator) loads a
+// Config and calls New and Run; tests and `make run` start instances in
+// process the same way.
+//
+//	cfg, err := aggregator.LoadConfig("", nil) // TOLLGATE_* variables
+//	srv, err := aggregator.New(cfg, logger)
+//	err = srv.Run(ctx) // returns after a graceful stop once ctx is done
+//
+// How exactly-once holds across crashes, rebalances and lost instances is
+// in docs/aggregator.md.
+package aggregator
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate/tollgate/aggregator/internal/consume"
+	"github.com/tollgate/tollgate/aggregator/internal/reports"
+	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/service"
+)
+
+// Server is an aggregator instance. Create it with New, then call Run
+// once; Close stops it. It is safe for concurrent use.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	db   *state.DB
+	proc *consume.Processor
+
+	api, metrics *http.Server
+	apiLn, metLn net.Listener
+
+	life service.Lifecycle
+}
+
+// Addrs are the bound addresses.
+type Addrs struct {
+	API     string
+	Metrics string
+}
+
+// New opens the state in cfg.DataDir and binds the listeners, so Addrs is
+// known when it returns; it starts no goroutine (Run does). log may be nil.
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("aggregator: invalid configuration:\n%w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	hasher, err := keyid.New([]byte(cfg.KeySecret))
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: key_secret (TOLLGATE_KEY_SECRET): %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("aggregator: data_dir: %w", err)
+	}
+	db, err := state.Open(filepath.Join(cfg.DataDir, "state"), log.With(slog.String("component", "pebble")))
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"aggregator": cfg.ID}, s.reg)
+	s.proc = consume.New(consume.Config{
+		Brokers: cfg.Kafka.Brokers,
+		Topics: consume.Topics{
+			Decisions: cfg.Kafka.DecisionsTopic,
+			Changelog: cfg.Kafka.ChangelogTopic,
+			Usage:     cfg.Kafka.UsageTopic,
+		},
+		Group:          cfg.ConsumerGroup,
+		InstanceID:     cfg.ID,
+		Partitions:     cfg.Kafka.Partitions,
+		TxnTimeout:     cfg.TransactionTimeout,
+		SessionTimeout: cfg.SessionTimeout,
+		Windows: windows.Config{
+			Lateness: cfg.Usage.Lateness,
+			Retention: map[windows.Granularity]time.Duration{
+				windows.Minute: cfg.Usage.RetentionMinute,
+				windows.Hour:   cfg.Usage.RetentionHour,
+				windows.Day:    cfg.Usage.RetentionDay,
+			},
+		},
+		Log: log.With(slog.String("component", "consume")),
+	}, db, labelled)
+
+	mux := http.NewServeMux()
+	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	s.api = &http.Server{Handler: s.authorize(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	if s.apiLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("aggregator: aggregator_listen: %w", err)
+	}
+	if cfg.MetricsListen != Off {
+		mm := http.NewServeMux()
+		mm.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+		mm.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mm.HandleFunc("GET /readyz", s.readyz)
+		s.metrics = &http.Server{Handler: mm, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		if s.metLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			_ = s.apiLn.Close()
+			_ = db.Close()
+			return nil, fmt.Errorf("aggregator: aggregator_metrics_listen: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Addrs returns the bound addresses.
+func (s *Server) Addrs() Addrs {
+	a := Addrs{API: s.apiLn.Addr().String()}
+	if s.metLn != nil {
+		a.Metrics = s.metLn.Addr().String()
+	}
+	return a
+}
+
+// Registry returns the Prometheus registry /metrics serves.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Ready reports whether the state is restored (reports are complete).
+func (s *Server) Ready() bool { return s.proc.Ready() }
+
+// Owned returns the decisions partitions this instance processes now.
+func (s *Server) Owned() []int32 { return s.proc.Owned() }
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.proc.Ready() {
+		http.Error(w, "restoring state from the changelog\n", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "ready: state restored; partitions owned: %v\n", s.proc.Owned())
+}
+
+// authorize requires the admin token on the operator API and reports.
+func (s *Server) authorize(next http.Handler) http.Handler {
+	token := []byte(s.cfg.AdminToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(token) > 0 {
+			v := r.Header.Get("Authorization")
+			const scheme = "bearer "
+			if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) ||
+				subtle.ConstantTimeCompare([]byte(strings.TrimSpace(v[len(scheme):])), token) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
+				reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Run serves and aggregates until ctx is done or a part fails, then stops
+// gracefully: HTTP drains within aggregator_shutdown_timeout, the
+// processor ends its transaction and leaves the group so its partitions
+// move at once, and Pebble is closed. Every goroutine it starts has exited
+// when it returns.
+func (s *Server) Run(ctx context.Context) error {
+	ctx, finish, err := s.life.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer finish()
+	s.log.Info("aggregator started", slog.String("aggregator_id", s.cfg.ID), slog.String("api", s.Addrs().API),
+		slog.String("metrics", s.Addrs().Metrics), slog.Any("kafka", s.cfg.Kafka.Brokers), slog.String("data_dir", s.cfg.DataDir),
+		slog.Bool("admin_token_set", s.cfg.AdminToken != ""))
+	g, gctx := service.NewGroup(ctx)
+	g.Go(func() error { return s.proc.Run(gctx) })
+	serve := func(srv *http.Server, ln net.Listener, name string) {
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("aggregator: %s listener: %w", name, err)
+			}
+			return nil
+		})
+	}
+	serve(s.api, s.apiLn, "api")
+	if s.metrics != nil {
+		serve(s.metrics, s.metLn, "metrics")
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		defer cancel()
+		_ = s.api.Shutdown(sctx)
+		if s.metrics != nil {
+			_ = s.metrics.Shutdown(sctx)
+		}
+		return nil
+	})
+	err = g.Wait()
+	if cerr := s.db.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		s.log.Error("aggregator stopped", slog.String("error", err.Error()))
+	} else {
+		s.log.Info("aggregator stopped")
+	}
+	return err
+}
+
+// Close stops a running server and waits for Run to return, or releases
+// what New acquired. Idempotent, safe from many goroutines.
+func (s *Server) Close() error {
+	s.life.Close(func() {
+		_ = s.apiLn.Close()
+		if s.metLn != nil {
+			_ = s.metLn.Close()
+		}
+		_ = s.db.Close()
+	})
+	return nil
+}

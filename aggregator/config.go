@@ -1,0 +1,153 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/tollgate/tollgate/configs"
+)
+
+// Config is the aggregator's configuration. Every field can be set in the
+// YAML file given with --config and overridden by TOLLGATE_ + its YAML
+// path in upper snake case (package configs); the doc tags are what --help
+// prints. Names specific to the aggregator start with aggregator_ so one
+// environment (bin/stack.env) serves the gateway and the aggregator alike.
+type Config struct {
+	Listen        string `yaml:"aggregator_listen" doc:"Address of the operator API and the usage reports (bearer admin_token). Loopback by default; a non-loopback address needs admin_token."`
+	MetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz (no token); off disables it."`
+	ID            string `yaml:"aggregator_id" doc:"This instance's unique name; its Kafka transactional id derives from it. Empty: hostname-pid."`
+	DataDir       string `yaml:"data_dir" doc:"Directory of this instance's state (Pebble: the materialized changelog and audit log; checkpoints). One per instance."`
+	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>). Required on a non-loopback aggregator_listen."`
+	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
+
+	Kafka configs.Kafka `yaml:"kafka"`
+	NATS  configs.NATS  `yaml:"nats"`
+
+	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
+	SessionTimeout     time.Duration `yaml:"aggregator_session_timeout" doc:"How long the group waits for a silent instance before its partitions move to the others."`
+	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers."`
+
+	Usage UsageConfig `yaml:"usage"`
+
+	ShutdownTimeout time.Duration `yaml:"aggregator_shutdown_timeout" doc:"How long a shutdown waits for in-flight HTTP requests."`
+
+	Log configs.Log `yaml:"log"`
+}
+
+// UsageConfig is the `usage` section: windows and reports.
+type UsageConfig struct {
+	Lateness        time.Duration `yaml:"lateness" doc:"How long after its end a window waits for late events before it is published to the usage topic. Later events still count (the window is republished)."`
+	RetentionMinute time.Duration `yaml:"retention_minute" doc:"How long minute rows are kept after their window ends."`
+	RetentionHour   time.Duration `yaml:"retention_hour" doc:"How long hour rows are kept."`
+	RetentionDay    time.Duration `yaml:"retention_day" doc:"How long day rows are kept."`
+	MaxRows         int           `yaml:"max_rows" doc:"Most rows in one report answer; longer answers carry next_cursor."`
+}
+
+// Defaults.
+const (
+	DefaultListen        = "127.0.0.1:8081"
+	DefaultMetricsListen = "127.0.0.1:9093"
+	DefaultDataDir       = "tollgate-data"
+)
+
+// minKeySecret is the shortest key_secret accepted, in bytes (as the gateway).
+const minKeySecret = 16
+
+// Off, as aggregator_metrics_listen, disables the metrics listener.
+const Off = "off"
+
+// SetDefaults fills zero fields.
+func (c *Config) SetDefaults() {
+	set(&c.Listen, DefaultListen)
+	set(&c.MetricsListen, DefaultMetricsListen)
+	if c.ID == "" {
+		c.ID = configs.HostID("aggregator")
+	}
+	set(&c.DataDir, DefaultDataDir)
+	c.Kafka.SetDefaults()
+	set(&c.ConsumerGroup, "tollgate-aggregator")
+	set(&c.SessionTimeout, 10*time.Second)
+	set(&c.TransactionTimeout, 10*time.Second)
+	set(&c.Usage.Lateness, 10*time.Second)
+	set(&c.Usage.RetentionMinute, 48*time.Hour)
+	set(&c.Usage.RetentionHour, 90*24*time.Hour)
+	set(&c.Usage.RetentionDay, 2*365*24*time.Hour)
+	set(&c.Usage.MaxRows, 10_000)
+	set(&c.ShutdownTimeout, 10*time.Second)
+	c.Log.SetDefaults()
+}
+
+func set[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports every problem at once, each naming the field and its
+// variable.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s (%s): %s", path, configs.EnvName(path), fmt.Sprintf(format, args...)))
+	}
+	if len(c.KeySecret) < minKeySecret {
+		bad("key_secret", "required, at least %d bytes (generate one with: openssl rand -base64 32)", minKeySecret)
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "required: the aggregator consumes decision events")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("aggregator_listen", "%q is not host:port", c.Listen)
+	} else if c.AdminToken == "" && !loopback(c.Listen) {
+		bad("admin_token", "required when aggregator_listen (%s) is not a loopback address", c.Listen)
+	}
+	if c.MetricsListen != Off {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			bad("aggregator_metrics_listen", "%q is not host:port or off", c.MetricsListen)
+		}
+	}
+	if c.DataDir == "" {
+		bad("data_dir", "required")
+	}
+	if c.Usage.MaxRows < 1 {
+		bad("usage.max_rows", "at least 1")
+	}
+	errs = append(errs, c.Kafka.Validate("kafka")...)
+	errs = append(errs, c.Log.Validate("log")...)
+	return errors.Join(errs...)
+}
+
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Vars lists every configuration variable with its default and docs.
+func Vars() ([]configs.Var, error) {
+	var c Config
+	c.SetDefaults()
+	c.ID = ""
+	return configs.Vars(&c, nil)
+}
+
+// LoadConfig loads a configuration the way bin/aggregator does: the YAML
+// file at path (none when empty), the TOLLGATE_* environment (lookup; nil
+// means os.LookupEnv), SetDefaults and Validate.
+func LoadConfig(path string, lookup configs.LookupFunc) (Config, error) {
+	var c Config
+	if err := configs.Load(&c, path, lookup); err != nil {
+		return c, err
+	}
+	c.SetDefaults()
+	return c, c.Validate()
+}

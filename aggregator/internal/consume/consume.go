@@ -1,0 +1,790 @@
+// Package consume is the aggregator's Kafka side: the exactly-once
+// processing loop over the decisions topic and the materializer that keeps
+// Pebble in step with the changelog (SPEC §6, docs/aggregator.md).
+//
+// Shape (Kafka Streams' state store, built on franz-go): a
+// GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.
+// Each poll is one Kafka transaction: the events update the usage rows of
+// their partition's windows.Table inside a windows.Txn; the rows and marks
+// the transaction changed are produced, as absolute values, to the
+// compacted changelog partition with the same number as the decisions
+// partition, closed windows to tollgate.usage.v1, and the consumed offsets
+// are committed in the same transaction. Only once it commits do the
+// changes reach the Table (an abort — a rebalance — discards them and the
+// session rewinds to the committed offsets).
+//
+// The materializer is a plain read_committed consumer of every changelog
+// partition; it is the only writer of Pebble and writes each batch with its
+// offsets. A partition's table is built, when its first record arrives
+// after an assignment, from Pebble once the materializer has reached the
+// partition's last stable offset — so it reflects every committed
+// transaction of the previous owner, whether that owner stopped cleanly,
+// crashed or is gone for good.
+//
+// Run starts two goroutines (the materializer and the processing loop)
+// and returns after both have stopped.
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
+
+	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/aggregator/internal/windows"
+)
+
+// Topics names the topics the processor uses.
+type Topics struct {
+	Decisions string
+	Changelog string
+	Usage     string
+}
+
+// Config configures a Processor.
+type Config struct {
+	Brokers []string
+	Topics  Topics
+	// Group is the consumer group (default tollgate-aggregator).
+	Group string
+	// InstanceID is unique per instance; the transactional id derives
+	// from it.
+	InstanceID string
+	// Partitions is the partition count of the topics the processor
+	// creates when they are missing (default 6). Existing topics keep
+	// theirs; the changelog is created with the decisions topic's count.
+	Partitions int32
+	// TxnTimeout bounds how long a dead instance's open transaction
+	// stalls read_committed readers (default 10s).
+	TxnTimeout time.Duration
+	// SessionTimeout is how long the group waits for a silent member
+	// before giving its partitions away (default 10s).
+	SessionTimeout time.Duration
+	// MaxPoll bounds the records of one transaction (default 20000).
+	MaxPoll int
+	// CloseEvery is how often windows due are closed and memory evicted
+	// (default 1s); expired rows are deleted every 60 CloseEvery.
+	CloseEvery time.Duration
+	Windows    windows.Config
+	Log        *slog.Logger
+	// Now is the wall clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Group == "" {
+		c.Group = "tollgate-aggregator"
+	}
+	if c.Partitions <= 0 {
+		c.Partitions = 6
+	}
+	if c.TxnTimeout <= 0 {
+		c.TxnTimeout = 10 * time.Second
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.MaxPoll <= 0 {
+		c.MaxPoll = 20_000
+	}
+	if c.CloseEvery <= 0 {
+		c.CloseEvery = time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.Windows.SetDefaults()
+}
+
+// Processor runs the aggregation. Create it with New, then call Run once.
+type Processor struct {
+	cfg Config
+	db  *state.DB
+	log *slog.Logger
+	m   *metrics
+
+	mu           sync.Mutex
+	materialized map[int32]int64 // next changelog offset Pebble holds, per partition
+	advanced     chan struct{}   // closed and replaced when materialized moves
+	ready        bool
+	memberEvents []memberEvent
+	owned        map[int32]bool
+}
+
+type memberEvent struct {
+	partitions []int32
+	assigned   bool
+}
+
+// New returns a processor over db, registering its metrics with reg.
+func New(cfg Config, db *state.DB, reg prometheus.Registerer) *Processor {
+	cfg.setDefaults()
+	p := &Processor{cfg: cfg, db: db, log: cfg.Log, m: newMetrics(reg),
+		materialized: map[int32]int64{}, advanced: make(chan struct{}), owned: map[int32]bool{}}
+	return p
+}
+
+// Ready reports whether the materializer has caught up with the changelog
+// as it was when Run started: reports are complete from then on.
+func (p *Processor) Ready() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ready
+}
+
+// Owned returns the decisions partitions this instance processes now.
+func (p *Processor) Owned() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int32, 0, len(p.owned))
+	for q := range p.owned {
+		out = append(out, q)
+	}
+	return out
+}
+
+// Run creates the topics that are missing, checks the store's identity,
+// then materializes and processes until ctx is done. It returns nil after a
+// shutdown asked for by ctx.
+func (p *Processor) Run(ctx context.Context) error {
+	base := []kgo.Opt{
+		kgo.SeedBrokers(p.cfg.Brokers...),
+		kgo.WithLogger(kslog.New(p.log.With(slog.String("component", "kafka")))),
+	}
+	admin, err := kgo.NewClient(base...)
+	if err != nil {
+		return fmt.Errorf("consume: kafka client: %w", err)
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	parts, err := p.setup(ctx, adm)
+	if err != nil {
+		return err
+	}
+
+	offsets := map[int32]kgo.Offset{}
+	for q := range parts {
+		off, err := p.db.Offset(state.TopicChangelog, q)
+		if err != nil {
+			return err
+		}
+		offsets[q] = kgo.NewOffset().At(off)
+		p.setMaterialized(q, off)
+	}
+	start, err := p.stableOffsets(ctx, adm)
+	if err != nil {
+		return err
+	}
+	mat, err := kgo.NewClient(append(base,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{p.cfg.Topics.Changelog: offsets}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return fmt.Errorf("consume: changelog client: %w", err)
+	}
+	defer mat.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var matErr, procErr error
+	wg.Go(func() {
+		if matErr = p.materialize(ctx, mat, start); matErr != nil {
+			cancel()
+		}
+	})
+	wg.Go(func() {
+		if procErr = p.process(ctx, base, adm); procErr != nil {
+			cancel()
+		}
+	})
+	wg.Wait()
+	return errors.Join(matErr, procErr)
+}
+
+// setup creates missing topics and checks Pebble's identity against the
+// cluster and changelog topic; it returns the changelog's partitions.
+func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool, error) {
+	t := p.cfg.Topics
+	var meta kadm.Metadata
+	for attempt := 0; ; attempt++ {
+		var err error
+		meta, err = adm.Metadata(ctx, t.Decisions, t.Changelog, t.Usage)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || attempt > 100 {
+			return nil, fmt.Errorf("consume: kafka metadata: %w", err)
+		}
+		p.log.Warn("kafka unreachable; retrying", slog.String("error", err.Error()))
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	n := p.cfg.Partitions
+	if d, ok := meta.Topics[t.Decisions]; ok && d.Err == nil && len(d.Partitions) > 0 {
+		n = int32(len(d.Partitions))
+	}
+	create := func(topic string, configs map[string]*string) error {
+		if d, ok := meta.Topics[topic]; ok && d.Err == nil {
+			return nil
+		}
+		resp, err := adm.CreateTopic(ctx, n, -1, configs, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("consume: create topic %s: %w", topic, err)
+		}
+		return nil
+	}
+	compact := "compact"
+	if err := create(t.Decisions, nil); err != nil {
+		return nil, err
+	}
+	if err := create(t.Changelog, map[string]*string{"cleanup.policy": &compact}); err != nil {
+		return nil, err
+	}
+	if err := create(t.Usage, nil); err != nil {
+		return nil, err
+	}
+	meta, err := adm.Metadata(ctx, t.Decisions, t.Changelog)
+	if err != nil {
+		return nil, fmt.Errorf("consume: kafka metadata: %w", err)
+	}
+	cl := meta.Topics[t.Changelog]
+	if dn := len(meta.Topics[t.Decisions].Partitions); dn != len(cl.Partitions) {
+		return nil, fmt.Errorf("consume: %s has %d partitions and %s %d: they must be co-partitioned",
+			t.Decisions, dn, t.Changelog, len(cl.Partitions))
+	}
+	id := fmt.Sprintf("cluster=%s changelog=%s/%s", meta.Cluster, t.Changelog, cl.ID)
+	wiped, err := p.db.CheckIdentity(id)
+	if err != nil {
+		return nil, err
+	}
+	if wiped {
+		p.log.Warn("state was made against another Kafka cluster or changelog; rebuilding it from the changelog", slog.String("identity", id))
+	}
+	parts := map[int32]bool{}
+	for q := range cl.Partitions {
+		parts[q] = true
+	}
+	return parts, nil
+}
+
+// stableOffsets returns the last stable offset of every changelog
+// partition.
+func (p *Processor) stableOffsets(ctx context.Context, adm *kadm.Client) (map[int32]int64, error) {
+	listed, err := adm.ListCommittedOffsets(ctx, p.cfg.Topics.Changelog)
+	if err != nil {
+		return nil, fmt.Errorf("consume: list changelog offsets: %w", err)
+	}
+	out := map[int32]int64{}
+	var lerr error
+	listed.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			lerr = o.Err
+			return
+		}
+		out[o.Partition] = o.Offset
+	})
+	if lerr != nil {
+		return nil, fmt.Errorf("consume: list changelog offsets: %w", lerr)
+	}
+	return out, nil
+}
+
+func (p *Processor) setMaterialized(q int32, off int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if off > p.materialized[q] || off == 0 {
+		p.materialized[q] = off
+		close(p.advanced)
+		p.advanced = make(chan struct{})
+	}
+}
+
+// waitMaterialized blocks until Pebble holds partition q's changelog up to
+// target.
+func (p *Processor) waitMaterialized(ctx context.Context, q int32, target int64) error {
+	for {
+		p.mu.Lock()
+		off, ch := p.materialized[q], p.advanced
+		p.mu.Unlock()
+		if off >= target {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// materialize tails the changelog into Pebble. Ready is set once every
+// partition has reached start.
+func (p *Processor) materialize(ctx context.Context, cl *kgo.Client, start map[int32]int64) error {
+	caughtUp := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for q, off := range start {
+			if p.materialized[q] < off {
+				return false
+			}
+		}
+		p.ready = true
+		return true
+	}
+	ready := caughtUp()
+	if ready {
+		p.log.Info("state restored", slog.Int("partitions", len(start)))
+	}
+	var recs []state.Record
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		fs.EachError(func(topic string, part int32, err error) {
+			p.log.Warn("changelog fetch failed", slog.Int("partition", int(part)), slog.String("error", err.Error()))
+		})
+		recs = recs[:0]
+		next := map[int32]int64{}
+		fs.EachRecord(func(r *kgo.Record) {
+			rec := state.Record{Partition: r.Partition, Offset: r.Offset, Key: r.Key, Control: r.Attrs.IsControl()}
+			if len(r.Value) > 0 {
+				rec.Value = r.Value
+			}
+			recs = append(recs, rec)
+			next[r.Partition] = r.Offset + 1
+		})
+		if len(recs) == 0 {
+			continue
+		}
+		if err := p.db.Materialize(recs); err != nil {
+			return err
+		}
+		p.m.materialized.Add(float64(len(recs)))
+		for q, off := range next {
+			p.setMaterialized(q, off)
+		}
+		if !ready && caughtUp() {
+			ready = true
+			p.log.Info("state restored", slog.Int("partitions", len(start)))
+		}
+	}
+}
+
+// process is the transactional loop.
+func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Client) error {
+	t := p.cfg.Topics
+	onAssigned := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		p.member(m[t.Decisions], true)
+	}
+	onRevoked := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		p.member(m[t.Decisions], false)
+	}
+	sess, err := kgo.NewGroupTransactSession(append(base,
+		kgo.ConsumerGroup(p.cfg.Group),
+		kgo.ConsumeTopics(t.Decisions),
+		kgo.TransactionalID("tollgate-aggregator-"+p.cfg.InstanceID),
+		kgo.TransactionTimeout(p.cfg.TxnTimeout),
+		kgo.SessionTimeout(p.cfg.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, p.cfg.SessionTimeout/4)),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RequireStableFetchOffsets(),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.OnPartitionsAssigned(onAssigned),
+		kgo.OnPartitionsRevoked(onRevoked),
+		kgo.OnPartitionsLost(onRevoked),
+	)...)
+	if err != nil {
+		return fmt.Errorf("consume: transact session: %w", err)
+	}
+	defer func() {
+		// Leave the group at once so the partitions move without waiting
+		// for the session timeout.
+		sess.Close()
+	}()
+
+	usageParts := int32(p.cfg.Partitions)
+	if meta, err := adm.Metadata(ctx, t.Usage); err == nil {
+		if n := len(meta.Topics[t.Usage].Partitions); n > 0 {
+			usageParts = int32(n)
+		}
+	}
+
+	tables := map[int32]*windows.Table{}
+	lastClose := p.cfg.Now()
+	ticks := 0
+	var ev windows.Event
+	for ctx.Err() == nil {
+		pollCtx, cancel := context.WithTimeout(ctx, p.cfg.CloseEvery)
+		fs := sess.PollRecords(pollCtx, p.cfg.MaxPoll)
+		cancel()
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachError(func(topic string, part int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				p.log.Warn("decisions fetch failed", slog.Int("partition", int(part)), slog.String("error", err.Error()))
+			}
+		})
+		p.applyMembership(tables)
+
+		now := p.cfg.Now()
+		nowSec := now.Unix()
+		txns := map[int32]*windows.Txn{}
+		txnOf := func(q int32) (*windows.Txn, error) {
+			if x, ok := txns[q]; ok {
+				return x, nil
+			}
+			tab, ok := tables[q]
+			if !ok {
+				var err error
+				if tab, err = p.restore(ctx, adm, q); err != nil {
+					return nil, err
+				}
+				tables[q] = tab
+			}
+			x := tab.Begin()
+			txns[q] = x
+			return x, nil
+		}
+		polled := 0
+		var ferr error
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if ferr != nil || len(fp.Records) == 0 {
+				return
+			}
+			x, err := txnOf(fp.Partition)
+			if err != nil {
+				ferr = err
+				return
+			}
+			last := fp.Records[len(fp.Records)-1]
+			p.m.lag.WithLabelValues(fmt.Sprint(fp.Partition)).Set(float64(max(0, fp.HighWatermark-last.Offset-1)))
+			for _, r := range fp.Records {
+				polled++
+				if err := decodeEvent(r.Value, &ev); err != nil || ev.Kind == 0 {
+					p.m.events.WithLabelValues("malformed").Inc()
+					continue
+				}
+				if _, err := x.Apply(&ev, nowSec); err != nil {
+					ferr = err
+					return
+				}
+			}
+		})
+		if ferr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return ferr
+		}
+		if now.Sub(lastClose) >= p.cfg.CloseEvery {
+			lastClose = now
+			ticks++
+			for q := range tables {
+				x, err := txnOf(q)
+				if err != nil {
+					return err
+				}
+				if err := x.CloseDue(nowSec); err != nil {
+					return err
+				}
+				if ticks%60 == 1 {
+					if err := p.expire(q, tables[q], x, nowSec); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		changed := false
+		for _, x := range txns {
+			if !x.Empty() {
+				changed = true
+			}
+		}
+		if polled == 0 && !changed {
+			continue
+		}
+		committed, err := p.commit(ctx, sess, txns, usageParts, now)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			p.log.Error("transaction failed; rebuilding partition state from the changelog", slog.String("error", err.Error()))
+			p.m.txns.WithLabelValues("error").Inc()
+			clear(tables)
+			continue
+		}
+		if !committed {
+			p.m.txns.WithLabelValues("aborted").Inc()
+			continue
+		}
+		p.m.txns.WithLabelValues("committed").Inc()
+		if ticks > 0 && now.Equal(lastClose) {
+			for q, tab := range tables {
+				p.mu.Lock()
+				off := p.materialized[q]
+				p.mu.Unlock()
+				tab.Evict(off - 1)
+			}
+			var n int
+			for _, tab := range tables {
+				n += tab.Len()
+			}
+			p.m.rows.Set(float64(n))
+		}
+	}
+	return nil
+}
+
+// commit produces the transactions' changes and commits them with the
+// consumed offsets. Tables change only when it reports committed.
+func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, txns map[int32]*windows.Txn, usageParts int32, now time.Time) (bool, error) {
+	if err := sess.Begin(); err != nil {
+		return false, fmt.Errorf("consume: begin transaction: %w", err)
+	}
+	t := p.cfg.Topics
+	var mu sync.Mutex
+	written := map[int32]int64{}
+	var perr error
+	promise := func(r *kgo.Record, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			perr = err
+			return
+		}
+		if r.Topic == t.Changelog && r.Offset > written[r.Partition] {
+			written[r.Partition] = r.Offset
+		}
+	}
+	stats := windows.Stats{}
+	published := 0
+	for q, x := range txns {
+		s := x.Stats()
+		stats.Applied += s.Applied
+		stats.Duplicates += s.Duplicates
+		stats.Late += s.Late
+		stats.Missing += s.Missing
+		stats.Expired += s.Expired
+		for _, c := range x.Changes() {
+			rec := &kgo.Record{Topic: t.Changelog, Partition: q}
+			switch {
+			case c.Row != nil:
+				rec.Key = state.RowKey(*c.Row)
+				if !c.Deleted {
+					rec.Value = state.RowValue(c.Value)
+				}
+			default:
+				rec.Key = state.MarkKey(c.Source)
+				if !c.Deleted {
+					rec.Value = state.MarkValue(c.Mark)
+				}
+			}
+			sess.Produce(ctx, rec, promise)
+			if c.Publish {
+				v, err := rollupValue(*c.Row, &c.Value, now.Unix())
+				if err != nil {
+					return false, err
+				}
+				sess.Produce(ctx, &kgo.Record{Topic: t.Usage, Partition: q % usageParts, Key: rollupKey(*c.Row), Value: v}, promise)
+				published++
+			}
+		}
+	}
+	if err := sess.Client().Flush(ctx); err != nil {
+		return false, err
+	}
+	mu.Lock()
+	failed := perr
+	mu.Unlock()
+	committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
+	if err != nil {
+		return false, fmt.Errorf("consume: end transaction: %w", errors.Join(err, failed))
+	}
+	if failed != nil {
+		p.log.Warn("transaction aborted: a record was not produced", slog.String("error", failed.Error()))
+	}
+	if !committed {
+		return false, nil
+	}
+	for q, x := range txns {
+		x.Commit(written[q])
+	}
+	p.m.events.WithLabelValues("applied").Add(float64(stats.Applied))
+	p.m.events.WithLabelValues("duplicate").Add(float64(stats.Duplicates))
+	p.m.late.Add(float64(stats.Late))
+	p.m.missing.Add(float64(stats.Missing))
+	p.m.expired.Add(float64(stats.Expired))
+	p.m.published.Add(float64(published))
+	return true, nil
+}
+
+// expire deletes partition q's rows whose retention has passed: those in
+// memory and, a bounded number per call, those only in Pebble.
+func (p *Processor) expire(q int32, tab *windows.Table, x *windows.Txn, nowSec int64) error {
+	x.Expire(nowSec)
+	budget := 10_000
+	for _, g := range windows.All {
+		cut := nowSec - int64(p.cfg.Windows.Retention[g]/time.Second)
+		err := p.db.ExpiredRows(q, g, cut, func(k windows.RowKey) bool {
+			x.ExpireRow(k, nowSec)
+			budget--
+			return budget > 0
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// member queues an assignment or revocation for the loop.
+func (p *Processor) member(parts []int32, assigned bool) {
+	if len(parts) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.memberEvents = append(p.memberEvents, memberEvent{partitions: parts, assigned: assigned})
+	for _, q := range parts {
+		if assigned {
+			p.owned[q] = true
+		} else {
+			delete(p.owned, q)
+		}
+	}
+	p.m.owned.Set(float64(len(p.owned)))
+}
+
+// applyMembership drops the tables of revoked partitions, so a partition
+// assigned again is rebuilt from what its owner in between committed.
+func (p *Processor) applyMembership(tables map[int32]*windows.Table) {
+	p.mu.Lock()
+	evs := p.memberEvents
+	p.memberEvents = nil
+	p.mu.Unlock()
+	for _, e := range evs {
+		if e.assigned {
+			p.log.Info("partitions assigned", slog.Any("partitions", e.partitions))
+			continue
+		}
+		p.log.Info("partitions revoked", slog.Any("partitions", e.partitions))
+		for _, q := range e.partitions {
+			delete(tables, q)
+		}
+	}
+}
+
+// restore builds partition q's table from Pebble once the materializer
+// holds the changelog up to its last stable offset.
+func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*windows.Table, error) {
+	start := time.Now()
+	listed, err := adm.ListCommittedOffsets(ctx, p.cfg.Topics.Changelog)
+	if err != nil {
+		return nil, fmt.Errorf("consume: list changelog offsets: %w", err)
+	}
+	o, ok := listed.Lookup(p.cfg.Topics.Changelog, q)
+	if !ok || o.Err != nil {
+		return nil, fmt.Errorf("consume: changelog offset of partition %d: %v", q, o.Err)
+	}
+	if err := p.waitMaterialized(ctx, q, o.Offset); err != nil {
+		return nil, err
+	}
+	open, marks, err := p.db.LoadPartition(q)
+	if err != nil {
+		return nil, err
+	}
+	p.log.Info("partition state restored", slog.Int("partition", int(q)), slog.Int("open_rows", len(open)),
+		slog.Int("sources", len(marks)), slog.Int64("changelog_offset", o.Offset), slog.Duration("took", time.Since(start)))
+	p.m.restores.Inc()
+	return windows.NewTable(p.cfg.Windows, q, p.db, open, marks), nil
+}
+
+// metrics are the processor's collectors.
+type metrics struct {
+	events       *prometheus.CounterVec
+	late         prometheus.Counter
+	missing      prometheus.Counter
+	expired      prometheus.Counter
+	published    prometheus.Counter
+	materialized prometheus.Counter
+	txns         *prometheus.CounterVec
+	restores     prometheus.Counter
+	owned        prometheus.Gauge
+	rows         prometheus.Gauge
+	lag          *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_events_total",
+			Help: "Decision events consumed, by result: applied (counted, exactly once), duplicate (at or below its source's high-water mark: a replay), malformed (not a decision event this aggregator reads).",
+		}, []string{"result"}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_events_late_total",
+			Help: "Events that arrived after their window was published (counted in the report rows anyway; the window is republished with a new revision).",
+		}),
+		missing: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_events_missing_total",
+			Help: "Sequence numbers never delivered: gaps in a gateway epoch's sequence, and numbers reserved after its last delivered event when an EpochClosed marker closes it (an upper bound).",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_rows_expired_total",
+			Help: "Usage rows deleted after their retention (a tombstone in the changelog).",
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_rollups_published_total",
+			Help: "Closed windows published to the usage topic (republications after late events included).",
+		}),
+		materialized: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_changelog_records_total",
+			Help: "Changelog records materialized into this instance's Pebble.",
+		}),
+		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_transactions_total",
+			Help: "Kafka transactions, by result: committed, aborted (a rebalance: reprocessed), error (state rebuilt from the changelog).",
+		}, []string{"result"}),
+		restores: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_aggregator_partition_restores_total",
+			Help: "Partition states built from Pebble after an assignment.",
+		}),
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_aggregator_partitions_owned",
+			Help: "Decisions partitions this instance processes.",
+		}),
+		rows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_aggregator_rows_in_memory",
+			Help: "Usage rows held in memory (open windows and recent writes).",
+		}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tollgate_aggregator_consumer_lag",
+			Help: "Decision events behind the partition's high watermark at the last poll, by partition.",
+		}, []string{"partition"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.late, m.missing, m.expired, m.published, m.materialized, m.txns, m.restores, m.owned, m.rows, m.lag)
+	}
+	return m
+}

@@ -1,0 +1,117 @@
+package configs
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// The sections below are shared by the gateway and the aggregator: one
+// definition, one set of docs and defaults, one variable each
+// (TOLLGATE_LOG_LEVEL serves both binaries, as bin/stack.env does).
+
+// Log is the `log` section.
+type Log struct {
+	Level  string `yaml:"level" doc:"Least level logged: debug, info, warn or error. API keys are never logged."`
+	Format string `yaml:"format" doc:"Log format on stderr: text or json."`
+}
+
+// SetDefaults fills zero fields: info, text.
+func (c *Log) SetDefaults() {
+	if c.Level == "" {
+		c.Level = "info"
+	}
+	if c.Format == "" {
+		c.Format = "text"
+	}
+}
+
+// Validate checks the section (prefix is its YAML path, "log").
+func (c *Log) Validate(prefix string) []error {
+	var errs []error
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.Level)); err != nil {
+		errs = append(errs, fmt.Errorf("%s.level (%s): %q is not debug, info, warn or error", prefix, EnvName(prefix+".level"), c.Level))
+	}
+	if c.Format != "text" && c.Format != "json" {
+		errs = append(errs, fmt.Errorf("%s.format (%s): %q is not text or json", prefix, EnvName(prefix+".format"), c.Format))
+	}
+	return errs
+}
+
+// NewLogger returns the logger the section describes, writing to w.
+func (c *Log) NewLogger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level)) // validated; info otherwise
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Kafka is the `kafka` section.
+type Kafka struct {
+	Brokers []string `yaml:"brokers" doc:"Kafka seed brokers, comma-separated. Gateway: empty means no decision events. Aggregator: required."`
+
+	DecisionsTopic string `yaml:"decisions_topic" doc:"Topic of decision events (tollgate.v1.DecisionEvent, key tenant)."`
+	UsageTopic     string `yaml:"usage_topic" doc:"Topic of closed usage windows (tollgate.v1.UsageRollup), for analytics consumers."`
+	PenaltiesTopic string `yaml:"penalties_topic" doc:"Topic of penalty steps (tollgate.v1.PenaltyEvent)."`
+	AuditTopic     string `yaml:"audit_topic" doc:"Retained topic of audit entries (tollgate.v1.AuditEntry)."`
+	ChangelogTopic string `yaml:"changelog_topic" doc:"The aggregator's compacted changelog topic (its state; co-partitioned with the decisions topic)."`
+	Partitions     int32  `yaml:"partitions" doc:"Partitions of the topics Tollgate creates when they are missing. Existing topics keep theirs."`
+}
+
+// SetDefaults fills zero fields with the schemas' topic names and 6
+// partitions.
+func (c *Kafka) SetDefaults() {
+	setIfZero(&c.DecisionsTopic, tollgatev1.TopicDecisions)
+	setIfZero(&c.UsageTopic, tollgatev1.TopicUsage)
+	setIfZero(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
+	setIfZero(&c.AuditTopic, tollgatev1.TopicAudit)
+	setIfZero(&c.ChangelogTopic, tollgatev1.TopicChangelog)
+	setIfZero(&c.Partitions, 6)
+}
+
+// Validate checks the section (prefix is its YAML path, "kafka").
+func (c *Kafka) Validate(prefix string) []error {
+	var errs []error
+	if c.Partitions < 1 || c.Partitions > 10_000 {
+		errs = append(errs, fmt.Errorf("%s.partitions (%s): %d is not in [1, 10000]", prefix, EnvName(prefix+".partitions"), c.Partitions))
+	}
+	return errs
+}
+
+// NATS is the `nats` section.
+type NATS struct {
+	URL string `yaml:"url" doc:"NATS server URL (JetStream) for fleet mode: rules, blocklist and overrides in KV buckets. Empty: static rules only."`
+}
+
+// HostID is the default name of a process: host name and pid.
+func HostID(fallback string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = fallback
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+func setIfZero[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// DurationOr returns d, or def when d is not positive.
+func DurationOr(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

@@ -1,0 +1,123 @@
+// Package service is the scaffold every Tollgate process shares: a Group of
+// goroutines that stops at the first error and waits for all, and a
+// Lifecycle that lets Run be called once and Close any number of times,
+// from any goroutine, returning only when everything Run started has
+// stopped (STYLE: every goroutine has an owner that waits for it).
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// Errors of Lifecycle.
+var (
+	// ErrRunning is returned by a second call of Run.
+	ErrRunning = errors.New("service: Run called more than once")
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("service: closed")
+)
+
+// Group runs goroutines, cancels its context at the first error and waits
+// for all (golang.org/x/sync/errgroup, without the dependency).
+type Group struct {
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+	cancel context.CancelFunc
+}
+
+// NewGroup returns a group and a context canceled at its first error or
+// when ctx is done.
+func NewGroup(ctx context.Context) (*Group, context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	return &Group{cancel: cancel}, ctx
+}
+
+// Go runs f on a new goroutine.
+func (g *Group) Go(f func() error) {
+	g.wg.Go(func() {
+		if err := f(); err != nil {
+			g.once.Do(func() {
+				g.err = err
+				g.cancel()
+			})
+		}
+	})
+}
+
+// Wait waits for every goroutine and returns the first error.
+func (g *Group) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
+
+// Lifecycle is the Run-once / Close-many state machine of a process.
+type Lifecycle struct {
+	mu     sync.Mutex
+	state  int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+const (
+	stateNew = iota
+	stateRunning
+	stateClosed
+)
+
+// Start marks the lifecycle running and returns the context Run must use,
+// canceled by Close; call the returned finish when Run returns. It returns
+// ErrRunning or ErrClosed when Run may not proceed.
+func (l *Lifecycle) Start(ctx context.Context) (context.Context, func(), error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.init()
+	switch l.state {
+	case stateRunning:
+		return nil, nil, ErrRunning
+	case stateClosed:
+		return nil, nil, ErrClosed
+	}
+	l.state = stateRunning
+	ctx, l.cancel = context.WithCancel(ctx)
+	cancel := l.cancel
+	return ctx, func() {
+		cancel()
+		l.mu.Lock()
+		l.state = stateClosed
+		l.mu.Unlock()
+		close(l.done)
+	}, nil
+}
+
+func (l *Lifecycle) init() {
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+}
+
+// Close stops a running process and waits for Run to return. For a
+// process never run, it calls release (which frees what New acquired) and
+// returns. It is idempotent and safe from many goroutines.
+func (l *Lifecycle) Close(release func()) {
+	l.mu.Lock()
+	l.init()
+	switch l.state {
+	case stateNew:
+		l.state = stateClosed
+		close(l.done)
+		l.mu.Unlock()
+		if release != nil {
+			release()
+		}
+		return
+	case stateRunning:
+		l.cancel()
+	}
+	done := l.done
+	l.mu.Unlock()
+	<-done
+}

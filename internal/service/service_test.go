@@ -1,0 +1,62 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+)
+
+func TestGroupStopsAtFirstError(t *testing.T) {
+	g, ctx := NewGroup(context.Background())
+	boom := errors.New("boom")
+	g.Go(func() error { <-ctx.Done(); return nil })
+	g.Go(func() error { return boom })
+	if err := g.Wait(); !errors.Is(err, boom) {
+		t.Fatalf("Wait = %v, want boom", err)
+	}
+}
+
+func TestLifecycle(t *testing.T) {
+	tests := []struct {
+		name string
+		run  bool
+	}{{"never run", false}, {"running", true}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l Lifecycle
+			released := 0
+			stopped := make(chan struct{})
+			if tt.run {
+				ctx, finish, err := l.Start(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := l.Start(context.Background()); !errors.Is(err, ErrRunning) {
+					t.Fatalf("second Start = %v", err)
+				}
+				go func() {
+					<-ctx.Done()
+					finish()
+					close(stopped)
+				}()
+			}
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() { l.Close(func() { released++ }) })
+			}
+			wg.Wait()
+			if tt.run {
+				<-stopped
+				if released != 0 {
+					t.Fatal("release called for a running process")
+				}
+			} else if released != 1 {
+				t.Fatalf("release called %d times, want 1", released)
+			}
+			if _, _, err := l.Start(context.Background()); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Start after Close = %v", err)
+			}
+		})
+	}
+}
