@@ -51,12 +51,14 @@ type Evidence struct {
 	Ratio float64 `protobuf:"fixed64,6,opt,name=ratio,proto3" json:"ratio,omitempty"`
 	// The key's request rate over the window, in requests per second.
 	RatePerSecond float64 `protobuf:"fixed64,7,opt,name=rate_per_second,json=ratePerSecond,proto3" json:"rate_per_second,omitempty"`
-	// The first and last event the evidence counts, in microseconds since the
-	// Unix epoch (event time).
+	// The time of the first event the evidence counts, in microseconds since
+	// the Unix epoch (event time).
 	FirstSeenUnixMicros int64 `protobuf:"varint,8,opt,name=first_seen_unix_micros,json=firstSeenUnixMicros,proto3" json:"first_seen_unix_micros,omitempty"`
-	LastSeenUnixMicros  int64 `protobuf:"varint,9,opt,name=last_seen_unix_micros,json=lastSeenUnixMicros,proto3" json:"last_seen_unix_micros,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The time of the last event the evidence counts, in microseconds since
+	// the Unix epoch (event time).
+	LastSeenUnixMicros int64 `protobuf:"varint,9,opt,name=last_seen_unix_micros,json=lastSeenUnixMicros,proto3" json:"last_seen_unix_micros,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Evidence) Reset() {
