@@ -26,7 +26,7 @@ STACK_PKG     := compose/cmd/tollgate-stack
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
-.PHONY: help build test deps lint ci bench run fuzz tidy-check clean
+.PHONY: help build test deps lint ci bench run fuzz tidy-check clean generate
 
 help: ## List the targets (default)
 	@echo "Tollgate make targets:"
@@ -76,3 +76,21 @@ fuzz: ## Run each Fuzz target for FUZZTIME (default 10s)
 clean: ## Remove bin/ and the test cache
 	rm -rf $(BIN_DIR)
 	$(GO) clean -testcache
+
+# make generate: protoc-gen-go's version is go.mod's google.golang.org/protobuf
+# (v1.36.12 today), so the generated code matches the runtime it compiles
+# against and the staleness test in schemas/tollgatev1, which builds the plugin
+# from the module cache, agrees. module= (not paths=source_relative) puts the
+# files where go_package says: source tollgate/v1/*.proto, Go schemas/tollgatev1.
+PROTOC_GEN_GO_VERSION = $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/protobuf)
+PROTO_FILES = $(sort $(wildcard schemas/proto/tollgate/v1/*.proto))
+
+generate: ## Regenerate schemas/tollgatev1 (Go code, descriptors.binpb) from schemas/proto
+	@command -v protoc >/dev/null || { echo "generate: protoc missing: apt-get install -y protobuf-compiler (or make deps)" >&2; exit 1; }
+	@if [ "$$($(BIN_DIR)/protoc-gen-go --version 2>/dev/null)" != "protoc-gen-go $(PROTOC_GEN_GO_VERSION)" ]; then \
+		echo "GOBIN=$(abspath $(BIN_DIR)) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)"; \
+		GOBIN=$(abspath $(BIN_DIR)) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION); fi
+	rm -f schemas/tollgatev1/*.pb.go
+	protoc --plugin=protoc-gen-go=$(BIN_DIR)/protoc-gen-go -I schemas/proto \
+		--go_out=. --go_opt=module=github.com/tollgate/tollgate \
+		--descriptor_set_out=schemas/tollgatev1/descriptors.binpb $(PROTO_FILES)

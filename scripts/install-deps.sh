@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # install-deps.sh makes sure this machine has what `make test` needs besides
 # Go: redis-server, redis-cli and redis-benchmark (Debian package
-# redis-server; tests spawn redis-server on ephemeral ports) and a C compiler
-# (go test -race needs cgo).
+# redis-server; tests spawn redis-server on ephemeral ports), a C compiler
+# (go test -race needs cgo) and protoc (Debian package protobuf-compiler;
+# make generate and the staleness test of schemas/tollgatev1 run it).
 #
 # Idempotent: when everything is present it only reports versions. When
 # something is missing and apt-get exists, it installs it if it can without a
@@ -34,9 +35,15 @@ if ! have "${cc:-gcc}"; then
 	packages+=(gcc libc6-dev)
 fi
 
+if ! have protoc; then
+	missing+=(protoc)
+	packages+=(protobuf-compiler)
+fi
+
 report() {
 	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
 	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
+	echo "deps: protoc $(protoc --version | sed 's/^libprotoc //') at $(command -v protoc)"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -65,8 +72,8 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) with your package manager,"
-			echo "    or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) and protoc with your"
+			echo "    package manager, or point TOLLGATE_REDIS_SERVER at a redis-server binary"
 		fi
 		echo "then run make again."
 	} >&2
@@ -77,7 +84,7 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}"; do
+for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc; do
 	if ! have "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1
