@@ -263,9 +263,21 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 	if err := create(t.Usage, nil); err != nil {
 		return nil, err
 	}
-	meta, err := adm.Metadata(ctx, t.Decisions, t.Changelog)
-	if err != nil {
-		return nil, fmt.Errorf("consume: kafka metadata: %w", err)
+	// A topic just created may show no partitions for a moment.
+	for attempt := 0; ; attempt++ {
+		var err error
+		meta, err = adm.Metadata(ctx, t.Decisions, t.Changelog)
+		if err != nil {
+			return nil, fmt.Errorf("consume: kafka metadata: %w", err)
+		}
+		if len(meta.Topics[t.Changelog].Partitions) > 0 && len(meta.Topics[t.Decisions].Partitions) > 0 || attempt == 50 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	cl := meta.Topics[t.Changelog]
 	if dn := len(meta.Topics[t.Decisions].Partitions); dn != len(cl.Partitions) {
