@@ -95,6 +95,7 @@ func (in *instance) stop(t testing.TB) {
 
 // gateway emits numbered decision events as a gateway's producer does.
 type gateway struct {
+	mu    sync.Mutex
 	cl    *kgo.Client
 	id    string
 	epoch uint64
@@ -128,7 +129,9 @@ func (g *gateway) emit(t testing.TB, tenant, key string, allowed bool, at time.T
 		t.Fatal(err)
 	}
 	r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(tenant), Value: v}
+	g.mu.Lock()
 	g.sent = append(g.sent, r)
+	g.mu.Unlock()
 	if err := g.cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -227,4 +230,57 @@ func TestExactlyOnceAcrossRebalances(t *testing.T) {
 	if got := len(b.srv.Owned()); got != partitions {
 		t.Errorf("survivor owns %d partitions, want %d", got, partitions)
 	}
+}
+
+// TestUsageTopic checks that closed windows are published to the usage
+// topic with their totals, and republished with a new revision when a late
+// event arrives, read_committed.
+func TestUsageTopic(t *testing.T) {
+	brokers := startKafka(t)
+	startAggregator(t, brokers, "a", t.TempDir())
+	gw := newGateway(t, brokers, "gw-1", 1)
+	past := time.Now().Add(-10 * time.Minute).Truncate(time.Minute)
+	for range 5 {
+		gw.emit(t, "acme", "key-1", true, past)
+	}
+	gw.emit(t, "acme", "key-1", false, past)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(tollgatev1.TopicUsage),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	latest := map[tollgatev1.Granularity]*tollgatev1.UsageRollup{}
+	poll := func(want func() error) {
+		testwait.Eventually(t, 30*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+				var u tollgatev1.UsageRollup
+				if err := proto.Unmarshal(r.Value, &u); err != nil {
+					t.Errorf("usage record: %v", err)
+					return
+				}
+				if old := latest[u.Granularity]; old == nil || u.Revision > old.Revision {
+					latest[u.Granularity] = &u
+				}
+			})
+			return want()
+		})
+	}
+	minute := tollgatev1.Granularity_GRANULARITY_MINUTE
+	poll(func() error {
+		u := latest[minute]
+		if u == nil || u.Allowed != 5 || u.Rejected != 1 || u.Revision != 1 || u.WindowStartUnix != past.Unix() {
+			return fmt.Errorf("minute rollup %v, want 5 allowed, 1 rejected, revision 1", u)
+		}
+		return nil
+	})
+	gw.emit(t, "acme", "key-1", true, past) // late
+	poll(func() error {
+		if u := latest[minute]; u.Allowed != 6 || u.Revision != 2 {
+			return fmt.Errorf("after a late event: %v, want 6 allowed, revision 2", u)
+		}
+		return nil
+	})
 }

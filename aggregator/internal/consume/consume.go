@@ -161,7 +161,7 @@ func (p *Processor) Owned() []int32 {
 func (p *Processor) Run(ctx context.Context) error {
 	base := []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.WithLogger(kslog.New(p.log.With(slog.String("component", "kafka")))),
+		kgo.WithLogger(kslog.New(KafkaLogger(p.log))),
 	}
 	admin, err := kgo.NewClient(base...)
 	if err != nil {
@@ -800,3 +800,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// KafkaLogger returns the logger franz-go gets: log's warnings and errors
+// only (its info lines come once per transaction), tagged component=kafka.
+func KafkaLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(minLevel{h: log.Handler(), min: slog.LevelWarn}).With(slog.String("component", "kafka"))
+}
+
+// minLevel drops records below min.
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
+}
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler          { return minLevel{m.h.WithAttrs(a), m.min} }
+func (m minLevel) WithGroup(n string) slog.Handler               { return minLevel{m.h.WithGroup(n), m.min} }
