@@ -11,13 +11,13 @@ import (
 // Key spaces. Changelog records carry primary keys (rows, marks) and
 // their values verbatim; everything else is written by this package.
 const (
-	spaceRow     = 'r' // r tenant gran start key_id endpoint partition → row
-	spaceMark    = 'h' // h partition gateway epoch → mark
-	spaceByKey   = 'k' // k key_id gran start | row key → (index of rows by key_id)
-	spaceOpen    = 'o' // o partition | row key → (rows not yet published)
-	spaceExpiry  = 'e' // e partition gran end | row key → (rows by window end)
-	spaceOffset  = 'c' // c topic partition → next offset to read of a materialized topic
-	spaceMeta    = 'm' // m name → value
+	spaceRow    = 'r' // r tenant gran start key_id endpoint partition → row
+	spaceMark   = 'h' // h partition gateway epoch → mark
+	spaceByKey  = 'k' // k key_id gran start | row key → (index of rows by key_id)
+	spaceOpen   = 'o' // o partition | row key → (rows not yet published)
+	spaceExpiry = 'e' // e partition gran end | row key → (rows by window end)
+	spaceOffset = 'c' // c topic partition → next offset to read of a materialized topic
+	spaceMeta   = 'm' // m name → value
 )
 
 // Topics this package materializes, as the tag of their offsets.
