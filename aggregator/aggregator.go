@@ -23,13 +23,19 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
 
+	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
@@ -41,11 +47,12 @@ import (
 // Server is an aggregator instance. Create it with New, then call Run
 // once; Close stops it. It is safe for concurrent use.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	reg  *prometheus.Registry
-	db   *state.DB
-	proc *consume.Processor
+	cfg   Config
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	db    *state.DB
+	proc  *consume.Processor
+	audit *audit.Store
 
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
@@ -89,6 +96,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			Decisions: cfg.Kafka.DecisionsTopic,
 			Changelog: cfg.Kafka.ChangelogTopic,
 			Usage:     cfg.Kafka.UsageTopic,
+			Penalties: cfg.Kafka.PenaltiesTopic,
+			Audit:     cfg.Kafka.AuditTopic,
 		},
 		Group:          cfg.ConsumerGroup,
 		InstanceID:     cfg.ID,
@@ -106,8 +115,10 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		Log: log.With(slog.String("component", "consume")),
 	}, db, labelled)
 
+	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	mux := http.NewServeMux()
 	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	adminapi.Register(mux, adminapi.Config{Audit: s.audit, Hasher: hasher})
 	s.api = &http.Server{Handler: s.authorize(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
@@ -189,8 +200,19 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("aggregator started", slog.String("aggregator_id", s.cfg.ID), slog.String("api", s.Addrs().API),
 		slog.String("metrics", s.Addrs().Metrics), slog.Any("kafka", s.cfg.Kafka.Brokers), slog.String("data_dir", s.cfg.DataDir),
 		slog.Bool("admin_token_set", s.cfg.AdminToken != ""))
+	if err := s.proc.Setup(ctx); err != nil {
+		_ = s.db.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	g, gctx := service.NewGroup(ctx)
 	g.Go(func() error { return s.proc.Run(gctx) })
+	g.Go(func() error { return s.tailAudit(gctx) })
+	if s.cfg.Audit.SnapshotInterval > 0 {
+		g.Go(func() error { s.snapshots(gctx); return nil })
+	}
 	serve := func(srv *http.Server, ln net.Listener, name string) {
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -236,4 +258,98 @@ func (s *Server) Close() error {
 		_ = s.db.Close()
 	})
 	return nil
+}
+
+// tailAudit materializes the audit topic into Pebble, once the topic
+// exists (the processor creates it).
+func (s *Server) tailAudit(ctx context.Context) error {
+	topic := s.cfg.Kafka.AuditTopic
+	adminCl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(s.log))),
+		kgo.MetadataMinAge(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("aggregator: audit client: %w", err)
+	}
+	adm := kadm.NewClient(adminCl)
+	var parts int32
+	for parts == 0 {
+		meta, err := adm.Metadata(ctx, topic)
+		if err == nil {
+			parts = int32(len(meta.Topics[topic].Partitions))
+		}
+		if parts > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			adminCl.Close()
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	adminCl.Close()
+	offsets, err := s.audit.Offsets(topic, parts)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(s.log))),
+		kgo.ConsumePartitions(offsets), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return fmt.Errorf("aggregator: audit client: %w", err)
+	}
+	defer cl.Close()
+	return s.audit.Tail(ctx, cl)
+}
+
+// snapshots writes a checkpoint of the state every snapshot_interval into
+// data_dir/snapshots/<UTC time>, keeping the newest snapshot_keep.
+func (s *Server) snapshots(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Audit.SnapshotInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if dir, err := s.Snapshot(now); err != nil {
+				s.log.Error("snapshot failed", slog.String("error", err.Error()))
+			} else {
+				s.log.Info("snapshot written", slog.String("dir", dir))
+			}
+		}
+	}
+}
+
+// SnapshotDir is where snapshots are written.
+func (s *Server) SnapshotDir() string { return filepath.Join(s.cfg.DataDir, "snapshots") }
+
+// Snapshot writes a consistent snapshot of the state now (named for
+// now) and prunes the oldest beyond snapshot_keep; it returns its
+// directory.
+func (s *Server) Snapshot(now time.Time) (string, error) {
+	root := s.SnapshotDir()
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(root, now.UTC().Format("20060102T150405.000000000Z"))
+	if err := s.db.Checkpoint(dir); err != nil {
+		return "", err
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return dir, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	for len(names) > s.cfg.Audit.SnapshotKeep {
+		if err := os.RemoveAll(filepath.Join(root, names[0])); err != nil {
+			return dir, err
+		}
+		names = names[1:]
+	}
+	return dir, nil
 }

@@ -30,6 +30,7 @@ type Config struct {
 	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers."`
 
 	Usage UsageConfig `yaml:"usage"`
+	Audit AuditConfig `yaml:"audit"`
 
 	ShutdownTimeout time.Duration `yaml:"aggregator_shutdown_timeout" doc:"How long a shutdown waits for in-flight HTTP requests."`
 
@@ -43,6 +44,12 @@ type UsageConfig struct {
 	RetentionHour   time.Duration `yaml:"retention_hour" doc:"How long hour rows are kept."`
 	RetentionDay    time.Duration `yaml:"retention_day" doc:"How long day rows are kept."`
 	MaxRows         int           `yaml:"max_rows" doc:"Most rows in one report answer; longer answers carry next_cursor."`
+}
+
+// AuditConfig is the `audit` section: snapshots of the state.
+type AuditConfig struct {
+	SnapshotInterval time.Duration `yaml:"snapshot_interval" doc:"How often a consistent snapshot (Pebble checkpoint) of the state — audit log and usage rows — is written under data_dir/snapshots; 0 disables them. Read one offline with: aggregator audit --snapshot DIR."`
+	SnapshotKeep     int           `yaml:"snapshot_keep" doc:"How many snapshots are kept; older ones are deleted."`
 }
 
 // Defaults.
@@ -75,6 +82,8 @@ func (c *Config) SetDefaults() {
 	set(&c.Usage.RetentionHour, 90*24*time.Hour)
 	set(&c.Usage.RetentionDay, 2*365*24*time.Hour)
 	set(&c.Usage.MaxRows, 10_000)
+	set(&c.Audit.SnapshotInterval, time.Hour)
+	set(&c.Audit.SnapshotKeep, 24)
 	set(&c.ShutdownTimeout, 10*time.Second)
 	c.Log.SetDefaults()
 }
@@ -111,6 +120,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		bad("data_dir", "required")
+	}
+	if c.Audit.SnapshotKeep < 1 {
+		bad("audit.snapshot_keep", "at least 1")
 	}
 	if c.Usage.MaxRows < 1 {
 		bad("usage.max_rows", "at least 1")

@@ -43,10 +43,16 @@ Flags:
   --config FILE      YAML configuration file (unknown fields are refused)
   --help             print this help and exit
 
+Subcommands:
+  audit --snapshot DIR [filters]   read an audit snapshot offline (audit --help)
+
 Environment variables:
 `
 
 func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "audit" {
+		return runAudit(args[1:], lookup, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("aggregator", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")

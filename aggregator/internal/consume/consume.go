@@ -48,6 +48,10 @@ type Topics struct {
 	Decisions string
 	Changelog string
 	Usage     string
+	// Penalties and Audit are created with the others (audit retained
+	// forever).
+	Penalties string
+	Audit     string
 }
 
 // Config configures a Processor.
@@ -121,6 +125,8 @@ type Processor struct {
 	ready        bool
 	memberEvents []memberEvent
 	owned        map[int32]bool
+
+	parts map[int32]bool // changelog partitions, set by Setup
 }
 
 type memberEvent struct {
@@ -155,24 +161,44 @@ func (p *Processor) Owned() []int32 {
 	return out
 }
 
-// Run creates the topics that are missing, checks the store's identity,
-// then materializes and processes until ctx is done. It returns nil after a
-// shutdown asked for by ctx.
-func (p *Processor) Run(ctx context.Context) error {
-	base := []kgo.Opt{
+// Setup creates the topics that are missing and checks the store's
+// identity against the Kafka cluster and changelog (wiping a store made
+// against another). Call it, once, before Run and before anything else
+// writes to the store: it may delete everything. It waits for Kafka.
+func (p *Processor) Setup(ctx context.Context) error {
+	admin, err := kgo.NewClient(p.baseOpts()...)
+	if err != nil {
+		return fmt.Errorf("consume: kafka client: %w", err)
+	}
+	defer admin.Close()
+	p.parts, err = p.setup(ctx, kadm.NewClient(admin))
+	return err
+}
+
+func (p *Processor) baseOpts() []kgo.Opt {
+	return []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
 		kgo.WithLogger(kslog.New(KafkaLogger(p.log))),
+		// Metadata answers are cached this long: topics created a moment
+		// ago must show up (the default is 5s).
+		kgo.MetadataMinAge(250 * time.Millisecond),
 	}
+}
+
+// Run materializes and processes until ctx is done (Setup first). It
+// returns nil after a shutdown asked for by ctx.
+func (p *Processor) Run(ctx context.Context) error {
+	if p.parts == nil {
+		return errors.New("consume: Run before Setup")
+	}
+	base := p.baseOpts()
 	admin, err := kgo.NewClient(base...)
 	if err != nil {
 		return fmt.Errorf("consume: kafka client: %w", err)
 	}
 	defer admin.Close()
 	adm := kadm.NewClient(admin)
-	parts, err := p.setup(ctx, adm)
-	if err != nil {
-		return err
-	}
+	parts := p.parts
 
 	offsets := map[int32]kgo.Offset{}
 	for q := range parts {
@@ -222,7 +248,7 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 	var meta kadm.Metadata
 	for attempt := 0; ; attempt++ {
 		var err error
-		meta, err = adm.Metadata(ctx, t.Decisions, t.Changelog, t.Usage)
+		meta, err = adm.Metadata(ctx, t.Decisions, t.Changelog, t.Usage, t.Penalties, t.Audit)
 		if err == nil {
 			break
 		}
@@ -241,6 +267,9 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 		n = int32(len(d.Partitions))
 	}
 	create := func(topic string, configs map[string]*string) error {
+		if topic == "" {
+			return nil
+		}
 		if d, ok := meta.Topics[topic]; ok && d.Err == nil {
 			return nil
 		}
@@ -261,6 +290,13 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 		return nil, err
 	}
 	if err := create(t.Usage, nil); err != nil {
+		return nil, err
+	}
+	if err := create(t.Penalties, nil); err != nil {
+		return nil, err
+	}
+	forever := "-1"
+	if err := create(t.Audit, map[string]*string{"retention.ms": &forever}); err != nil {
 		return nil, err
 	}
 	// A topic just created may show no partitions for a moment.

@@ -18,11 +18,14 @@ const (
 	spaceExpiry = 'e' // e partition gran end | row key → (rows by window end)
 	spaceOffset = 'c' // c topic partition → next offset to read of a materialized topic
 	spaceMeta   = 'm' // m name → value
+	// 'a' and 'A' belong to package audit (the audit log, by time and by
+	// subject).
 )
 
-// Topics this package materializes, as the tag of their offsets.
+// Topics materialized into the store, as the tag of their offsets.
 const (
 	TopicChangelog = 'l'
+	TopicAudit     = 'a'
 )
 
 // errCorrupt is returned for keys or values this package cannot decode.
@@ -271,6 +274,15 @@ func expiryKey(k windows.RowKey, primary []byte) []byte {
 }
 
 func offsetKey(topic byte, p int32) []byte { return appendPartition([]byte{spaceOffset, topic}, p) }
+
+// OffsetKey is the key of the next offset to read of partition p of a
+// materialized topic; EncodeOffset its value. Packages that materialize a
+// topic into their own key space (audit) write both in the batch that
+// applies the records.
+func OffsetKey(topic byte, p int32) []byte { return offsetKey(topic, p) }
+
+// EncodeOffset encodes an offset for OffsetKey.
+func EncodeOffset(off int64) []byte { return appendInt64(nil, off) }
 
 func metaKey(name string) []byte { return append([]byte{spaceMeta}, name...) }
 

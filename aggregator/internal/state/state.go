@@ -481,3 +481,35 @@ func (d *DB) Totals(q Query) (allowed, rejected, cost int64, err error) {
 	})
 	return allowed, rejected, cost, err
 }
+
+// TenantTotal is one tenant's usage summed over every day row held.
+type TenantTotal struct {
+	Tenant                  string
+	Allowed, Rejected, Cost int64
+	From, To                int64 // first window start, last window end (Unix seconds)
+}
+
+// TenantTotals sums the day rows of every tenant (what a snapshot holds).
+func (d *DB) TenantTotals() ([]TenantTotal, error) {
+	var out []TenantTotal
+	err := d.scan([]byte{spaceRow}, []byte{spaceRow + 1}, func(k, v []byte) error {
+		rk, err := DecodeRowKey(k)
+		if err != nil || rk.Gran != windows.Day {
+			return err
+		}
+		r, err := DecodeRowValue(v)
+		if err != nil {
+			return err
+		}
+		if n := len(out); n == 0 || out[n-1].Tenant != rk.Tenant {
+			out = append(out, TenantTotal{Tenant: rk.Tenant, From: rk.Start, To: rk.End()})
+		}
+		t := &out[len(out)-1]
+		t.Allowed += r.Allowed
+		t.Rejected += r.Rejected
+		t.Cost += r.Cost
+		t.From, t.To = min(t.From, rk.Start), max(t.To, rk.End())
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+const token = "t0ken"
+
+// TestAuditEverywhereAndSnapshot writes audit entries, sees them on two
+// instances, snapshots one, writes more, and reads the snapshot offline:
+// it answers as of its time.
+func TestAuditEverywhereAndSnapshot(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	start := func(id string) *aggregator.Server {
+		cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: id, DataDir: t.TempDir(),
+			AdminToken: token, KeySecret: "0123456789abcdef-secret", SessionTimeout: 2 * time.Second}
+		cfg.Kafka.Brokers = brokers
+		log := slog.New(slog.DiscardHandler)
+		if testing.Verbose() {
+			log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		}
+		srv, err := aggregator.New(cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- srv.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		return srv
+	}
+	a, b := start("a"), start("b")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	w := audit.NewWriter(cl, tollgatev1.TopicAudit)
+	write := func(kind, subject, reason string) {
+		t.Helper()
+		// The topic is created by the aggregator's processor.
+		testwait.Eventually(t, 20*time.Second, func() error {
+			return w.Write(context.Background(), &tollgatev1.AuditEntry{Actor: "ops", Kind: kind, Subject: subject, Reason: reason,
+				Before: []byte(`{"limit":10}`), After: []byte(`{"limit":20}`)})
+		})
+	}
+	count := func(srv *aggregator.Server, query string) (int, error) {
+		req, _ := http.NewRequest("GET", "http://"+srv.Addrs().API+"/admin/v1/audit?"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var out struct{ Entries []json.RawMessage }
+		if err := json.Unmarshal(body, &out); err != nil {
+			return 0, fmt.Errorf("%d %s", resp.StatusCode, body)
+		}
+		return len(out.Entries), nil
+	}
+	write(audit.KindRules, "rules", "raise pro")
+	write(audit.KindBlocklist, "kid-aaaaaaaaaaaaaaaaaa", "abuse")
+	for _, srv := range []*aggregator.Server{a, b} {
+		testwait.Eventually(t, 20*time.Second, func() error {
+			if n, err := count(srv, ""); err != nil || n != 2 {
+				return fmt.Errorf("%d entries (%v), want 2", n, err)
+			}
+			return nil
+		})
+	}
+	if n, _ := count(a, "kind=blocklist"); n != 1 {
+		t.Errorf("kind filter: %d entries, want 1", n)
+	}
+	if n, _ := count(a, "subject=rules"); n != 1 {
+		t.Errorf("subject filter: %d entries, want 1", n)
+	}
+	snap, err := a.Snapshot(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(audit.KindOverride, "kid-aaaaaaaaaaaaaaaaaa", "vip")
+	testwait.Eventually(t, 20*time.Second, func() error {
+		if n, _ := count(a, ""); n != 3 {
+			return fmt.Errorf("%d entries, want 3", n)
+		}
+		return nil
+	})
+	var out, errOut bytes.Buffer
+	if code := run([]string{"audit", "--snapshot", snap, "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+		t.Fatalf("audit exit %d: %s", code, errOut.String())
+	}
+	if lines := strings.Count(out.String(), "\n"); lines != 2 {
+		t.Fatalf("snapshot holds %d entries, want the 2 written before it:\n%s", lines, out.String())
+	}
+	out.Reset()
+	run([]string{"audit", "--snapshot", snap, "--kind", "blocklist", "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut)
+	if !strings.Contains(out.String(), `"reason":"abuse"`) || strings.Count(out.String(), "\n") != 1 {
+		t.Fatalf("kind filter on the snapshot: %s", out.String())
+	}
+}

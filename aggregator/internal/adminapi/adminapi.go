@@ -1,0 +1,136 @@
+// Package adminapi is the aggregator's operator API under /admin/v1/
+// (SPEC §6): rules, blocklist, allowlist, overrides, keys, penalties and
+// the audit log. Every route needs the operator token (the aggregator
+// wraps the listener); errors are JSON {"error":{"code","message"}}.
+package adminapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// Config configures the API.
+type Config struct {
+	Audit  *audit.Store
+	Hasher *keyid.Hasher
+}
+
+// Register adds the routes to mux.
+func Register(mux *http.ServeMux, cfg Config) {
+	a := &api{cfg: cfg}
+	mux.HandleFunc("GET /admin/v1/audit", a.audit)
+}
+
+type api struct{ cfg Config }
+
+// Error writes a JSON error.
+func Error(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// subject turns a {key} (an API key or kid:<key_id>) into its key_id; ok
+// is false for a malformed one.
+func subject(h *keyid.Hasher, key string) (string, bool) {
+	if id, ok := strings.CutPrefix(key, "kid:"); ok {
+		return id, keyid.Valid(id)
+	}
+	if key == "" || len(key) > 256 {
+		return "", false
+	}
+	return h.ID(key), true
+}
+
+// Entry is the JSON form of an audit entry.
+type Entry struct {
+	ID        string            `json:"id"`
+	Time      string            `json:"time"`
+	Actor     string            `json:"actor"`
+	Kind      string            `json:"kind"`
+	Subject   string            `json:"subject"`
+	KeyPrefix string            `json:"key_prefix,omitempty"`
+	Reason    string            `json:"reason,omitempty"`
+	Before    json.RawMessage   `json:"before,omitempty"`
+	After     json.RawMessage   `json:"after,omitempty"`
+	Version   int64             `json:"version,omitempty"`
+	Evidence  []json.RawMessage `json:"evidence,omitempty"`
+}
+
+// EntryJSON converts an entry.
+func EntryJSON(e *tollgatev1.AuditEntry) Entry {
+	out := Entry{ID: e.Id, Time: time.UnixMicro(e.TimeUnixMicros).UTC().Format(time.RFC3339Nano), Actor: e.Actor,
+		Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix, Reason: e.Reason, Version: e.Version}
+	if json.Valid(e.Before) {
+		out.Before = e.Before
+	}
+	if json.Valid(e.After) {
+		out.After = e.After
+	}
+	for _, ev := range e.Evidence {
+		b, _ := json.Marshal(map[string]any{"detector": ev.Detector, "window_seconds": ev.WindowSeconds,
+			"requests": ev.Requests, "rejected": ev.Rejected, "ignored_backoff": ev.IgnoredBackoff, "ratio": ev.Ratio,
+			"rate_per_second": ev.RatePerSecond})
+		out.Evidence = append(out.Evidence, b)
+	}
+	return out
+}
+
+func (a *api) audit(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q := audit.Query{Kind: v.Get("kind")}
+	if k := v.Get("key"); k != "" {
+		id, ok := subject(a.cfg.Hasher, k)
+		if !ok {
+			Error(w, http.StatusBadRequest, "INVALID_KEY", "key: an API key or kid:<key_id>")
+			return
+		}
+		q.Subject = id
+	} else if s := v.Get("subject"); s != "" {
+		q.Subject = s
+	}
+	for name, dst := range map[string]*time.Time{"from": &q.From, "to": &q.To} {
+		if s := v.Get(name); s != "" {
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				Error(w, http.StatusBadRequest, "INVALID_REQUEST", name+": not an RFC 3339 time")
+				return
+			}
+			*dst = t
+		}
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 10_000 {
+			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "limit: 1 to 10000")
+			return
+		}
+		q.Limit = n
+	}
+	entries, err := a.cfg.Audit.Query(q)
+	if err != nil {
+		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+		return
+	}
+	out := make([]Entry, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, EntryJSON(e))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
+}
