@@ -1,0 +1,160 @@
+package tollgatev1
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The values of the NATS KV buckets are JSON documents (the operator API
+// writes them, gateways watch them; the `nats` CLI shows them as they
+// are). Like the protobuf messages they evolve by adding fields only.
+
+// RulesEntry is the value under RulesKey in BucketRules: a ruleset as the
+// operator sent it (YAML or JSON, comments kept) with the version the
+// operator API assigned. Gateways parse Source and report Version.
+type RulesEntry struct {
+	Version int64     `json:"version"`
+	Source  string    `json:"source"`
+	Format  string    `json:"format"` // "yaml" or "json"
+	Actor   string    `json:"actor,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+	Time    time.Time `json:"time"`
+}
+
+// ListEntry is a value of BucketBlocklist: a blocked, penalised or
+// allowlisted key.
+type ListEntry struct {
+	KeyID     string `json:"key_id"`
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// Action: "block" (403 KEY_BLOCKED), "penalty" (429 PENALTY with
+	// Retry-After until ExpiresAt; the penalty ladder's level 2 and up) or
+	// "allow" (bypass every limit).
+	Action string `json:"action"`
+	// Level is the penalty ladder's level (0 for operator entries).
+	Level int `json:"level,omitempty"`
+	// Close asks gateways to answer at the connection level (Connection:
+	// close) where the peer is the client itself.
+	Close     bool      `json:"close,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Actor     string    `json:"actor,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when the entry stops applying; zero: never.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// List actions.
+const (
+	ActionBlock   = "block"
+	ActionPenalty = "penalty"
+	ActionAllow   = "allow"
+)
+
+// OverrideEntry is a value of BucketOverrides: a temporary change of the
+// limits of a key's key-scope rules or a tenant's tenant-scope rules.
+// Exactly one of Limit (absolute: the rule's limit, capacity or burst
+// becomes Limit and its rate scales with it) and Factor (limit and rate
+// scale by Factor) is set.
+type OverrideEntry struct {
+	Scope     string    `json:"scope"` // "key" or "tenant"
+	Subject   string    `json:"subject"`
+	KeyPrefix string    `json:"key_prefix,omitempty"`
+	Rule      string    `json:"rule,omitempty"` // one rule only; empty: every rule of the scope
+	Limit     int64     `json:"limit,omitempty"`
+	Factor    float64   `json:"factor,omitempty"`
+	Level     int       `json:"level,omitempty"` // set by the penalty ladder
+	Reason    string    `json:"reason,omitempty"`
+	Actor     string    `json:"actor,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// Override scopes.
+const (
+	ScopeKey    = "key"
+	ScopeTenant = "tenant"
+)
+
+// Live reports whether an entry expiring at exp applies at now.
+func Live(exp, now time.Time) bool { return exp.IsZero() || exp.After(now) }
+
+// BlocklistKey names a blocked or penalised key's entry: its key_id.
+func BlocklistKey(keyID string) string { return keyID }
+
+// AllowlistKey names an allowlisted key's entry in BucketBlocklist.
+func AllowlistKey(keyID string) string { return "allow." + keyID }
+
+// OverrideKey names an override: key.<key_id> or tenant.<base64url tenant>
+// (tenants may hold characters KV keys do not allow).
+func OverrideKey(scope, subject string) string {
+	if scope == ScopeTenant {
+		return "tenant." + base64.RawURLEncoding.EncodeToString([]byte(subject))
+	}
+	return "key." + subject
+}
+
+// ParseOverrideKey is the inverse of OverrideKey.
+func ParseOverrideKey(k string) (scope, subject string, err error) {
+	if s, ok := strings.CutPrefix(k, "key."); ok {
+		return ScopeKey, s, nil
+	}
+	if s, ok := strings.CutPrefix(k, "tenant."); ok {
+		b, err := base64.RawURLEncoding.DecodeString(s)
+		if err != nil {
+			return "", "", fmt.Errorf("override key %q: %w", k, err)
+		}
+		return ScopeTenant, string(b), nil
+	}
+	return "", "", fmt.Errorf("override key %q: want key.<key_id> or tenant.<base64url>", k)
+}
+
+// DecodeListEntry decodes and checks a BucketBlocklist value.
+func DecodeListEntry(b []byte) (*ListEntry, error) {
+	var e ListEntry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return nil, fmt.Errorf("blocklist entry: %w", err)
+	}
+	switch e.Action {
+	case ActionBlock, ActionPenalty, ActionAllow:
+	default:
+		return nil, fmt.Errorf("blocklist entry: action %q is not block, penalty or allow", e.Action)
+	}
+	if e.KeyID == "" {
+		return nil, errors.New("blocklist entry: key_id missing")
+	}
+	return &e, nil
+}
+
+// DecodeOverrideEntry decodes and checks a BucketOverrides value.
+func DecodeOverrideEntry(b []byte) (*OverrideEntry, error) {
+	var e OverrideEntry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return nil, fmt.Errorf("override entry: %w", err)
+	}
+	if e.Scope != ScopeKey && e.Scope != ScopeTenant {
+		return nil, fmt.Errorf("override entry: scope %q is not key or tenant", e.Scope)
+	}
+	if e.Subject == "" {
+		return nil, errors.New("override entry: subject missing")
+	}
+	if (e.Limit > 0) == (e.Factor > 0) || e.Limit < 0 || e.Factor < 0 {
+		return nil, errors.New("override entry: exactly one of limit (> 0) and factor (> 0)")
+	}
+	return &e, nil
+}
+
+// DecodeRulesEntry decodes a BucketRules value (the ruleset itself is
+// validated by its reader).
+func DecodeRulesEntry(b []byte) (*RulesEntry, error) {
+	var e RulesEntry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return nil, fmt.Errorf("rules entry: %w", err)
+	}
+	if e.Source == "" {
+		return nil, errors.New("rules entry: source missing")
+	}
+	return &e, nil
+}
