@@ -30,7 +30,7 @@ const (
 	DefaultPartitions = 6
 	// defaultListen picks a free port on 127.0.0.1.
 	defaultListen = "127.0.0.1:0"
-	// defaultStartTimeout bounds Start and Up, above all the wait for the
+	// defaultStartTimeout bounds Start and Up, above all Up's wait for the
 	// ports to be free again.
 	defaultStartTimeout = 15 * time.Second
 	// connCloseTimeout bounds how long Down waits for kfake to close the
@@ -154,9 +154,9 @@ func WithLogger(log *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.log = log })
 }
 
-// WithStartTimeout bounds Start and Up, which wait for the ports to be free
-// when another process briefly holds them; the context's deadline applies
-// too. Default: 15s.
+// WithStartTimeout bounds Start and Up; Up waits for the ports to be free
+// when another process holds them. The context's deadline applies too.
+// Default: 15s.
 func WithStartTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d > 0 {
@@ -193,7 +193,8 @@ type run struct {
 
 // Start starts the cluster and returns once it accepts connections: kfake
 // binds its listeners and loads DataDir synchronously, so there is nothing
-// to poll. ctx bounds only the start. The Broker starts no goroutine of its
+// to poll. A taken port fails at once, with an error matching
+// syscall.EADDRINUSE. ctx bounds only the start. The Broker starts no goroutine of its
 // own; kfake runs one loop per cluster, one accept loop per broker and two
 // goroutines per client connection, and Down and Stop close them all.
 func Start(ctx context.Context, opts ...Option) (*Broker, error) {
@@ -217,7 +218,7 @@ func Start(ctx context.Context, opts ...Option) (*Broker, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := b.up(ctx, addrs); err != nil {
+	if err := b.up(ctx, addrs, false); err != nil {
 		b.removeDir()
 		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}
@@ -250,12 +251,12 @@ func splitListen(addr string) (string, int, error) {
 	return host, port, nil
 }
 
-// up binds addrs, retrying while a port is in use, and starts kfake on the
-// listeners. b.mu must be held.
-func (b *Broker) up(ctx context.Context, addrs []string) error {
+// up binds addrs, with retry polling while a port is in use, and starts
+// kfake on the listeners. b.mu must be held.
+func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.startTimeout)
 	defer cancel()
-	listeners, err := listenAll(ctx, addrs)
+	listeners, err := listenAll(ctx, addrs, retry)
 	if err != nil {
 		return err
 	}
@@ -298,10 +299,9 @@ func (b *Broker) up(ctx context.Context, addrs []string) error {
 	return nil
 }
 
-// listenAll binds every address, polling while one is in use (the previous
-// run's port, or another process) until ctx ends. On failure none is left
-// open.
-func listenAll(ctx context.Context, addrs []string) ([]*trackingListener, error) {
+// listenAll binds every address, with retry polling while one is in use
+// (by another process) until ctx ends. On failure none is left open.
+func listenAll(ctx context.Context, addrs []string, retry bool) ([]*trackingListener, error) {
 	out := make([]*trackingListener, 0, len(addrs))
 	closeAll := func() {
 		for _, l := range out {
@@ -309,7 +309,7 @@ func listenAll(ctx context.Context, addrs []string) ([]*trackingListener, error)
 		}
 	}
 	for _, addr := range addrs {
-		l, err := listenRetry(ctx, addr)
+		l, err := listen(ctx, addr, retry)
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -319,7 +319,7 @@ func listenAll(ctx context.Context, addrs []string) ([]*trackingListener, error)
 	return out, nil
 }
 
-func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
+func listen(ctx context.Context, addr string, retry bool) (net.Listener, error) {
 	var lc net.ListenConfig
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -333,7 +333,7 @@ func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 		if err == nil {
 			return l, nil
 		}
-		if !errors.Is(err, syscall.EADDRINUSE) {
+		if !retry || !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("listen %s: %w", addr, err)
 		}
 		t.Reset(10 * time.Millisecond)
@@ -415,7 +415,7 @@ func (b *Broker) Up(ctx context.Context) error {
 		return nil
 	}
 	t0 := time.Now()
-	if err := b.up(ctx, b.addrs); err != nil {
+	if err := b.up(ctx, b.addrs, true); err != nil {
 		return fmt.Errorf("kafkabroker: up: %w", err)
 	}
 	b.cfg.log.Info("kafka broker up", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))
@@ -434,7 +434,7 @@ func (b *Broker) Restart(ctx context.Context) error {
 	if err := b.down(); err != nil {
 		return fmt.Errorf("kafkabroker: restart: %w", err)
 	}
-	if err := b.up(ctx, b.addrs); err != nil {
+	if err := b.up(ctx, b.addrs, true); err != nil {
 		return fmt.Errorf("kafkabroker: restart: %w", err)
 	}
 	b.cfg.log.Info("kafka broker restarted", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))

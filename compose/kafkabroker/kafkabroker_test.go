@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,18 +228,38 @@ func TestListen(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	_, err = kafkabroker.Start(t.Context(), kafkabroker.WithListen(addr),
-		kafkabroker.WithStartTimeout(100*time.Millisecond))
-	if err == nil {
-		t.Fatalf("Start on %s, which is taken, succeeded", addr)
+	_, err = kafkabroker.Start(t.Context(), kafkabroker.WithListen(addr))
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Start on taken %s = %v, want EADDRINUSE", addr, err)
 	}
-	t.Logf("start on a taken port: %v", err)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 	b := kafkatest.StartTB(t, kafkabroker.WithListen(addr))
 	if b.Addr() != addr {
 		t.Fatalf("Addr = %s, want %s", b.Addr(), addr)
+	}
+
+	// Up waits while another process holds the port.
+	if err := b.Down(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = net.Listen("tcp", addr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := b.Up(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Up on a taken port = %v, want a deadline error", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Up(t.Context()); err != nil {
+		t.Fatalf("Up once the port is free: %v", err)
+	}
+	if err := b.Up(t.Context()); err != nil {
+		t.Fatalf("Up on a running broker: %v", err)
 	}
 
 	for _, bad := range []string{"0.0.0.0:0", "10.1.2.3:9092", ":9092"} {
@@ -951,5 +974,48 @@ func TestStopIdempotentAndConcurrent(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", b.Addr()); err == nil {
 		t.Fatalf("%s still accepts connections after Stop", b.Addr())
+	}
+}
+
+// recorder is a slog handler that keeps every record's level and message.
+type recorder struct {
+	mu   sync.Mutex
+	recs []string
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *recorder) WithGroup(string) slog.Handler            { return r }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec.Level.String()+" "+rec.Message)
+	return nil
+}
+
+func (r *recorder) count(prefix string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.recs {
+		if strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestLogger(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	b := kafkatest.StartTB(t, kafkabroker.WithLogger(slog.New(rec)))
+	createTopic(t, newAdmin(t, b), "logged", 1, nil)
+	if err := b.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, prefix := range []string{"INFO kafka broker started", "INFO kafka broker restarted", "DEBUG "} {
+		if rec.count(prefix) == 0 {
+			t.Errorf("no log line starting %q", prefix)
+		}
 	}
 }
