@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/tollgate/tollgate/compose/internal/loopback"
 )
 
 // Errors returned by this package; match them with errors.Is.
@@ -21,7 +23,7 @@ var (
 	ErrStopped = errors.New("kafkabroker: broker stopped")
 	// ErrNotLoopback is returned by Start when WithListen names an address
 	// that is not a loopback address: the broker has no authentication.
-	ErrNotLoopback = errors.New("kafkabroker: listen address must be on loopback")
+	ErrNotLoopback = loopback.ErrNotLoopback
 )
 
 const (
@@ -199,7 +201,7 @@ type run struct {
 // goroutines per client connection, and Down and Stop close them all.
 func Start(ctx context.Context, opts ...Option) (*Broker, error) {
 	cfg := newConfig(opts)
-	host, port, err := splitListen(cfg.listen)
+	host, port, err := loopback.Split(cfg.listen)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}
@@ -229,26 +231,6 @@ func Start(ctx context.Context, opts ...Option) (*Broker, error) {
 	b.cfg.log.Info("kafka broker started", "addrs", b.addrs, "data_dir", b.dir,
 		"elapsed", time.Since(t0).Round(time.Microsecond))
 	return b, nil
-}
-
-// splitListen checks that addr is "host:port" on loopback.
-func splitListen(addr string) (string, int, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, fmt.Errorf("listen address %q: %w", addr, err)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("listen address %q: bad port", addr)
-	}
-	if host == "localhost" {
-		return "127.0.0.1", port, nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return "", 0, fmt.Errorf("%w: %q", ErrNotLoopback, addr)
-	}
-	return host, port, nil
 }
 
 // up binds addrs, with retry polling while a port is in use, and starts

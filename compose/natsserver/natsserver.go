@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate/tollgate/compose/internal/loopback"
 )
 
 // Errors returned by this package; match them with errors.Is. A start on a
@@ -22,7 +24,7 @@ var (
 	ErrStopped = errors.New("natsserver: server stopped")
 	// ErrNotLoopback is returned by Start when WithListen names an address
 	// that is not a loopback address: the server has no authentication.
-	ErrNotLoopback = errors.New("natsserver: listen address must be on loopback")
+	ErrNotLoopback = loopback.ErrNotLoopback
 )
 
 const (
@@ -128,7 +130,7 @@ type Server struct {
 // for them to exit.
 func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	cfg := newConfig(opts)
-	host, port, err := splitListen(cfg.listen)
+	host, port, err := loopback.Split(cfg.listen)
 	if err != nil {
 		return nil, fmt.Errorf("natsserver: start: %w", err)
 	}
@@ -152,26 +154,6 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	s.cfg.log.Info("nats-server started", "url", s.ClientURL(), "store_dir", s.dir,
 		"elapsed", time.Since(t0).Round(time.Microsecond))
 	return s, nil
-}
-
-// splitListen checks that addr is "host:port" on loopback.
-func splitListen(addr string) (string, int, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, fmt.Errorf("listen address %q: %w", addr, err)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("listen address %q: bad port", addr)
-	}
-	if host == "localhost" {
-		return "127.0.0.1", port, nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return "", 0, fmt.Errorf("%w: %q", ErrNotLoopback, addr)
-	}
-	return host, port, nil
 }
 
 // run starts one nats-server on s.port (0: a free port) and sets s.srv.
