@@ -32,7 +32,8 @@
 //     with no error, even when the member keeps some of its partitions (kgo
 //     aborts on any revocation); the aborted input is redelivered from the
 //     committed offsets, and the output holds every input record exactly
-//     once;
+//     once; across a broker Restart the session aborts at most the
+//     transaction in flight, returns no error, and goes on;
 //   - consumer groups across clients (classic protocol; KIP-848 only when a
 //     client opts in with kgo.ServerSideBalancer): a member that leaves hands
 //     its partitions over within a rebalance (about 0.1s), one that vanishes

@@ -610,6 +610,8 @@ func newTransactor(t *testing.T, b *kafkabroker.Broker, id string) *transactor {
 		kgo.RequireStableFetchOffsets(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.MetadataMinAge(100*time.Millisecond), // see TestIdempotentProducerAcrossDownUp
+		kgo.RetryBackoffFn(func(int) time.Duration { return 100 * time.Millisecond }),
 		kgo.OnPartitionsAssigned(count(1)),
 		kgo.OnPartitionsRevoked(count(-1)),
 		kgo.OnPartitionsLost(count(-1)),
@@ -746,6 +748,64 @@ func TestGroupTransactSession(t *testing.T) {
 	if len(uncommitted) < n+heldPolled {
 		t.Errorf("read_uncommitted sees %d records, want at least %d (the aborted copies too)", len(uncommitted), n+heldPolled)
 	}
+}
+
+func TestGroupTransactSessionAcrossRestart(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.StartTB(t)
+	adm := newAdmin(t, b)
+	createTopic(t, adm, "in", 4, nil)
+	createTopic(t, adm, "out", 4, nil)
+	const n = 200
+	produce(t, newClient(t, b), "in", seq("e", n)...)
+
+	tr := newTransactor(t, b, "agg-r")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	var stepErrs []error
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if _, _, err := tr.step(ctx, nil); err != nil && ctx.Err() == nil {
+				stepErrs = append(stepErrs, err)
+			}
+		}
+	})
+	committedSum := func() (int64, error) {
+		offs, err := adm.FetchOffsets(t.Context(), "aggregators")
+		if err != nil {
+			return 0, err
+		}
+		var sum int64
+		offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
+		return sum, nil
+	}
+	testwait.Eventually(t, waitTimeout, func() error {
+		if c := tr.commits.Load(); c < 2 {
+			return fmt.Errorf("%d commits so far", c)
+		}
+		return nil
+	})
+	if err := b.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	testwait.Eventually(t, waitTimeout, func() error {
+		sum, err := committedSum()
+		if err != nil {
+			return err
+		}
+		if sum != n {
+			return fmt.Errorf("committed input offsets sum to %d, want %d", sum, n)
+		}
+		return nil
+	})
+	cancel()
+	wg.Wait()
+	t.Logf("after the restart the session finished the input in %v; %d commits, %d aborts, errors: %v",
+		time.Since(t0).Round(time.Millisecond), tr.commits.Load(), tr.aborts.Load(), stepErrs)
+	markAll(t, b, "out", 4)
+	sameSet(t, "committed output", values(readToMarkers(t, b, "out", 4, kgo.FetchIsolationLevel(kgo.ReadCommitted()))), seq("e", n))
 }
 
 func TestCompaction(t *testing.T) {
