@@ -132,8 +132,9 @@ func WithBrokers(n int) Option {
 
 // WithBrokerConfigs sets kfake broker configs, for example
 // {"log.cleaner.backoff.ms": "1000"} to compact every second. Several
-// WithBrokerConfigs merge, the later winning. Default: only
-// group.min.session.timeout.ms lowered to 100 (see the package doc).
+// WithBrokerConfigs merge, the later winning. Default: none; the broker
+// then accepts group session timeouts from 100ms
+// (group.min.session.timeout.ms, see the package doc).
 func WithBrokerConfigs(cfgs map[string]string) Option {
 	cp := make(map[string]string, len(cfgs))
 	for k, v := range cfgs {
@@ -196,9 +197,13 @@ type run struct {
 // Start starts the cluster and returns once it accepts connections: kfake
 // binds its listeners and loads DataDir synchronously, so there is nothing
 // to poll. A taken port fails at once, with an error matching
-// syscall.EADDRINUSE. ctx bounds only the start. The Broker starts no goroutine of its
-// own; kfake runs one loop per cluster, one accept loop per broker and two
-// goroutines per client connection, and Down and Stop close them all.
+// syscall.EADDRINUSE. ctx bounds only the start.
+//
+// The Broker starts no goroutine of its own. kfake runs one loop per
+// cluster, one accept loop per broker and two goroutines per client
+// connection; Down and Stop close them and wait until every client
+// connection is closed, but kfake offers no way to wait for its loop and
+// accept goroutines, which exit on their own just after.
 func Start(ctx context.Context, opts ...Option) (*Broker, error) {
 	cfg := newConfig(opts)
 	host, port, err := loopback.Split(cfg.listen)
@@ -250,12 +255,6 @@ func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
 		}
 		return net.Listen(network, address) // kfake's AddNode
 	}
-	brokerCfgs := map[string]string{
-		"group.min.session.timeout.ms": strconv.FormatInt(minSessionTimeout.Milliseconds(), 10),
-	}
-	for k, v := range b.cfg.brokerConfigs {
-		brokerCfgs[k] = v
-	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(len(listeners)),
 		kfake.ListenFn(listenFn),
@@ -263,9 +262,11 @@ func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
 		kfake.ClusterID(clusterID),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(b.cfg.partitions),
-		kfake.GroupMinSessionTimeout(minSessionTimeout),
-		kfake.BrokerConfigs(brokerCfgs),
+		kfake.GroupMinSessionTimeout(minSessionTimeout), // group.min.session.timeout.ms overrides it
 		kfake.WithLogger(slogAdapter{b.cfg.log}),
+	}
+	if len(b.cfg.brokerConfigs) > 0 {
+		opts = append(opts, kfake.BrokerConfigs(b.cfg.brokerConfigs))
 	}
 	if len(b.cfg.seedTopics) > 0 {
 		opts = append(opts, kfake.SeedTopics(int32(b.cfg.partitions), b.cfg.seedTopics...))
