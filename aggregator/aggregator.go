@@ -16,15 +16,18 @@ package aggregator
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,11 +40,14 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
+	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Server is an aggregator instance. Create it with New, then call Run
@@ -53,6 +59,8 @@ type Server struct {
 	db    *state.DB
 	proc  *consume.Processor
 	audit *audit.Store
+	kafka *kgo.Client // producer of audit entries
+	kv    atomic.Pointer[publish.KV]
 
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
@@ -118,7 +126,18 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	mux := http.NewServeMux()
 	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
-	adminapi.Register(mux, adminapi.Config{Audit: s.audit, Hasher: hasher})
+	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(log))),
+		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second))
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("aggregator: kafka client: %w", err)
+	}
+	acfg := adminapi.Config{Audit: s.audit, Hasher: hasher, Auditor: audit.NewWriter(s.kafka, cfg.Kafka.AuditTopic),
+		Log: log.With(slog.String("component", "adminapi"))}
+	if cfg.NATS.URL != "" {
+		acfg.KV = s.kv.Load
+	}
+	adminapi.Register(mux, acfg)
 	s.api = &http.Server{Handler: s.authorize(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
@@ -210,6 +229,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g, gctx := service.NewGroup(ctx)
 	g.Go(func() error { return s.proc.Run(gctx) })
 	g.Go(func() error { return s.tailAudit(gctx) })
+	if s.cfg.NATS.URL != "" {
+		g.Go(func() error { return s.connectNATS(gctx) })
+	}
 	if s.cfg.Audit.SnapshotInterval > 0 {
 		g.Go(func() error { s.snapshots(gctx); return nil })
 	}
@@ -236,6 +258,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	})
 	err = g.Wait()
+	s.kafka.Close()
 	if cerr := s.db.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -255,9 +278,95 @@ func (s *Server) Close() error {
 		if s.metLn != nil {
 			_ = s.metLn.Close()
 		}
+		s.kafka.Close()
 		_ = s.db.Close()
 	})
 	return nil
+}
+
+// connectNATS connects to NATS, opens the KV buckets (retrying until
+// JetStream answers), seeds the rules bucket from rules_file when it is
+// empty, and holds the connection until ctx is done.
+func (s *Server) connectNATS(ctx context.Context) error {
+	log := s.log.With(slog.String("component", "nats"))
+	nc, err := publish.Connect(s.cfg.NATS.URL, "tollgate-aggregator-"+s.cfg.ID, log)
+	if err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	defer nc.Close()
+	var kv *publish.KV
+	for {
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		kv, err = publish.Open(octx, nc)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Warn("NATS JetStream unavailable; the control plane answers 503 until it is", slog.String("error", err.Error()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	if err := s.seedRules(ctx, kv); err != nil {
+		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
+	}
+	s.kv.Store(kv)
+	log.Info("control plane ready", slog.String("nats", redactURL(s.cfg.NATS.URL)))
+	<-ctx.Done()
+	s.kv.Store(nil)
+	return nil
+}
+
+// seedRules writes rules_file as version 1 when the bucket holds no
+// ruleset (SPEC §9); a concurrent seeder's win is fine.
+func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
+	if s.cfg.RulesFile == "" {
+		return nil
+	}
+	cur, _, err := kv.ActiveRules(ctx)
+	if err != nil || cur != nil {
+		return err
+	}
+	src, err := os.ReadFile(s.cfg.RulesFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := rules.Load(src); err != nil {
+		return fmt.Errorf("rules_file %s: %w", s.cfg.RulesFile, err)
+	}
+	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
+		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
+	if _, err := kv.PutRules(ctx, e, 0); err != nil {
+		if errors.Is(err, publish.ErrConflict) {
+			return nil
+		}
+		return err
+	}
+	s.log.Info("rules bucket seeded", slog.String("rules_file", s.cfg.RulesFile))
+	return audit.NewWriter(s.kafka, s.cfg.Kafka.AuditTopic).Write(ctx, &tollgatev1.AuditEntry{Actor: e.Actor, Kind: audit.KindRules,
+		Subject: "rules", Reason: e.Reason, Version: 1, Before: []byte(`{"version":0}`), After: mustJSON(map[string]any{"version": 1})})
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// redactURL drops user information from a URL for logs.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
 }
 
 // tailAudit materializes the audit topic into Pebble, once the topic

@@ -22,6 +22,8 @@ type Config struct {
 	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>). Required on a non-loopback aggregator_listen."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
 
+	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
+
 	Kafka configs.Kafka `yaml:"kafka"`
 	NATS  configs.NATS  `yaml:"nats"`
 

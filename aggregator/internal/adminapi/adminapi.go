@@ -6,12 +6,14 @@ package adminapi
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -20,12 +22,35 @@ import (
 type Config struct {
 	Audit  *audit.Store
 	Hasher *keyid.Hasher
+	// KV returns the fleet configuration in NATS; nil without NATS or
+	// before it is reached (the control-plane routes then answer 503).
+	KV func() *publish.KV
+	// Auditor appends the audit entry of every change.
+	Auditor Auditor
+	Log     *slog.Logger
 }
 
 // Register adds the routes to mux.
 func Register(mux *http.ServeMux, cfg Config) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	a := &api{cfg: cfg}
 	mux.HandleFunc("GET /admin/v1/audit", a.audit)
+	mux.HandleFunc("GET /admin/v1/rules", a.getRules)
+	mux.HandleFunc("PUT /admin/v1/rules", a.putRules)
+	mux.HandleFunc("POST /admin/v1/rules/validate", a.validateRules)
+	mux.HandleFunc("GET /admin/v1/rules/versions", a.rulesVersions)
+	mux.HandleFunc("POST /admin/v1/rules/rollback", a.rollback)
+	mux.HandleFunc("PUT /admin/v1/blocklist/{key}", a.putList(tollgatev1.ActionBlock))
+	mux.HandleFunc("DELETE /admin/v1/blocklist/{key}", a.deleteList(tollgatev1.ActionBlock))
+	mux.HandleFunc("PUT /admin/v1/allowlist/{key}", a.putList(tollgatev1.ActionAllow))
+	mux.HandleFunc("DELETE /admin/v1/allowlist/{key}", a.deleteList(tollgatev1.ActionAllow))
+	mux.HandleFunc("PUT /admin/v1/overrides/{key}", a.putOverride)
+	mux.HandleFunc("DELETE /admin/v1/overrides/{key}", a.deleteOverride)
+	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
+		Error(w, http.StatusNotFound, "NOT_FOUND", "no such operator API route: "+r.Method+" "+r.URL.Path)
+	})
 }
 
 type api struct{ cfg Config }

@@ -1,0 +1,201 @@
+package aggregator_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+const validRules = `
+rules:
+  - id: default
+    algorithm: token_bucket
+    capacity: 10
+    rate: 10/1m
+`
+
+// op calls the operator API.
+func op(t *testing.T, addr, method, path, body string, header ...string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+func startFleetAggregator(t *testing.T) (*instance, jetstream.JetStream) {
+	brokers := startKafka(t)
+	ns := natstest.StartTB(t)
+	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "a", DataDir: t.TempDir(),
+		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
+	cfg.Kafka.Brokers = brokers
+	cfg.NATS.URL = ns.ClientURL()
+	srv, err := aggregator.New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
+	go func() { in.done <- srv.Run(ctx) }()
+	t.Cleanup(func() { in.stop(t) })
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.Eventually(t, 20*time.Second, func() error {
+		if code, _, b := op(t, srv.Addrs().API, "GET", "/admin/v1/rules/versions", ""); code != 200 {
+			return fmt.Errorf("%d %s", code, b)
+		}
+		return nil
+	})
+	return in, js
+}
+
+func TestOperatorAPI(t *testing.T) {
+	in, js := startFleetAggregator(t)
+	addr := in.srv.Addrs().API
+
+	t.Run("token", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/admin/v1/rules", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 401 {
+			t.Fatalf("without token: %d, want 401", resp.StatusCode)
+		}
+	})
+
+	t.Run("rules", func(t *testing.T) {
+		code, _, b := op(t, addr, "PUT", "/admin/v1/rules", "rules:\n  - id: bad\n    algorithm: token_bucket\n    capacity: 0\n    rate: 1/1s\n")
+		if code != 400 || !bytes.Contains(b, []byte(`"rule": "bad"`)) || !bytes.Contains(b, []byte(`"field": "capacity"`)) {
+			t.Fatalf("invalid ruleset: %d %s, want 400 naming rule bad and field capacity", code, b)
+		}
+		if code, _, _ := op(t, addr, "GET", "/admin/v1/rules", ""); code != 404 {
+			t.Fatalf("nothing written yet: GET %d, want 404", code)
+		}
+		code, hdr, b := op(t, addr, "PUT", "/admin/v1/rules", validRules)
+		if code != 200 || hdr.Get("ETag") != `"1"` {
+			t.Fatalf("PUT: %d %s %v", code, b, hdr)
+		}
+		if code, _, b := op(t, addr, "PUT", "/admin/v1/rules", validRules+"# v2\n", "If-Match", "7"); code != 412 {
+			t.Fatalf("If-Match 7 at version 1: %d %s, want 412", code, b)
+		}
+		if code, _, b := op(t, addr, "PUT", "/admin/v1/rules", strings.Replace(validRules, "10/1m", "20/1m", 1), "If-Match", "1"); code != 200 {
+			t.Fatalf("If-Match 1: %d %s", code, b)
+		}
+		code, _, b = op(t, addr, "POST", "/admin/v1/rules/rollback", `{"version":1}`)
+		if code != 200 || !bytes.Contains(b, []byte(`"version": 3`)) {
+			t.Fatalf("rollback: %d %s, want version 3", code, b)
+		}
+		_, _, b = op(t, addr, "GET", "/admin/v1/rules", "")
+		if string(b) != validRules {
+			t.Fatalf("after rollback the rules are\n%s\nwant version 1's", b)
+		}
+		kv, err := js.KeyValue(context.Background(), tollgatev1.BucketRules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(context.Background(), tollgatev1.RulesKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		re, err := tollgatev1.DecodeRulesEntry(e.Value())
+		if err != nil || re.Version != 3 {
+			t.Fatalf("KV holds %+v %v, want version 3", re, err)
+		}
+		code, _, b = op(t, addr, "GET", "/admin/v1/rules/versions", "")
+		if code != 200 || bytes.Count(b, []byte(`"version"`)) != 3 {
+			t.Fatalf("versions: %d %s", code, b)
+		}
+		if code, _, _ := op(t, addr, "POST", "/admin/v1/rules/validate", validRules); code != 200 {
+			t.Fatalf("validate: %d", code)
+		}
+	})
+
+	t.Run("blocklist", func(t *testing.T) {
+		code, _, b := op(t, addr, "PUT", "/admin/v1/blocklist/sk_live_abuser", `{"ttl":"10m","reason":"scraping"}`)
+		if code != 200 {
+			t.Fatalf("PUT: %d %s", code, b)
+		}
+		var e tollgatev1.ListEntry
+		_ = json.Unmarshal(b, &e)
+		kv, _ := js.KeyValue(context.Background(), tollgatev1.BucketBlocklist)
+		got, err := kv.Get(context.Background(), e.KeyID)
+		if err != nil || !bytes.Contains(got.Value(), []byte(`"action":"block"`)) || bytes.Contains(got.Value(), []byte("sk_live_abuser")) {
+			t.Fatalf("KV entry %s (%v): want a block entry by key_id, never the raw key", got.Value(), err)
+		}
+		if code, _, b := op(t, addr, "PUT", "/admin/v1/blocklist/sk_x", `{"ttl":"forever"}`); code != 400 {
+			t.Fatalf("bad ttl: %d %s", code, b)
+		}
+		if code, _, _ := op(t, addr, "DELETE", "/admin/v1/blocklist/kid:"+e.KeyID, ""); code != 204 {
+			t.Fatalf("DELETE by kid: %d", code)
+		}
+		if _, err := kv.Get(context.Background(), e.KeyID); err == nil {
+			t.Fatal("entry still in KV after DELETE")
+		}
+	})
+
+	t.Run("overrides", func(t *testing.T) {
+		code, hdr, b := op(t, addr, "PUT", "/admin/v1/overrides/sk_prod_vip", `{"factor":2,"ttl":"1h","reason":"launch"}`)
+		if code != 200 {
+			t.Fatalf("PUT: %d %s", code, b)
+		}
+		v := strings.Trim(hdr.Get("ETag"), `"`)
+		if code, _, _ := op(t, addr, "PUT", "/admin/v1/overrides/sk_prod_vip", `{"limit":500}`, "If-Match", v+"9"); code != 412 {
+			t.Fatalf("stale If-Match: %d, want 412", code)
+		}
+		if code, _, b := op(t, addr, "PUT", "/admin/v1/overrides/sk_prod_vip", `{"limit":500}`, "If-Match", v); code != 200 {
+			t.Fatalf("If-Match %s: %d %s", v, code, b)
+		}
+		if code, _, _ := op(t, addr, "PUT", "/admin/v1/overrides/tenant:acme", `{"limit":5,"factor":2}`); code != 400 {
+			t.Fatal("limit and factor together accepted")
+		}
+		if code, _, b := op(t, addr, "PUT", "/admin/v1/overrides/tenant:acme", `{"limit":5000}`); code != 200 {
+			t.Fatalf("tenant override: %d %s", code, b)
+		}
+	})
+
+	t.Run("audit", func(t *testing.T) {
+		testwait.Eventually(t, 10*time.Second, func() error {
+			_, _, b := op(t, addr, "GET", "/admin/v1/audit", "")
+			for _, kind := range []string{`"kind": "rules"`, `"kind": "rollback"`, `"kind": "blocklist"`, `"kind": "override"`} {
+				if !bytes.Contains(b, []byte(kind)) {
+					return fmt.Errorf("no %s entry in %s", kind, b)
+				}
+			}
+			return nil
+		})
+	})
+}
