@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -422,6 +423,9 @@ func (s *Spool) Head() (*Segment, error) { return s.Next(0) }
 // within a segment. Replays keep each partition's order, so the consumer's
 // per-partition high-water mark drops the repeated prefix.
 func (s *Spool) Next(after uint64) (*Segment, error) {
+	if after == math.MaxUint64 {
+		return nil, io.EOF
+	}
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
 	for {
