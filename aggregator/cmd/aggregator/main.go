@@ -24,6 +24,10 @@ import (
 )
 
 func main() {
+	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
+		fmt.Fprintf(os.Stderr, "aggregator: %v\n", err)
+		os.Exit(2)
+	}
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
