@@ -216,7 +216,7 @@ func journey(t *testing.T, r *running) time.Time {
 
 	// The check API shares the proxy's counters: the demo key is spent.
 	req, err := http.NewRequest(http.MethodPost, "http://"+r.addrs.API+"/v1/check",
-		strings.NewReader(`{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}`))
+		strings.NewReader(`{"api_key":"sk_free_demo","endpoint":"/v1/users/42","method":"GET","ip":"127.0.0.1"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
