@@ -34,6 +34,14 @@ func TestCheckAPIBadInput(t *testing.T) {
 		{"300-byte key", "/v1/check", `{"api_key":"` + strings.Repeat("k", 300) + `"}`, 400, "INVALID_KEY"},
 		{"control character in key", "/v1/check", `{"api_key":"sk_\u0001bad"}`, 400, "INVALID_KEY"},
 		{"space in key", "/v1/check", `{"api_key":"sk bad"}`, 400, "INVALID_KEY"},
+		{"C1 control in key", "/v1/check", `{"api_key":"sk_\u0085bad"}`, 400, "INVALID_KEY"},
+		{"raw C1 control in key", "/v1/check", "{\"api_key\":\"sk_\u0085bad\"}", 400, "INVALID_KEY"},
+		{"invalid UTF-8 in key", "/v1/check", "{\"api_key\":\"sk_\xffbad\"}", 400, "INVALID_KEY"},
+		{"lone surrogate in key", "/v1/check", `{"api_key":"sk_\ud800bad"}`, 400, "INVALID_KEY"},
+		{"report invalid UTF-8 key", "/v1/report", "{\"api_key\":\"sk_\xfe\",\"cost\":2}", 400, "INVALID_KEY"},
+		{"path above the root", "/v1/check", `{"api_key":"sk_x","endpoint":"/v1/../../etc"}`, 400, "INVALID_PATH"},
+		{"encoded slash in path", "/v1/check", `{"api_key":"sk_x","endpoint":"/v1/a%2fb"}`, 400, "INVALID_PATH"},
+		{"report path above the root", "/v1/report", `{"api_key":"sk_x","endpoint":"/..","cost":2}`, 400, "INVALID_PATH"},
 		{"malformed JSON", "/v1/check", `{"api_key":`, 400, "INVALID_REQUEST"},
 		{"not an object", "/v1/check", `["sk_x"]`, 400, "INVALID_REQUEST"},
 		{"null", "/v1/check", `null`, 400, "INVALID_REQUEST"},
@@ -93,9 +101,11 @@ func TestProxyBadKeys(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{rules: apiRules})
 	for name, key := range map[string]string{
-		"300 bytes":  strings.Repeat("k", 300),
-		"tab inside": "sk_\tbad",
-		"non-ASCII":  "sk_ключ",
+		"300 bytes":     strings.Repeat("k", 300),
+		"tab inside":    "sk_\tbad",
+		"space inside":  "sk_ bad",
+		"C1 control":    "sk_\u0085",
+		"invalid UTF-8": "sk_\xff",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
+	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
@@ -35,9 +37,13 @@ type Config struct {
 	APIListen     string `yaml:"api_listen" doc:"Address of the check API, POST /v1/check, /v1/check/batch and /v1/report; off disables it."`
 	APIToken      string `yaml:"api_token" doc:"Bearer token the check API requires (Authorization: Bearer <token>). Empty: no token, so keep api_listen on loopback."`
 	MetricsListen string `yaml:"metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz; off disables it."`
-	GRPCListen    string `yaml:"grpc_listen" doc:"Address of Envoy's rate-limit gRPC service, envoy.service.ratelimit.v3; off disables it."`
-	RulesFile     string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
-	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
+	GRPCListen    string `yaml:"grpc_listen" doc:"Address of Envoy's rate-limit gRPC service, envoy.service.ratelimit.v3; off disables it. It does not use api_token: keep it on loopback or a private interface, or require client certificates (grpc_tls_client_ca_file)."`
+	// TLS of the Envoy RLS listener (docs/gateway.md, trust model).
+	GRPCTLSCertFile     string `yaml:"grpc_tls_cert_file" doc:"PEM certificate (chain) of the Envoy RLS listener; with grpc_tls_key_file it serves TLS. Empty: plaintext."`
+	GRPCTLSKeyFile      string `yaml:"grpc_tls_key_file" doc:"PEM private key of grpc_tls_cert_file."`
+	GRPCTLSClientCAFile string `yaml:"grpc_tls_client_ca_file" doc:"PEM CA bundle: when set, the Envoy RLS listener requires a client certificate signed by it (mutual TLS) and refuses clients without one. Needs grpc_tls_cert_file."`
+	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
+	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
 	Redis redisstore.Config `yaml:"redis"`
 	Kafka KafkaConfig       `yaml:"kafka"`
@@ -45,9 +51,11 @@ type Config struct {
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
 
-	MaxCost      int64   `yaml:"max_cost" doc:"Largest cost one request may ask for (check API cost, trusted cost header, Envoy hits_addend); more is answered 400 COST_EXCEEDS_LIMIT."`
-	MaxBatch     int     `yaml:"max_batch" doc:"Most items in one POST /v1/check/batch; a longer array is refused whole with 400 BATCH_TOO_LARGE."`
-	FailureShare float64 `yaml:"failure_share" doc:"This gateway's share of the fleet, in (0, 1]: while Redis is unavailable, rules with on_failure: closed are limited locally at max(1, floor(limit x share))."`
+	MaxCost  int64 `yaml:"max_cost" doc:"Largest cost one request may ask for (check API cost, trusted cost header, Envoy hits_addend); more is answered 400 COST_EXCEEDS_LIMIT."`
+	MaxBatch int   `yaml:"max_batch" doc:"Most items in one POST /v1/check/batch; a longer array is refused whole with 400 BATCH_TOO_LARGE."`
+	// MaxRulesPerRequest bounds the work of one request (guard.WithMaxRules).
+	MaxRulesPerRequest int     `yaml:"max_rules_per_request" doc:"Most rules one request may match: each is a counter in its Redis call and an item in its RateLimit headers. A rules file where every request of some kind (say every key of a tier) matches more is refused at load; a request that matches more at run time is answered 500 TOO_MANY_RULES without a Redis call, counted in tollgate_too_many_rules_total and logged."`
+	FailureShare       float64 `yaml:"failure_share" doc:"This gateway's share of the fleet, in (0, 1]: while Redis is unavailable, rules with on_failure: closed are limited locally at max(1, floor(limit x share))."`
 
 	Identity IdentityConfig `yaml:"identity"`
 
@@ -109,6 +117,7 @@ const (
 	DefaultRulesFile       = "configs/rules.yaml"
 	DefaultMaxCost         = 1000
 	DefaultMaxBatch        = 100
+	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
 
@@ -125,8 +134,9 @@ const (
 // DefaultKeySources are the identity.key_sources default (SPEC §3).
 var defaultKeySources = []string{"header:X-API-Key", "bearer"}
 
-// minKeySecret is the shortest key_secret accepted, in bytes.
-const minKeySecret = 16
+// minKeySecret is the shortest key_secret accepted, in bytes: the guard's
+// own minimum, so the library and the gateway agree.
+const minKeySecret = keyid.MinSecretLen
 
 // SetDefaults fills zero fields with their defaults. GatewayID defaults to
 // the host name and process id.
@@ -146,6 +156,7 @@ func (c *Config) SetDefaults() {
 	}
 	setDefault(&c.MaxCost, DefaultMaxCost)
 	setDefault(&c.MaxBatch, DefaultMaxBatch)
+	setDefault(&c.MaxRulesPerRequest, DefaultMaxRules)
 	setDefault(&c.FailureShare, DefaultFailureShare)
 	if len(c.Identity.KeySources) == 0 {
 		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
@@ -214,6 +225,15 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("max_batch", "must be at least 1")
+	}
+	if c.MaxRulesPerRequest < 1 {
+		bad("max_rules_per_request", "must be at least 1")
+	}
+	switch {
+	case (c.GRPCTLSCertFile == "") != (c.GRPCTLSKeyFile == ""):
+		bad("grpc_tls_cert_file", "grpc_tls_cert_file and grpc_tls_key_file (%s) go together", configs.EnvName("grpc_tls_key_file"))
+	case c.GRPCTLSClientCAFile != "" && c.GRPCTLSCertFile == "":
+		bad("grpc_tls_client_ca_file", "mutual TLS needs the listener's own certificate: set grpc_tls_cert_file (%s) and grpc_tls_key_file", configs.EnvName("grpc_tls_cert_file"))
 	}
 	if !(c.FailureShare > 0 && c.FailureShare <= 1) {
 		bad("failure_share", "%v is not in (0, 1]", c.FailureShare)

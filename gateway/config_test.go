@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/guard/keyid"
 )
 
 // specVars are the variables SPEC §4 names: a contract.
@@ -49,7 +50,7 @@ func TestVarsCoverSpecAndAreDocumented(t *testing.T) {
 		"TOLLGATE_REDIS_TLS": "false", "TOLLGATE_REDIS_DB": "0", "TOLLGATE_REDIS_KEY_PREFIX": "tg",
 		"TOLLGATE_REDIS_TIMEOUT": "50ms", "TOLLGATE_KAFKA_BROKERS": "", "TOLLGATE_NATS_URL": "",
 		"TOLLGATE_UPSTREAM": "", "TOLLGATE_MAX_COST": "1000", "TOLLGATE_MAX_BATCH": "100",
-		"TOLLGATE_FAILURE_SHARE": "0.25", "TOLLGATE_IDENTITY_KEY_SOURCES": "header:X-API-Key,bearer",
+		"TOLLGATE_FAILURE_SHARE": "0.25", "TOLLGATE_MAX_RULES_PER_REQUEST": "32", "TOLLGATE_GRPC_TLS_CERT_FILE": "", "TOLLGATE_IDENTITY_KEY_SOURCES": "header:X-API-Key,bearer",
 		"TOLLGATE_LIMITS_MAX_BODY_BYTES": "65536", "TOLLGATE_SHUTDOWN_TIMEOUT": "10s",
 	} {
 		if got := byName[name].Default; got != def {
@@ -138,10 +139,11 @@ func TestLoadConfigFromEnvironment(t *testing.T) {
 func TestValidateReportsEveryProblem(t *testing.T) {
 	t.Parallel()
 	c := gateway.Config{
-		Upstream:     "ftp://x",
-		APIListen:    "nonsense",
-		FailureShare: 2,
-		MaxCost:      -1,
+		Upstream:           "ftp://x",
+		APIListen:          "nonsense",
+		FailureShare:       2,
+		MaxCost:            -1,
+		MaxRulesPerRequest: -1,
 		Identity: gateway.IdentityConfig{
 			KeySources:     []string{"header:X-API-Key", "cookie:sid"},
 			TrustedProxies: []string{"10.0.0.0/33"},
@@ -158,7 +160,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	for _, want := range []string{
 		"key_secret (TOLLGATE_KEY_SECRET): required",
 		"upstream (TOLLGATE_UPSTREAM)", "api_listen (TOLLGATE_API_LISTEN)",
-		"failure_share", "max_cost", "identity.key_sources (TOLLGATE_IDENTITY_KEY_SOURCES): item 2",
+		"failure_share", "max_cost", "max_rules_per_request (TOLLGATE_MAX_RULES_PER_REQUEST)", "identity.key_sources (TOLLGATE_IDENTITY_KEY_SOURCES): item 2",
 		"identity.trusted_proxies", "identity.tenant_header", "limits.read_timeout", "log.level",
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -167,8 +169,15 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 	c = gateway.Config{KeySecret: "short"}
 	c.SetDefaults()
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "at least 16 bytes") {
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "key_secret (TOLLGATE_KEY_SECRET): too short: at least 16 bytes") {
 		t.Errorf("short secret: %v", err)
+	}
+	// The gateway's minimum is the library's: a secret the gateway
+	// accepts, guard.New accepts.
+	c = gateway.Config{KeySecret: strings.Repeat("s", keyid.MinSecretLen)}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Errorf("secret of keyid.MinSecretLen bytes: %v", err)
 	}
 	c = gateway.Config{KeySecret: testSecret, GRPCListen: gateway.Off, APIListen: gateway.Off, MetricsListen: gateway.Off}
 	c.SetDefaults()

@@ -147,18 +147,25 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			Name: "tollgate_fallback_counters",
 			Help: "Counters held by the in-memory limiter that decides on_failure: closed rules while Redis is unavailable (bounded by memstore.DefaultMaxCounters).",
 		}, func() float64 { return float64(fallback.Len()) }))
-	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), rs.Rules,
+	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), nil,
 		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
+		guard.WithMaxRules(cfg.MaxRulesPerRequest),
+		guard.WithOnTooManyRules(s.m.TooManyRules),
 		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))
 	if err != nil {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if err := s.guard.CheckRules(rs.Rules); err != nil {
+		s.releaseStore()
+		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
+	}
 	s.setRules(rs, false)
 	s.watcher = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, true) },
 		rulefile.WithLogger(log.With(slog.String("component", "rulefile"))),
+		rulefile.WithCheck(s.guard.CheckRules),
 		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
 
 	checker := s.m.Wrap(s.guard)
@@ -194,7 +201,12 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.addServer("metrics", cfg.MetricsListen, s.metricsHandler(), apiWriteTimeout)
 	}
 	if cfg.GRPCListen != Off {
-		s.grpc = newGRPCServer(s.guard, s.m, log)
+		creds, err := cfg.grpcCredentials()
+		if err != nil {
+			s.releaseStore()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		s.grpc = newGRPCServer(s.guard, s.m, log, creds)
 	}
 	if err := s.listen(); err != nil {
 		s.releaseListeners()
@@ -299,8 +311,11 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.String("gateway_id", s.cfg.GatewayID),
 		slog.String("proxy", s.addrs.Proxy), slog.String("upstream", redactURL(s.cfg.Upstream)),
 		slog.String("api", s.addrs.API), slog.String("metrics", s.addrs.Metrics), slog.String("grpc", s.addrs.GRPC),
+		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
+		slog.Any("exposed", s.exposed()),
 		slog.String("rules_file", s.cfg.RulesFile), slog.String("rules_version", s.ruleState.Load().Version()),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
+	s.warnExposure()
 
 	var g group
 	g.cancel = cancel
@@ -460,6 +475,63 @@ func (g *group) Go(f func() error) {
 func (g *group) Wait() error {
 	g.wg.Wait()
 	return g.err
+}
+
+// exposed returns the names of the listeners bound beyond loopback (a
+// wildcard or another interface), for the start log: what others on the
+// network can reach.
+func (s *Server) exposed() []string {
+	out := []string{}
+	for _, l := range []struct{ name, addr string }{
+		{"proxy", s.addrs.Proxy}, {"api", s.addrs.API}, {"metrics", s.addrs.Metrics}, {"grpc", s.addrs.GRPC},
+	} {
+		if l.addr != "" && !loopback(l.addr) {
+			out = append(out, l.name)
+		}
+	}
+	return out
+}
+
+// warnExposure warns about listeners exposed beyond loopback without
+// protection: the check API without api_token, Envoy RLS without mutual
+// TLS (it never uses api_token). Secrets are never logged, only whether
+// they are set.
+func (s *Server) warnExposure() {
+	if s.addrs.API != "" && !loopback(s.addrs.API) && s.cfg.APIToken == "" {
+		s.log.Warn("the check API is reachable beyond loopback without api_token: anyone who reaches it can spend and read quotas; set TOLLGATE_API_TOKEN or bind api_listen to loopback",
+			slog.String("api", s.addrs.API))
+	}
+	if s.addrs.GRPC != "" && !loopback(s.addrs.GRPC) && s.cfg.GRPCTLSClientCAFile == "" {
+		s.log.Warn("Envoy RLS is reachable beyond loopback without mutual TLS (it does not use api_token): bind grpc_listen to loopback or a private interface, or set grpc_tls_client_ca_file",
+			slog.String("grpc", s.addrs.GRPC))
+	}
+}
+
+// grpcTLSMode names the Envoy RLS listener's transport for the start log.
+func (s *Server) grpcTLSMode() string {
+	switch {
+	case s.grpc == nil:
+		return "off"
+	case s.cfg.GRPCTLSClientCAFile != "":
+		return "mtls"
+	case s.cfg.GRPCTLSCertFile != "":
+		return "tls"
+	}
+	return "plaintext"
+}
+
+// loopback reports whether a bound address (host:port) is on a loopback
+// interface only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // redactURL drops user information from a URL for logs.

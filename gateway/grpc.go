@@ -2,18 +2,24 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
 	"github.com/tollgate/tollgate/gateway/internal/rls"
 	"github.com/tollgate/tollgate/guard"
@@ -33,17 +39,52 @@ type grpcServer struct {
 	ln     net.Listener
 }
 
-func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger) *grpcServer {
-	srv := grpc.NewServer(
+func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
-	)
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	srv := grpc.NewServer(opts...)
 	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls"))), rls.WithObserver(m.Decision)).Register(srv)
 	hs := health.NewServer()
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	return &grpcServer{srv: srv, health: hs}
+}
+
+// grpcCredentials returns the Envoy RLS listener's TLS credentials (nil
+// for plaintext): grpc_tls_cert_file and grpc_tls_key_file serve TLS, and
+// grpc_tls_client_ca_file requires and verifies client certificates
+// (mutual TLS), so that clients without one are refused in the handshake.
+// Files are read once, at start.
+func (c *Config) grpcCredentials() (credentials.TransportCredentials, error) {
+	if c.GRPCTLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.GRPCTLSCertFile, c.GRPCTLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("grpc_tls_cert_file (%s), grpc_tls_key_file (%s): %w",
+			configs.EnvName("grpc_tls_cert_file"), configs.EnvName("grpc_tls_key_file"), err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.GRPCTLSClientCAFile != "" {
+		pem, err := os.ReadFile(c.GRPCTLSClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("grpc_tls_client_ca_file (%s): %w", configs.EnvName("grpc_tls_client_ca_file"), err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("grpc_tls_client_ca_file (%s): %s holds no PEM certificate",
+				configs.EnvName("grpc_tls_client_ca_file"), c.GRPCTLSClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return credentials.NewTLS(tc), nil
 }
 
 // shouldRateLimit is the full gRPC method name of the Envoy RLS call.

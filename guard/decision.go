@@ -15,8 +15,11 @@ type Request struct {
 	// registry overrides them; without either the key is its own tenant.
 	Tenant string
 	Tier   string
-	// Path is the request path (or check API endpoint); it is normalised
-	// with the ruleset's route templates.
+	// Path is the request path as sent on the wire (percent-encoded; a
+	// query string is ignored), or the check API's endpoint or Envoy's
+	// path. The guard normalises it (rules.CleanPath: 400 INVALID_PATH when
+	// it cannot) and matches rules against its endpoint
+	// (rules.Ruleset.Normalize); Decision.Path is the normal form.
 	Path   string
 	Method string
 	// Domain and Descriptor are Envoy RLS fields; empty for HTTP requests.
@@ -44,6 +47,11 @@ const (
 	ReasonBlockRule        Reason = "block_rule"
 	ReasonCostExceedsLimit Reason = "cost_exceeds_limit"
 	ReasonInvalidKey       Reason = "invalid_key"
+	ReasonInvalidPath      Reason = "invalid_path"
+	// ReasonTooManyRules: the request matched more rules than the guard
+	// decides for one request (WithMaxRules); answered 500 without a store
+	// call.
+	ReasonTooManyRules     Reason = "too_many_rules"
 	ReasonRedisUnavailable Reason = "redis_unavailable"
 	// ReasonCallRejected: a CheckMany request that was refused with the
 	// rest of its call because another request of the call was rejected.
@@ -52,14 +60,17 @@ const (
 
 // API error codes (SPEC §3, §4). One table for every surface.
 const (
-	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED"
-	CodeKeyBlocked        = "KEY_BLOCKED"
-	CodePenalty           = "PENALTY"
-	CodeCostExceedsLimit  = "COST_EXCEEDS_LIMIT"
-	CodeInvalidKey        = "INVALID_KEY"
-	CodeBatchTooLarge     = "BATCH_TOO_LARGE"
-	CodeInvalidRequest    = "INVALID_REQUEST"
-	CodeUnauthorized      = "UNAUTHORIZED"
+	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED" // 429
+	CodeKeyBlocked        = "KEY_BLOCKED"         // 403: blocklist, or a block rule selecting keys only
+	CodeEndpointBlocked   = "ENDPOINT_BLOCKED"    // 403: a block rule selecting requests (endpoint, method, ...)
+	CodePenalty           = "PENALTY"             // 429
+	CodeCostExceedsLimit  = "COST_EXCEEDS_LIMIT"  // 400
+	CodeInvalidKey        = "INVALID_KEY"         // 400
+	CodeInvalidPath       = "INVALID_PATH"        // 400: a path above the root, or with %2F, %5C or %00
+	CodeTooManyRules      = "TOO_MANY_RULES"      // 500: more rules matched than max_rules_per_request
+	CodeBatchTooLarge     = "BATCH_TOO_LARGE"     // 400
+	CodeInvalidRequest    = "INVALID_REQUEST"     // 400
+	CodeUnauthorized      = "UNAUTHORIZED"        // 401
 )
 
 // RuleResult is the state of one applicable rule after a decision.
@@ -98,7 +109,8 @@ type RuleResult struct {
 // the check API, Envoy RLS and decision events need.
 type Decision struct {
 	Allowed bool
-	// Status is the HTTP status to answer with: 200, 429, 403 or 400.
+	// Status is the HTTP status to answer with: 200, 429, 403, 400, or 500
+	// for TOO_MANY_RULES.
 	Status int
 	// Code is the API error code when Status is not 200.
 	Code   string
@@ -128,14 +140,29 @@ type Decision struct {
 	// Redis decided).
 	Time int64
 
+	// RefusingRule and RefusingLimit name what refused the request before
+	// any counter was consulted, for messages: the block rule (403
+	// ENDPOINT_BLOCKED or KEY_BLOCKED), or for COST_EXCEEDS_LIMIT the rule
+	// whose limit the cost exceeds and that limit (RefusingRule empty when
+	// the cost exceeds the guard's max cost, RefusingLimit).
+	RefusingRule  string
+	RefusingLimit int64
+
 	// Identity, resolved from the request. KeyID is the keyed hash of the
 	// key, KeyPrefix a short non-secret prefix for humans.
 	KeyID     string
 	KeyPrefix string
 	Tenant    string
 	Tier      string
-	Endpoint  string
-	Cost      int64
+	// Endpoint is what rules matched: the normal path without its trailing
+	// slash, or its route template (rules.Ruleset.Normalize).
+	Endpoint string
+	// Path is the request path in normal form, trailing slash kept
+	// (rules.CleanPath): what a proxy forwards, so that the limiter and the
+	// upstream see the same resource. Empty for an invalid path (400
+	// INVALID_PATH) and for a request without one.
+	Path string
+	Cost int64
 }
 
 // DecidingRule returns the deciding rule's result, or nil.

@@ -26,7 +26,7 @@ rules:
 	}
 	clock := func() int64 { return 1_763_000_000_000_000 } // Unix µs
 	store := memstore.New(memstore.WithClock(clock))
-	g, err := guard.New(store, []byte("key-secret"), rs, guard.WithClock(clock))
+	g, err := guard.New(store, []byte("key-secret-0123456789"), rs, guard.WithClock(clock))
 	if err != nil {
 		panic(err)
 	}

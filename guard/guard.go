@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -18,8 +19,7 @@ import (
 var (
 	// ErrNoRules is returned while no ruleset has been loaded.
 	ErrNoRules = errors.New("guard: no ruleset loaded")
-	// ErrInvalidKey is the error of a key longer than MaxKeyLen or holding
-	// control characters.
+	// ErrInvalidKey is the error of a key that ValidKey refuses.
 	ErrInvalidKey = errors.New("guard: invalid API key")
 	// ErrUnavailable is wrapped by a Store's errors that mean the store is
 	// known to be unavailable and was not even called (redisstore's
@@ -31,21 +31,26 @@ var (
 // MaxKeyLen is the longest API key accepted, in bytes.
 const MaxKeyLen = 256
 
+// DefaultMaxRules is the most rules one request may match (WithMaxRules).
+const DefaultMaxRules = 32
+
 // Guard decides requests against a ruleset, with counters in a Store.
 // Create it with New; it is safe for concurrent use and starts no
 // goroutines.
 type Guard struct {
-	store    Store
-	fallback Store
-	share    float64
-	hasher   *keyid.Hasher
-	prefix   string
-	maxCost  int64
-	controls *Controls
-	clock    func() int64
-	decClock func() int64
-	log      *slog.Logger
-	onDegr   func(error)
+	store     Store
+	fallback  Store
+	share     float64
+	hasher    *keyid.Hasher
+	prefix    string
+	maxCost   int64
+	controls  *Controls
+	clock     func() int64
+	decClock  func() int64
+	log       *slog.Logger
+	onDegr    func(error)
+	maxRules  int
+	onTooMany func(matched int)
 
 	rules atomic.Pointer[rules.Ruleset]
 
@@ -53,7 +58,14 @@ type Guard struct {
 	// last line, and the degraded decisions since.
 	degrLogged atomic.Int64
 	degrCount  atomic.Int64
+	// The same for requests matching too many rules.
+	manyLogged atomic.Int64
+	manyCount  atomic.Int64
 }
+
+// tooManyLogInterval is the least time between two log lines about
+// requests matching more than maxRules rules.
+const tooManyLogInterval = 10 * time.Second
 
 // degradedLogInterval is the least time between two log lines about
 // degraded decisions.
@@ -105,23 +117,52 @@ func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
 // per decision.
 func WithOnDegraded(fn func(err error)) Option { return func(g *Guard) { g.onDegr = fn } }
 
-// New returns a Guard deciding with store, deriving key_ids under secret,
-// enforcing rs (which may be nil until SetRules is called).
+// WithMaxRules sets the most rules one request may match (default
+// DefaultMaxRules; n ≤ 0 keeps it). Every matching rule is a counter in the
+// request's store call and an item in its headers, so this bounds the work
+// and the header size of one request. A request matching more is answered
+// 500 TOO_MANY_RULES without a store call (counted by WithOnTooManyRules,
+// logged at most every 10 s), and New refuses a ruleset where every request
+// of some kind provably matches more (rules.Ruleset.CheckMatchLimit; call
+// CheckRules before SetRules to refuse it on reload).
+func WithMaxRules(n int) Option {
+	return func(g *Guard) {
+		if n > 0 {
+			g.maxRules = n
+		}
+	}
+}
+
+// WithOnTooManyRules sets a function called for every request answered 500
+// TOO_MANY_RULES, with the number of rules it matched (default: none), for
+// metrics. It runs on the deciding goroutine and must be quick.
+func WithOnTooManyRules(fn func(matched int)) Option { return func(g *Guard) { g.onTooMany = fn } }
+
+// New returns a Guard deciding with store, deriving key_ids under secret
+// (at least keyid.MinSecretLen bytes), enforcing rs (which may be nil until
+// SetRules is called). It fails for a short secret (keyid.ErrNoSecret,
+// keyid.ErrShortSecret) and for a ruleset CheckRules refuses.
 func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard, error) {
 	h, err := keyid.New(secret)
 	if err != nil {
 		return nil, err
 	}
 	g := &Guard{
-		store:   store,
-		hasher:  h,
-		prefix:  "tg",
-		maxCost: 1000,
-		share:   0.25,
-		clock:   func() int64 { return time.Now().UnixMicro() },
+		store:    store,
+		hasher:   h,
+		prefix:   "tg",
+		maxCost:  1000,
+		share:    0.25,
+		maxRules: DefaultMaxRules,
+		clock:    func() int64 { return time.Now().UnixMicro() },
 	}
 	for _, o := range opts {
 		o(g)
+	}
+	if rs != nil {
+		if err := g.CheckRules(rs); err != nil {
+			return nil, err
+		}
 	}
 	if g.controls == nil {
 		g.controls = NewControls()
@@ -136,8 +177,18 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 }
 
 // SetRules swaps the ruleset atomically. Requests already being decided
-// finish with the ruleset they started with.
+// finish with the ruleset they started with. It does not check rs: call
+// CheckRules first to refuse a ruleset that would answer every request of
+// some kind with TOO_MANY_RULES.
 func (g *Guard) SetRules(rs *rules.Ruleset) { g.rules.Store(rs) }
+
+// CheckRules reports whether the guard can enforce rs: an error (a
+// *rules.ValidationError naming a rule) when some kind of request provably
+// matches more rules than WithMaxRules allows.
+func (g *Guard) CheckRules(rs *rules.Ruleset) error { return rs.CheckMatchLimit(g.maxRules) }
+
+// MaxRules returns the most rules one request may match (WithMaxRules).
+func (g *Guard) MaxRules() int { return g.maxRules }
 
 // Rules returns the ruleset in force (nil before the first).
 func (g *Guard) Rules() *rules.Ruleset { return g.rules.Load() }
@@ -190,16 +241,31 @@ func (g *Guard) AddQuota(ctx context.Context, req *Request, n int64) (*Decision,
 	return d, g.decide(ctx, OpAddQuota, &r, d)
 }
 
-// ValidKey reports whether key is an acceptable API key: at most MaxKeyLen
-// bytes of printable ASCII or UTF-8 without control characters.
+// ValidKey reports whether key is an acceptable API key (SPEC §3): at most
+// MaxKeyLen bytes of valid UTF-8 holding no control character (C0, DEL, C1:
+// U+0000–U+001F, U+007F–U+009F) and no space (U+0020, which no header or
+// query source could carry unambiguously). Other Unicode is fine. The empty
+// key (an anonymous request) is valid. Every surface — the proxy's
+// identity sources, the check API and Envoy RLS — refuses the same keys
+// with this function (400 INVALID_KEY), so a key never means two things.
 func ValidKey(key string) bool {
 	if len(key) > MaxKeyLen {
 		return false
 	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c == 0x7f {
-			return false
+	for i := 0; i < len(key); {
+		c := key[i]
+		if c < utf8.RuneSelf {
+			if c <= ' ' || c == 0x7f {
+				return false
+			}
+			i++
+			continue
 		}
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if (r == utf8.RuneError && size == 1) || r <= 0x9f {
+			return false // invalid UTF-8, or a C1 control
+		}
+		i += size
 	}
 	return true
 }
@@ -234,6 +300,15 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		d.reject(400, CodeInvalidKey, ReasonInvalidKey)
 		return apps, false
 	}
+	// The one place every surface normalises its path (SPEC §3): before the
+	// lists, so that no request, allowlisted or not, goes on with a path
+	// the limiter and the upstream would read differently.
+	path, ok := rules.CleanPath(req.Path)
+	if !ok {
+		d.reject(400, CodeInvalidPath, ReasonInvalidPath)
+		return apps, false
+	}
+	d.Path, d.Endpoint = path, rs.Normalize(path)
 	now := g.clock()
 	mreq := rules.Request{
 		Key:        req.Key,
@@ -282,13 +357,18 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			mreq.Tenant = mreq.KeyID
 		}
 	}
-	mreq.Endpoint = rs.Normalize(req.Path)
-	d.Tenant, d.Tier, d.Endpoint = mreq.Tenant, mreq.Tier, mreq.Endpoint
+	mreq.Endpoint = d.Endpoint
+	d.Tenant, d.Tier = mreq.Tenant, mreq.Tier
 
 	var buf [8]*rules.Rule
 	matched := rs.Match(&mreq, buf[:0])
 	if len(matched) == 0 {
 		d.Reason = ReasonNoRule
+		return apps, false
+	}
+	if len(matched) > g.maxRules {
+		d.reject(500, CodeTooManyRules, ReasonTooManyRules)
+		g.tooManyRules(len(matched), d.Endpoint)
 		return apps, false
 	}
 
@@ -300,6 +380,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		cost = 1
 	}
 	if (op == OpCheck || op == OpReport) && cost > g.maxCost {
+		d.Cost, d.RefusingLimit = cost, g.maxCost
 		d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
 		return apps, false
 	}
@@ -309,7 +390,12 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			if r.Shadow {
 				continue
 			}
-			d.reject(403, CodeKeyBlocked, ReasonBlockRule)
+			code := CodeEndpointBlocked
+			if r.SelectsKeysOnly() {
+				code = CodeKeyBlocked
+			}
+			d.RefusingRule = r.ID
+			d.reject(403, code, ReasonBlockRule)
 			return apps, false
 		}
 		a := applicable{rule: r}
@@ -322,7 +408,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			c = r.Cost
 		}
 		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
-			d.Cost = c
+			d.Cost, d.RefusingRule, d.RefusingLimit = c, r.ID, a.params.Limit
 			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
 			return apps, false
 		}
@@ -496,6 +582,23 @@ func (g *Guard) degraded(err error) {
 	g.degrCount.Add(-n)
 	g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
 		"error", err, "degraded_decisions", n)
+}
+
+// tooManyRules records a request refused for matching n rules, more than
+// maxRules: the hook, and a log line at most every tooManyLogInterval.
+func (g *Guard) tooManyRules(n int, endpoint string) {
+	if g.onTooMany != nil {
+		g.onTooMany(n)
+	}
+	count := g.manyCount.Add(1)
+	now := time.Now().UnixNano()
+	last := g.manyLogged.Load()
+	if now-last < int64(tooManyLogInterval) || !g.manyLogged.CompareAndSwap(last, now) {
+		return
+	}
+	g.manyCount.Add(-count)
+	g.log.Error("request matched more rules than max_rules_per_request: answered 500 TOO_MANY_RULES without a store call; narrow the rules' match",
+		"matched_rules", n, "max_rules", g.maxRules, "endpoint", endpoint, "refused_requests", count)
 }
 
 // degrade decides a check while the store is unavailable: `on_failure:

@@ -20,7 +20,7 @@ import (
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
-var secret = []byte("test-secret")
+var secret = []byte("test-secret-0123456789")
 
 func mustRules(tb testing.TB, src string) *rules.Ruleset {
 	tb.Helper()
@@ -366,6 +366,9 @@ rules:
   - id: blocked
     match: {endpoint: "^/admin"}
     block: true
+  - id: banned
+    match: {api_key: "sk_banned_*"}
+    block: true
 `)
 	clock := newClock(1_763_000_000_000_000)
 	g := mustGuard(t, memstore.New(), rs, guard.WithClock(clock.now), guard.WithDecisionClock(clock.now), guard.WithMaxCost(50))
@@ -393,12 +396,21 @@ rules:
 		{"allowlisted", "sk_internal_x", "/small", 0, 200, "", guard.ReasonAllowlisted, false, 0},
 		{"penalty", "sk_penalised", "/small", 0, 429, guard.CodePenalty, guard.ReasonPenalty, false, 91},
 		{"no rule", "k", "/other", 0, 200, "", guard.ReasonNoRule, false, 0},
-		{"block rule", "k", "/admin/x", 0, 403, guard.CodeKeyBlocked, guard.ReasonBlockRule, false, 0},
+		{"block rule", "k", "/admin/x", 0, 403, guard.CodeEndpointBlocked, guard.ReasonBlockRule, false, 0},
+		{"block rule, other spelling", "k", "//x/../admin/./x", 0, 403, guard.CodeEndpointBlocked, guard.ReasonBlockRule, false, 0},
+		{"block rule on keys", "sk_banned_1", "/small", 0, 403, guard.CodeKeyBlocked, guard.ReasonBlockRule, false, 0},
+		{"path above the root", "k", "/../admin", 0, 400, guard.CodeInvalidPath, guard.ReasonInvalidPath, false, 0},
+		{"encoded slash", "k", "/admin%2Fx", 0, 400, guard.CodeInvalidPath, guard.ReasonInvalidPath, false, 0},
+		{"allowlisted key, invalid path", "sk_internal_x", "/a/%5c", 0, 400, guard.CodeInvalidPath, guard.ReasonInvalidPath, false, 0},
 		{"cost above limit", "k", "/small", 4, 400, guard.CodeCostExceedsLimit, guard.ReasonCostExceedsLimit, false, 0},
 		{"cost above max_cost", "k", "/small", 51, 400, guard.CodeCostExceedsLimit, guard.ReasonCostExceedsLimit, false, 0},
 		{"rule cost wins", "k", "/orders", 1, 200, "", guard.ReasonAllowed, true, 0},
 		{"invalid key", string(long), "/small", 0, 400, guard.CodeInvalidKey, guard.ReasonInvalidKey, false, 0},
 		{"control character", "k\x01", "/small", 0, 400, guard.CodeInvalidKey, guard.ReasonInvalidKey, false, 0},
+		{"C1 control character", "k\u0085", "/small", 0, 400, guard.CodeInvalidKey, guard.ReasonInvalidKey, false, 0},
+		{"invalid UTF-8", "k\xff", "/small", 0, 400, guard.CodeInvalidKey, guard.ReasonInvalidKey, false, 0},
+		{"space", "k k", "/small", 0, 400, guard.CodeInvalidKey, guard.ReasonInvalidKey, false, 0},
+		{"UTF-8 key", "clé_ü", "/small", 0, 200, "", guard.ReasonAllowed, true, 0},
 		{"allowed", "k2", "/small", 0, 200, "", guard.ReasonAllowed, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -112,6 +112,7 @@ func (g *Guard) CheckMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 			c := &counters[at[i][j]]
 			if !c.Shadow && c.Cost > c.Params.Limit && ds[i].Allowed {
 				ds[i].Cost = c.Cost
+				ds[i].RefusingRule, ds[i].RefusingLimit = apps[i][j].rule.ID, c.Params.Limit
 				ds[i].Rules = ds[i].Rules[:0]
 				ds[i].reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
 				apps[i] = nil

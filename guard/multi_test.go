@@ -228,14 +228,15 @@ rules:
 `), guard.WithClock(clock), guard.WithFallback(memstore.New(memstore.WithClock(clock)), 0.25))
 		// The fallback decides the closed rule with a quarter of its limit,
 		// 2: the call's two requests share its counter and take both units.
-		ds := checkMany(t, g, &guard.Request{Key: "k_a"}, &guard.Request{Key: "k_b"})
+		ip := netip.MustParseAddr("10.0.0.9")
+		ds := checkMany(t, g, &guard.Request{Key: "k_a", IP: ip}, &guard.Request{Key: "k_b", IP: ip})
 		for i, d := range ds {
 			if !d.Allowed || !d.Degraded || d.Reason != guard.ReasonRedisUnavailable ||
 				!mustRule(t, d, "open").FailOpen || mustRule(t, d, "closed").Remaining != 0 {
 				t.Fatalf("decision %d: %+v", i, d)
 			}
 		}
-		ds = checkMany(t, g, &guard.Request{Key: "k_c"}, &guard.Request{Key: "k_d", IP: netip.MustParseAddr("10.0.0.1")})
+		ds = checkMany(t, g, &guard.Request{Key: "k_c", IP: ip}, &guard.Request{Key: "k_d", IP: netip.MustParseAddr("10.0.0.1")})
 		if d := ds[0]; d.Allowed || d.Status != 429 || d.Reason != guard.ReasonRateLimited || d.RetryAfter < 1 {
 			t.Errorf("locally limited: %+v", d)
 		}

@@ -18,7 +18,7 @@ func hashTag(name string) string {
 }
 
 func testGuard(t testing.TB) *Guard {
-	g, err := New(nil, []byte("s"), nil)
+	g, err := New(nil, []byte("test-secret-0123456789"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestHostileKeysIsolated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(&countingStore{counts: map[string]int64{}}, []byte("s"), rs)
+	g, err := New(&countingStore{counts: map[string]int64{}}, []byte("test-secret-0123456789"), rs)
 	if err != nil {
 		t.Fatal(err)
 	}

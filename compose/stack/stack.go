@@ -30,6 +30,7 @@ import (
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
@@ -44,7 +45,12 @@ var (
 
 const (
 	// minSecret is the shortest key secret the gateway accepts.
-	minSecret = 16
+	minSecret = keyid.MinSecretLen
+	// partKey is the log attribute naming the stack's part a line comes
+	// from (redis, demoapi, gateway). The gateway names its own components
+	// under "component" (guard, proxy, rulefile...), so the two never
+	// repeat one key on a line.
+	partKey = "part"
 	// envRedis is the variable of Config.Redis.
 	envRedis = configs.Prefix + "STACK_REDIS"
 	// gatewayID names the stack's gateway in metrics and logs.
@@ -218,7 +224,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 	}()
 
-	redisLog := s.log.With(slog.String("component", "redis"))
+	redisLog := s.log.With(slog.String(partKey, "redis"))
 	rds, err := startRedis(ctx, s.cfg.Redis, redisLog)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -234,7 +240,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	}
 	stops = append(stops, demo.stop)
 
-	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr), s.log.With(slog.String("component", "gateway")))
+	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr), s.log.With(slog.String(partKey, "gateway")))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Taken since New checked: name the variable again.
@@ -349,7 +355,7 @@ func (s *Stack) startDemo() (*demoServer, error) {
 	if err != nil {
 		return nil, addrInUse(l, err)
 	}
-	log := s.log.With(slog.String("component", "demoapi"))
+	log := s.log.With(slog.String(partKey, "demoapi"))
 	d := &demoServer{
 		addr: ln.Addr().String(),
 		srv: &http.Server{

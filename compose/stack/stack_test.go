@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,7 @@ func testConfig(redis string) stack.Config {
 // running is a stack running in the background.
 type running struct {
 	st     *stack.Stack
+	logs   *lockedBuffer // every log line, debug level included
 	banner *bytes.Buffer // written once, before Ready is closed
 	cancel context.CancelFunc
 	errc   chan error
@@ -55,8 +57,10 @@ type running struct {
 // with stop; a cleanup does it too if the test fails first.
 func start(t *testing.T, cfg stack.Config) *running {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	r := &running{banner: &bytes.Buffer{}, errc: make(chan error, 1)}
+	r := &running{logs: &lockedBuffer{}, banner: &bytes.Buffer{}, errc: make(chan error, 1)}
+	log := slog.New(slog.NewMultiHandler(
+		slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
+		slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	var err error
 	r.st, err = stack.New(cfg, log, r.banner)
 	if err != nil {
@@ -79,6 +83,37 @@ func start(t *testing.T, cfg stack.Config) *running {
 	}
 	r.addrs = r.st.Addrs()
 	return r
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// checkLogKeys fails when a log line repeats an attribute key that names
+// where it comes from (the stack's part, the gateway's component).
+func (r *running) checkLogKeys(t *testing.T) {
+	t.Helper()
+	for _, line := range strings.Split(r.logs.String(), "\n") {
+		for _, key := range []string{"part=", "component="} {
+			if strings.Count(line, " "+key) > 1 {
+				t.Errorf("log line repeats %s: %s", key, line)
+			}
+		}
+	}
 }
 
 // stop cancels Run's context and checks that Run returns nil within a few
@@ -181,7 +216,7 @@ func journey(t *testing.T, r *running) time.Time {
 
 	// The check API shares the proxy's counters: the demo key is spent.
 	req, err := http.NewRequest(http.MethodPost, "http://"+r.addrs.API+"/v1/check",
-		strings.NewReader(`{"api_key":"sk_free_demo","endpoint":"/v1/search","method":"GET"}`))
+		strings.NewReader(`{"api_key":"sk_free_demo","endpoint":"/v1/users/42","method":"GET","ip":"127.0.0.1"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +306,15 @@ func TestJourneyRedisServer(t *testing.T) {
 		}
 	}
 	retryEnds := journey(t, r)
+	// A malformed key is refused by the gateway's proxy, which logs it at
+	// debug level under its component, within the stack's gateway part.
+	if resp, _ := get(t, "http://"+r.addrs.Proxy+"/v1/users/42", "bad key"); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("malformed key: status %d", resp.StatusCode)
+	}
+	if !strings.Contains(r.logs.String(), "part=gateway component=proxy") {
+		t.Errorf("no proxy line from the gateway part in the log:\n%s", r.logs.String())
+	}
+	r.checkLogKeys(t)
 
 	// A client that waits exactly Retry-After is admitted (SPEC §3). This
 	// wait is the behaviour under test, not synchronisation.

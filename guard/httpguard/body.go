@@ -32,8 +32,10 @@ const (
 //     "window_seconds","retry_after_seconds","reset_at"}}}, where the
 //     details describe the deciding rule (a penalty without one has only
 //     retry_after_seconds). reset_at is X-RateLimit-Reset in RFC 3339, UTC.
-//   - 403 (KEY_BLOCKED) and 400 (COST_EXCEEDS_LIMIT, ...):
-//     {"error":{"code","message"}}.
+//   - 403 (KEY_BLOCKED, ENDPOINT_BLOCKED), 400 (COST_EXCEEDS_LIMIT,
+//     INVALID_KEY, INVALID_PATH, ...) and 500 (TOO_MANY_RULES):
+//     {"error":{"code","message"}}, the message naming the refusing rule
+//     where there is one (see [Message]).
 //
 // When the request's Accept header asks for application/problem+json
 // (named explicitly with q > 0, and application/json not weighted higher;
@@ -100,6 +102,27 @@ func writeBody(w http.ResponseWriter, status int, problem bool, body []byte) {
 	_, _ = w.Write(body)
 }
 
+// invalidPathMessage is the message of 400 INVALID_PATH.
+const invalidPathMessage = "The request path is invalid: it leads above the root, or holds an encoded slash, backslash or NUL (%2F, %5C, %00)."
+
+// Message returns the human-readable message of a decision that is not an
+// admission, as WriteDecision writes it: it names the rule that refused the
+// request where there is one, and never contains the API key. The check
+// API uses it too, so every surface words a refusal alike. For an
+// admission it returns "".
+func Message(d *guard.Decision) string {
+	status := decisionStatus(d)
+	if status == http.StatusOK {
+		return ""
+	}
+	code := d.Code
+	if code == "" {
+		code = defaultCode(d, status)
+	}
+	var scratch [256]byte
+	return string(decisionMessage(scratch[:0], d, code))
+}
+
 // defaultCode is the API error code of a decision whose Code is empty.
 func defaultCode(d *guard.Decision, status int) string {
 	switch status {
@@ -110,6 +133,8 @@ func defaultCode(d *guard.Decision, status int) string {
 		return guard.CodeRateLimitExceeded
 	case http.StatusForbidden:
 		return guard.CodeKeyBlocked
+	case http.StatusInternalServerError:
+		return guard.CodeTooManyRules
 	}
 	return guard.CodeInvalidRequest
 }
@@ -138,11 +163,14 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 		b = append(b, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after "...)
 		b = appendSeconds(b, retryAfter(d))
 		return append(b, '.')
-	case guard.CodeKeyBlocked:
-		if d.Reason == guard.ReasonBlockRule && dr != nil {
+	case guard.CodeKeyBlocked, guard.CodeEndpointBlocked:
+		if d.Reason == guard.ReasonBlockRule && d.RefusingRule != "" {
 			b = append(b, "Requests matching rule "...)
-			b = appendSFString(b, dr.ID)
+			b = appendSFString(b, d.RefusingRule)
 			return append(b, " are blocked."...)
+		}
+		if code == guard.CodeEndpointBlocked {
+			return append(b, "Requests to this endpoint are blocked."...)
 		}
 		return append(b, "This API key is blocked."...)
 	case guard.CodeCostExceedsLimit:
@@ -151,16 +179,31 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 			b = append(b, " of "...)
 			b = strconv.AppendInt(b, d.Cost, 10)
 		}
-		b = append(b, " exceeds the limit"...)
-		if dr != nil {
-			b = append(b, " of "...)
-			b = strconv.AppendInt(b, dr.Limit, 10)
+		switch {
+		case d.RefusingRule != "":
+			b = append(b, " exceeds the limit of "...)
+			b = strconv.AppendInt(b, d.RefusingLimit, 10)
 			b = append(b, " of rule "...)
-			b = appendSFString(b, dr.ID)
+			b = appendSFString(b, d.RefusingRule)
+		case d.RefusingLimit > 0:
+			b = append(b, " exceeds the largest cost one request may ask for, "...)
+			b = strconv.AppendInt(b, d.RefusingLimit, 10)
+		default:
+			b = append(b, " exceeds the limit"...)
+			if dr != nil {
+				b = append(b, " of "...)
+				b = strconv.AppendInt(b, dr.Limit, 10)
+				b = append(b, " of rule "...)
+				b = appendSFString(b, dr.ID)
+			}
 		}
 		return append(b, "; it can never be admitted."...)
 	case guard.CodeInvalidKey:
-		return append(b, "The API key is malformed."...)
+		return append(b, "The API key is malformed: longer than 256 bytes, not valid UTF-8, or holding a space or a control character."...)
+	case guard.CodeInvalidPath:
+		return append(b, invalidPathMessage...)
+	case guard.CodeTooManyRules:
+		return append(b, "The request matches more rate-limit rules than one request may; the gateway's rules need fixing."...)
 	}
 	return append(b, http.StatusText(decisionStatus(d))...)
 }

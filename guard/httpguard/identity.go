@@ -17,9 +17,10 @@ import (
 // Extract returns wrap them with the source they came from (never the key).
 var (
 	// ErrInvalidKey: a key from an API-key source (header or query) is
-	// longer than Identity.MaxKeyLen, holds a byte that is not visible
-	// ASCII (controls, spaces, non-ASCII), is percent-encoded badly, or
-	// is given more than once. Answer 400 INVALID_KEY.
+	// one guard.ValidKey refuses (longer than 256 bytes, invalid UTF-8, a
+	// space or a control character), longer than Identity.MaxKeyLen, is
+	// percent-encoded badly, or is given more than once. Answer 400
+	// INVALID_KEY.
 	ErrInvalidKey = errors.New("httpguard: invalid API key")
 	// ErrInvalidCost: the trusted cost header is not a positive integer.
 	// Answer 400 INVALID_REQUEST.
@@ -30,8 +31,8 @@ var (
 )
 
 // DefaultMaxKeyLen is the longest key accepted when Identity.MaxKeyLen is
-// zero (SPEC §3).
-const DefaultMaxKeyLen = 256
+// zero (SPEC §3): guard.MaxKeyLen.
+const DefaultMaxKeyLen = guard.MaxKeyLen
 
 type sourceKind uint8
 
@@ -134,7 +135,8 @@ type Identity struct {
 	// CostHeader names a header carrying the request's cost, a positive
 	// integer. Default: none (cost 1 unless a rule sets one).
 	CostHeader string
-	// MaxKeyLen is the longest key in bytes. Default (0):
+	// MaxKeyLen is the longest key in bytes, at most guard.MaxKeyLen
+	// (which the guard enforces whatever this says). Default (0):
 	// DefaultMaxKeyLen.
 	MaxKeyLen int
 }
@@ -142,11 +144,13 @@ type Identity struct {
 // Extract reads r's identity into req:
 //
 //   - req.Key from the first present source (an empty value is absent).
+//     Keys are judged by guard.ValidKey, as on every other surface: valid
+//     UTF-8 without spaces or control characters, at most MaxKeyLen bytes.
 //     A bearer token that is not a valid key (longer than MaxKeyLen, as a
-//     JWT would be, or holding other than visible ASCII) falls through to
-//     the next source. A header or query key that is invalid, or given more
-//     than once, is an error wrapping ErrInvalidKey (400 INVALID_KEY). No
-//     key from any source leaves req.Key empty: an anonymous request.
+//     JWT would be) falls through to the next source. A header or query
+//     key that is invalid, or given more than once, is an error wrapping
+//     ErrInvalidKey (400 INVALID_KEY). No key from any source leaves
+//     req.Key empty: an anonymous request.
 //   - req.IP: the socket peer (r.RemoteAddr), IPv4-mapped addresses
 //     unmapped and zones dropped; when the peer is a trusted proxy, the
 //     first X-Forwarded-For hop from the right (all header lines, in order)
@@ -159,7 +163,8 @@ type Identity struct {
 //     from CostHeader, only when the peer is a trusted proxy; otherwise they
 //     are cleared. A cost that is not a positive integer is an error
 //     wrapping ErrInvalidCost (400 INVALID_REQUEST).
-//   - req.Path = r.URL.Path, req.Method = r.Method.
+//   - req.Path = r.URL.EscapedPath(), the path as sent (percent-encoded),
+//     which the guard normalises (rules.CleanPath); req.Method = r.Method.
 //
 // req.Domain and req.Descriptor are left alone. A nil *Identity acts as the
 // zero Identity.
@@ -175,7 +180,8 @@ func (id *Identity) Extract(r *http.Request, req *guard.Request) error {
 	req.Method = r.Method
 	req.Path = ""
 	if r.URL != nil {
-		req.Path = r.URL.Path
+		// The escaped form: %2F must stay distinguishable from '/'.
+		req.Path = r.URL.EscapedPath()
 	}
 
 	if trusted {
@@ -280,18 +286,18 @@ func (id *Identity) key(r *http.Request) (string, error) {
 // Why a key is invalid, for error messages that must not quote the key.
 const (
 	whyKeyLength = "is too long"
-	whyKeyBytes  = "holds a control, space or non-ASCII byte"
+	whyKeyBytes  = "is not valid UTF-8 or holds a space or control character"
 	whyKeyTwice  = "is given more than once"
 	whyKeyEscape = "is badly percent-encoded"
 )
 
-// checkKey checks a key's length and bytes (visible ASCII only) and returns
-// why it is invalid, or "".
+// checkKey checks a key's length and content with guard.ValidKey, the rule
+// of every surface, and returns why it is invalid, or "".
 func checkKey(k string, maxLen int) string {
-	if len(k) > maxLen {
+	if len(k) > maxLen || len(k) > guard.MaxKeyLen {
 		return whyKeyLength
 	}
-	if !isVisibleASCII(k) {
+	if !guard.ValidKey(k) {
 		return whyKeyBytes
 	}
 	return ""

@@ -189,9 +189,38 @@ func TestExtract(t *testing.T) {
 			want:   want{ip: "192.0.2.1", err: ErrInvalidKey, direct: true},
 		},
 		{
-			name: "non-ASCII", remote: "192.0.2.1:5555",
+			// Valid UTF-8 is a key on every surface (guard.ValidKey).
+			name: "UTF-8", remote: "192.0.2.1:5555",
 			header: [][2]string{{"X-API-Key", "sk_é"}},
+			want:   want{key: "sk_é", ip: "192.0.2.1", direct: true},
+		},
+		{
+			name: "invalid UTF-8", remote: "192.0.2.1:5555",
+			header: [][2]string{{"X-API-Key", "sk_\xff"}},
 			want:   want{ip: "192.0.2.1", err: ErrInvalidKey, direct: true},
+		},
+		{
+			name: "C1 control", remote: "192.0.2.1:5555",
+			header: [][2]string{{"X-API-Key", "sk_\u0085"}},
+			want:   want{ip: "192.0.2.1", err: ErrInvalidKey, direct: true},
+		},
+		{
+			name: "C1 control in a query key", id: withQuery, remote: "192.0.2.1:5555", target: "/?api_key=sk_%C2%85",
+			want: want{ip: "192.0.2.1", err: ErrInvalidKey, direct: true},
+		},
+		{
+			name: "UTF-8 query key", id: withQuery, remote: "192.0.2.1:5555", target: "/?api_key=sk_%C3%A9",
+			want: want{key: "sk_é", ip: "192.0.2.1", direct: true},
+		},
+		{
+			name: "UTF-8 bearer", remote: "192.0.2.1:5555",
+			header: [][2]string{{"Authorization", "Bearer sk_é"}},
+			want:   want{key: "sk_é", ip: "192.0.2.1", direct: true},
+		},
+		{
+			name: "bearer with a C1 control falls through", id: withQuery, remote: "192.0.2.1:5555", target: "/?api_key=sk_q",
+			header: [][2]string{{"Authorization", "Bearer sk_\u0085"}},
+			want:   want{key: "sk_q", ip: "192.0.2.1", direct: true},
 		},
 		{
 			name: "key header twice", remote: "192.0.2.1:5555",
@@ -436,7 +465,7 @@ func FuzzExtract(f *testing.F) {
 		default:
 			t.Fatalf("Extract error %v is neither ErrInvalidKey nor ErrInvalidCost", err)
 		}
-		if len(req.Key) > DefaultMaxKeyLen || !isVisibleASCII(req.Key) {
+		if len(req.Key) > DefaultMaxKeyLen || !guard.ValidKey(req.Key) {
 			t.Fatalf("Extract accepted key %q", req.Key)
 		}
 		if req.IP.IsValid() && (req.IP.Is4In6() || req.IP.Zone() != "") {

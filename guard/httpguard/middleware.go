@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
 )
 
 // ErrorHandler answers a request when the Checker returned an error, that
@@ -79,7 +81,8 @@ func WithErrorHandler(h ErrorHandler) Option {
 //   - asks c.CheckInto with the request's context; on an error the
 //     ErrorHandler runs (WithErrorHandler; default FailOpen);
 //   - answers every decision that is not an admission itself with
-//     WriteDecision (429, 403, 400), adding Connection: close to penalty
+//     WriteDecision (429, 403, 400 such as INVALID_PATH, 500
+//     TOO_MANY_RULES), adding Connection: close to penalty
 //     and blocklist answers when the client is connected directly
 //     (Identity.Direct), so that a repeat offender pays a new handshake
 //     while clients behind a shared proxy keep their connection (over
@@ -87,7 +90,12 @@ func WithErrorHandler(h ErrorHandler) Option {
 //   - otherwise sets the SPEC §3 headers and calls the handler with a
 //     ResponseWriter that sets them again right before the status is
 //     written, so they replace same-named headers the handler set (or
-//     deletes them when the decision has no headers).
+//     deletes them when the decision has no headers), and with the request
+//     path in normal form (guard.Decision.Path: "//v1/./x" arrives as
+//     "/v1/x", in URL.Path, URL.RawPath and RequestURI), so that the
+//     handler serves the resource the limiter counted. When the Checker
+//     cannot decide, the path is normalised all the same (400 INVALID_PATH
+//     when it cannot be) before the ErrorHandler runs.
 //
 // The ResponseWriter passed on implements http.Flusher, http.Hijacker and
 // io.ReaderFrom by delegation, and Unwrap for http.ResponseController.
@@ -144,12 +152,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	d := &st.d
 	if err := h.checker.CheckInto(ctx, &st.req, d); err != nil {
+		path := st.req.Path
 		h.release(st)
 		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
 			h.cfg.log.LogAttrs(ctx, slog.LevelWarn, "httpguard: no decision",
 				slog.String("method", r.Method), slog.String("error", err.Error()))
 		}
-		h.cfg.onError(w, r, h.next, err)
+		// Without a decision the path is still normalised, so that even a
+		// request let through on an error never reaches the handler under
+		// a spelling the limiter would have refused or read differently.
+		clean, ok := rules.CleanPath(path)
+		if !ok {
+			WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidPath, invalidPathMessage)
+			return
+		}
+		h.cfg.onError(w, withPath(r, path, clean), h.next, err)
 		return
 	}
 
@@ -162,9 +179,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The rendered headers are all the wrapper needs: the pooled state
-	// goes back before the handler runs, however long it streams.
+	// The rendered headers and the normal path are all the rest needs:
+	// the pooled state goes back before the handler runs, however long it
+	// streams.
 	rw := &responseWriter{ResponseWriter: w, hv: renderHeaders(d)}
+	r = withPath(r, st.req.Path, d.Path)
 	h.release(st)
 	rw.apply()
 	h.next.ServeHTTP(rw, r)
@@ -173,6 +192,31 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// map as it is now, so restore ours over whatever it set.
 		rw.apply()
 	}
+}
+
+// withPath returns r as the handler should see it: with clean, the normal
+// form of its escaped path sent (SPEC §3: the limiter and the upstream see
+// the same resource), in URL.Path, URL.RawPath and RequestURI. It returns r
+// itself when sent is already normal or clean is empty (a Checker that
+// does not normalise), so the common case costs nothing.
+func withPath(r *http.Request, sent, clean string) *http.Request {
+	if clean == "" || clean == sent || r.URL == nil {
+		return r
+	}
+	u := *r.URL
+	u.RawPath = clean
+	if p, err := url.PathUnescape(clean); err == nil {
+		u.Path = p
+	}
+	if u.EscapedPath() == u.Path {
+		u.RawPath = ""
+	}
+	r2 := r.WithContext(r.Context()) // a shallow copy: the caller's r is not changed
+	r2.URL = &u
+	if r.RequestURI != "" {
+		r2.RequestURI = u.RequestURI()
+	}
+	return r2
 }
 
 // release clears st of the request's data (the raw key among it) and

@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"hash"
 	"strings"
 	"sync"
@@ -18,18 +19,33 @@ import (
 // Len is the length of a key_id.
 const Len = 22
 
-// ErrNoSecret is returned by New for an empty secret.
-var ErrNoSecret = errors.New("keyid: empty secret")
+// MinSecretLen is the shortest secret New accepts, in bytes: the one
+// minimum of the library (guard.New) and the processes
+// (TOLLGATE_KEY_SECRET).
+const MinSecretLen = 16
+
+// Errors of New.
+var (
+	// ErrNoSecret is returned for an empty secret.
+	ErrNoSecret = errors.New("keyid: empty secret")
+	// ErrShortSecret is wrapped by the error of a secret shorter than
+	// MinSecretLen.
+	ErrShortSecret = errors.New("keyid: secret too short")
+)
 
 // Hasher derives key_ids under one secret. It is safe for concurrent use.
 type Hasher struct {
 	pool sync.Pool
 }
 
-// New returns a Hasher for secret.
+// New returns a Hasher for secret, which must hold at least MinSecretLen
+// bytes (ErrNoSecret, ErrShortSecret otherwise).
 func New(secret []byte) (*Hasher, error) {
-	if len(secret) == 0 {
+	switch {
+	case len(secret) == 0:
 		return nil, ErrNoSecret
+	case len(secret) < MinSecretLen:
+		return nil, fmt.Errorf("%w: %d bytes, at least %d needed", ErrShortSecret, len(secret), MinSecretLen)
 	}
 	key := append([]byte(nil), secret...)
 	h := &Hasher{}

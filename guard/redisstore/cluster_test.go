@@ -73,8 +73,8 @@ func TestCluster(t *testing.T) {
 	}
 	var now int64 = 1_763_000_000_000_000
 	clock := func() int64 { return now }
-	gr, _ := guard.New(store, []byte("s"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
-	gm, _ := guard.New(memstore.New(), []byte("s"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
+	gr, _ := guard.New(store, []byte("test-secret-0123456789"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
+	gm, _ := guard.New(memstore.New(), []byte("test-secret-0123456789"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
 
 	// The counters really are spread over several slots and nodes.
 	slots := map[int]bool{}

@@ -67,7 +67,7 @@ func TestStatePerKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := guard.New(rec, []byte("state-secret"), rs)
+	g, err := guard.New(rec, []byte("state-secret-0123456789"), rs)
 	if err != nil {
 		t.Fatal(err)
 	}

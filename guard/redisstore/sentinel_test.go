@@ -28,7 +28,7 @@ func TestSentinel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, _ := guard.New(store, []byte("s"), rs)
+	g, _ := guard.New(store, []byte("test-secret-0123456789"), rs)
 	var statuses []int
 	for range 4 {
 		d, err := g.Check(context.Background(), &guard.Request{Key: "k", Path: "/"})

@@ -289,6 +289,10 @@ func (c *compiler) rule(i int, name string, s *RuleSpec) *Rule {
 	}
 
 	r.match = c.matcher(name, &s.Match, s.lines, s.line)
+	// Counted per client IP: ip-scope rules, and key- and tenant-scope
+	// rules for anonymous requests (see matcher.needsIP).
+	r.match.ipScope = r.Scope == ScopeIP
+	r.match.personal = r.Scope == ScopeKey || r.Scope == ScopeTenant
 
 	var base paramVals
 	paramsOK := false

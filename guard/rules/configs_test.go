@@ -122,7 +122,7 @@ func TestExampleConfig(t *testing.T) {
 	}
 
 	// A catch-all and an anonymous per-IP rule.
-	if !slices.ContainsFunc(rs.Rules(), func(r *Rule) bool { return reflect.ValueOf(r.match).IsZero() && !r.Shadow && !r.Block }) {
+	if !slices.ContainsFunc(rs.Rules(), func(r *Rule) bool { return r.match.unconditional() && !r.Shadow && !r.Block }) {
 		t.Error("no enforced catch-all rule (empty match)")
 	}
 	if !slices.ContainsFunc(rs.Rules(), func(r *Rule) bool { return r.match.anon == anonOnly && r.Scope == ScopeIP }) {

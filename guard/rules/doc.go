@@ -14,7 +14,20 @@
 // A Ruleset is safe for concurrent use and is never modified; reload by
 // compiling a new one and swapping it atomically (atomic.Pointer). Its
 // request-path methods — [Ruleset.Identify], [Ruleset.Listed],
-// [Ruleset.Normalize] and [Ruleset.Match] — do not allocate.
+// [Ruleset.Normalize] and [Ruleset.Match] — do not allocate, nor does
+// [CleanPath] for a path that is already normal.
+//
+// # Endpoints
+//
+// [CleanPath] normalises a request path as SPEC §3 says (unreserved escapes
+// decoded, dot segments removed, slashes merged; encoded slashes,
+// backslashes and NULs and paths above the root refused), so that two
+// spellings of one resource are one endpoint; [Ruleset.Normalize] then
+// drops the trailing slash and applies the route templates. A request
+// without a client IP matches no rule counted per IP (ip scope, and key or
+// tenant scope for anonymous requests). [Ruleset.MatchBound] and
+// [Ruleset.CheckMatchLimit] bound how many rules one request is certain to
+// match.
 //
 // # Numbers
 //

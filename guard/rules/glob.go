@@ -135,6 +135,19 @@ func compileRoute(t string) (route, error) {
 		}
 		r.segs = append(r.segs, routeSeg{lit: s})
 	}
+	// A template matches normal endpoints only (CleanPath, then no
+	// trailing slash): one that is not normal itself would never match.
+	probe := make([]string, len(r.segs))
+	for i, s := range r.segs {
+		probe[i] = s.lit
+		if s.param {
+			probe[i] = "x"
+		}
+	}
+	p := "/" + strings.Join(probe, "/")
+	if clean, ok := CleanPath(p); !ok || TrimTrailingSlash(clean) != p {
+		return route{}, fmt.Errorf("template %q never matches: endpoints are normalised (no empty, \".\" or \"..\" segments, no trailing slash, unreserved characters not percent-encoded, other escapes in upper case)", t)
+	}
 	return r, nil
 }
 

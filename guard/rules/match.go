@@ -17,6 +17,14 @@ type matcher struct {
 	descriptor []descPair     // sorted by key
 	anon       anonMode
 	keyed      bool // an api_key, tier or tenant selector: never matches anonymous requests
+
+	// The rule's scope, as far as matching cares: a request without a
+	// client IP (a check API body or Envoy descriptor without one, a Unix
+	// socket peer) matches no rule counted per IP, so that such requests
+	// never share one counter (SPEC §3 "Missing client IP"). Those are
+	// ip-scope rules (ipScope), and for anonymous requests key- and
+	// tenant-scope rules (personal), which count them per IP.
+	ipScope, personal bool
 }
 
 type descPair struct{ key, value string }
@@ -39,7 +47,8 @@ func (m *matcher) matches(req *Request) bool {
 		m.keyed && anonymous,
 		m.domain != "" && req.Domain != m.domain,
 		m.tier != "" && req.Tier != m.tier,
-		m.tenant != "" && req.Tenant != m.tenant:
+		m.tenant != "" && req.Tenant != m.tenant,
+		!req.IP.IsValid() && (m.ipScope || anonymous && m.personal):
 		return false
 	}
 	if m.methods != nil {
@@ -99,14 +108,17 @@ func (rs *Ruleset) Listed(key string) ListStatus {
 	return Unlisted
 }
 
-// Normalize returns the endpoint of a request path: the first route template
-// that matches it segment by segment ("/v1/users/42" -> "/v1/users/{id}"),
-// else the path itself. A query string is dropped first. The result is the
-// template or a substring of path: it does not allocate.
+// Normalize returns the endpoint of a normal request path (see CleanPath,
+// which the guard applies first): the path without a query string and
+// without a trailing slash ("/v1/search/" is "/v1/search", SPEC §3), or the
+// first route template that matches it segment by segment ("/v1/users/42"
+// -> "/v1/users/{id}"). The result is the template or a substring of path:
+// it does not allocate.
 func (rs *Ruleset) Normalize(path string) string {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
+	path = TrimTrailingSlash(path)
 	if len(rs.routes) == 0 || path == "" || path[0] != '/' {
 		return path
 	}

@@ -2,10 +2,23 @@ package rules
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 )
+
+// clientIP is the client address of test requests that need one: rules
+// counted per IP match no request without one.
+var clientIP = netip.MustParseAddr("192.0.2.1")
+
+// withIP returns req with clientIP when it has no IP.
+func withIP(req Request) *Request {
+	if !req.IP.IsValid() {
+		req.IP = clientIP
+	}
+	return &req
+}
 
 func TestGlob(t *testing.T) {
 	t.Parallel()
@@ -138,9 +151,9 @@ func TestNormalize(t *testing.T) {
 		"/v1/users/42":           "/v1/users/{id}",
 		"/v1/users/me":           "/v1/users/{id}", // first template wins
 		"/v1/users/42?x=1&y=/a":  "/v1/users/{id}",
-		"/v1/users/":             "/v1/users/", // {id} needs a non-empty segment
+		"/v1/users/":             "/v1/users", // a trailing slash is dropped
 		"/v1/users":              "/v1/users",
-		"/v1/users/42/":          "/v1/users/42/",
+		"/v1/users/42/":          "/v1/users/{id}",
 		"/v1/users/42/x":         "/v1/{kind}/{id}/x",
 		"/v1/orders/7/items":     "/v1/orders/{id}/items",
 		"/v1/orders/7/items?a=b": "/v1/orders/{id}/items",
@@ -199,6 +212,40 @@ func TestMatch(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			if got := ids(rs.Match(withIP(tt.req), nil)); got != tt.want {
+				t.Errorf("Match = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMatchWithoutIP: a request without a client IP matches no rule counted
+// per IP (SPEC §3 "Missing client IP"): no ip-scope rule, and for an
+// anonymous request no key- or tenant-scope rule either, which would count
+// it per IP; global-scope rules still apply.
+func TestMatchWithoutIP(t *testing.T) {
+	t.Parallel()
+	rs := mustLoad(t, `
+rules:
+  - {id: key, capacity: 10, rate: 10/1m}
+  - {id: tenant, scope: tenant, capacity: 10, rate: 10/1m}
+  - {id: ip, scope: ip, capacity: 10, rate: 10/1m}
+  - {id: anon-ip, scope: ip, match: {anonymous: true}, capacity: 10, rate: 10/1m}
+  - {id: global, scope: global, capacity: 10, rate: 10/1m}
+`)
+	tests := []struct {
+		name string
+		req  Request
+		want string
+	}{
+		{"keyed with IP", Request{Key: "k", KeyID: "kid", Tenant: "kid", IP: clientIP}, "key,tenant,ip,global"},
+		{"keyed without IP", Request{Key: "k", KeyID: "kid", Tenant: "kid"}, "key,tenant,global"},
+		{"anonymous with IP", Request{IP: clientIP}, "key,tenant,ip,anon-ip,global"},
+		{"anonymous without IP", Request{}, "global"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			if got := ids(rs.Match(&tt.req, nil)); got != tt.want {
 				t.Errorf("Match = %s, want %s", got, tt.want)
 			}
@@ -247,7 +294,7 @@ func TestMatchReplaces(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := ids(rs.Match(&tt.req, nil)); got != tt.want {
+			if got := ids(rs.Match(withIP(tt.req), nil)); got != tt.want {
 				t.Errorf("Match = %s, want %s", got, tt.want)
 			}
 		})
@@ -271,7 +318,7 @@ func TestMatchManyRules(t *testing.T) {
 	fmt.Fprintf(&b, "  - {id: early-victim, match: {endpoint: '^/z'}, capacity: 1, rate: 1/s}\n")
 	fmt.Fprintf(&b, "  - {id: late2, match: {endpoint: '^/z'}, capacity: 1, rate: 1/s, replaces: [early-victim]}\n")
 	rs := mustLoad(t, b.String())
-	got := rs.Match(&Request{Endpoint: "/r3"}, nil)
+	got := rs.Match(withIP(Request{Endpoint: "/r3"}), nil)
 	for _, r := range got {
 		if r.ID == "r3" {
 			t.Error("r3 not displaced")
@@ -280,7 +327,7 @@ func TestMatchManyRules(t *testing.T) {
 	if got[len(got)-1].ID != "late" {
 		t.Errorf("late missing: %s", ids(got))
 	}
-	if got := ids(rs.Match(&Request{Endpoint: "/z"}, nil)); got != "late2" {
+	if got := ids(rs.Match(withIP(Request{Endpoint: "/z"}), nil)); got != "late2" {
 		t.Errorf("Match(/z) = %s, want late2", got)
 	}
 	// r(n-2) has endpoint /r(n-2 mod 7), which late does not match.
@@ -288,7 +335,7 @@ func TestMatchManyRules(t *testing.T) {
 	if victim == "/r3" {
 		t.Fatal("bad test setup")
 	}
-	if got := rs.Match(&Request{Endpoint: victim}, nil); !slices.ContainsFunc(got, func(r *Rule) bool { return r.Index == n-2 }) {
+	if got := rs.Match(withIP(Request{Endpoint: victim}), nil); !slices.ContainsFunc(got, func(r *Rule) bool { return r.Index == n-2 }) {
 		t.Errorf("r%d displaced by a rule that does not match", n-2)
 	}
 }
@@ -299,7 +346,7 @@ func TestMatchAppends(t *testing.T) {
 	sentinel := &Rule{ID: "caller"}
 	dst := make([]*Rule, 1, 8)
 	dst[0] = sentinel
-	got := rs.Match(&Request{Endpoint: "/a/b"}, dst)
+	got := rs.Match(withIP(Request{Endpoint: "/a/b"}), dst)
 	if ids(got) != "caller,a" || got[0] != sentinel {
 		t.Errorf("Match = %s", ids(got))
 	}

@@ -331,7 +331,7 @@ rules:
     limit: ~
 `)
 	r := rs.Rule("a")
-	if !r.match.matches(&Request{}) || !r.match.matches(&Request{Key: "k"}) {
+	if !r.match.unconditional() || !r.match.matches(&Request{IP: clientIP}) || !r.match.matches(&Request{Key: "k"}) {
 		t.Error("null match does not match everything")
 	}
 	if info, ok := rs.Identify("sk_a"); !ok || info != (KeyInfo{}) {

@@ -29,6 +29,16 @@ type Rule struct {
 	kidOverrides map[string]Params // key_id (written "kid:<key_id>") -> params
 }
 
+// SelectsKeysOnly reports whether the rule's match selects by key
+// identity alone (api_key, tier or tenant, perhaps anonymous: false) and
+// nothing about the request (endpoint, methods, domain, descriptor): a
+// block rule of that kind blocks keys (403 KEY_BLOCKED), any other block
+// rule blocks requests (403 ENDPOINT_BLOCKED).
+func (r *Rule) SelectsKeysOnly() bool {
+	m := &r.match
+	return m.keyed && m.endpoint == nil && m.methods == nil && m.domain == "" && m.descriptor == nil
+}
+
 // ParamsFor returns the parameters of the rule for a key: the rule's own,
 // or a per-key override from the rules file (looked up by raw key, then by
 // "kid:"+keyID). The second result reports whether an override applied.

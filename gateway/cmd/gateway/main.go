@@ -29,16 +29,18 @@ func main() {
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
-const usageHead = `Usage: gateway [--config FILE]
+const usageHead = `Usage: bin/gateway [--config FILE]
 
 Runs a Tollgate gateway. Configuration comes from the YAML file given with
 --config (optional), then from the environment: every field is overridden by
 TOLLGATE_ + its path in upper snake case. Only TOLLGATE_KEY_SECRET is
-required; set TOLLGATE_UPSTREAM to start the proxy. For example:
+required (at least 16 bytes); set TOLLGATE_UPSTREAM to start the proxy. For
+example, from the repository root after make build, with a redis-server on
+6379 and an upstream on 9000 (python3 -m http.server 9000 will do):
 
   TOLLGATE_REDIS_ADDRS=127.0.0.1:6379 TOLLGATE_RULES_FILE=configs/rules.yaml \
   TOLLGATE_KEY_SECRET=$(openssl rand -base64 32) \
-  TOLLGATE_UPSTREAM=http://127.0.0.1:9000 gateway
+  TOLLGATE_UPSTREAM=http://127.0.0.1:9000 bin/gateway
 
 Flags:
   --config FILE      YAML configuration file (unknown fields are refused)
@@ -57,11 +59,11 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 		if errors.Is(err, flag.ErrHelp) {
 			return help(stdout, stderr)
 		}
-		fmt.Fprintf(stderr, "gateway: %v\nRun gateway --help for usage.\n", err)
+		fmt.Fprintf(stderr, "gateway: %v\nRun bin/gateway --help for usage.\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gateway: unexpected argument %q\nRun gateway --help for usage.\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "gateway: unexpected argument %q\nRun bin/gateway --help for usage.\n", fs.Arg(0))
 		return 2
 	}
 	if *example {

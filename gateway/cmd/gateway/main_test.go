@@ -23,7 +23,8 @@ func TestHelpListsEveryVariable(t *testing.T) {
 		"TOLLGATE_METRICS_LISTEN", "TOLLGATE_GRPC_LISTEN", "TOLLGATE_RULES_FILE", "TOLLGATE_KEY_SECRET",
 		"TOLLGATE_REDIS_MODE", "TOLLGATE_REDIS_ADDRS", "TOLLGATE_REDIS_PASSWORD_FILE", "TOLLGATE_REDIS_TIMEOUT",
 		"TOLLGATE_KAFKA_BROKERS", "TOLLGATE_NATS_URL", "TOLLGATE_GATEWAY_ID", "TOLLGATE_IDENTITY_KEY_SOURCES",
-		"default: 127.0.0.1:8080", "default: 50ms",
+		"default: 127.0.0.1:8080", "default: 50ms", "TOLLGATE_MAX_RULES_PER_REQUEST", "TOLLGATE_GRPC_TLS_CLIENT_CA_FILE",
+		"Usage: bin/gateway", "TOLLGATE_UPSTREAM=http://127.0.0.1:9000 bin/gateway",
 	} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("--help lacks %s", name)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard"
@@ -33,13 +35,109 @@ func bodyErrorf(format string, args ...any) error {
 // checkBody is the body of POST /v1/check and /v1/report and an item of
 // /v1/check/batch (SPEC §4).
 type checkBody struct {
-	APIKey   string `json:"api_key"`
-	Endpoint string `json:"endpoint"`
-	Method   string `json:"method"`
+	APIKey   exactString `json:"api_key"`
+	Endpoint exactString `json:"endpoint"`
+	Method   string      `json:"method"`
 	// Cost is nil when absent (cost 1); a present 0 asks for a peek.
-	Cost   *int64 `json:"cost"`
-	Tenant string `json:"tenant"`
-	IP     string `json:"ip"`
+	Cost   *int64      `json:"cost"`
+	Tenant exactString `json:"tenant"`
+	IP     string      `json:"ip"`
+}
+
+// exactString is a JSON string decoded byte for byte. encoding/json
+// replaces invalid UTF-8 and lone surrogate escapes with U+FFFD, so two
+// distinct keys ("k\xff" and "k\xfe", or "k\ud800" and "k\ud801") would
+// decode to one; exactString keeps the bytes as sent (a lone surrogate as
+// its 3-byte WTF-8 form), so that the guard sees invalid UTF-8 and refuses
+// the key (400 INVALID_KEY) like every other surface, and the field checks
+// refuse such endpoints and tenants.
+type exactString string
+
+// UnmarshalJSON implements json.Unmarshaler. data is a syntactically valid
+// JSON value (the decoder checked it).
+func (s *exactString) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	if len(data) < 2 || data[0] != '"' {
+		kind := "number"
+		switch data[0] {
+		case '{':
+			kind = "object"
+		case '[':
+			kind = "array"
+		case 't', 'f':
+			kind = "bool"
+		}
+		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[string]()}
+	}
+	*s = exactString(decodeString(data[1 : len(data)-1]))
+	return nil
+}
+
+// decodeString decodes the inside of a valid JSON string literal, keeping
+// every byte that is not an escape as it is.
+func decodeString(b []byte) string {
+	if bytes.IndexByte(b, '\\') < 0 {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch b[i] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := hex4(b[i+1 : i+5])
+			i += 4
+			if utf16.IsSurrogate(r) && r < 0xdc00 && i+6 < len(b) && b[i+1] == '\\' && b[i+2] == 'u' {
+				if lo := hex4(b[i+3 : i+7]); lo >= 0xdc00 && lo <= 0xdfff {
+					out = utf8.AppendRune(out, utf16.DecodeRune(r, lo))
+					i += 6
+					continue
+				}
+			}
+			if utf16.IsSurrogate(r) {
+				// WTF-8: not valid UTF-8, so never a valid key.
+				out = append(out, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
+				continue
+			}
+			out = utf8.AppendRune(out, r)
+		default: // '"', '\\', '/'
+			out = append(out, b[i])
+		}
+	}
+	return string(out)
+}
+
+// hex4 parses four hex digits (checked valid by the JSON decoder).
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
 }
 
 // decodeCheck decodes one check body strictly: a JSON object with only the
@@ -65,20 +163,23 @@ func decodeCheck(data []byte) (req guard.Request, peek bool, err error) {
 func (b *checkBody) request() (req guard.Request, peek bool, err error) {
 	// The key is checked by the guard (400 INVALID_KEY, like the proxy),
 	// so a bad key is a decision, not a malformed body.
-	req.Key = b.APIKey
+	req.Key = string(b.APIKey)
+	endpoint, tenant := string(b.Endpoint), string(b.Tenant)
 	switch {
-	case len(b.Endpoint) > maxEndpointLen:
+	case len(endpoint) > maxEndpointLen:
 		return req, false, bodyErrorf("endpoint is longer than %d bytes", maxEndpointLen)
-	case !printable(b.Endpoint):
-		return req, false, bodyErrorf("endpoint holds control characters")
+	case !printable(endpoint):
+		return req, false, bodyErrorf("endpoint is not valid UTF-8 or holds control characters")
 	case len(b.Method) > maxMethodLen || !token(b.Method):
 		return req, false, bodyErrorf("method is not an HTTP method token")
-	case len(b.Tenant) > maxTenantLen:
+	case len(tenant) > maxTenantLen:
 		return req, false, bodyErrorf("tenant is longer than %d bytes", maxTenantLen)
-	case !printable(b.Tenant):
-		return req, false, bodyErrorf("tenant holds control characters")
+	case !printable(tenant):
+		return req, false, bodyErrorf("tenant is not valid UTF-8 or holds control characters")
 	}
-	req.Path, req.Method, req.Tenant = b.Endpoint, b.Method, b.Tenant
+	// The endpoint is normalised by the guard (400 INVALID_PATH when it
+	// cannot be), as the proxy's path and Envoy's are.
+	req.Path, req.Method, req.Tenant = endpoint, b.Method, tenant
 	if b.IP != "" {
 		ip, err := netip.ParseAddr(b.IP)
 		if err != nil || ip.Zone() != "" {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard"
 )
@@ -34,6 +35,18 @@ func TestDecodeCheck(t *testing.T) {
 		{name: "two objects", body: `{}{}`, bad: "after"},
 		{name: "truncated", body: `{"api_key":"k"`, bad: "JSON"},
 		{name: "long tenant", body: `{"tenant":"` + strings.Repeat("t", 200) + `"}`, bad: "tenant"},
+		// Keys are kept byte for byte: invalid UTF-8 and lone surrogates are
+		// not folded into U+FFFD (the guard refuses them, INVALID_KEY).
+		{name: "escapes", body: `{"api_key":"a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00"}`, want: guard.Request{Key: "a\"\\/\b\f\n\r\té😀", Cost: 1}},
+		{name: "invalid UTF-8 key kept", body: "{\"api_key\":\"k\xff\"}", want: guard.Request{Key: "k\xff", Cost: 1}},
+		{name: "lone surrogate key kept", body: `{"api_key":"k\ud800"}`, want: guard.Request{Key: "k\xed\xa0\x80", Cost: 1}},
+		{name: "lone low surrogate", body: `{"api_key":"k\udc00x"}`, want: guard.Request{Key: "k\xed\xb0\x80x", Cost: 1}},
+		{name: "high then not low", body: `{"api_key":"\ud800\u0041"}`, want: guard.Request{Key: "\xed\xa0\x80A", Cost: 1}},
+		{name: "null key", body: `{"api_key":null}`, want: guard.Request{Cost: 1}},
+		{name: "key not a string", body: `{"api_key":7}`, bad: `field "api_key" must be a string`},
+		{name: "endpoint invalid UTF-8", body: "{\"endpoint\":\"/\xff\"}", bad: "endpoint"},
+		{name: "endpoint lone surrogate", body: `{"endpoint":"/\ud800"}`, bad: "endpoint"},
+		{name: "tenant invalid UTF-8", body: "{\"tenant\":\"a\xfe\"}", bad: "tenant"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,7 +114,15 @@ func FuzzCheckBody(f *testing.F) {
 		if req.IP.IsValid() && (req.IP.Is4In6() || req.IP.Zone() != "") {
 			t.Fatalf("ip %v not normalised", req.IP)
 		}
-		b := checkBody{APIKey: req.Key, Endpoint: req.Path, Method: req.Method, Tenant: req.Tenant}
+		if !utf8.ValidString(req.Key) {
+			// Kept byte for byte, never folded into U+FFFD: the guard
+			// refuses it (INVALID_KEY). JSON cannot carry it back.
+			if guard.ValidKey(req.Key) {
+				t.Fatalf("key %q is invalid UTF-8 yet valid", req.Key)
+			}
+			return
+		}
+		b := checkBody{APIKey: exactString(req.Key), Endpoint: exactString(req.Path), Method: req.Method, Tenant: exactString(req.Tenant)}
 		cost := req.Cost
 		b.Cost = &cost
 		if req.IP.IsValid() {

@@ -206,8 +206,8 @@ func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {
 		h.unavailable(w, r, err)
 		return
 	}
-	if d.Status == http.StatusBadRequest {
-		// Invalid key, or a cost above max_cost.
+	if d.Status == http.StatusBadRequest || d.Status == http.StatusInternalServerError {
+		// Invalid key or path, a cost above max_cost, too many rules.
 		writeJSON(w, d.Status, appendDecision(nil, d, d.Status))
 		return
 	}
@@ -302,7 +302,7 @@ func appendDecision(b []byte, d *guard.Decision, status int) []byte {
 		if code == "" {
 			code = guard.CodeRateLimitExceeded
 		}
-		j.Error = &errorJSON{Code: code, Message: message(d, code)}
+		j.Error = &errorJSON{Code: code, Message: httpguard.Message(d)}
 		if status == http.StatusTooManyRequests && dr != nil {
 			j.Error.Details = &detailsJSON{
 				Rule:              dr.ID,
@@ -326,33 +326,4 @@ func appendItemError(b []byte, status int, code, reason, msg string) []byte {
 	j := decisionJSON{Status: status, Reason: reason, Error: &errorJSON{Code: code, Message: msg}}
 	out, _ := json.Marshal(&j)
 	return append(b, out...)
-}
-
-// message is the human-readable message of a decision that is not an
-// admission. It never contains the API key.
-func message(d *guard.Decision, code string) string {
-	dr := d.DecidingRule()
-	switch code {
-	case guard.CodeRateLimitExceeded:
-		if dr != nil {
-			return fmt.Sprintf("Rate limit %q exceeded: %d per %s. Retry after %s.", dr.ID, dr.Limit, seconds(dr.Window), seconds(d.RetryAfter))
-		}
-		return fmt.Sprintf("Rate limit exceeded. Retry after %s.", seconds(d.RetryAfter))
-	case guard.CodePenalty:
-		return fmt.Sprintf("This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after %s.", seconds(d.RetryAfter))
-	case guard.CodeKeyBlocked:
-		return "This API key is blocked."
-	case guard.CodeCostExceedsLimit:
-		return "The request's cost exceeds what a rule or the gateway's max_cost can ever admit."
-	case guard.CodeInvalidKey:
-		return "The API key is malformed: longer than 256 bytes or holding control characters."
-	}
-	return "The request was not admitted."
-}
-
-func seconds(n int64) string {
-	if n == 1 {
-		return "1 second"
-	}
-	return strconv.FormatInt(n, 10) + " seconds"
 }

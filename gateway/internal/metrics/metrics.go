@@ -56,6 +56,7 @@ type Metrics struct {
 	costsDropped  prometheus.Counter
 	costsReported prometheus.Counter
 	rlsCalls      *prometheus.CounterVec
+	tooManyRules  prometheus.Counter
 
 	routes atomic.Pointer[map[string]struct{}]
 }
@@ -119,9 +120,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Envoy rate-limit calls, by decision: allowed (OK), rejected (OVER_LIMIT), invalid (malformed call) or error (no decision).",
 		}, []string{"decision"}),
 	}
+	m.tooManyRules = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tollgate_too_many_rules_total",
+		Help: "Requests answered 500 TOO_MANY_RULES without a Redis call: they matched more rules than max_rules_per_request (the guard logs them, at most every 10 s).",
+	})
 	m.costsReported = m.reports.WithLabelValues(DecisionAllowed)
 	reg.MustRegister(m.checks, m.checkDuration, m.shadow, m.reports, m.redisCalls, m.redisErrors,
-		m.redisDuration, m.rulesVersion, m.rulesLoaded, m.reloads, m.reloadErrors, m.costsDropped, m.rlsCalls)
+		m.redisDuration, m.rulesVersion, m.rulesLoaded, m.reloads, m.reloadErrors, m.costsDropped, m.rlsCalls,
+		m.tooManyRules)
 	empty := map[string]struct{}{}
 	m.routes.Store(&empty)
 	return m
@@ -144,6 +150,10 @@ func (m *Metrics) SetRules(rs *rules.Ruleset, routes []string, reload bool) {
 
 // ReloadError counts a refused change of the rules file.
 func (m *Metrics) ReloadError() { m.reloadErrors.Inc() }
+
+// TooManyRules counts a request refused for matching too many rules
+// (guard.WithOnTooManyRules).
+func (m *Metrics) TooManyRules(int) { m.tooManyRules.Inc() }
 
 // CostDropped counts a cost report the queue had no room for.
 func (m *Metrics) CostDropped() { m.costsDropped.Inc() }
@@ -211,6 +221,8 @@ func decisionLabel(d *guard.Decision) string {
 		return DecisionBlocked
 	case d.Status == 400:
 		return DecisionInvalid
+	case d.Status >= 500:
+		return DecisionError // TOO_MANY_RULES: a fault of the rules
 	}
 	return DecisionRejected
 }

@@ -27,7 +27,7 @@ rules:
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := guard.New(memstore.New(), []byte("bench"), rs)
+	g, err := guard.New(memstore.New(), []byte("bench-secret-0123456789"), rs)
 	if err != nil {
 		b.Fatal(err)
 	}

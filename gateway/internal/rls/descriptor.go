@@ -115,7 +115,7 @@ func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hi
 		if err != nil {
 			return false, invalidf("remote_address is not an IP address")
 		}
-		r.IP = ip
+		r.IP = ip.Unmap().WithZone("")
 	}
 
 	switch {

@@ -140,7 +140,7 @@ func FuzzDescriptor(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	g, err := guard.New(memstore.New(), []byte("fuzz"), rs)
+	g, err := guard.New(memstore.New(), []byte("fuzz-secret-0123456789"), rs)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -8,8 +8,13 @@
 // Each descriptor of a call becomes one guard.Request. Its entries give the
 // request's fields: api_key (else generic_key) the key, tenant the tenant
 // (the key registry still wins), remote_address the client IP, path (else
-// endpoint) the path (normalised with the route templates; a query string
-// is dropped), method the method. Every entry, those included, also goes
+// endpoint) the path (normalised by the guard as the proxy's is, SPEC §3:
+// unreserved escapes decoded, dot segments removed, slashes merged, a
+// trailing slash and a query string dropped, then the route templates),
+// method the method. A descriptor without remote_address has no client IP
+// and matches no rule counted per IP (ip scope; key and tenant scope for a
+// descriptor without a key), as a descriptor lacking an entry matches no
+// rule that needs it; such descriptors never share one counter. Every entry, those included, also goes
 // into Request.Descriptor, so rules with `match: {descriptor: {k: v}}`
 // match it, and the call's domain into Request.Domain, so rules with
 // `match: {domain: …}` apply to their domain only while rules without one
@@ -41,8 +46,12 @@
 //
 // overall_code is OVER_LIMIT when any descriptor is not admitted: over a
 // limit, and also for what HTTP would answer 403 (blocked key, block rule)
-// or 400 (invalid key, cost above a limit), because Envoy has no other
-// refusal and a bad or blocked key must not pass. A blocked key's answer
+// or 400 (invalid key — judged by guard.ValidKey as on every surface —,
+// invalid path, cost above a limit), because Envoy has no other refusal
+// and a bad or blocked key must not pass. A descriptor matching more rules
+// than max_rules_per_request (HTTP's 500 TOO_MANY_RULES) fails the call
+// with gRPC Internal instead: a fault of the rules, left to Envoy's
+// failure_mode_deny. A blocked key's answer
 // carries no rate-limit headers, as its 403 would not.
 //
 // Each descriptor gets one status: OVER_LIMIT when it was refused on its

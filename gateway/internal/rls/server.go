@@ -150,6 +150,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.log.Warn("rls: no decision", "domain", req.Domain, "error", err)
 		return nil, status.Error(codes.Unavailable, "tollgate: no rate-limit decision could be made")
 	}
+	for _, d := range ds {
+		if d != nil && d.Code == guard.CodeTooManyRules {
+			// HTTP's 500: a fault of the rules, not of the client, so not
+			// OVER_LIMIT; Envoy's failure_mode_deny decides. The guard
+			// logs it (rate-limited) and the metrics count it.
+			return nil, status.Error(codes.Internal, "tollgate: "+guard.CodeTooManyRules+": a descriptor matches more rules than max_rules_per_request")
+		}
+	}
 	return s.answer(reqs, ds), nil
 }
 

@@ -66,7 +66,7 @@ func newGuard(t *testing.T, store guard.Store, src string) *guard.Guard {
 			t.Fatalf("rules: %v", err)
 		}
 	}
-	g, err := guard.New(store, []byte("rls-test-secret"), rs, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))
+	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,12 @@
 // quote an API key) and the running ruleset stays; the same bad content is
 // reported once, not at every poll.
 //
+// A file rewritten in place (cp, an editor without atomic saves) is first
+// truncated, then written: a poll may read it empty or half-written. An
+// invalid content is therefore reported only once it has stayed the same
+// for a few polls (settlePolls); a write that completes in the meantime is
+// applied without a false error.
+//
 // Polling rather than inotify: it sees edits in place, renames, symlink
 // swaps (Kubernetes ConfigMaps) and network file systems alike, at the cost
 // of one stat per interval.
@@ -72,6 +78,7 @@ type Watcher struct {
 	interval time.Duration
 	apply    func(*Ruleset)
 	refuse   func(error)
+	check    func(*rules.Ruleset) error
 	log      *slog.Logger
 
 	// State owned by Run's goroutine.
@@ -81,7 +88,14 @@ type Watcher struct {
 	applied string // content hash of the rules in force
 	failing string // the problem last reported, to report a lasting one once
 	polls   int
+	pending string // content hash of an invalid content not reported yet
+	since   int    // polls when pending was first read
 }
+
+// settlePolls is how many polls an invalid content must stay unchanged
+// before it is reported: a file being rewritten in place settles within
+// one interval.
+const settlePolls = 2
 
 // Option configures a Watcher.
 type Option func(*Watcher)
@@ -95,6 +109,11 @@ func WithLogger(l *slog.Logger) Option { return func(w *Watcher) { w.log = l } }
 // OnRefused sets a function called for each refused change (an invalid or
 // unreadable file), once per distinct problem (default: none).
 func OnRefused(f func(error)) Option { return func(w *Watcher) { w.refuse = f } }
+
+// WithCheck sets a check a compiled ruleset must pass besides validation,
+// such as the guard's bound on rules per request (guard.Guard.CheckRules);
+// a ruleset it refuses is refused like an invalid file (default: none).
+func WithCheck(f func(*rules.Ruleset) error) Option { return func(w *Watcher) { w.check = f } }
 
 // hashEvery is how many polls may pass without reading the content when
 // neither size nor modification time changed (an edit within the file
@@ -143,7 +162,7 @@ func (w *Watcher) poll() {
 		return
 	}
 	changed := fi.Size() != w.size || !fi.ModTime().Equal(w.mtime)
-	if !changed && w.failing == "" && w.polls%hashEvery != 0 {
+	if !changed && w.failing == "" && w.pending == "" && w.polls%hashEvery != 0 {
 		return
 	}
 	data, err := os.ReadFile(w.path)
@@ -154,11 +173,12 @@ func (w *Watcher) poll() {
 	w.size, w.mtime = fi.Size(), fi.ModTime()
 	sum := sha256.Sum256(data)
 	hash := hex.EncodeToString(sum[:])
-	if hash == w.seen {
+	if hash == w.seen && hash != w.pending {
 		return
 	}
 	w.seen = hash
 	if hash == w.applied {
+		w.pending = ""
 		if w.failing != "" {
 			w.log.Info("rules file back to the rules in force", slog.String("path", w.path))
 			w.failing = ""
@@ -166,14 +186,27 @@ func (w *Watcher) poll() {
 		return
 	}
 	rs, err := parse(data)
+	if err == nil && w.check != nil {
+		err = w.check(rs.Rules)
+	}
 	if err != nil {
+		// Perhaps a rewrite in place, read half done: report it only once
+		// it has settled.
+		if hash != w.pending {
+			w.pending, w.since = hash, w.polls
+			return
+		}
+		if w.polls-w.since < settlePolls {
+			return
+		}
+		w.pending = ""
 		w.failing = "invalid"
 		w.log.Error("rules file refused; the running rules stay", append([]any{
 			slog.String("path", w.path), slog.String("hash", hash[:12])}, problems(err)...)...)
 		w.refuse(err)
 		return
 	}
-	w.failing = ""
+	w.failing, w.pending = "", ""
 	w.applied = hash
 	w.apply(rs)
 }

@@ -128,3 +128,85 @@ func TestWatcher(t *testing.T) {
 		t.Fatalf("applied limit %d, want 7", p.Limit)
 	}
 }
+
+// TestWatcherRewriteInPlace: a file replaced by cp (truncated, then
+// written) may be read empty or half-written; that is not reported when
+// the write completes within the settling polls, and a content that stays
+// invalid is reported once it has settled. Polls are driven by hand, so no
+// timing is involved.
+func TestWatcherRewriteInPlace(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write(t, path, rulesWith("5"))
+	cur, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	w := NewWatcher(path, cur, func(rs *Ruleset) { rec.applied = append(rec.applied, rs) },
+		OnRefused(func(err error) { rec.refused = append(rec.refused, err) }))
+	full := rulesWith("6")
+	for _, partial := range []string{"", full[:len(full)/2]} {
+		if err := os.WriteFile(path, []byte(partial), 0o600); err != nil { // cp's truncate, then a short write
+			t.Fatal(err)
+		}
+		w.poll()
+	}
+	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.poll()
+	if a, r := rec.counts(); a != 1 || r != 0 {
+		t.Fatalf("after a rewrite in place: applied %d, refused %d; want 1, 0", a, r)
+	}
+
+	// Invalid and staying so: reported after settling, once. (Another size
+	// than the rules in force, so the poll sees it whatever the file
+	// system's timestamp granularity.)
+	if err := os.WriteFile(path, []byte(rulesWith("-1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range settlePolls + 3 {
+		w.poll()
+		want := 0
+		if i >= settlePolls {
+			want = 1
+		}
+		if _, r := rec.counts(); r != want {
+			t.Fatalf("poll %d: refused %d, want %d", i, r, want)
+		}
+	}
+}
+
+// TestWatcherCheck: a ruleset the check refuses is refused like an
+// invalid one.
+func TestWatcherCheck(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write(t, path, rulesWith("5"))
+	cur, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	w := NewWatcher(path, cur, func(rs *Ruleset) { rec.applied = append(rec.applied, rs) },
+		OnRefused(func(err error) { rec.refused = append(rec.refused, err) }),
+		WithCheck(func(rs *rules.Ruleset) error {
+			if p, _ := rs.Rule("r").ParamsFor("", ""); p.Limit > 100 {
+				return errors.New("too big")
+			}
+			return nil
+		}))
+	write(t, path, rulesWith("500"))
+	for range settlePolls + 1 {
+		w.poll()
+	}
+	if a, r := rec.counts(); a != 0 || r != 1 {
+		t.Fatalf("applied %d, refused %d; want 0, 1", a, r)
+	}
+	write(t, path, rulesWith("50"))
+	w.poll()
+	if a, _ := rec.counts(); a != 1 {
+		t.Fatalf("applied %d, want 1", a)
+	}
+}
