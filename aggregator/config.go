@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/keyid"
 )
 
 // Config is the aggregator's configuration. Every field can be set in the
@@ -61,9 +62,6 @@ const (
 	DefaultDataDir       = "tollgate-data"
 )
 
-// minKeySecret is the shortest key_secret accepted, in bytes (as the gateway).
-const minKeySecret = 16
-
 // Off, as aggregator_metrics_listen, disables the metrics listener.
 const Off = "off"
 
@@ -104,8 +102,8 @@ func (c *Config) Validate() error {
 	bad := func(path, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s (%s): %s", path, configs.EnvName(path), fmt.Sprintf(format, args...)))
 	}
-	if len(c.KeySecret) < minKeySecret {
-		bad("key_secret", "required, at least %d bytes (generate one with: openssl rand -base64 32)", minKeySecret)
+	if len(c.KeySecret) < keyid.MinSecretLen {
+		bad("key_secret", "required, at least %d bytes (generate one with: openssl rand -base64 32)", keyid.MinSecretLen)
 	}
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "required: the aggregator consumes decision events")
