@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Config is the aggregator's configuration. Every field can be set in the
@@ -25,8 +26,8 @@ type Config struct {
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
 
-	Kafka configs.Kafka `yaml:"kafka"`
-	NATS  configs.NATS  `yaml:"nats"`
+	Kafka KafkaConfig  `yaml:"kafka"`
+	NATS  configs.NATS `yaml:"nats"`
 
 	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
 	SessionTimeout     time.Duration `yaml:"aggregator_session_timeout" doc:"How long the group waits for a silent instance before its partitions move to the others."`
@@ -38,6 +39,26 @@ type Config struct {
 	ShutdownTimeout time.Duration `yaml:"aggregator_shutdown_timeout" doc:"How long a shutdown waits for in-flight HTTP requests."`
 
 	Log configs.Log `yaml:"log"`
+}
+
+// KafkaConfig is the `kafka` section: the shared one and the topics only
+// the aggregator uses.
+type KafkaConfig struct {
+	configs.Kafka `yaml:",inline"`
+
+	UsageTopic     string `yaml:"usage_topic" doc:"Topic of closed usage windows (tollgate.v1.UsageRollup), for analytics consumers."`
+	PenaltiesTopic string `yaml:"penalties_topic" doc:"Topic of penalty steps (tollgate.v1.PenaltyEvent)."`
+	AuditTopic     string `yaml:"audit_topic" doc:"Retained topic of audit entries (tollgate.v1.AuditEntry)."`
+	ChangelogTopic string `yaml:"changelog_topic" doc:"The aggregator's compacted changelog topic (its state), co-partitioned with the decisions topic."`
+}
+
+// SetDefaults fills zero fields with the schemas' topic names.
+func (c *KafkaConfig) SetDefaults() {
+	c.Kafka.SetDefaults()
+	set(&c.UsageTopic, tollgatev1.TopicUsage)
+	set(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
+	set(&c.AuditTopic, tollgatev1.TopicAudit)
+	set(&c.ChangelogTopic, tollgatev1.TopicChangelog)
 }
 
 // UsageConfig is the `usage` section: windows and reports.

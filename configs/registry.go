@@ -10,14 +10,14 @@ import (
 // configurations: by scripts, the local stack's starters and the tests.
 // Binaries accept them so that one shell environment serves everything.
 var tools = []string{
-	"TOLLGATE_REDIS_SERVER",               // compose/redisserver: redis-server binary to run
-	"TOLLGATE_NO_INSTALL",                 // scripts/install-deps.sh: check only
-	"TOLLGATE_TEST_LOG",                   // tests: log to stderr
-	"TOLLGATE_AGGREGATOR_TEST_PROCESS",    // aggregator tests: child process
-	"TOLLGATE_REDISSERVER_ORPHAN_HELPER",  // compose/redisserver tests: child process
-	"TOLLGATE_SPOOL_LOCK_HELPER",          // gateway/internal/spool tests: child process
-	"TOLLGATE_EVENTS_CHILD",               // gateway/internal/events tests: child process
-	"TOLLGATE_STACK_ENV_FILE",             // reserved: where make run writes bin/stack.env
+	"TOLLGATE_REDIS_SERVER",              // compose/redisserver: redis-server binary to run
+	"TOLLGATE_NO_INSTALL",                // scripts/install-deps.sh: check only
+	"TOLLGATE_TEST_LOG",                  // tests: log to stderr
+	"TOLLGATE_AGGREGATOR_TEST_PROCESS",   // aggregator tests: child process
+	"TOLLGATE_REDISSERVER_ORPHAN_HELPER", // compose/redisserver tests: child process
+	"TOLLGATE_SPOOL_LOCK_HELPER",         // gateway/internal/spool tests: child process
+	"TOLLGATE_EVENTS_CHILD",              // gateway/internal/events tests: child process
+	"TOLLGATE_STACK_ENV_FILE",            // reserved: where make run writes bin/stack.env
 }
 
 // CheckEnv refuses TOLLGATE_* variables in environ (os.Environ) that no

@@ -55,26 +55,18 @@ func (c *Log) NewLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// Kafka is the `kafka` section.
+// Kafka is the `kafka` section the gateway and the aggregator share (the
+// aggregator adds its own topics to it).
 type Kafka struct {
-	Brokers []string `yaml:"brokers" doc:"Kafka seed brokers, comma-separated. Gateway: empty means no decision events. Aggregator: required."`
+	Brokers []string `yaml:"brokers" doc:"Kafka seed brokers, comma-separated. Gateway: where decision events go (empty: no events). Aggregator: required."`
 
 	DecisionsTopic string `yaml:"decisions_topic" doc:"Topic of decision events (tollgate.v1.DecisionEvent, key tenant)."`
-	UsageTopic     string `yaml:"usage_topic" doc:"Topic of closed usage windows (tollgate.v1.UsageRollup), for analytics consumers."`
-	PenaltiesTopic string `yaml:"penalties_topic" doc:"Topic of penalty steps (tollgate.v1.PenaltyEvent)."`
-	AuditTopic     string `yaml:"audit_topic" doc:"Retained topic of audit entries (tollgate.v1.AuditEntry)."`
-	ChangelogTopic string `yaml:"changelog_topic" doc:"The aggregator's compacted changelog topic (its state; co-partitioned with the decisions topic)."`
-	Partitions     int32  `yaml:"partitions" doc:"Partitions of the topics Tollgate creates when they are missing. Existing topics keep theirs."`
+	Partitions     int32  `yaml:"partitions" doc:"Partitions of the topics Tollgate creates when they are missing; existing topics keep theirs. Gateways partition decision events by tenant over the decisions topic's actual count."`
 }
 
-// SetDefaults fills zero fields with the schemas' topic names and 6
-// partitions.
+// SetDefaults fills zero fields: the schemas' topic name, 6 partitions.
 func (c *Kafka) SetDefaults() {
 	setIfZero(&c.DecisionsTopic, tollgatev1.TopicDecisions)
-	setIfZero(&c.UsageTopic, tollgatev1.TopicUsage)
-	setIfZero(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
-	setIfZero(&c.AuditTopic, tollgatev1.TopicAudit)
-	setIfZero(&c.ChangelogTopic, tollgatev1.TopicChangelog)
 	setIfZero(&c.Partitions, 6)
 }
 

@@ -3,8 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"net/textproto"
@@ -46,8 +44,8 @@ type Config struct {
 	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
 	Redis redisstore.Config `yaml:"redis"`
-	Kafka KafkaConfig       `yaml:"kafka"`
-	NATS  NATSConfig        `yaml:"nats"`
+	Kafka configs.Kafka     `yaml:"kafka"`
+	NATS  configs.NATS      `yaml:"nats"`
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
 
@@ -65,26 +63,9 @@ type Config struct {
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
 
-	Log LogConfig `yaml:"log"`
-}
-
-// LogConfig is the `log` section, used by bin/gateway to build its logger
-// (New takes a *slog.Logger and ignores it).
-type LogConfig struct {
-	Level  string `yaml:"level" doc:"Least level logged: debug, info, warn or error. API keys are never logged."`
-	Format string `yaml:"format" doc:"Log format on stderr: text or json."`
-}
-
-// KafkaConfig is the `kafka` section. Decision events are not produced yet
-// (a later issue); the field is accepted so configurations can carry it.
-type KafkaConfig struct {
-	Brokers []string `yaml:"brokers" doc:"Kafka seed brokers, comma-separated, for decision events (empty: no events). Accepted but not used yet: decision events come in a later version."`
-}
-
-// NATSConfig is the `nats` section. Fleet mode is not implemented yet (a
-// later issue); the field is accepted so configurations can carry it.
-type NATSConfig struct {
-	URL string `yaml:"url" doc:"NATS server URL for fleet mode: rules, blocklist and overrides from JetStream KV (empty: static rules only). Accepted but not used yet: the gateway reads rules_file."`
+	// Log is used by bin/gateway to build its logger (New takes a
+	// *slog.Logger and ignores it).
+	Log configs.Log `yaml:"log"`
 }
 
 // IdentityConfig is the `identity` section: how the proxy reads a request's
@@ -167,8 +148,8 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.Limits.ReadTimeout, DefaultReadTimeout)
 	setDefault(&c.Limits.IdleTimeout, DefaultIdleTimeout)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
-	setDefault(&c.Log.Level, "info")
-	setDefault(&c.Log.Format, "text")
+	c.Log.SetDefaults()
+	c.Kafka.SetDefaults()
 }
 
 func setDefault[T comparable](p *T, v T) {
@@ -278,25 +259,9 @@ func (c *Config) Validate() error {
 			bad(d.path, "must not be negative")
 		}
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.Log.Level)); err != nil {
-		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
-	}
-	if c.Log.Format != "text" && c.Log.Format != "json" {
-		bad("log.format", "%q is not text or json", c.Log.Format)
-	}
+	errs = append(errs, c.Log.Validate("log")...)
+	errs = append(errs, c.Kafka.Validate("kafka")...)
 	return errors.Join(errs...)
-}
-
-// NewLogger returns the logger the `log` section describes, writing to w.
-func (c *LogConfig) NewLogger(w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.Level)) // validated; info otherwise
-	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // identity builds the httpguard.Identity of a validated configuration.

@@ -150,7 +150,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 			TenantHeader:   "Bad Header",
 		},
 		Limits: gateway.LimitsConfig{ReadTimeout: -time.Second},
-		Log:    gateway.LogConfig{Level: "loud"},
+		Log:    configs.Log{Level: "loud"},
 	}
 	c.SetDefaults()
 	err := c.Validate()

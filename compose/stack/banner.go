@@ -31,6 +31,13 @@ func (s *Stack) printBanner() {
 	line("  metrics          %s/metrics  (also /healthz, /readyz)", metrics)
 	line("  Envoy RLS gRPC   %s", dialable(a.GRPC))
 	line("  redis            %s", redis)
+	line("  kafka            %s  (embedded Kafka-protocol broker: topics %s, …)", dialable(a.Kafka), "tollgate.decisions.v1")
+	line("  nats             %s  (embedded, JetStream on: KV buckets tollgate_rules, tollgate_blocklist, tollgate_overrides)", a.NATS)
+	line("  aggregator       http://%s  (usage reports, operator API /admin/v1/; bearer admin token)", dialable(a.Aggregator))
+	line("  aggregator ops   http://%s/metrics  (also /healthz, /readyz)", dialable(a.AggregatorMetrics))
+	if s.cfg.EnvFile != "" && s.cfg.EnvFile != "off" {
+		line("  join the stack   set -a; . %s; set +a   then bin/gateway or bin/aggregator (README: Joining the local stack)", s.cfg.EnvFile)
+	}
 	line("  rules            %s  (edit it: changes apply within a second)", s.cfg.RulesFile)
 	line("")
 	if s.genSecret {
@@ -41,9 +48,9 @@ func (s *Stack) printBanner() {
 	}
 	if s.genToken {
 		line("  admin token      %s", s.cfg.AdminToken)
-		line("                   for the aggregator's operator API, which joins make run later; set %s to keep one", configs.EnvName("admin_token"))
+		line("                   for the operator API and reports; set %s to keep one", configs.EnvName("admin_token"))
 	} else {
-		line("  admin token      from %s (for the aggregator, which joins make run later)", configs.EnvName("admin_token"))
+		line("  admin token      from %s", configs.EnvName("admin_token"))
 	}
 	line("")
 	line("Try it:")
@@ -64,6 +71,13 @@ func (s *Stack) printBanner() {
 	line("")
 	line("  # A slow upstream answer (the demo API waits ms milliseconds, at most 10000):")
 	line("  curl -s -H 'X-API-Key: sk_prod_acme_1' '%s/v1/slow?ms=250'", proxy)
+	line("")
+	agg := "http://" + dialable(a.Aggregator)
+	line("  # Usage of tenant acme, per minute, from the decision stream (Kafka -> aggregator):")
+	line("  curl -s -H 'Authorization: Bearer %s' '%s/v1/usage/tenants/acme?granularity=minute'", s.cfg.AdminToken, agg)
+	line("")
+	line("  # The audit log of the control plane (the rules bucket was seeded from %s):", s.cfg.RulesFile)
+	line("  curl -s -H 'Authorization: Bearer %s' %s/admin/v1/audit", s.cfg.AdminToken, agg)
 	line("")
 	line("  # Decisions so far, by rule and route (all metrics: %s/metrics):", metrics)
 	line("  curl -s %s/metrics | grep '^tollgate_checks_total'", metrics)

@@ -3,9 +3,10 @@ package stack
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
+	"strings"
 
+	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 )
@@ -25,8 +26,11 @@ const (
 // Defaults of the fields the gateway does not own (its own are
 // gateway.DefaultListen and friends).
 const (
-	DefaultDemoListen = "127.0.0.1:9000"
-	DefaultRedis      = RedisAuto
+	DefaultDemoListen  = "127.0.0.1:9000"
+	DefaultRedis       = RedisAuto
+	DefaultKafkaListen = "127.0.0.1:9092"
+	DefaultNATSListen  = "nats://127.0.0.1:4222"
+	DefaultEnvFile     = "bin/stack.env"
 )
 
 // Config is the local stack's configuration (SPEC §9). Every field is
@@ -43,10 +47,17 @@ type Config struct {
 	DemoListen    string `yaml:"demo_listen" doc:"Address of the demo API the proxy forwards to: JSON for any path, GET /v1/slow?ms=N for latency."`
 	RulesFile     string `yaml:"rules_file" doc:"Rules file the gateway loads and watches: edit it while the stack runs and the change applies within a second. Relative paths start from the current directory (make run: the repository root)."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids, at least 16 bytes. Empty: generated at start and printed."`
-	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the aggregator's operator API. The aggregator joins the stack in a later version; the token is already generated (when empty) and printed so scripts can rely on it."`
-	Redis         string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
+	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the aggregator's operator API and usage reports. Empty: generated at start and printed."`
 
-	Log gateway.LogConfig `yaml:"log"`
+	KafkaListen             string `yaml:"stack_kafka_listen" doc:"Address of the embedded Kafka-protocol broker (franz-go's kfake): any Kafka client can read the topics from it."`
+	NATSListen              string `yaml:"stack_nats_listen" doc:"Address of the embedded NATS server (JetStream on), nats://host:port or host:port: the nats CLI can watch the KV buckets."`
+	AggregatorListen        string `yaml:"aggregator_listen" doc:"Address of the aggregator's operator API and usage reports (bearer admin_token)."`
+	AggregatorMetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of the aggregator's GET /metrics, /healthz and /readyz."`
+	DataDir                 string `yaml:"data_dir" doc:"Directory of the stack's state: the Kafka log, NATS's JetStream store and the aggregator's Pebble. Empty: a new temporary directory, removed on exit; set it to keep state across runs."`
+	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET and TOLLGATE_ADMIN_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a."`
+	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
+
+	Log configs.Log `yaml:"log"`
 }
 
 // SetDefaults fills zero fields with their defaults (SPEC §9's addresses).
@@ -59,8 +70,12 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.DemoListen, DefaultDemoListen)
 	setDefault(&c.RulesFile, gateway.DefaultRulesFile)
 	setDefault(&c.Redis, DefaultRedis)
-	setDefault(&c.Log.Level, "info")
-	setDefault(&c.Log.Format, "text")
+	setDefault(&c.KafkaListen, DefaultKafkaListen)
+	setDefault(&c.NATSListen, DefaultNATSListen)
+	setDefault(&c.AggregatorListen, aggregator.DefaultListen)
+	setDefault(&c.AggregatorMetricsListen, aggregator.DefaultMetricsListen)
+	setDefault(&c.EnvFile, DefaultEnvFile)
+	c.Log.SetDefaults()
 }
 
 func setDefault(p *string, v string) {
@@ -100,15 +115,7 @@ func (c *Config) Validate() error {
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.Log.Level)); err != nil {
-		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
-	}
-	switch c.Log.Format {
-	case "text", "json":
-	default:
-		bad("log.format", "%q is not text or json", c.Log.Format)
-	}
+	errs = append(errs, c.Log.Validate("log")...)
 	return errors.Join(errs...)
 }
 
@@ -126,8 +133,15 @@ func (c *Config) listeners() []listener {
 		{"api_listen", c.APIListen},
 		{"metrics_listen", c.MetricsListen},
 		{"grpc_listen", c.GRPCListen},
+		{"stack_nats_listen", natsHostPort(c.NATSListen)},
+		{"stack_kafka_listen", c.KafkaListen},
+		{"aggregator_listen", c.AggregatorListen},
+		{"aggregator_metrics_listen", c.AggregatorMetricsListen},
 	}
 }
+
+// natsHostPort is stack_nats_listen without its nats:// scheme.
+func natsHostPort(s string) string { return strings.TrimPrefix(s, "nats://") }
 
 // Vars lists every variable of the stack with its default and
 // documentation, for --help.

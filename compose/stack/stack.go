@@ -23,15 +23,21 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/demoapi"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/natsserver"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // Errors; match them with errors.Is.
@@ -73,6 +79,11 @@ type Addrs struct {
 	GRPC    string // gateway Envoy RLS
 	Demo    string // demo API (the proxy's upstream)
 	Redis   string // Redis, either backend
+	Kafka   string // embedded Kafka-protocol broker
+	NATS    string // embedded NATS server, nats://host:port
+
+	Aggregator        string // operator API and reports
+	AggregatorMetrics string // aggregator metrics and health
 }
 
 // Stack is the local stack. Create it with New, then call Run once.
@@ -234,11 +245,55 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	}
 	stops = append(stops, func() error { return rds.stop(redisLog) })
 
+	dataDir, removeData, err := s.dataDir()
+	if err != nil {
+		return err
+	}
+	stops = append(stops, removeData)
+
+	natsLog := s.log.With(slog.String(partKey, "nats"))
+	ns, err := natsserver.Start(ctx, natsserver.WithListen(natsHostPort(s.cfg.NATSListen)),
+		natsserver.WithStoreDir(filepath.Join(dataDir, "nats")), natsserver.WithLogger(natsLog))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return s.portOr(fmt.Errorf("stack: start nats: %w", err))
+	}
+	natsLog.Info("nats started (JetStream on)", slog.String("url", ns.ClientURL()))
+	stops = append(stops, func() error { defer natsLog.Info("nats stopped"); return ns.Stop() })
+
+	kafkaLog := s.log.With(slog.String(partKey, "kafka"))
+	kb, err := kafkabroker.Start(ctx, kafkabroker.WithListen(s.cfg.KafkaListen),
+		kafkabroker.WithDataDir(filepath.Join(dataDir, "kafka")), kafkabroker.WithLogger(kafkaLog))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return s.portOr(fmt.Errorf("stack: start the kafka broker: %w", err))
+	}
+	kafkaLog.Info("kafka-protocol broker started (kfake)", slog.String("addr", kb.Addr()))
+	stops = append(stops, func() error { defer kafkaLog.Info("kafka broker stopped"); return kb.Stop() })
+
 	demo, err := s.startDemo()
 	if err != nil {
 		return err
 	}
 	stops = append(stops, demo.stop)
+
+	agg, err := aggregator.New(s.aggregatorConfig(dataDir, kb.Addrs(), ns.ClientURL()), s.log.With(slog.String(partKey, "aggregator")))
+	if err != nil {
+		return s.portOr(fmt.Errorf("stack: start the aggregator: %w", err))
+	}
+	aggCtx, aggCancel := context.WithCancel(context.WithoutCancel(ctx))
+	aggRun := start(func() error { return agg.Run(aggCtx) })
+	stops = append(stops, func() error {
+		aggCancel()
+		if err := aggRun.wait(); err != nil && !aggRun.reported {
+			return fmt.Errorf("stack: aggregator: %w", err)
+		}
+		return nil
+	})
 
 	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr), s.log.With(slog.String(partKey, "gateway")))
 	if err != nil {
@@ -262,61 +317,63 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		return nil
 	})
 
-	ga := gw.Addrs()
-	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr}
+	ga, aa := gw.Addrs(), agg.Addrs()
+	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
+		Kafka: kb.Addr(), NATS: ns.ClientURL(), Aggregator: aa.API, AggregatorMetrics: aa.Metrics}
 	s.redisKind = rds.kind
 
-	if err := s.waitReady(ctx, gwRun); err != nil {
-		if ctx.Err() != nil {
-			return nil // asked to stop while starting
+	for _, w := range []struct {
+		name string
+		url  string
+		run  *task
+	}{{"gateway", "http://" + dialable(s.addrs.Metrics) + "/readyz", gwRun}, {"aggregator", "http://" + dialable(s.addrs.AggregatorMetrics) + "/readyz", aggRun}} {
+		if err := s.waitReady(ctx, w.name, w.url, w.run); err != nil {
+			if ctx.Err() != nil {
+				return nil // asked to stop while starting
+			}
+			return err
 		}
+	}
+	if err := s.writeEnvFile(); err != nil {
 		return err
 	}
+	stops = append(stops, s.removeEnvFile)
 	s.printBanner()
 	close(s.ready)
 	s.log.Info("stack ready; Ctrl-C stops it")
 
 	select {
 	case <-ctx.Done():
-		s.log.Info("stack shutting down: gateway, then demo API, then redis")
+		s.log.Info("stack shutting down: gateway, aggregator, demo API, kafka, nats, then redis")
 		return nil
-	case <-gwRun.done:
+	case <-gwRun.Done():
 		return gwRun.report("gateway")
-	case <-demo.run.done:
+	case <-aggRun.Done():
+		return aggRun.report("aggregator")
+	case <-demo.run.Done():
 		return demo.run.report("demo API")
 	}
 }
 
-// task is one goroutine's result, which many may wait for.
+// task is one part's goroutine, which Run and the stops wait for.
 type task struct {
-	done     chan struct{}
-	err      error
-	reported bool // Run returned err already; owned by Run's goroutine
+	*service.Task
+	reported bool // Run returned its error already; owned by Run's goroutine
 }
 
 // start runs f on a new goroutine.
-func start(f func() error) *task {
-	t := &task{done: make(chan struct{})}
-	go func() {
-		t.err = f()
-		close(t.done)
-	}()
-	return t
-}
+func start(f func() error) *task { return &task{Task: service.Go(f)} }
 
 // wait waits for the goroutine and returns its error.
-func (t *task) wait() error {
-	<-t.done
-	return t.err
-}
+func (t *task) wait() error { return t.Wait() }
 
 // report is Run's error for a part that stopped on its own.
 func (t *task) report(part string) error {
 	t.reported = true
-	if t.err == nil {
-		return fmt.Errorf("stack: %s stopped unexpectedly", part)
+	if err := t.Wait(); err != nil {
+		return fmt.Errorf("stack: %s: %w", part, err)
 	}
-	return fmt.Errorf("stack: %s: %w", part, t.err)
+	return fmt.Errorf("stack: %s stopped unexpectedly", part)
 }
 
 // gatewayConfig is the configuration of the stack's gateway: the stack's
@@ -394,14 +451,13 @@ func (d *demoServer) stop() error {
 	return nil
 }
 
-// waitReady polls the gateway's /readyz until it answers 200, so that the
+// waitReady polls a part's /readyz until it answers 200, so that the
 // banner comes once the curl lines work.
-func (s *Stack) waitReady(ctx context.Context, gw *task) error {
+func (s *Stack) waitReady(ctx context.Context, name, url string, part *task) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	url := "http://" + dialable(s.addrs.Metrics) + "/readyz"
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -417,10 +473,10 @@ func (s *Stack) waitReady(ctx context.Context, gw *task) error {
 			}
 		}
 		select {
-		case <-gw.done:
-			return gw.report("gateway")
+		case <-part.Done():
+			return part.report(name)
 		case <-ctx.Done():
-			return fmt.Errorf("stack: gateway not ready within %v: %w", readyTimeout, ctx.Err())
+			return fmt.Errorf("stack: %s not ready within %v: %w", name, readyTimeout, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -441,4 +497,88 @@ func dialable(addr string) string {
 		}
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// aggregatorConfig is the configuration of the stack's aggregator.
+func (s *Stack) aggregatorConfig(dataDir string, brokers []string, natsURL string) aggregator.Config {
+	c := aggregator.Config{
+		Listen:          s.cfg.AggregatorListen,
+		MetricsListen:   s.cfg.AggregatorMetricsListen,
+		ID:              gatewayID,
+		DataDir:         filepath.Join(dataDir, "aggregator"),
+		AdminToken:      s.cfg.AdminToken,
+		KeySecret:       s.cfg.KeySecret,
+		RulesFile:       s.cfg.RulesFile,
+		SessionTimeout:  6 * time.Second,
+		ShutdownTimeout: shutdownTimeout,
+		Log:             s.cfg.Log,
+	}
+	c.Kafka.Brokers = brokers
+	c.NATS.URL = natsURL
+	return c
+}
+
+// dataDir returns the stack's state directory (data_dir, or a new
+// temporary one) and how to remove it on exit (only a temporary one).
+func (s *Stack) dataDir() (string, func() error, error) {
+	if s.cfg.DataDir != "" {
+		if err := os.MkdirAll(s.cfg.DataDir, 0o750); err != nil {
+			return "", nil, fmt.Errorf("stack: %s: %w", configs.EnvName("data_dir"), err)
+		}
+		return s.cfg.DataDir, func() error { return nil }, nil
+	}
+	dir, err := os.MkdirTemp("", "tollgate-stack-")
+	if err != nil {
+		return "", nil, fmt.Errorf("stack: data dir: %w", err)
+	}
+	s.log.Info("state in a temporary directory, removed on exit (set "+configs.EnvName("data_dir")+" to keep it)", slog.String("dir", dir))
+	return dir, func() error { return os.RemoveAll(dir) }, nil
+}
+
+// portOr names the variable of a taken port when err is one, else
+// returns err.
+func (s *Stack) portOr(err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		if perr := s.cfg.checkPorts(); perr != nil {
+			return perr
+		}
+	}
+	return err
+}
+
+// envLines are bin/stack.env's lines (SPEC §9).
+func (s *Stack) envLines() []string {
+	return []string{
+		configs.EnvName("redis.addrs") + "=" + s.addrs.Redis,
+		configs.EnvName("kafka.brokers") + "=" + dialable(s.addrs.Kafka),
+		configs.EnvName("nats.url") + "=" + s.addrs.NATS,
+		configs.EnvName("key_secret") + "=" + s.cfg.KeySecret,
+		configs.EnvName("admin_token") + "=" + s.cfg.AdminToken,
+	}
+}
+
+// writeEnvFile writes stack_env_file (0600: it holds the secrets).
+func (s *Stack) writeEnvFile() error {
+	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(s.cfg.EnvFile), 0o755); err != nil {
+		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
+	}
+	body := "# Written by make run while the stack runs (removed on exit). Join the stack with:\n" +
+		"#   set -a; . " + s.cfg.EnvFile + "; set +a\n" + strings.Join(s.envLines(), "\n") + "\n"
+	if err := os.WriteFile(s.cfg.EnvFile, []byte(body), 0o600); err != nil {
+		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
+	}
+	return nil
+}
+
+func (s *Stack) removeEnvFile() error {
+	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
+		return nil
+	}
+	if err := os.Remove(s.cfg.EnvFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }

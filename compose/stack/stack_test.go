@@ -40,6 +40,12 @@ func testConfig(redis string) stack.Config {
 		DemoListen:    "127.0.0.1:0",
 		RulesFile:     rulesFile,
 		Redis:         redis,
+
+		KafkaListen:             "127.0.0.1:0",
+		NATSListen:              "127.0.0.1:0",
+		AggregatorListen:        "127.0.0.1:0",
+		AggregatorMetricsListen: "127.0.0.1:0",
+		EnvFile:                 "off",
 	}
 }
 
@@ -450,6 +456,8 @@ func TestDefaultsAreSpecAddresses(t *testing.T) {
 	want := stack.Config{
 		Listen: "127.0.0.1:8080", APIListen: "127.0.0.1:8082", MetricsListen: "127.0.0.1:9091",
 		GRPCListen: "127.0.0.1:8089", DemoListen: "127.0.0.1:9000", RulesFile: "configs/rules.yaml", Redis: "auto",
+		KafkaListen: "127.0.0.1:9092", NATSListen: "nats://127.0.0.1:4222", AggregatorListen: "127.0.0.1:8081",
+		AggregatorMetricsListen: "127.0.0.1:9093", EnvFile: "bin/stack.env",
 	}
 	want.Log.Level, want.Log.Format = "info", "text"
 	if c != want {

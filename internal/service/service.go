@@ -121,3 +121,28 @@ func (l *Lifecycle) Close(release func()) {
 	l.mu.Unlock()
 	<-done
 }
+
+// Task is one goroutine's result, which many may wait for.
+type Task struct {
+	done chan struct{}
+	err  error
+}
+
+// Go runs f on a new goroutine; the caller owns it and must Wait.
+func Go(f func() error) *Task {
+	t := &Task{done: make(chan struct{})}
+	go func() {
+		t.err = f()
+		close(t.done)
+	}()
+	return t
+}
+
+// Done is closed once f has returned.
+func (t *Task) Done() <-chan struct{} { return t.done }
+
+// Wait waits for f and returns its error.
+func (t *Task) Wait() error {
+	<-t.done
+	return t.err
+}

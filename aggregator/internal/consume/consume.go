@@ -838,9 +838,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // KafkaLogger returns the logger franz-go gets: log's warnings and errors
-// only (its info lines come once per transaction), tagged component=kafka.
+// only (its info lines come once per transaction), tagged lib=franz-go.
 func KafkaLogger(log *slog.Logger) *slog.Logger {
-	return slog.New(minLevel{h: log.Handler(), min: slog.LevelWarn}).With(slog.String("component", "kafka"))
+	return slog.New(minLevel{h: log.Handler(), min: slog.LevelWarn}).With(slog.String("lib", "franz-go"))
 }
 
 // minLevel drops records below min.

@@ -436,15 +436,15 @@ func (d *DB) Report(q Query) ([]ReportRow, string, error) {
 type pebbleLogger struct{ log *slog.Logger }
 
 func (l pebbleLogger) Infof(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+	l.log.Debug(fmt.Sprintf(format, args...), slog.String("lib", "pebble"))
 }
 
 func (l pebbleLogger) Errorf(format string, args ...any) {
-	l.log.Error(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+	l.log.Error(fmt.Sprintf(format, args...), slog.String("lib", "pebble"))
 }
 
 func (l pebbleLogger) Fatalf(format string, args ...any) {
-	l.log.Error(fmt.Sprintf(format, args...), slog.String("component", "pebble"))
+	l.log.Error(fmt.Sprintf(format, args...), slog.String("lib", "pebble"))
 	panic(fmt.Sprintf(format, args...))
 }
 
