@@ -37,14 +37,15 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // Errors.
 var (
 	// ErrRunning is returned by a second call of Run.
-	ErrRunning = errors.New("gateway: Run called more than once")
+	ErrRunning = service.ErrRunning
 	// ErrClosed is returned by Run after Close.
-	ErrClosed = errors.New("gateway: server closed")
+	ErrClosed = service.ErrClosed
 )
 
 // Sizes of the after-the-fact cost queue (cost_response_header).
@@ -84,17 +85,8 @@ type Server struct {
 	ruleState atomic.Pointer[rulefile.Ruleset]
 	draining  atomic.Bool
 
-	mu     sync.Mutex
-	state  int // stateNew, stateRunning, stateClosed
-	cancel context.CancelFunc
-	done   chan struct{} // closed once every resource is released
+	life service.Lifecycle
 }
-
-const (
-	stateNew = iota
-	stateRunning
-	stateClosed
-)
 
 // httpServer is one HTTP listener.
 type httpServer struct {
@@ -129,7 +121,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 
-	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
 	s.registerProcessMetrics()
 	s.m = metrics.New(prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg))
 
@@ -152,6 +144,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		guard.WithMaxCost(cfg.MaxCost),
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
+		guard.WithObserver(s.m),
 		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))
 	if err != nil {
@@ -168,7 +161,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		rulefile.WithCheck(s.guard.CheckRules),
 		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
 
-	checker := s.m.Wrap(s.guard)
+	checker := guard.Checker(s.guard)
 	if cfg.Upstream != "" {
 		u, _ := url.Parse(cfg.Upstream) // validated
 		s.upstream = proxy.NewTransport()
@@ -286,26 +279,11 @@ func (s *Server) setRules(rs *rulefile.Ruleset, reload bool) {
 // ctx or Close, else the error that stopped it. Run may be called once;
 // every goroutine it starts has exited when it returns.
 func (s *Server) Run(ctx context.Context) error {
-	s.mu.Lock()
-	switch s.state {
-	case stateRunning:
-		s.mu.Unlock()
-		return ErrRunning
-	case stateClosed:
-		s.mu.Unlock()
-		return ErrClosed
+	ctx, finish, err := s.life.Start(ctx)
+	if err != nil {
+		return err
 	}
-	s.state = stateRunning
-	ctx, cancel := context.WithCancel(ctx)
-	s.cancel = cancel
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.state = stateClosed
-		s.mu.Unlock()
-		close(s.done)
-	}()
-	defer cancel()
+	defer finish()
 
 	s.log.Info("gateway started",
 		slog.String("gateway_id", s.cfg.GatewayID),
@@ -317,8 +295,7 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 
-	var g group
-	g.cancel = cancel
+	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { s.loadScript(ctx); return nil })
 	g.Go(func() error { return s.watcher.Run(ctx) })
 	if s.reporter != nil {
@@ -345,7 +322,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.shutdown()
 		return nil
 	})
-	err := g.Wait()
+	err = g.Wait()
 	s.releaseStore()
 	if err != nil {
 		s.log.Error("gateway stopped", slog.String("error", err.Error()))
@@ -415,20 +392,10 @@ func (s *Server) loadScript(ctx context.Context) {
 // the listeners and Redis of a server Run was never called on. It is
 // idempotent and safe from many goroutines.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	switch s.state {
-	case stateNew:
-		s.state = stateClosed
-		s.mu.Unlock()
+	s.life.Close(func() {
 		s.releaseListeners()
 		s.releaseStore()
-		close(s.done)
-		return nil
-	case stateRunning:
-		s.cancel()
-	}
-	s.mu.Unlock()
-	<-s.done
+	})
 	return nil
 }
 
@@ -450,31 +417,6 @@ func (s *Server) releaseStore() {
 	if s.client != nil {
 		_ = s.client.Close()
 	}
-}
-
-// group runs goroutines, cancels on the first error and waits for all
-// (golang.org/x/sync/errgroup in 20 lines, without the dependency).
-type group struct {
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
-	cancel context.CancelFunc
-}
-
-func (g *group) Go(f func() error) {
-	g.wg.Go(func() {
-		if err := f(); err != nil {
-			g.once.Do(func() {
-				g.err = err
-				g.cancel()
-			})
-		}
-	})
-}
-
-func (g *group) Wait() error {
-	g.wg.Wait()
-	return g.err
 }
 
 // exposed returns the names of the listeners bound beyond loopback (a

@@ -39,7 +39,7 @@ type grpcServer struct {
 	ln     net.Listener
 }
 
-func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
+func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -49,7 +49,7 @@ func newGRPCServer(g *guard.Guard, m *metrics.Metrics, log *slog.Logger, creds c
 		opts = append(opts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(opts...)
-	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls"))), rls.WithObserver(m.Decision)).Register(srv)
+	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls")))).Register(srv)
 	hs := health.NewServer()
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)

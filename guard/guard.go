@@ -54,6 +54,8 @@ type Guard struct {
 
 	rules atomic.Pointer[rules.Ruleset]
 
+	observers []Observer
+
 	// Rate limit of the "deciding degraded" log line: the Unix ns of the
 	// last line, and the degraded decisions since.
 	degrLogged atomic.Int64
@@ -107,6 +109,13 @@ func WithDecisionClock(now func() int64) Option { return func(g *Guard) { g.decC
 // While the store fails, the guard logs one warning per second at most,
 // with the number of degraded decisions since the previous one.
 func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
+
+// WithObserver adds observers told of every decided request (see
+// Observer; default: none). They run in the order given, on the deciding
+// goroutine.
+func WithObserver(obs ...Observer) Option {
+	return func(g *Guard) { g.observers = append(g.observers, obs...) }
+}
 
 // WithOnDegraded sets a function called once for every check or peek (or
 // CheckMany call) decided degraded because the store failed, with the
@@ -278,6 +287,23 @@ type applicable struct {
 }
 
 func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) error {
+	if len(g.observers) == 0 {
+		return g.decideOnce(ctx, op, req, d)
+	}
+	start := time.Now()
+	err := g.decideOnce(ctx, op, req, d)
+	g.observe(ctx, op, req, d, err, time.Since(start))
+	return err
+}
+
+// observe tells every observer of one decision.
+func (g *Guard) observe(ctx context.Context, op Op, req *Request, d *Decision, err error, took time.Duration) {
+	for _, o := range g.observers {
+		o.Decided(ctx, op, req, d, err, took)
+	}
+}
+
+func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision) error {
 	rs := g.rules.Load()
 	if rs == nil {
 		return ErrNoRules

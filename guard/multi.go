@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -38,6 +39,21 @@ import (
 // An error means no decision could be made (no ruleset, the store and the
 // fallback failed, or mismatched arguments); ds then holds nothing useful.
 func (g *Guard) CheckMany(ctx context.Context, reqs []*Request, ds []*Decision) error {
+	if len(g.observers) == 0 {
+		return g.checkMany(ctx, reqs, ds)
+	}
+	start := time.Now()
+	err := g.checkMany(ctx, reqs, ds)
+	took := time.Since(start)
+	for i := range ds {
+		if i < len(reqs) && reqs[i] != nil && ds[i] != nil {
+			g.observe(ctx, OpCheck, reqs[i], ds[i], err, took)
+		}
+	}
+	return err
+}
+
+func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) error {
 	if len(ds) != len(reqs) {
 		return fmt.Errorf("guard: check many: %d requests but %d decisions", len(reqs), len(ds))
 	}

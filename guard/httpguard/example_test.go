@@ -17,8 +17,11 @@ import (
 )
 
 // quotaChecker stands in for a *guard.Guard in these examples: every key
-// may make two requests; anonymous requests match no rule.
+// may make two requests; anonymous requests match no rule. The middleware
+// calls only CheckInto; the embedded guard.Checker (nil) stands for the
+// rest of the interface.
 type quotaChecker struct {
+	guard.Checker
 	mu   sync.Mutex
 	used map[string]int64
 }

@@ -12,7 +12,10 @@ import (
 )
 
 // fakeChecker is a guard.Checker test double: fn decides.
+// fakeChecker answers CheckInto with fn; the middleware calls nothing
+// else (the embedded nil Checker would panic if it did).
 type fakeChecker struct {
+	guard.Checker
 	fn func(req *guard.Request, d *guard.Decision) error
 }
 

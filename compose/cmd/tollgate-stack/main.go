@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,9 +24,14 @@ import (
 
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 func main() {
+	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
+		fmt.Fprintf(os.Stderr, "tollgate-stack: %v\n", err)
+		os.Exit(2)
+	}
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
@@ -76,7 +80,7 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	}
 	// go-redis logs failed dials through its own process-wide logger:
 	// route it into ours at debug level, as bin/gateway does.
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(redisstore.SlogLogger{Log: log})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := st.Run(ctx); err != nil {
@@ -106,11 +110,4 @@ func help(stdout, stderr io.Writer) int {
 	}
 	_, _ = fmt.Fprintf(stdout, "  TOLLGATE_REDIS_SERVER  (default: redis-server from PATH)\n      Path of the redis-server binary to run.\n")
 	return 0
-}
-
-// redisLogger adapts slog to go-redis's logger.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), slog.String("component", "go-redis"))
 }

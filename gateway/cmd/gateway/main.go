@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,9 +22,14 @@ import (
 
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 func main() {
+	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
+		fmt.Fprintf(os.Stderr, "gateway: %v\n", err)
+		os.Exit(2)
+	}
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
@@ -80,7 +84,7 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	// go-redis logs every failed dial through its own process-wide logger:
 	// route it into ours at debug level (the gateway logs the outage once
 	// and counts the errors in tollgate_redis_errors_total).
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(redisstore.SlogLogger{Log: log})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -106,11 +110,4 @@ func help(stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// redisLogger adapts slog to go-redis's logger.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), slog.String("component", "go-redis"))
 }

@@ -39,17 +39,10 @@ const (
 // invalid (guard never sees it).
 const reasonInvalidRequest = "invalid_request"
 
-// Decider decides requests: a *guard.Guard, or a wrapper recording metrics.
-type Decider interface {
-	guard.Checker
-	Peek(ctx context.Context, req *guard.Request) (*guard.Decision, error)
-	Report(ctx context.Context, req *guard.Request) (*guard.Decision, error)
-}
-
 // Config configures the handler.
 type Config struct {
 	// Decider decides; required.
-	Decider Decider
+	Decider guard.Checker
 	// Token, when set, is the bearer token every request must carry;
 	// otherwise 401 UNAUTHORIZED.
 	Token string

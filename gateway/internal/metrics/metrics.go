@@ -255,37 +255,16 @@ func (s *store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 	return t, err
 }
 
-// Guard wraps a *guard.Guard so that every decision is recorded. It
-// implements guard.Checker and the Peek and Report the check API needs.
-type Guard struct {
-	g *guard.Guard
-	m *Metrics
-}
+var _ guard.Observer = (*Metrics)(nil)
 
-// Wrap returns g recording into m.
-func (m *Metrics) Wrap(g *guard.Guard) *Guard { return &Guard{g: g, m: m} }
-
-var _ guard.Checker = (*Guard)(nil)
-
-// CheckInto implements guard.Checker.
-func (w *Guard) CheckInto(ctx context.Context, req *guard.Request, d *guard.Decision) error {
-	start := time.Now()
-	err := w.g.CheckInto(ctx, req, d)
-	w.m.Decision(d, err, time.Since(start))
-	return err
-}
-
-// Peek is guard.Guard.Peek, recorded.
-func (w *Guard) Peek(ctx context.Context, req *guard.Request) (*guard.Decision, error) {
-	start := time.Now()
-	d, err := w.g.Peek(ctx, req)
-	w.m.Decision(d, err, time.Since(start))
-	return d, err
-}
-
-// Report is guard.Guard.Report, recorded.
-func (w *Guard) Report(ctx context.Context, req *guard.Request) (*guard.Decision, error) {
-	d, err := w.g.Report(ctx, req)
-	w.m.Report(d, err)
-	return d, err
+// Decided implements guard.Observer: checks and peeks count in
+// tollgate_checks_total and the decision latency, reports in
+// tollgate_reports_total, whatever the surface.
+func (m *Metrics) Decided(_ context.Context, op guard.Op, _ *guard.Request, d *guard.Decision, err error, took time.Duration) {
+	switch op {
+	case guard.OpCheck, guard.OpPeek:
+		m.Decision(d, err, took)
+	case guard.OpReport:
+		m.Report(d, err)
+	}
 }

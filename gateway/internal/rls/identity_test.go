@@ -1,6 +1,7 @@
 package rls_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -19,7 +20,8 @@ type codeRecorder struct {
 	codes []string
 }
 
-func (r *codeRecorder) observe(d *guard.Decision, err error, _ time.Duration) {
+// Decided implements guard.Observer.
+func (r *codeRecorder) Decided(_ context.Context, _ guard.Op, _ *guard.Request, d *guard.Decision, _ error, _ time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d != nil {
@@ -41,14 +43,14 @@ func (r *codeRecorder) last() string {
 // endpoint blocked), and without remote_address no per-IP rule applies.
 func TestKeysPathsAndIPs(t *testing.T) {
 	t.Parallel()
+	rec := &codeRecorder{}
 	g := newGuard(t, memstore.New(), `
 rules:
   - {id: v0-gone, match: {endpoint: "^/v0/"}, block: true}
   - {id: per-key, match: {anonymous: false}, capacity: 100, rate: 100/1h}
   - {id: per-ip, scope: ip, capacity: 1, rate: 1/1h}
-`)
-	rec := &codeRecorder{}
-	c := serve(t, rls.New(g, rls.WithObserver(rec.observe)))
+`, guard.WithObserver(rec))
+	c := serve(t, rls.New(g))
 	tests := []struct {
 		name string
 		kv   []string

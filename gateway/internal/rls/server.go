@@ -30,10 +30,9 @@ const (
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	g       *guard.Guard
+	g       guard.Checker
 	log     *slog.Logger
 	limits  limits
-	observe func(d *guard.Decision, err error, took time.Duration)
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -89,16 +88,8 @@ func WithMaxValueLen(n int) Option {
 	})
 }
 
-// WithObserver sets a function called with every descriptor's decision
-// (err set and d nil when the call could not be decided) and the time the
-// call's decisions took, for per-rule metrics. It must not retain d.
-// Default: none.
-func WithObserver(fn func(d *guard.Decision, err error, took time.Duration)) Option {
-	return optionFunc(func(s *Server) { s.observe = fn })
-}
-
 // New returns a Server deciding with g.
-func New(g *guard.Guard, opts ...Option) *Server {
+func New(g guard.Checker, opts ...Option) *Server {
 	s := &Server{
 		g:   g,
 		log: slog.New(slog.DiscardHandler),
@@ -130,19 +121,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if s.g == nil {
 		return nil, status.Error(codes.Unavailable, "tollgate: no guard")
 	}
-	start := time.Now()
+	// Per-descriptor side effects (metrics, decision events) are the
+	// guard's observers: they see every descriptor decided.
 	ds, err := s.decide(ctx, reqs, peek)
-	if s.observe != nil {
-		took := time.Since(start)
-		if err != nil {
-			s.observe(nil, err, took)
-		}
-		for _, d := range ds {
-			if d != nil {
-				s.observe(d, nil, took)
-			}
-		}
-	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()

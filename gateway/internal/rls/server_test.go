@@ -57,7 +57,7 @@ var prefixes atomic.Int64
 
 // newGuard returns a guard on store enforcing src, with a key prefix of its
 // own so that tests sharing a Redis never share counters. Time is Redis's.
-func newGuard(t *testing.T, store guard.Store, src string) *guard.Guard {
+func newGuard(t *testing.T, store guard.Store, src string, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	var rs *rules.Ruleset
 	if src != "" {
@@ -66,7 +66,7 @@ func newGuard(t *testing.T, store guard.Store, src string) *guard.Guard {
 			t.Fatalf("rules: %v", err)
 		}
 	}
-	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))
+	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, append(opts, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))...)
 	if err != nil {
 		t.Fatal(err)
 	}
