@@ -30,9 +30,9 @@ const (
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	g       guard.Checker
-	log     *slog.Logger
-	limits  limits
+	g      guard.Checker
+	log    *slog.Logger
+	limits limits
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
