@@ -26,8 +26,12 @@ const (
 	// callDeadline is the Redis call deadline under test (the default).
 	callDeadline = 50 * time.Millisecond
 	// answerBound bounds every check's latency, outage or not: the
-	// deadline plus scheduling slack.
-	answerBound = 250 * time.Millisecond
+	// deadline plus generous scheduling slack (a loaded 2-core machine
+	// under the race detector stalls goroutines for hundreds of ms). What
+	// it catches is a call held for seconds — go-redis's own read timeout
+	// (3 s) instead of the 50 ms deadline. The measured figures (p99, max)
+	// are logged and recorded in docs/benchmarks.md.
+	answerBound = time.Second
 	// recoverBound bounds the time from Redis answering again to normal
 	// (non-degraded) limiting (target < 1 s).
 	recoverBound = 5 * time.Second
