@@ -16,6 +16,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -55,6 +56,7 @@ func startFleetAggregator(t *testing.T) (*instance, jetstream.JetStream) {
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
 	cfg.Kafka.Brokers = brokers
 	cfg.NATS.URL = ns.ClientURL()
+	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
 	srv, err := aggregator.New(cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -187,10 +189,28 @@ func TestOperatorAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("keys", func(t *testing.T) {
+		// The active ruleset is version 3 (= validRules): a bucket of 10.
+		code, _, b := op(t, addr, "GET", "/admin/v1/keys/sk_some_client?endpoint=/v1/x", "")
+		if code != 200 || !bytes.Contains(b, []byte(`"remaining": 10`)) {
+			t.Fatalf("GET keys: %d %s, want a full bucket of 10", code, b)
+		}
+		code, _, b = op(t, addr, "POST", "/admin/v1/keys/sk_some_client/quota", `{"tokens":5,"reason":"goodwill"}`)
+		if code != 200 {
+			t.Fatalf("quota: %d %s", code, b)
+		}
+		if code, _, b := op(t, addr, "POST", "/admin/v1/keys/sk_some_client/reset", `{}`); code != 200 {
+			t.Fatalf("reset: %d %s", code, b)
+		}
+		if code, _, _ := op(t, addr, "GET", "/admin/v1/keys/kid:aaaaaaaaaaaaaaaaaaaaaa", ""); code != 400 {
+			t.Fatalf("kid: on keys/{key}: %d, want 400", code)
+		}
+	})
+
 	t.Run("audit", func(t *testing.T) {
 		testwait.Eventually(t, 10*time.Second, func() error {
 			_, _, b := op(t, addr, "GET", "/admin/v1/audit", "")
-			for _, kind := range []string{`"kind": "rules"`, `"kind": "rollback"`, `"kind": "blocklist"`, `"kind": "override"`} {
+			for _, kind := range []string{`"kind": "rules"`, `"kind": "rollback"`, `"kind": "blocklist"`, `"kind": "override"`, `"kind": "quota"`, `"kind": "reset"`} {
 				if !bytes.Contains(b, []byte(kind)) {
 					return fmt.Errorf("no %s entry in %s", kind, b)
 				}

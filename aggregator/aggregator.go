@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
@@ -44,7 +45,9 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -61,6 +64,10 @@ type Server struct {
 	audit *audit.Store
 	kafka *kgo.Client // producer of audit entries
 	kv    atomic.Pointer[publish.KV]
+
+	redis   redis.UniversalClient
+	store   *redisstore.Store
+	keyGard atomic.Pointer[hashedGuard] // the operator API's guard, by ruleset hash
 
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
@@ -132,8 +139,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("aggregator: kafka client: %w", err)
 	}
+	if s.redis, err = redisstore.NewClient(cfg.Redis.Client()); err != nil {
+		s.kafka.Close()
+		_ = db.Close()
+		return nil, fmt.Errorf("aggregator: redis: %w", err)
+	}
+	s.store = redisstore.New(s.redis, redisstore.WithTimeout(cfg.Redis.Timeout),
+		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
 	acfg := adminapi.Config{Audit: s.audit, Hasher: hasher, Auditor: audit.NewWriter(s.kafka, cfg.Kafka.AuditTopic),
-		Log: log.With(slog.String("component", "adminapi"))}
+		Log: log.With(slog.String("component", "adminapi")), Guard: s.keyGuard}
 	if cfg.NATS.URL != "" {
 		acfg.KV = s.kv.Load
 	}
@@ -259,6 +273,8 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	err = g.Wait()
 	s.kafka.Close()
+	_ = s.store.Close()
+	_ = s.redis.Close()
 	if cerr := s.db.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -279,9 +295,57 @@ func (s *Server) Close() error {
 			_ = s.metLn.Close()
 		}
 		s.kafka.Close()
+		_ = s.store.Close()
+		_ = s.redis.Close()
 		_ = s.db.Close()
 	})
 	return nil
+}
+
+// hashedGuard is a guard for one ruleset.
+type hashedGuard struct {
+	hash string
+	g    *guard.Guard
+}
+
+// keyGuard returns a guard with the fleet's active ruleset (the rules
+// bucket, else rules_file) over the gateways' Redis, for the operator
+// API's keys/{key} routes. It is rebuilt when the ruleset changes.
+func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
+	var src []byte
+	if kv := s.kv.Load(); kv != nil {
+		e, _, err := kv.ActiveRules(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if e != nil {
+			src = []byte(e.Source)
+		}
+	}
+	if src == nil && s.cfg.RulesFile != "" {
+		b, err := os.ReadFile(s.cfg.RulesFile)
+		if err != nil {
+			return nil, fmt.Errorf("rules_file: %w", err)
+		}
+		src = b
+	}
+	if src == nil {
+		return nil, errors.New("no ruleset: the rules bucket is empty and rules_file is not set")
+	}
+	rs, err := rules.Load(src)
+	if err != nil {
+		return nil, err
+	}
+	if cur := s.keyGard.Load(); cur != nil && cur.hash == rs.Hash() {
+		return cur.g, nil
+	}
+	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs, guard.WithKeyPrefix(s.cfg.Redis.KeyPrefix),
+		guard.WithLogger(s.log.With(slog.String("component", "guard"))))
+	if err != nil {
+		return nil, err
+	}
+	s.keyGard.Store(&hashedGuard{hash: rs.Hash(), g: g})
+	return g, nil
 }
 
 // connectNATS connects to NATS, opens the KV buckets (retrying until

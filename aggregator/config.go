@@ -26,7 +26,8 @@ type Config struct {
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
 
-	Kafka KafkaConfig  `yaml:"kafka"`
+	Kafka KafkaConfig   `yaml:"kafka"`
+	Redis configs.Redis `yaml:"redis"`
 	NATS  configs.NATS `yaml:"nats"`
 
 	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
@@ -95,6 +96,7 @@ func (c *Config) SetDefaults() {
 	}
 	set(&c.DataDir, DefaultDataDir)
 	c.Kafka.SetDefaults()
+	c.Redis.SetDefaults()
 	set(&c.ConsumerGroup, "tollgate-aggregator")
 	set(&c.SessionTimeout, 10*time.Second)
 	set(&c.TransactionTimeout, 10*time.Second)
@@ -149,6 +151,7 @@ func (c *Config) Validate() error {
 		bad("usage.max_rows", "at least 1")
 	}
 	errs = append(errs, c.Kafka.Validate("kafka")...)
+	errs = append(errs, c.Redis.Validate("redis")...)
 	errs = append(errs, c.Log.Validate("log")...)
 	return errors.Join(errs...)
 }

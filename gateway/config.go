@@ -16,7 +16,6 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
-	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 // Off, as a listen address, disables the check API, metrics or gRPC
@@ -43,9 +42,9 @@ type Config struct {
 	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
 	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
-	Redis redisstore.Config `yaml:"redis"`
-	Kafka configs.Kafka     `yaml:"kafka"`
-	NATS  configs.NATS      `yaml:"nats"`
+	Redis configs.Redis `yaml:"redis"`
+	Kafka configs.Kafka `yaml:"kafka"`
+	NATS  configs.NATS  `yaml:"nats"`
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
 
@@ -198,9 +197,7 @@ func (c *Config) Validate() error {
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
 	}
-	if err := c.Redis.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Redis.Validate("redis")...)
 	if c.MaxCost < 1 {
 		bad("max_cost", "must be at least 1")
 	}
@@ -319,31 +316,13 @@ func validHeaderName(s string) bool {
 	return textproto.CanonicalMIMEHeaderKey(s) != ""
 }
 
-// redisDocs documents the redis.* fields for --help: redisstore.Config is
-// the guard's type and carries doc comments, not tags. configs.Vars fails
-// on a stale entry and the tests on a missing one.
-var redisDocs = map[string]string{
-	"redis.mode":          "standalone, sentinel or cluster (default standalone).",
-	"redis.addrs":         "Redis server, Sentinel addresses or Cluster seed nodes, comma-separated (default 127.0.0.1:6379).",
-	"redis.master_name":   "Sentinel master name (default mymaster).",
-	"redis.username":      "Redis ACL user name. Empty: none.",
-	"redis.password":      "Redis password. Prefer password_file. Empty: none.",
-	"redis.password_file": "File holding the Redis password (trailing newline ignored); wins over password.",
-	"redis.tls":           "true to connect to Redis over TLS (default false).",
-	"redis.tls_ca_file":   "PEM bundle of CAs trusted for Redis TLS. Empty: the system's.",
-	"redis.db":            "Redis database number, standalone and Sentinel (default 0).",
-	"redis.key_prefix":    "Prefix of every counter's Redis key (default tg).",
-	"redis.pool_size":     "Connections per Redis node (default 0: the client's, 10 per CPU).",
-	"redis.timeout":       "Deadline of one Redis call, holding even when Redis hangs; a call that timed out is answered by the failure mode of its rules, never retried (default 50ms).",
-}
-
 // Vars lists every configuration variable with its default and
 // documentation, for --help.
 func Vars() ([]configs.Var, error) {
 	var c Config
 	c.SetDefaults()
 	c.GatewayID = "" // host-specific: documented in the doc tag
-	return configs.Vars(&c, redisDocs)
+	return configs.Vars(&c, nil)
 }
 
 // LoadConfig loads a configuration the way bin/gateway does: the YAML file

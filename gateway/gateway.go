@@ -125,7 +125,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.registerProcessMetrics()
 	s.m = metrics.New(prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg))
 
-	s.client, err = redisstore.NewClient(cfg.Redis)
+	s.client, err = redisstore.NewClient(cfg.Redis.Client())
 	if err != nil {
 		return nil, fmt.Errorf("gateway: redis: %w", err)
 	}

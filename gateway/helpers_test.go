@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
-	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 // testSecret is the key secret of test gateways.
@@ -428,6 +428,6 @@ func TestParseSFList(t *testing.T) {
 // above the production 50 ms, because the race detector on two cores
 // slows everything, and a decision that failed open would make exact
 // assertions flaky. Tests of failure behaviour set their own.
-func redisConfig(addr string) redisstore.Config {
-	return redisstore.Config{Addrs: []string{addr}, Timeout: 2 * time.Second}
+func redisConfig(addr string) configs.Redis {
+	return configs.Redis{Addrs: []string{addr}, Timeout: 2 * time.Second}
 }

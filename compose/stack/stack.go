@@ -387,7 +387,7 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr string) gateway.Config
 		GRPCListen:      s.cfg.GRPCListen,
 		RulesFile:       s.cfg.RulesFile,
 		KeySecret:       s.cfg.KeySecret,
-		Redis:           redisstore.Config{Mode: redisstore.ModeStandalone, Addrs: []string{rds.addr}},
+		Redis:           configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{rds.addr}},
 		GatewayID:       gatewayID,
 		ShutdownTimeout: shutdownTimeout,
 		Log:             s.cfg.Log,

@@ -12,37 +12,33 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Config is the `redis.*` section of the gateway configuration (SPEC §4).
+// Config says how to reach Redis. Processes fill it from their `redis`
+// section (configs.Redis); the defaults below are the only statement of
+// them.
 type Config struct {
 	// Mode is standalone (default), sentinel or cluster.
-	// TOLLGATE_REDIS_MODE.
-	Mode string `yaml:"mode"`
+	Mode string
 	// Addrs: the server, the sentinels, or cluster seed nodes (default
-	// 127.0.0.1:6379). TOLLGATE_REDIS_ADDRS, comma-separated.
-	Addrs []string `yaml:"addrs"`
+	// 127.0.0.1:6379).
+	Addrs []string
 	// MasterName is the Sentinel master name (default mymaster).
-	// TOLLGATE_REDIS_MASTER_NAME.
-	MasterName string `yaml:"master_name"`
+	MasterName string
 	// Username, Password, PasswordFile: ACL credentials. PasswordFile wins
-	// over Password. TOLLGATE_REDIS_USERNAME, _PASSWORD, _PASSWORD_FILE.
-	Username     string `yaml:"username"`
-	Password     string `yaml:"password"`
-	PasswordFile string `yaml:"password_file"`
+	// over Password.
+	Username     string
+	Password     string
+	PasswordFile string
 	// TLS enables TLS, with TLSCAFile as the trusted CA bundle (optional).
-	// TOLLGATE_REDIS_TLS, TOLLGATE_REDIS_TLS_CA_FILE.
-	TLS       bool   `yaml:"tls"`
-	TLSCAFile string `yaml:"tls_ca_file"`
-	// DB is the database (standalone and Sentinel). TOLLGATE_REDIS_DB.
-	DB int `yaml:"db"`
+	TLS       bool
+	TLSCAFile string
+	// DB is the database (standalone and Sentinel).
+	DB int
 	// KeyPrefix starts every counter's key (default tg).
-	// TOLLGATE_REDIS_KEY_PREFIX.
-	KeyPrefix string `yaml:"key_prefix"`
+	KeyPrefix string
 	// PoolSize is connections per node (default: the client's, 10 per CPU).
-	// TOLLGATE_REDIS_POOL_SIZE.
-	PoolSize int `yaml:"pool_size"`
+	PoolSize int
 	// Timeout is the deadline of one Redis call (default 50ms).
-	// TOLLGATE_REDIS_TIMEOUT.
-	Timeout time.Duration `yaml:"timeout"`
+	Timeout time.Duration
 }
 
 // Modes.

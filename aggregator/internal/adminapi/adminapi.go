@@ -27,6 +27,8 @@ type Config struct {
 	KV func() *publish.KV
 	// Auditor appends the audit entry of every change.
 	Auditor Auditor
+	// Guard serves keys/{key} (nil: those routes answer 503).
+	Guard GuardFunc
 	Log     *slog.Logger
 }
 
@@ -48,6 +50,9 @@ func Register(mux *http.ServeMux, cfg Config) {
 	mux.HandleFunc("DELETE /admin/v1/allowlist/{key}", a.deleteList(tollgatev1.ActionAllow))
 	mux.HandleFunc("PUT /admin/v1/overrides/{key}", a.putOverride)
 	mux.HandleFunc("DELETE /admin/v1/overrides/{key}", a.deleteOverride)
+	mux.HandleFunc("GET /admin/v1/keys/{key}", a.getKey)
+	mux.HandleFunc("POST /admin/v1/keys/{key}/reset", a.resetKey)
+	mux.HandleFunc("POST /admin/v1/keys/{key}/quota", a.addQuota)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
 		Error(w, http.StatusNotFound, "NOT_FOUND", "no such operator API route: "+r.Method+" "+r.URL.Path)
 	})

@@ -1,0 +1,175 @@
+package adminapi
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// GuardFunc returns a guard deciding with the fleet's active ruleset and
+// its Redis (the same counters the gateways use).
+type GuardFunc func(ctx context.Context) (*guard.Guard, error)
+
+// keyRequest is the request a keys/{key} route acts on: the key, and the
+// endpoint, method, client IP and tenant that select the applicable rules
+// (query parameters on GET, body fields on POST; endpoint default "/").
+type keyRequest struct {
+	Endpoint string `json:"endpoint"`
+	Method   string `json:"method"`
+	IP       string `json:"ip"`
+	Tenant   string `json:"tenant"`
+	Tokens   int64  `json:"tokens"`
+	Reason   string `json:"reason"`
+}
+
+func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *guard.Request, keyRequest, bool) {
+	k := r.PathValue("key")
+	if strings.HasPrefix(k, "kid:") {
+		Error(w, http.StatusBadRequest, "INVALID_KEY",
+			"keys/{key} needs the API key itself: which rules apply depends on it (api_key globs, the key registry); kid: is accepted by the other routes")
+		return nil, nil, keyRequest{}, false
+	}
+	if !guard.ValidKey(k) || k == "" {
+		Error(w, http.StatusBadRequest, "INVALID_KEY", "{key}: an API key of at most 256 bytes without control characters")
+		return nil, nil, keyRequest{}, false
+	}
+	var kr keyRequest
+	if r.Method == http.MethodGet {
+		q := r.URL.Query()
+		kr = keyRequest{Endpoint: q.Get("endpoint"), Method: q.Get("method"), IP: q.Get("ip"), Tenant: q.Get("tenant")}
+	} else {
+		body, ok := readBody(w, r, maxSmallBody)
+		if !ok {
+			return nil, nil, kr, false
+		}
+		if len(strings.TrimSpace(string(body))) > 0 {
+			if err := strictJSON(body, &kr); err != nil {
+				Error(w, http.StatusBadRequest, "INVALID_REQUEST", `body: {"endpoint","method","ip","tenant","tokens","reason"} (all optional but tokens for quota): `+err.Error())
+				return nil, nil, kr, false
+			}
+		}
+	}
+	if kr.Endpoint == "" {
+		kr.Endpoint = "/"
+	}
+	if kr.Method == "" {
+		kr.Method = http.MethodGet
+	}
+	req := &guard.Request{Key: k, Path: kr.Endpoint, Method: kr.Method, Tenant: kr.Tenant}
+	if kr.IP != "" {
+		ip, err := netip.ParseAddr(kr.IP)
+		if err != nil {
+			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "ip: not an IP address")
+			return nil, nil, kr, false
+		}
+		req.IP = ip.Unmap()
+	}
+	if a.cfg.Guard == nil {
+		Error(w, http.StatusServiceUnavailable, "NOT_CONFIGURED", "keys/{key} needs the rules and Redis")
+		return nil, nil, kr, false
+	}
+	g, err := a.cfg.Guard(r.Context())
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, "RULES_UNAVAILABLE", err.Error())
+		return nil, nil, kr, false
+	}
+	return g, req, kr, true
+}
+
+// ruleState is one applicable rule in GET keys/{key}.
+type ruleState struct {
+	ID         string `json:"id"`
+	Algorithm  string `json:"algorithm"`
+	Shadow     bool   `json:"shadow,omitempty"`
+	Limit      int64  `json:"limit"`
+	Remaining  int64  `json:"remaining"`
+	Reset      string `json:"reset"`
+	WouldAllow bool   `json:"would_allow"`
+	RetryAfter int64  `json:"retry_after,omitempty"`
+	Window     int64  `json:"window_seconds"`
+}
+
+func decisionJSON(d *guard.Decision, keyID, prefix string) map[string]any {
+	rules := make([]ruleState, 0, len(d.Rules))
+	for _, rr := range d.Rules {
+		rules = append(rules, ruleState{ID: rr.ID, Algorithm: string(rr.Algorithm), Shadow: rr.Shadow, Limit: rr.Limit,
+			Remaining: rr.Remaining, Reset: time.Unix(rr.Reset, 0).UTC().Format(time.RFC3339), WouldAllow: rr.Allowed,
+			RetryAfter: rr.RetryAfter, Window: rr.Window})
+	}
+	out := map[string]any{"key_id": keyID, "key_prefix": prefix, "tenant": d.Tenant, "tier": d.Tier, "endpoint": d.Endpoint,
+		"status": d.Status, "reason": d.Reason, "degraded": d.Degraded, "rules": rules}
+	if d.Code != "" {
+		out["code"] = d.Code
+	}
+	return out
+}
+
+func (a *api) getKey(w http.ResponseWriter, r *http.Request) {
+	g, req, _, ok := a.keyGuard(w, r)
+	if !ok {
+		return
+	}
+	d, err := g.State(r.Context(), req)
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
+		return
+	}
+	_, prefix, _ := a.key(w, r)
+	writeJSON(w, http.StatusOK, decisionJSON(d, d.KeyID, prefix))
+}
+
+func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
+	g, req, kr, ok := a.keyGuard(w, r)
+	if !ok {
+		return
+	}
+	before, _ := g.State(r.Context(), req)
+	d, err := g.Reset(r.Context(), req)
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
+		return
+	}
+	id, prefix, _ := a.key(w, r)
+	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
+		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": d.Endpoint, "rules": len(d.Rules)})}) {
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"reset": len(d.Rules), "key_id": id, "endpoint": d.Endpoint})
+}
+
+func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
+	g, req, kr, ok := a.keyGuard(w, r)
+	if !ok {
+		return
+	}
+	if kr.Tokens < 1 || kr.Tokens > 1<<40 {
+		Error(w, http.StatusBadRequest, "INVALID_REQUEST", `body: {"tokens": N} with N ≥ 1`)
+		return
+	}
+	before, _ := g.State(r.Context(), req)
+	d, err := g.AddQuota(r.Context(), req, kr.Tokens)
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
+		return
+	}
+	id, prefix, _ := a.key(w, r)
+	after := decisionJSON(d, id, prefix)
+	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
+		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "state": after})}) {
+		return
+	}
+	writeJSON(w, http.StatusOK, after)
+}
+
+func stateOrNil(d *guard.Decision, id, prefix string) any {
+	if d == nil {
+		return nil
+	}
+	return decisionJSON(d, id, prefix)
+}
