@@ -41,7 +41,7 @@ else
 	@echo "build: no commands yet ($(MAIN_PKGS))"
 endif
 
-deps: ## Check for redis-server, redis-cli, redis-benchmark and gcc; install them if root or passwordless sudo
+deps: ## Check for redis-server, redis-cli, redis-benchmark, gcc, protoc, promtool and prometheus; install them if root or passwordless sudo
 	@scripts/install-deps.sh
 
 test: deps ## Run all tests with the race detector against real servers (runs deps first)

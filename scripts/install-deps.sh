@@ -2,8 +2,15 @@
 # install-deps.sh makes sure this machine has what `make test` needs besides
 # Go: redis-server, redis-cli and redis-benchmark (Debian package
 # redis-server; tests spawn redis-server on ephemeral ports), a C compiler
-# (go test -race needs cgo) and protoc (Debian package protobuf-compiler;
-# make generate and the staleness test of schemas/tollgatev1 run it).
+# (go test -race needs cgo), protoc (Debian package protobuf-compiler;
+# make generate and the staleness test of schemas/tollgatev1 run it), and
+# promtool and prometheus (Debian package prometheus; the tests of
+# compose/deploy lint metrics, unit-test the alert rules and evaluate every
+# dashboard query against a real Prometheus they start on a free port).
+#
+# Where systemd runs, Debian's package also starts its own prometheus
+# service on :9090; the tests do not use it (sudo systemctl disable --now
+# prometheus stops it for good).
 #
 # Idempotent: when everything is present it only reports versions. When
 # something is missing and apt-get exists, it installs it if it can without a
@@ -40,10 +47,17 @@ if ! have protoc; then
 	packages+=(protobuf-compiler)
 fi
 
+if ! have promtool || ! have prometheus; then
+	have promtool || missing+=(promtool)
+	have prometheus || missing+=(prometheus)
+	packages+=(prometheus)
+fi
+
 report() {
 	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
 	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
 	echo "deps: protoc $(protoc --version | sed 's/^libprotoc //') at $(command -v protoc)"
+	echo "deps: prometheus $(prometheus --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p') and promtool at $(command -v promtool)"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -72,8 +86,8 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) and protoc with your"
-			echo "    package manager, or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), protoc, prometheus and"
+			echo "    promtool with your package manager, or point TOLLGATE_REDIS_SERVER at a redis-server binary"
 		fi
 		echo "then run make again."
 	} >&2
@@ -84,7 +98,7 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc; do
+for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc promtool prometheus; do
 	if ! have "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1

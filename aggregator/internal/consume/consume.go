@@ -720,6 +720,9 @@ func (p *Processor) member(parts []int32, assigned bool) {
 			p.owned[q] = true
 		} else {
 			delete(p.owned, q)
+			// The new owner reports this partition's lag; a value left
+			// here would be summed with its, and stay after it caught up.
+			p.m.lag.DeleteLabelValues(fmt.Sprint(q))
 		}
 	}
 	p.m.owned.Set(float64(len(p.owned)))

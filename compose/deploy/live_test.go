@@ -1,0 +1,534 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// plannedMetrics are metrics the alert rules use before any process exports
+// them, with what will export them. README.md lists them too. The live test
+// fails when one appears (update the alert, the README and this list, and
+// add its dashboard panels) and when an alert uses a metric that is neither
+// exported nor listed here (a misspelt name).
+var plannedMetrics = map[string]string{
+	"tollgate_aggregator_volume_ceiling_keys": "the aggregator's volume-ceiling detector (issue 12)",
+	"tollgate_events_spool_bytes":             "the gateway's decision event spool",
+	"tollgate_events_spool_max_bytes":         "the gateway's decision event spool",
+	"tollgate_events_dropped_total":           "the gateway's decision event producer",
+}
+
+// TestLiveStack runs gateways and an aggregator configured as
+// docker-compose.yml configures them, sends them traffic, lints their
+// /metrics with promtool, runs a real prometheus on prometheus.yml and
+// alerts.yml scraping them, and evaluates every dashboard query: a query
+// that returns nothing (or only NaN) fails the test, naming the dashboard,
+// panel and query. The alert rules must evaluate cleanly, use only
+// exported or planned metrics, and two of them must react to the traffic
+// (fail-open on the gateway without Redis, missing events on a sequence
+// gap).
+func TestLiveStack(t *testing.T) {
+	promtool := requireTool(t, "promtool")
+	promBin := requireTool(t, "prometheus")
+	began := time.Now()
+	c := loadCompose(t, testEnv(t))
+	token := c.Services["gateway-1"].Environment["TOLLGATE_API_TOKEN"]
+
+	partitions, err := strconv.Atoi(c.Services["aggregator-1"].Environment["TOLLGATE_KAFKA_PARTITIONS"])
+	mustf(t, err, "aggregator-1: TOLLGATE_KAFKA_PARTITIONS")
+	kafka := startKafka(t, partitions)
+	redis := redistest.StartTB(t)
+	gw1 := startGateway(t, c, "gateway-1", redis.Addr(), kafka)
+	gw2 := startGateway(t, c, "gateway-2", freeAddr(t), kafka) // nothing listens: Redis is down for it
+	agg := startAggregator(t, c, "aggregator-1", kafka)
+	t.Logf("redis, kafka, 2 gateways, 1 aggregator started after %v", time.Since(began).Round(time.Millisecond))
+
+	prom := startPrometheus(t, promBin, prometheusConfig(t, map[string][]string{
+		jobGateway:    {gw1.Addrs().Metrics, gw2.Addrs().Metrics},
+		jobAggregator: {agg.Addrs().Metrics},
+	}, "1s"))
+	t.Logf("prometheus ready after %v", time.Since(began).Round(time.Millisecond))
+	// Two rounds of traffic with a scrape before, between and after them:
+	// a series appears on its first use, and rate() needs two samples of
+	// it that differ.
+	prom.waitScraped(t, time.Now())
+	t.Logf("first scrape after %v", time.Since(began).Round(time.Millisecond))
+	events := newProducer(t, kafka)
+	for round := 1; round <= 2; round++ {
+		sendTraffic(t, gw1, gw2, token, round)
+		// Round 2 skips a sequence number: the aggregator counts it missing.
+		events.emit(t, 15, round == 2)
+		testwait.Eventually(t, 30*time.Second, func() error {
+			return metricAtLeast(agg.Addrs().Metrics, `tollgate_aggregator_events_total{aggregator="aggregator-1",result="applied"}`, float64(events.sent))
+		})
+		prom.waitScraped(t, time.Now())
+		t.Logf("round %d scraped after %v", round, time.Since(began).Round(time.Millisecond))
+	}
+
+	t.Run("promtool check metrics", func(t *testing.T) {
+		for name, a := range map[string]string{"gateway-1": gw1.Addrs().Metrics, "gateway-2": gw2.Addrs().Metrics, "aggregator-1": agg.Addrs().Metrics} {
+			body := scrape(t, a)
+			if out, err := tool(t, promtool, body, "check", "metrics"); err != nil {
+				t.Errorf("%s's /metrics: promtool check metrics: %v\n%s", name, err, out)
+			}
+		}
+	})
+	t.Run("dashboards", func(t *testing.T) { checkDashboardQueries(t, prom) })
+	t.Run("alert rules", func(t *testing.T) { checkLiveRules(t, prom) })
+}
+
+// startKafka starts an in-process Kafka-protocol broker with the decisions
+// topic and returns its addresses.
+func startKafka(t testing.TB, partitions int) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0),
+		kfake.SeedTopics(int32(partitions), tollgatev1.TopicDecisions))
+	mustf(t, err, "kfake")
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// serviceLookup returns the environment of a compose service with
+// overrides: what the service would read in its container, with addresses
+// replaced by this test's.
+func serviceLookup(c *compose, name string, overrides map[string]string) func(string) (string, bool) {
+	env := c.Services[name].Environment
+	return func(k string) (string, bool) {
+		if v, ok := overrides[k]; ok {
+			return v, true
+		}
+		v, ok := env[k]
+		return v, ok
+	}
+}
+
+// startGateway runs the gateway of compose service name, with its
+// listeners on free loopback ports, Redis at redisAddr (standalone, no
+// password), Kafka at kafka and no NATS; it is stopped when the test ends.
+func startGateway(t testing.TB, c *compose, name, redisAddr string, kafka []string) *gateway.Server {
+	t.Helper()
+	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
+	if rules == "" {
+		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
+	}
+	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, map[string]string{
+		"TOLLGATE_UPSTREAM":          "", // no proxy: the check API and Envoy RLS carry the traffic
+		"TOLLGATE_API_LISTEN":        "127.0.0.1:0",
+		"TOLLGATE_METRICS_LISTEN":    "127.0.0.1:0",
+		"TOLLGATE_GRPC_LISTEN":       "127.0.0.1:0",
+		"TOLLGATE_RULES_FILE":        rules,
+		"TOLLGATE_REDIS_MODE":        "standalone",
+		"TOLLGATE_REDIS_ADDRS":       redisAddr,
+		"TOLLGATE_REDIS_PASSWORD":    "",
+		"TOLLGATE_REDIS_MASTER_NAME": "",
+		"TOLLGATE_KAFKA_BROKERS":     strings.Join(kafka, ","),
+		"TOLLGATE_NATS_URL":          "",
+	}))
+	mustf(t, err, "service %s: configuration", name)
+	srv, err := gateway.New(cfg, testLogger(t).With("service", name))
+	mustf(t, err, "service %s", name)
+	runUntilCleanup(t, name, srv.Run)
+	return srv
+}
+
+// startAggregator runs the aggregator of compose service name on free
+// loopback ports, a temporary data directory and Kafka at kafka.
+func startAggregator(t testing.TB, c *compose, name string, kafka []string) *aggregator.Server {
+	t.Helper()
+	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, map[string]string{
+		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
+		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_DATA_DIR":                  t.TempDir(),
+		"TOLLGATE_KAFKA_BROKERS":             strings.Join(kafka, ","),
+		"TOLLGATE_NATS_URL":                  "",
+	}))
+	mustf(t, err, "service %s: configuration", name)
+	srv, err := aggregator.New(cfg, testLogger(t).With("service", name))
+	mustf(t, err, "service %s", name)
+	runUntilCleanup(t, name, srv.Run)
+	return srv
+}
+
+// runUntilCleanup calls run in a goroutine and, when the test ends, cancels
+// its context and checks it returned nil within 30 s.
+func runUntilCleanup(t testing.TB, name string, run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: Run: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s: Run did not return within 30s of its context's end", name)
+		}
+	})
+}
+
+// testLogger logs warnings and errors into the test's output.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// mustf fails the test at once when err is not nil.
+func mustf(t testing.TB, err error, format string, args ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", fmt.Sprintf(format, args...), err)
+	}
+}
+
+// checkBody is a check API request.
+type checkBody struct {
+	APIKey   string `json:"api_key"`
+	Endpoint string `json:"endpoint"`
+	Method   string `json:"method"`
+	Cost     int    `json:"cost,omitempty"`
+}
+
+// decision is the part of a check API answer the test reads.
+type decision struct {
+	Status   int    `json:"status"`
+	Rule     string `json:"rule"`
+	Degraded bool   `json:"degraded"`
+}
+
+// post sends body to the check API path and returns the status and body.
+func post(t testing.TB, addr, path, token string, body any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(b))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	mustf(t, err, "POST %s", path)
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// statuses sends n checks of body one by one and returns their statuses.
+func statuses(t testing.TB, addr, token string, n int, body checkBody) []int {
+	t.Helper()
+	var out []int
+	for range n {
+		code, _ := post(t, addr, "/v1/check", token, body)
+		out = append(out, code)
+	}
+	return out
+}
+
+// sendTraffic gives every decision, reason and route the dashboards show
+// something to count: admissions, 429s, a 403 and a 400 through gateway-1,
+// shadow would-rejects, an after-the-fact charge and an Envoy RLS call;
+// and on gateway-2, whose Redis is down, degraded decisions (failing open,
+// and limited locally for an on_failure: closed rule; its breaker opens in
+// round 1). The rules are configs/rules.yaml, as compose mounts them.
+func sendTraffic(t testing.TB, gw1, gw2 *gateway.Server, token string, round int) {
+	t.Helper()
+	a1, a2 := gw1.Addrs().API, gw2.Addrs().API
+	// The free tier's bucket holds 5, refilling one every 12 s: then 429s.
+	got := statuses(t, a1, token, 8, checkBody{APIKey: "sk_free_demo", Endpoint: "/v1/users/42", Method: "GET"})
+	if want := []int{200, 200, 200, 200, 200, 429, 429, 429}; round == 1 && !slices.Equal(got, want) {
+		t.Fatalf("gateway-1: sk_free_demo: statuses %v, want %v", got, want)
+	}
+	if !slices.Contains(got, 429) {
+		t.Fatalf("gateway-1: round %d: sk_free_demo: statuses %v, want 429s (the bucket refills one every 12 s)", round, got)
+	}
+	statuses(t, a1, token, 3, checkBody{APIKey: "sk_prod_acme_1", Endpoint: "/v1/orders/7", Method: "POST"})
+	if got := statuses(t, a1, token, 1, checkBody{APIKey: "sk_revoked_1", Endpoint: "/v1/users/1", Method: "GET"}); got[0] != 403 {
+		t.Fatalf("gateway-1: a blocklisted key: %v, want 403", got)
+	}
+	if got := statuses(t, a1, token, 1, checkBody{APIKey: "sk_bad\x01key", Endpoint: "/v1/users/1", Method: "GET"}); got[0] != 400 {
+		t.Fatalf("gateway-1: a key with a control character: %v, want 400", got)
+	}
+	// 40 searches at once: the shadow rule (20 per second) would reject some.
+	batch := make([]checkBody, 40)
+	for i := range batch {
+		batch[i] = checkBody{APIKey: "sk_prod_acme_2", Endpoint: "/v2/search", Method: "GET"}
+	}
+	if code, body := post(t, a1, "/v1/check/batch", token, batch); code != 200 {
+		t.Fatalf("gateway-1: batch: %d %s", code, body)
+	}
+	if code, body := post(t, a1, "/v1/report", token, checkBody{APIKey: "sk_prod_acme_1", Endpoint: "/v1/users/1", Method: "GET", Cost: 2}); code != 204 {
+		t.Fatalf("gateway-1: report: %d %s", code, body)
+	}
+	conn, err := grpc.NewClient(gw1.Addrs().GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	mustf(t, err, "grpc")
+	defer conn.Close()
+	_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{
+		Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "api_key", Value: "sk_prod_acme_1"}, {Key: "destination", Value: "payments"},
+		}}},
+	})
+	mustf(t, err, "gateway-1: Envoy RLS")
+
+	// gateway-2 has no Redis: degraded admissions, then an open breaker.
+	for i := range 30 {
+		_, body := post(t, a2, "/v1/check", token, checkBody{APIKey: "sk_prod_acme_1", Endpoint: "/v1/users/1", Method: "GET"})
+		var d decision
+		mustf(t, json.Unmarshal(body, &d), "gateway-2: check %d: %s", i, body)
+		if d.Status != 200 || !d.Degraded {
+			t.Fatalf("gateway-2: check %d: %s, want a degraded admission", i, body)
+		}
+	}
+	statuses(t, a2, token, 2, checkBody{APIKey: "sk_prod_acme_1", Endpoint: "/v1/orders/7", Method: "POST"})
+}
+
+// producer produces decision events of one gateway epoch to partition 0,
+// as the gateway's producer will.
+type producer struct {
+	cl   *kgo.Client
+	seq  uint64
+	sent int
+}
+
+func newProducer(t testing.TB, brokers []string) *producer {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	mustf(t, err, "kafka producer")
+	t.Cleanup(cl.Close)
+	return &producer{cl: cl}
+}
+
+// emit produces n events; with gap, one sequence number is skipped first.
+func (p *producer) emit(t testing.TB, n int, gap bool) {
+	t.Helper()
+	if gap {
+		p.seq++
+	}
+	now := time.Now()
+	for i := range n {
+		p.seq++
+		ev := &tollgatev1.DecisionEvent{GatewayId: "gateway-1", Epoch: 1, Partition: 0, Seq: p.seq,
+			TimeUnixMicros: now.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+			KeyId: "AAAAAAAAAAAAAAAAAAAAAA", KeyPrefix: "sk_prod_ac…", Tenant: "acme", Endpoint: "/v1/users/{id}",
+			Method: "GET", Cost: 1, RuleId: "pro-default", Allowed: i%5 != 0}
+		v, err := proto.Marshal(ev)
+		mustf(t, err, "marshal")
+		r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: 0, Key: []byte("acme"), Value: v}
+		mustf(t, p.cl.ProduceSync(t.Context(), r).FirstErr(), "produce")
+		p.sent++
+	}
+}
+
+// scrape returns the body of GET http://addr/metrics.
+func scrape(t testing.TB, addr string) []byte {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	mustf(t, err, "scrape %s", addr)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	mustf(t, err, "scrape %s", addr)
+	if resp.StatusCode != 200 {
+		t.Fatalf("scrape %s: %d %s", addr, resp.StatusCode, body)
+	}
+	return body
+}
+
+// metricAtLeast reports whether the series (written as in the exposition
+// format, labels in order) at addr/metrics has a value of at least min.
+func metricAtLeast(addr, series string, min float64) error {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		return fmt.Errorf("%s: no series %s", addr, series)
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil || v < min {
+		return fmt.Errorf("%s: %s = %s, want at least %v", addr, series, m[1], min)
+	}
+	return nil
+}
+
+// hasValue reports whether some sample of v holds a number (not NaN).
+func hasValue(v []sample) bool {
+	for _, s := range v {
+		if str, ok := s.Value[1].(string); ok {
+			if f, err := strconv.ParseFloat(str, 64); err == nil && !math.IsNaN(f) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// metricNames matches the Tollgate metric names an expression uses.
+var metricNames = regexp.MustCompile(`\btollgate_[a-z0-9_]+`)
+
+// exported reports whether prometheus holds any series named name.
+func exported(t testing.TB, prom *promServer, name string) bool {
+	t.Helper()
+	v, err := prom.query(`count({__name__="` + name + `"})`)
+	mustf(t, err, "query %s", name)
+	return len(v) > 0
+}
+
+// checkDashboardQueries evaluates every target and template variable of
+// every dashboard.
+func checkDashboardQueries(t *testing.T, prom *promServer) {
+	for _, d := range loadDashboards(t) {
+		for _, v := range d.Templating.List {
+			m := labelValues.FindStringSubmatch(v.Definition)
+			if m == nil {
+				t.Errorf("%s: variable %s: %q is not label_values(metric, label)", d.file, v.Name, v.Definition)
+				continue
+			}
+			q := fmt.Sprintf("count by (%s) (%s)", m[2], m[1])
+			if res, err := prom.query(q); err != nil || len(res) == 0 {
+				t.Errorf("%s: variable %s: %s has no values (%v)", d.file, v.Name, v.Definition, err)
+			}
+		}
+		for _, p := range d.allPanels() {
+			for _, tg := range p.Targets {
+				where := fmt.Sprintf("dashboard %q (%s), panel %q, target %s", d.Title, d.file, p.Title, tg.RefID)
+				expr, err := d.expand(tg.Expr)
+				if err != nil {
+					t.Errorf("%s: %v", where, err)
+					continue
+				}
+				for _, name := range metricNames.FindAllString(expr, -1) {
+					if plannedMetrics[name] != "" {
+						t.Errorf("%s: uses %s, which is planned, not exported: keep it out of the dashboards until it lands", where, name)
+					}
+				}
+				res, err := prom.query(expr)
+				switch {
+				case err != nil:
+					t.Errorf("%s: %s: %v", where, expr, err)
+				case len(res) == 0:
+					t.Errorf("%s: %s returns nothing on a live stack: a misspelt metric or label, or a metric no process exports", where, expr)
+				case !hasValue(res):
+					t.Errorf("%s: %s returns only NaN on a live stack (%v)", where, expr, res)
+				}
+			}
+		}
+	}
+}
+
+// ruleState is one rule of /api/v1/rules.
+type ruleState struct {
+	Name           string    `json:"name"`
+	Query          string    `json:"query"`
+	Health         string    `json:"health"`
+	LastError      string    `json:"lastError"`
+	LastEvaluation time.Time `json:"lastEvaluation"`
+	Alerts         []struct {
+		Labels map[string]string `json:"labels"`
+		State  string            `json:"state"`
+	} `json:"alerts"`
+}
+
+// rules returns the state of every rule prometheus evaluates.
+func (p *promServer) rules(t testing.TB) []ruleState {
+	t.Helper()
+	var data struct {
+		Groups []struct {
+			Rules []ruleState `json:"rules"`
+		} `json:"groups"`
+	}
+	mustf(t, p.get("/api/v1/rules", nil, &data), "rules")
+	var out []ruleState
+	for _, g := range data.Groups {
+		out = append(out, g.Rules...)
+	}
+	return out
+}
+
+// checkLiveRules checks the alert rules as prometheus runs them: all of
+// alerts.yml loaded and evaluated without error, every metric they use
+// exported or planned (and no planned one exported yet), and the alerts
+// the traffic provokes: TollgateFailOpenActive for gateway-2 only, and
+// TollgateEventsMissing.
+func checkLiveRules(t *testing.T, prom *promServer) {
+	want := loadAlertRules(t)
+	since := time.Now()
+	var live []ruleState
+	testwait.Eventually(t, 20*time.Second, func() error {
+		live = prom.rules(t)
+		if len(live) != len(want) {
+			return fmt.Errorf("prometheus runs %d rules, %s has %d", len(live), alertsFile, len(want))
+		}
+		for _, r := range live {
+			if !r.LastEvaluation.After(since) {
+				return fmt.Errorf("rule %s not evaluated since %v", r.Name, since)
+			}
+		}
+		return nil
+	})
+	for _, r := range live {
+		if r.Health != "ok" || r.LastError != "" {
+			t.Errorf("rule %s: health %s: %s", r.Name, r.Health, r.LastError)
+		}
+	}
+	for _, r := range want {
+		for _, name := range metricNames.FindAllString(r.Expr, -1) {
+			have := exported(t, prom, name)
+			switch planned := plannedMetrics[name]; {
+			case planned != "" && have:
+				t.Errorf("alert %s: %s is exported now (%s): update the alert, README.md's planned list, plannedMetrics and the dashboards", r.Alert, name, planned)
+			case planned == "" && !have:
+				t.Errorf("alert %s: %s is not exported by a live gateway or aggregator, nor listed as planned: a misspelt metric?", r.Alert, name)
+			}
+		}
+	}
+	readme, err := os.ReadFile("README.md")
+	mustf(t, err, "README.md")
+	for name := range plannedMetrics {
+		if !bytes.Contains(readme, []byte(name)) {
+			t.Errorf("README.md does not list the planned metric %s", name)
+		}
+	}
+	// The traffic provokes two alerts: gateway-2 decides without Redis
+	// (pending: it has a for:), and the skipped sequence number is missing
+	// (firing at once).
+	testwait.Eventually(t, 20*time.Second, func() error {
+		alerts := map[string][]string{}
+		for _, r := range prom.rules(t) {
+			for _, a := range r.Alerts {
+				alerts[r.Name] = append(alerts[r.Name], a.Labels["gateway"]+"/"+a.State)
+			}
+		}
+		if got := alerts["TollgateFailOpenActive"]; !slices.Equal(got, []string{"gateway-2/pending"}) && !slices.Equal(got, []string{"gateway-2/firing"}) {
+			return fmt.Errorf("TollgateFailOpenActive: %v, want gateway-2 only (all alerts: %v)", got, alerts)
+		}
+		if got := alerts["TollgateEventsMissing"]; !slices.Equal(got, []string{"/firing"}) {
+			return fmt.Errorf("TollgateEventsMissing: %v, want firing (all alerts: %v)", got, alerts)
+		}
+		return nil
+	})
+}
