@@ -1,7 +1,3 @@
-// Package report records the answers of a load-test run and renders them:
-// counts per outcome, an HDR latency histogram with microsecond resolution,
-// per-second series of the same ([Second]), a one-line progress report and
-// the end-of-run [Summary] as text, JSON or an HTML page with charts.
 package report
 
 import (
