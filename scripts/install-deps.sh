@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # install-deps.sh makes sure this machine has what `make test` needs besides
 # Go: redis-server, redis-cli and redis-benchmark (Debian package
-# redis-server; tests spawn redis-server on ephemeral ports) and a C compiler
-# (go test -race needs cgo).
+# redis-server; tests spawn redis-server on ephemeral ports), a C compiler
+# (go test -race needs cgo) and Chromium (Debian package chromium; the
+# loadtest report test opens its HTML page in headless Chromium).
 #
 # Idempotent: when everything is present it only reports versions. When
 # something is missing and apt-get exists, it installs it if it can without a
@@ -11,6 +12,7 @@
 #
 # Environment:
 #   TOLLGATE_REDIS_SERVER  a redis-server binary to use instead of PATH's
+#   TOLLGATE_CHROMIUM      a Chromium binary to use instead of PATH's chromium
 #   TOLLGATE_NO_INSTALL=1  never install, only check
 set -euo pipefail
 
@@ -34,9 +36,16 @@ if ! have "${cc:-gcc}"; then
 	packages+=(gcc libc6-dev)
 fi
 
+chromium="${TOLLGATE_CHROMIUM:-chromium}"
+if ! have "$chromium"; then
+	missing+=("$chromium (headless browser for the loadtest report test)")
+	packages+=(chromium)
+fi
+
 report() {
 	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
 	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
+	echo "deps: $("$chromium" --version 2>/dev/null || echo chromium) at $(command -v "$chromium")"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -65,8 +74,8 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) with your package manager,"
-			echo "    or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) and Chromium with your"
+			echo "    package manager, or point TOLLGATE_REDIS_SERVER and TOLLGATE_CHROMIUM at their binaries"
 		fi
 		echo "then run make again."
 	} >&2
@@ -77,7 +86,7 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}"; do
+for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" "$chromium"; do
 	if ! have "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1
