@@ -23,7 +23,9 @@
 //     hand.
 //
 // go-analyze/charts depends on freetype and x/image, to measure text, and
-// two small packages of its author's; it embeds the fonts it measures
-// labels with, about 1 MB of the loadtest binary. The page names Roboto
-// first and falls back to the browser's sans-serif.
+// two small packages of its author's. It embeds the fonts it measures
+// labels with, Roboto and Noto Sans (open font licences, Apache 2.0 and SIL
+// OFL 1.1, which allow shipping them in a binary), about 1 MB of the
+// loadtest binary. The page asks for Roboto, then fonts of about its width,
+// so that labels keep the room measured for them.
 package report
