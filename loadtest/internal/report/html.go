@@ -126,8 +126,8 @@ const secondsTitle = "seconds since the start"
 
 // WriteHTML writes s as one self-contained HTML page: the summary as a
 // table (the figures of WriteText), then charts of the run second by
-// second (throughput, p50 and p99 latency, outcomes stacked) when
-// s.Seconds spans two seconds or more, then the charts added with
+// second (throughput, p50 and p99 latency, outcomes stacked) when two
+// seconds or more are left to chart, then the charts added with
 // AddChart. Charts are inline SVG; the page has no scripts and loads
 // nothing. Nothing is written when an added chart is not valid.
 func (s *Summary) WriteHTML(w io.Writer) error {
