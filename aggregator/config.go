@@ -28,7 +28,7 @@ type Config struct {
 
 	Kafka KafkaConfig   `yaml:"kafka"`
 	Redis configs.Redis `yaml:"redis"`
-	NATS  configs.NATS `yaml:"nats"`
+	NATS  configs.NATS  `yaml:"nats"`
 
 	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
 	SessionTimeout     time.Duration `yaml:"aggregator_session_timeout" doc:"How long the group waits for a silent instance before its partitions move to the others."`

@@ -55,8 +55,17 @@ var (
 	ErrTooLong = errors.New("loadtest: duration exceeds the " + MaxDuration.String() + " cap")
 )
 
-// Summary is the end-of-run report; its JSON form is the -json output.
+// Summary is the end-of-run report; its JSON form is the -json output,
+// its WriteHTML the -report page.
 type Summary = report.Summary
+
+// Chart is one more chart for the HTML page of a [Summary], added with
+// Summary.AddChart: a scenario with an exact reference model sets what
+// was admitted against what the model admits.
+type Chart = report.Chart
+
+// Series is one line of a [Chart].
+type Series = report.Series
 
 // Config describes one run. Start from [DefaultConfig]: its zero value is
 // not valid (no bound, no workers).

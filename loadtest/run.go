@@ -161,6 +161,7 @@ func perDecision(v float64, n int64) float64 {
 }
 
 func summarize(cfg Config, rec *report.Recorder, res gen.Result) *Summary {
+	seconds := rec.Seconds() // first: the last second ends with the run
 	snap := rec.Snapshot()
 	s := &Summary{
 		Target:         cfg.Target,
@@ -184,6 +185,7 @@ func summarize(cfg Config, rec *report.Recorder, res gen.Result) *Summary {
 		LatencyFrom:    "sent",
 		LatencyUS:      rec.Latency(),
 		ErrorSamples:   rec.ErrorSamples(),
+		Seconds:        seconds,
 	}
 	if cfg.Target == TargetGRPC {
 		s.Endpoint = "grpc://" + s.Endpoint + " domain " + cfg.Domain

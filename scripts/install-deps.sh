@@ -6,7 +6,9 @@
 # make generate and the staleness test of schemas/tollgatev1 run it), and
 # promtool and prometheus (Debian package prometheus; the tests of
 # compose/deploy lint metrics, unit-test the alert rules and evaluate every
-# dashboard query against a real Prometheus they start on a free port).
+# dashboard query against a real Prometheus they start on a free port),
+# and Chromium (Debian package chromium; the loadtest report test opens its
+# HTML page in headless Chromium).
 #
 # Where systemd runs, Debian's package also starts its own prometheus
 # service on :9090; the tests do not use it (sudo systemctl disable --now
@@ -19,6 +21,7 @@
 #
 # Environment:
 #   TOLLGATE_REDIS_SERVER  a redis-server binary to use instead of PATH's
+#   TOLLGATE_CHROMIUM      a Chromium binary to use instead of PATH's chromium
 #   TOLLGATE_NO_INSTALL=1  never install, only check
 set -euo pipefail
 
@@ -53,11 +56,18 @@ if ! have promtool || ! have prometheus; then
 	packages+=(prometheus)
 fi
 
+chromium="${TOLLGATE_CHROMIUM:-chromium}"
+if ! have "$chromium"; then
+	missing+=("$chromium (headless browser for the loadtest report test)")
+	packages+=(chromium)
+fi
+
 report() {
 	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
 	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
 	echo "deps: protoc $(protoc --version | sed 's/^libprotoc //') at $(command -v protoc)"
 	echo "deps: prometheus $(prometheus --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p') and promtool at $(command -v promtool)"
+	echo "deps: $("$chromium" --version 2>/dev/null || echo chromium) at $(command -v "$chromium")"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -86,8 +96,9 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), protoc, prometheus and"
-			echo "    promtool with your package manager, or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), protoc, prometheus,"
+			echo "    promtool and Chromium with your package manager, or point TOLLGATE_REDIS_SERVER and"
+			echo "    TOLLGATE_CHROMIUM at their binaries"
 		fi
 		echo "then run make again."
 	} >&2
@@ -98,7 +109,7 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc promtool prometheus; do
+for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc promtool prometheus "$chromium"; do
 	if ! have "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1

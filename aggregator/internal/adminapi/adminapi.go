@@ -29,7 +29,7 @@ type Config struct {
 	Auditor Auditor
 	// Guard serves keys/{key} (nil: those routes answer 503).
 	Guard GuardFunc
-	Log     *slog.Logger
+	Log   *slog.Logger
 }
 
 // Register adds the routes to mux.

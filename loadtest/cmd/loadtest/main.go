@@ -66,6 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		paths, redisAddrs string
 		jsonOut, quiet    bool
 		cpuProfile        string
+		reportFile        string
 	)
 	fs.StringVar(&cfg.Target, "target", cfg.Target, "`target`: proxy (HTTP through the gateway), check (POST /v1/check) or grpc (Envoy RLS)")
 	fs.StringVar(&cfg.URL, "url", "", "URL of an HTTP target (default "+loadtest.DefaultProxyURL+" for proxy, "+loadtest.DefaultCheckURL+" for check)")
@@ -92,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&redisAddrs, "redis", "", "comma-separated Redis `host:port`s: report commands and EVALSHA per decision from INFO commandstats\n(credentials from $TOLLGATE_REDIS_USERNAME, $TOLLGATE_REDIS_PASSWORD)")
 	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text summary goes to stderr)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&reportFile, "report", "", "also write the summary and charts of the run second by second (throughput, p50/p99, outcomes)\nto `file`.html, a self-contained page that opens offline")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write loadtest's own CPU profile to `file` (to tune the generator)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -135,6 +137,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer pprof.StopCPUProfile()
 	}
 
+	// Create the report's file first: a bad path should not cost a run.
+	var reportOut *os.File
+	if reportFile != "" {
+		f, err := os.Create(reportFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadtest: report: %v\n", err)
+			return exitFailed
+		}
+		defer f.Close()
+		reportOut = f
+	}
+
 	var progress io.Writer
 	if !quiet {
 		progress = stderr
@@ -143,6 +157,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sum, err := loadtest.Run(ctx, cfg, progress)
 	if sum == nil {
 		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		if reportOut != nil {
+			os.Remove(reportFile)
+		}
 		return exitFailed
 	}
 	text := stdout
@@ -157,6 +174,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loadtest: %v\n", werr)
 		return exitFailed
 	}
+	if reportOut != nil {
+		if werr := writeReport(reportOut, sum); werr != nil {
+			fmt.Fprintf(stderr, "loadtest: %v\n", werr)
+			return exitFailed
+		}
+		fmt.Fprintf(stderr, "loadtest: report written to %s\n", reportFile)
+	}
 	switch {
 	case err != nil:
 		fmt.Fprintf(stderr, "loadtest: %v\n", err)
@@ -169,6 +193,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// writeReport writes the HTML page of sum to f and closes it.
+func writeReport(f *os.File, sum *loadtest.Summary) error {
+	if err := sum.WriteHTML(f); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	return nil
 }
 
 // splitList splits a comma-separated list, dropping blanks.

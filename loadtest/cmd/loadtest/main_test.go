@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,5 +207,29 @@ func TestTokenFromEnvironment(t *testing.T) {
 		if got := <-auth; got != tt.want {
 			t.Errorf("args %q: Authorization %q, want %q", tt.args, got, tt.want)
 		}
+	}
+}
+
+// TestReportFile writes the HTML report with -report, and refuses a path
+// it cannot create before sending anything.
+func TestReportFile(t *testing.T) {
+	t.Parallel()
+	srv := testtarget.StartHTTP(t, nil)
+	file := filepath.Join(t.TempDir(), "run.html")
+	code, stdout, stderr := runCmd(t, t.Context(), "-url", srv.URL, "-requests", "200", "-workers", "2", "-quiet", "-report", file)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	page, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "<table") || !strings.Contains(stdout, "2xx=200") || !strings.Contains(stderr, "report written to "+file) {
+		t.Errorf("page of %d bytes, stdout %q, stderr %q", len(page), stdout, stderr)
+	}
+
+	code, _, stderr = runCmd(t, t.Context(), "-url", srv.URL, "-requests", "10", "-quiet", "-report", filepath.Join(t.TempDir(), "no", "such", "dir.html"))
+	if code != exitFailed || !strings.Contains(stderr, "report") || srv.Requests() != 200 {
+		t.Errorf("bad report path: exit %d, stderr %q, %d requests sent (want 200, none more)", code, stderr, srv.Requests())
 	}
 }

@@ -155,7 +155,7 @@ func (r *runner) send(ctx context.Context, since time.Time, req Request) {
 	cancel()
 	switch {
 	case err == nil:
-		rec.Record(outcome, latency)
+		rec.Record(outcome, since, latency)
 	case ctx.Err() != nil:
 		rec.Cancel()
 	default:

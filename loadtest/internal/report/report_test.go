@@ -26,9 +26,9 @@ func TestRecorderConcurrent(t *testing.T) {
 				r.Begin()
 				switch i % 4 {
 				case 0, 1:
-					r.Record(0, time.Duration(i)*time.Microsecond)
+					r.Record(0, time.Now(), time.Duration(i)*time.Microsecond)
 				case 2:
-					r.Record(g%3, time.Millisecond)
+					r.Record(g%3, time.Now(), time.Millisecond)
 				default:
 					r.Error(fmt.Errorf("boom %d", i%40))
 				}
@@ -64,10 +64,10 @@ func TestLatencyPercentiles(t *testing.T) {
 	r := NewRecorder(testOutcomes)
 	for us := 1; us <= 10_000; us++ {
 		r.Begin()
-		r.Record(0, time.Duration(us)*time.Microsecond)
+		r.Record(0, time.Now(), time.Duration(us)*time.Microsecond)
 	}
 	r.Begin()
-	r.Record(0, 2*time.Hour) // clamped to the histogram's top
+	r.Record(0, time.Now(), 2*time.Hour) // clamped to the histogram's top
 	l := r.Latency()
 	near := func(name string, got, want int64) {
 		t.Helper()
@@ -179,5 +179,69 @@ func TestSummaryJSONSchema(t *testing.T) {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text summary lacks %q:\n%s", want, text.String())
 		}
+	}
+}
+
+// TestSeconds places answers and errors in the seconds they finished in,
+// with empty seconds in between and a last second cut short at the end.
+func TestSeconds(t *testing.T) {
+	t.Parallel()
+	r := NewRecorder(testOutcomes)
+	// The run started 3.5 s ago; errors count in the second they happen.
+	r.start = time.Now().Add(-3500 * time.Millisecond)
+	at := func(d time.Duration) time.Time { return r.start.Add(d) }
+	for range 3 {
+		r.Begin()
+		r.Record(0, at(0), 100*time.Millisecond) // second 0
+	}
+	r.Begin()
+	r.Record(1, at(900*time.Millisecond), 300*time.Millisecond) // sent in 0, answered in 1
+	r.Begin()
+	r.Record(2, at(1500*time.Millisecond), 2*time.Millisecond) // second 1
+	r.Begin()
+	r.Error(errors.New("refused")) // now: second 3
+	r.Begin()
+	r.Record(1, at(3100*time.Millisecond), 10*time.Millisecond) // second 3
+	r.Begin()
+	r.Record(0, at(-time.Second), 500*time.Millisecond) // before the start: counts in the current second
+
+	got := r.Seconds()
+	if len(got) != 4 {
+		t.Fatalf("%d seconds, want 4: %+v", len(got), got)
+	}
+	want := []struct {
+		counts   []int64
+		errors   int64
+		p50, p99 int64
+	}{
+		{[]int64{3, 0, 0}, 0, 100_000, 100_000},
+		{[]int64{0, 1, 1}, 0, 2_000, 300_000},
+		{[]int64{0, 0, 0}, 0, 0, 0},
+		{[]int64{1, 1, 0}, 1, 10_000, 500_000},
+	}
+	near := func(got, want int64) bool { d := got - want; return d >= -want/500 && d <= want/500 }
+	for i, w := range want {
+		s := got[i]
+		if s.Start != float64(i) || !slices.Equal(s.Counts, w.counts) || s.Errors != w.errors ||
+			!near(s.P50, w.p50) || !near(s.P99, w.p99) {
+			t.Errorf("second %d = %+v, want start %d, counts %v, errors %d, p50 %dµs, p99 %dµs",
+				i, s, i, w.counts, w.errors, w.p50, w.p99)
+		}
+	}
+	for i, s := range got[:3] {
+		if s.Span != 1 {
+			t.Errorf("second %d spans %vs, want 1", i, s.Span)
+		}
+	}
+	if last := got[3].Span; last < 0.5 || last >= 1 {
+		t.Errorf("last second spans %vs, want the 0.5 s it has run (a little more)", last)
+	}
+	// The seconds add up to the whole run.
+	if l := r.Latency(); l.Count != 7 || !near(l.Max, 500_000) {
+		t.Errorf("whole-run latency %+v, want 7 answers, max 500ms", l)
+	}
+	got[0].Counts[0] = 99
+	if again := r.Seconds(); again[0].Counts[0] != 3 {
+		t.Error("Seconds shares its Counts with the recorder")
 	}
 }

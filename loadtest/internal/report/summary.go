@@ -97,6 +97,11 @@ type Summary struct {
 
 	// Order lists the outcome names in the target's order, for the text form.
 	Order []string `json:"-"`
+	// Seconds is the run second by second, for the HTML page's charts;
+	// each Counts follows Order.
+	Seconds []Second `json:"-"`
+	// Charts are more charts for the HTML page ([Summary.AddChart]).
+	Charts []Chart `json:"-"`
 }
 
 // WriteJSON writes s as indented JSON followed by a newline.
@@ -112,8 +117,24 @@ func (s *Summary) WriteJSON(w io.Writer) error {
 // WriteText writes s for people, one topic a line.
 func (s *Summary) WriteText(w io.Writer) error {
 	var b strings.Builder
+	for _, l := range s.lines() {
+		fmt.Fprintf(&b, "%-11s%s\n", l.label, l.text)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// summaryLine is one topic of the summary: the text form prints one a
+// line, the HTML page one a table row, so both show the same figures.
+type summaryLine struct {
+	label, text string
+}
+
+// lines returns the summary's topics in order.
+func (s *Summary) lines() []summaryLine {
+	var out []summaryLine
 	line := func(label, format string, args ...any) {
-		fmt.Fprintf(&b, "%-11s"+format+"\n", append([]any{label}, args...)...)
+		out = append(out, summaryLine{label, fmt.Sprintf(format, args...)})
 	}
 	load := fmt.Sprintf("closed loop, %d workers", s.Workers)
 	if s.Mode == "open" {
@@ -128,12 +149,8 @@ func (s *Summary) WriteText(w io.Writer) error {
 	}
 	line("requests", "%s", req)
 	line("throughput", "%.1f answers/s", s.ThroughputRPS)
-	order := s.Order
-	if len(order) == 0 {
-		order = slices.Sorted(maps.Keys(s.Statuses))
-	}
 	var st strings.Builder
-	for _, name := range order {
+	for _, name := range s.order() {
 		fmt.Fprintf(&st, "%s=%d ", name, s.Statuses[name])
 	}
 	fmt.Fprintf(&st, "errors=%d", s.Errors)
@@ -153,8 +170,16 @@ func (s *Summary) WriteText(w io.Writer) error {
 	for _, msg := range slices.Sorted(maps.Keys(s.ErrorSamples)) {
 		line("error", "%d× %s", s.ErrorSamples[msg], msg)
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	return out
+}
+
+// order returns the outcome names in the target's order, or sorted when
+// the summary does not say.
+func (s *Summary) order() []string {
+	if len(s.Order) > 0 {
+		return s.Order
+	}
+	return slices.Sorted(maps.Keys(s.Statuses))
 }
 
 // FormatMicros renders a duration given in microseconds: "850µs", "1.23ms",

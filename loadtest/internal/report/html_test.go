@@ -1,0 +1,138 @@
+package report
+
+import (
+	"bytes"
+	"html"
+	"math"
+	"strings"
+	"testing"
+)
+
+// testSummary is a summary of a made-up run of 5.2 s: 2xx and 429
+// answers, one second without answers, a last second of 0.2 s.
+func testSummary() *Summary {
+	s := &Summary{
+		Target: "proxy", Endpoint: "http://127.0.0.1:8080", Mode: "closed", Workers: 4,
+		StoppedBy: "duration", ElapsedSeconds: 5.2, Sent: 1200, Answered: 1190, Errors: 10,
+		Statuses: map[string]int64{"2xx": 900, "429": 290, "5xx": 0}, LatencyFrom: "sent",
+		LatencyUS: Latency{Count: 1190, P50: 850, P99: 4200, Max: 9000},
+		Order:     []string{"2xx", "429", "5xx"},
+	}
+	for i := range 5 {
+		sec := Second{Start: float64(i), Span: 1, Counts: []int64{180, 58, 0}, Errors: 2, P50: 850, P99: 4200}
+		if i == 2 {
+			sec = Second{Start: 2, Span: 1, Counts: make([]int64, 3)}
+		}
+		s.Seconds = append(s.Seconds, sec)
+	}
+	s.Seconds = append(s.Seconds, Second{Start: 5, Span: 0.2, Counts: []int64{10, 0, 0}, P50: 900, P99: 900})
+	return s
+}
+
+func TestWriteHTML(t *testing.T) {
+	t.Parallel()
+	s := testSummary()
+	s.AddChart(Chart{
+		Title: "Admitted <vs> the model", YTitle: "admitted", X: []float64{1, 2, 3},
+		Series: []Series{{Name: "admitted", Values: []float64{1, 2, 3}}, {Name: "model", Values: []float64{1, math.NaN(), 3}, Color: "#123456"}},
+	})
+	var b bytes.Buffer
+	if err := s.WriteHTML(&b); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	for _, id := range []string{"chart-throughput", "chart-latency", "chart-outcomes", "chart-extra-1"} {
+		if !strings.Contains(page, `id="`+id+`"`) {
+			t.Errorf("page lacks the figure %s", id)
+		}
+	}
+	if n := strings.Count(page, "<svg"); n != 4 {
+		t.Errorf("%d svg elements, want 4", n)
+	}
+	// The table shows what the text summary shows.
+	for _, l := range s.lines() {
+		if !strings.Contains(page, "<th>"+l.label+"</th><td>"+html.EscapeString(l.text)+"</td>") {
+			t.Errorf("page lacks the summary line %s %q", l.label, l.text)
+		}
+	}
+	// Titles are escaped; the page loads nothing.
+	if !strings.Contains(page, "Admitted &lt;vs&gt; the model") {
+		t.Error("the added chart's title is missing or not escaped")
+	}
+	for _, bad := range []string{"<script", "src=", "href=", "url(", "@import"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("page holds %q", bad)
+		}
+	}
+	// The last second, 0.2 s long, is left out of the run's charts (5
+	// points each), outcomes without answers too.
+	if strings.Contains(page, ">5.2<") {
+		t.Error("the short last second is charted")
+	}
+	if strings.Contains(page, ">5xx<") {
+		t.Error("an outcome without answers is charted")
+	}
+	for _, want := range []string{">2xx<", ">429<", ">errors<", ">errors/s<", "rgb(18,52,86)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}
+
+func TestWriteHTMLWithoutSeconds(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		seconds []Second
+		note    bool
+	}{
+		{"none", nil, false},
+		{"one and a short one", []Second{{Span: 1, Counts: []int64{1, 0, 0}}, {Start: 1, Span: 0.1, Counts: []int64{1, 0, 0}}}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := testSummary()
+			s.Seconds = tt.seconds
+			var b bytes.Buffer
+			if err := s.WriteHTML(&b); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(b.String(), "<svg") || !strings.Contains(b.String(), "<table") {
+				t.Error("want the table and no chart")
+			}
+			if got := strings.Contains(b.String(), "too short to chart"); got != tt.note {
+				t.Errorf("note shown: %v, want %v", got, tt.note)
+			}
+		})
+	}
+}
+
+func TestWriteHTMLRefusesBadCharts(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		chart Chart
+		want  string
+	}{
+		{"no title", Chart{X: []float64{1}, Series: []Series{{Name: "a", Values: []float64{1}}}}, "needs a title"},
+		{"no points", Chart{Title: "t", Series: []Series{{Name: "a"}}}, "has no points"},
+		{"no series", Chart{Title: "t", X: []float64{1}}, "has no series"},
+		{"unnamed", Chart{Title: "t", X: []float64{1}, Series: []Series{{Values: []float64{1}}}}, "has no name"},
+		{"short", Chart{Title: "t", X: []float64{1, 2}, Series: []Series{{Name: "a", Values: []float64{1}}}}, "1 values for 2 points"},
+		{"color", Chart{Title: "t", X: []float64{1}, Series: []Series{{Name: "a", Values: []float64{1}, Color: "red"}}}, "not #rrggbb"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := testSummary()
+			s.AddChart(tt.chart)
+			var b bytes.Buffer
+			err := s.WriteHTML(&b)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("WriteHTML = %v, want an error saying %q", err, tt.want)
+			}
+			if b.Len() != 0 {
+				t.Error("WriteHTML wrote a page despite the error")
+			}
+		})
+	}
+}
