@@ -210,7 +210,7 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.SeedBrokers(p.cfg.Brokers...),
 		kgo.DefaultProduceTopic(p.cfg.Topic),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
+		kgo.ProducerBatchCompression(kgo.SnappyCompression(), kgo.NoCompression()),
 		kgo.ProducerLinger(0), // the chunks are the batches
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.WithLogger(kslog.New(p.log)),
