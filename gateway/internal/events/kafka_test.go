@@ -55,9 +55,9 @@ func freePort(t testing.TB) int {
 // startKafka starts a one-broker kfake cluster on port (0: any) with the
 // decisions topic, persisting in dataDir unless it is "". The test closes
 // it at the end; closing it earlier is a Kafka outage.
-func startKafka(t testing.TB, port int, dataDir string) *kfake.Cluster {
+func startKafka(t testing.TB, port int, dataDir string, extra ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
-	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions)}
+	opts := append([]kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions)}, extra...)
 	if dataDir != "" {
 		opts = append(opts, kfake.DataDir(dataDir))
 	}
@@ -296,6 +296,7 @@ type source struct {
 type mark struct {
 	hwm, missing uint64
 	closed       bool
+	top          uint64 // the highest seq of an event (not a marker) applied
 }
 
 // tally is what the deduplication made of a topic.
@@ -359,7 +360,7 @@ func aggregate(t testing.TB, recs []*kgo.Record) tally {
 				m.missing += ev.Seq - m.hwm - 1
 				out.skips++
 			}
-			m.hwm = ev.Seq
+			m.hwm, m.top = ev.Seq, ev.Seq
 			out.applied++
 			out.byEpoch[ev.Epoch]++
 		}
