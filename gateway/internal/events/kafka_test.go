@@ -10,14 +10,17 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/gateway/internal/events"
@@ -676,5 +679,57 @@ func TestCloseIsIdempotent(t *testing.T) {
 	got := aggregate(t, readAll(t, c.ListenAddrs()))
 	if got.applied != 150 || got.missing != 0 {
 		t.Fatalf("applied %d of 150, missing %d", got.applied, got.missing)
+	}
+}
+
+// TestFailedRecordsAreResentInOrder makes the broker refuse produce requests
+// with a non-retriable error (franz-go fails those records and every later
+// one of their partitions): the producer re-sends from the first record not
+// acknowledged, so every event still arrives once, in order.
+func TestFailedRecordsAreResentInOrder(t *testing.T) {
+	t.Parallel()
+	c := startKafka(t, 0, "")
+	var requests, refused atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if requests.Add(1)%3 != 0 || refused.Load() >= 20 {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		req := kr.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.InvalidRecord.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	p := start(t, testConfig(t, c.ListenAddrs(), t.TempDir()))
+	for burst := range 40 {
+		recordN(p, burst*250, 250)
+		testwait.Eventually(t, 30*time.Second, func() error {
+			if got := p.metric(t, "tollgate_events_produced_total"); got < float64(burst+1)*250 {
+				return fmt.Errorf("%v of %d produced", got, (burst+1)*250)
+			}
+			return nil
+		})
+	}
+	p.waitDrained(t, 60*time.Second)
+	p.shutdown(t)
+	errs := p.metric(t, "tollgate_events_send_errors_total")
+	if errs == 0 || refused.Load() == 0 {
+		t.Fatalf("no record failed (%v send errors, %d requests refused): the test tested nothing", errs, refused.Load())
+	}
+	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	t.Logf("%d requests refused, %v records failed and re-sent; applied %d, duplicates %d, missing %d",
+		refused.Load(), errs, got.applied, got.duplicates, got.missing)
+	if got.applied != 10_000 || got.missing != 0 || got.skips != 0 {
+		t.Fatalf("applied %d of 10000, missing %d, %d skips", got.applied, got.missing, got.skips)
 	}
 }
