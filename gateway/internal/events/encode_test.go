@@ -1,0 +1,235 @@
+package events
+
+import (
+	"bytes"
+	"hash/fnv"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// fullDecision sets every field a Decision and a Request carry that an
+// event holds, each to a value other than its zero.
+func fullDecision() (*guard.Request, *guard.Decision) {
+	req := &guard.Request{Key: "tg_live_secret", Method: "POST", Path: "/v1/users/42", IP: netip.MustParseAddr("2001:db8::7")}
+	d := &guard.Decision{
+		Allowed: false, Status: 429, Code: guard.CodeRateLimitExceeded, Reason: guard.ReasonRateLimited,
+		Degraded: true, PenaltyLevel: 2, RetryAfter: 7, Time: 1_750_000_000_123_456,
+		KeyID: "kid_0123", KeyPrefix: "tg_live_se", Tenant: "acme", Tier: "pro", Endpoint: "/v1/users/{id}", Cost: 3,
+		Rules: []guard.RuleResult{
+			{ID: "per-key", Algorithm: rules.TokenBucket, Allowed: true, Remaining: 9},
+			{ID: "per-tenant", Algorithm: rules.GCRA, Allowed: false, Remaining: 4, RetryAfter: 7},
+			{ID: "shadow-ok", Algorithm: rules.FixedWindow, Shadow: true, Allowed: true},
+			{ID: "shadow-a", Algorithm: rules.SlidingWindowLog, Shadow: true, Allowed: false},
+			{ID: "shadow-b", Algorithm: rules.SlidingWindowCounter, Shadow: true, Allowed: false},
+		},
+		Deciding: 1,
+	}
+	return req, d
+}
+
+func encodeOne(t testing.TB, k kind, req *guard.Request, d *guard.Decision, surface string) []byte {
+	t.Helper()
+	header := appendHeader(nil, "gw-1", 0xfeedfacecafebeef)
+	bound := len(header) + maxEventSize(req, d, surface)
+	b := appendEvent(make([]byte, 0, bound), header, 5, 12345, k, d.Time, req, d, surface)
+	if len(b) > bound {
+		t.Fatalf("event of %d bytes, maxEventSize said at most %d", len(b), bound)
+	}
+	return b
+}
+
+// TestEncodeRoundTrip decodes the hand encoder's bytes with the generated
+// code and checks every field, and that the bytes are what proto.Marshal
+// writes, so the encoder cannot drift from the schema.
+func TestEncodeRoundTrip(t *testing.T) {
+	t.Parallel()
+	req, d := fullDecision()
+	denied := &tollgatev1.DecisionEvent{
+		GatewayId: "gw-1", Epoch: 0xfeedfacecafebeef, Partition: 5, Seq: 12345, TimeUnixMicros: 1_750_000_000_123_456,
+		Kind: tollgatev1.DecisionEvent_KIND_DECISION, KeyId: "kid_0123", KeyPrefix: "tg_live_se", Tenant: "acme",
+		Tier: "pro", Endpoint: "/v1/users/{id}", Method: "POST", Cost: 0, RuleId: "per-tenant", Algorithm: "gcra",
+		Allowed: false, Reason: "rate_limited", Status: 429, Remaining: 4, RetryAfterSeconds: 7, Degraded: true,
+		ShadowWouldReject: []string{"shadow-a", "shadow-b"}, ClientIp: "2001:db8::7", Surface: "proxy", PenaltyLevel: 2,
+	}
+	allowedReq, allowedD := fullDecision()
+	allowedD.Allowed, allowedD.Status, allowedD.Reason, allowedD.RetryAfter, allowedD.Deciding = true, 200, guard.ReasonAllowed, 0, 0
+	allowedD.Rules[0].Remaining = -1 // fail-open: negative values take ten bytes
+	allowed := proto.Clone(denied).(*tollgatev1.DecisionEvent)
+	allowed.Allowed, allowed.Status, allowed.Reason, allowed.RetryAfterSeconds = true, 200, "allowed", 0
+	allowed.Cost, allowed.RuleId, allowed.Algorithm, allowed.Remaining = 3, "per-key", "token_bucket", -1
+
+	report := proto.Clone(allowed).(*tollgatev1.DecisionEvent)
+	report.Kind = tollgatev1.DecisionEvent_KIND_REPORT
+	report.Allowed, report.Reason, report.Status, report.Remaining, report.RetryAfterSeconds = false, "", 0, 0, 0
+	report.Surface = "report"
+
+	anonReq := &guard.Request{Method: "GET", IP: netip.MustParseAddr("203.0.113.9")}
+	anonD := &guard.Decision{Allowed: true, Status: 200, Reason: guard.ReasonNoRule, Deciding: -1, Endpoint: "/health", Cost: 1, Time: 42}
+	anon := &tollgatev1.DecisionEvent{GatewayId: "gw-1", Epoch: 0xfeedfacecafebeef, Partition: 5, Seq: 12345,
+		TimeUnixMicros: 42, Kind: tollgatev1.DecisionEvent_KIND_DECISION, Endpoint: "/health", Method: "GET", Cost: 1,
+		Allowed: true, Reason: "no_rule", Status: 200, ClientIp: "203.0.113.9", Surface: "check"}
+
+	for _, tc := range []struct {
+		name    string
+		k       kind
+		req     *guard.Request
+		d       *guard.Decision
+		surface string
+		want    *tollgatev1.DecisionEvent
+	}{
+		{"rejected", kindDecision, req, d, "proxy", denied},
+		{"allowed", kindDecision, allowedReq, allowedD, "proxy", allowed},
+		{"report", kindReport, allowedReq, allowedD, "report", report},
+		{"anonymous", kindDecision, anonReq, anonD, "check", anon},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := encodeOne(t, tc.k, tc.req, tc.d, tc.surface)
+			got := &tollgatev1.DecisionEvent{}
+			if err := proto.Unmarshal(b, got); err != nil {
+				t.Fatalf("unmarshal: %v", err)
+			}
+			if !proto.Equal(got, tc.want) {
+				t.Fatalf("decoded\n%v\nwant\n%v", got, tc.want)
+			}
+			if len(got.ProtoReflect().GetUnknown()) > 0 {
+				t.Fatalf("unknown fields in the encoding: %x", got.ProtoReflect().GetUnknown())
+			}
+			want, err := proto.MarshalOptions{Deterministic: true}.Marshal(tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, want) {
+				t.Fatalf("bytes differ from proto.Marshal:\n got %x\nwant %x", b, want)
+			}
+			if k := tenantOf(b); string(k) != tc.want.Tenant {
+				t.Fatalf("tenantOf = %q, want %q", k, tc.want.Tenant)
+			}
+		})
+	}
+
+	// Every field of the schema is written by the rejection, the admission
+	// or the marker: a new field fails here until the encoder writes it.
+	var written []*tollgatev1.DecisionEvent
+	for _, b := range [][]byte{
+		encodeOne(t, kindDecision, req, d, "proxy"),
+		encodeOne(t, kindDecision, allowedReq, allowedD, "proxy"),
+		appendMarker(nil, "gw-1", 7, 3, 99, 1),
+	} {
+		m := &tollgatev1.DecisionEvent{}
+		if err := proto.Unmarshal(b, m); err != nil {
+			t.Fatal(err)
+		}
+		written = append(written, m)
+	}
+	fields := denied.ProtoReflect().Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		f := fields.Get(i)
+		has := false
+		for _, m := range written {
+			has = has || m.ProtoReflect().Has(f)
+		}
+		if !has {
+			t.Errorf("field %s (%d) is written by no event", f.Name(), f.Number())
+		}
+	}
+}
+
+func TestMarkerRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := appendMarker(nil, "gw-2", 77, 4, 20_000, 1_700_000_000_000_000)
+	got := &tollgatev1.DecisionEvent{}
+	if err := proto.Unmarshal(b, got); err != nil {
+		t.Fatal(err)
+	}
+	want := &tollgatev1.DecisionEvent{GatewayId: "gw-2", Epoch: 77, Partition: 4, Seq: 20_001, LastSeq: 20_000,
+		TimeUnixMicros: 1_700_000_000_000_000, Kind: tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED}
+	if !proto.Equal(got, want) {
+		t.Fatalf("decoded %v, want %v", got, want)
+	}
+	if k := tenantOf(b); k != nil {
+		t.Fatalf("a marker has key %q, want none", k)
+	}
+}
+
+// TestEncoderKnowsEveryField lists the schema's fields from the generated
+// descriptor: a field added to DecisionEvent fails until fieldUse says how
+// the producer writes it, and the constants match the schema's numbers.
+func TestEncoderKnowsEveryField(t *testing.T) {
+	t.Parallel()
+	fields := (&tollgatev1.DecisionEvent{}).ProtoReflect().Descriptor().Fields()
+	byName := map[string]protowire.Number{
+		"gateway_id": fGatewayID, "epoch": fEpoch, "partition": fPartition, "seq": fSeq,
+		"time_unix_micros": fTimeUnixMicros, "kind": fKind, "key_id": fKeyID, "key_prefix": fKeyPrefix,
+		"tenant": fTenant, "tier": fTier, "endpoint": fEndpoint, "method": fMethod, "cost": fCost,
+		"rule_id": fRuleID, "algorithm": fAlgorithm, "allowed": fAllowed, "reason": fReason, "status": fStatus,
+		"remaining": fRemaining, "retry_after_seconds": fRetryAfterSeconds, "degraded": fDegraded,
+		"shadow_would_reject": fShadowWouldReject, "client_ip": fClientIP, "surface": fSurface,
+		"last_seq": fLastSeq, "penalty_level": fPenaltyLevel,
+	}
+	for i := 0; i < fields.Len(); i++ {
+		f := fields.Get(i)
+		num, ok := byName[string(f.Name())]
+		if !ok {
+			t.Errorf("DecisionEvent has field %s (%d) that the hand encoder does not know: encode it in appendEvent or appendMarker, list it in fieldUse and here",
+				f.Name(), f.Number())
+			continue
+		}
+		if protowire.Number(f.Number()) != num {
+			t.Errorf("field %s is number %d in the schema, %d in the encoder", f.Name(), f.Number(), num)
+		}
+		if _, ok := fieldUse[num]; !ok {
+			t.Errorf("field %s (%d) missing from fieldUse", f.Name(), num)
+		}
+		wantKind := map[protoreflect.Kind]bool{protoreflect.StringKind: true, protoreflect.Uint64Kind: true,
+			protoreflect.Int64Kind: true, protoreflect.Int32Kind: true, protoreflect.BoolKind: true, protoreflect.EnumKind: true}
+		if !wantKind[f.Kind()] {
+			t.Errorf("field %s has kind %v, which the encoder does not write", f.Name(), f.Kind())
+		}
+	}
+	if len(byName) != fields.Len() || len(fieldUse) != fields.Len() {
+		t.Errorf("the encoder knows %d fields (fieldUse %d), the schema has %d", len(byName), len(fieldUse), fields.Len())
+	}
+}
+
+// TestMaxEventSizeBounds checks the bound the decision path relies on to
+// never grow a chunk, over random decisions.
+func TestMaxEventSizeBounds(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	str := func() string { return strings.Repeat("x", rng.IntN(300)) }
+	for i := 0; i < 2000; i++ {
+		req, d := fullDecision()
+		d.KeyID, d.KeyPrefix, d.Tenant, d.Tier, d.Endpoint = str(), str(), str(), str(), str()
+		req.Method = str()
+		d.Rules[1].ID, d.Rules[3].ID = str(), str()
+		d.Rules[1].Remaining = -rng.Int64()
+		d.RetryAfter, d.Cost, d.Time, d.PenaltyLevel = rng.Int64(), rng.Int64(), -rng.Int64(), -int(rng.Int32())
+		if rng.IntN(2) == 0 {
+			req.IP = netip.MustParseAddr("fe80::1%z" + strings.Repeat("z", rng.IntN(100)))
+		}
+		encodeOne(t, kindDecision, req, d, str())
+	}
+}
+
+func TestPartitionOfIsFNV32a(t *testing.T) {
+	t.Parallel()
+	for _, tenant := range []string{"", "acme", "~anonymous", "tenant-with-a-long-name-42", "ü"} {
+		for _, n := range []int32{1, 6, 7, 64} {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(tenant))
+			if got, want := PartitionOf(tenant, n), int32(h.Sum32()%uint32(n)); got != want {
+				t.Errorf("PartitionOf(%q, %d) = %d, want %d", tenant, n, got, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package events
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics exposes the producer's counters, read when scraped: the decision
+// path only increments plain integers under the lock it holds anyway.
+type metrics struct {
+	collectors []prometheus.Collector
+}
+
+// newMetrics creates the tollgate_events_* collectors and registers them
+// with reg (none when nil). No label carries a key, tenant or path.
+func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
+	locked := func(f func() float64) func() float64 {
+		return func() float64 {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return f()
+		}
+	}
+	m := &metrics{}
+	add := func(c prometheus.Collector) { m.collectors = append(m.collectors, c) }
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_recorded_total",
+		Help: "Decision and report events taken into the producer's memory buffer.",
+	}, locked(func() float64 { return float64(p.recorded) })))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_produced_total",
+		Help: "Records Kafka acknowledged (events, replays and EpochClosed markers; a record re-sent after a failure counts each time it is acknowledged).",
+	}, func() float64 { return float64(p.produced.Load()) }))
+	for i, name := range dropReasonNames {
+		add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "tollgate_events_dropped_total",
+			Help:        "Events lost by the producer, by reason: spool_full (memory full and the spool's disk budget spent), oversized (an event larger than a memory chunk), closed (recorded after the producer stopped). The aggregator counts the gaps they leave.",
+			ConstLabels: prometheus.Labels{"reason": name},
+		}, locked(func() float64 { return float64(p.dropped[i]) })))
+	}
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_buffered",
+		Help: "Events held in memory, waiting for Kafka or the spool.",
+	}, locked(func() float64 { return float64(p.memEvents) })))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_buffered_bytes",
+		Help: "Memory taken by buffered events, in whole chunks.",
+	}, locked(func() float64 { return float64(p.memChunks * p.chunkBytes) })))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_memory_limit_bytes",
+		Help: "The producer's memory buffer (Config.MemoryBytes, in whole chunks).",
+	}, func() float64 { return float64(p.nChunks * p.chunkBytes) }))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_spooled_total",
+		Help: "Records written to the on-disk spool (Kafka slow or down, or at a stop).",
+	}, func() float64 { return float64(p.spooled.Load()) }))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_replayed_total",
+		Help: "Records read back from the spool and sent to Kafka.",
+	}, func() float64 { return float64(p.replayed.Load()) }))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_spool_bytes",
+		Help: "Bytes of the segments in the spool.",
+	}, func() float64 { return float64(p.sp.Stats().Bytes) }))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_spool_segments",
+		Help: "Segments in the spool.",
+	}, func() float64 { return float64(p.sp.Stats().Segments) }))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_spool_limit_bytes",
+		Help: "The spool's disk budget (Config.SpoolMaxBytes).",
+	}, func() float64 { return float64(p.cfg.SpoolMaxBytes) }))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_send_errors_total",
+		Help: "Records Kafka or franz-go failed; they are re-sent in order.",
+	}, func() float64 { return float64(p.sendErrors.Load()) }))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_kafka_up",
+		Help: "1 while Kafka acknowledges events, 0 after a failure or while records wait unanswered (events then go to the spool).",
+	}, func() float64 {
+		if p.kafkaUp.Load() {
+			return 1
+		}
+		return 0
+	}))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_reservation_overruns_total",
+		Help: "Events numbered beyond the sequence range reserved durably (the reservation could not keep up); after a SIGKILL their loss may go uncounted.",
+	}, locked(func() float64 { return float64(p.overruns) })))
+	if reg != nil {
+		for _, c := range m.collectors {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("events: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

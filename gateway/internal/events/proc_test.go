@@ -1,0 +1,165 @@
+package events_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/tollgate/tollgate/gateway/internal/events"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// helperEnv makes the test binary act as a helper process: "kfake" runs a
+// broker (for benchmarks, so that its CPU is not the producer's), "record"
+// runs a producer that records until it is killed.
+const helperEnv = "TOLLGATE_EVENTS_HELPER"
+
+// TestHelperProcess is the body of the helper processes; it is skipped
+// unless helperEnv names one.
+func TestHelperProcess(t *testing.T) {
+	switch os.Getenv(helperEnv) {
+	case "kfake":
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Printf("addr %s\n", c.ListenAddrs()[0])
+		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it or dies
+	case "record":
+		recordUntilKilled(t)
+	default:
+		t.Skip("helper process for the tests that re-exec the test binary")
+	}
+}
+
+// child is a helper process started by a test.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startChild re-execs the test binary as the helper named kind, with env
+// added to its environment. The test kills it at the end.
+func startChild(tb testing.TB, kind string, env ...string) *child {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.bench=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+kind), env...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	tb.Cleanup(func() {
+		_ = c.stdin.Close()
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+	})
+	return c
+}
+
+// line returns the child's next line of output that starts with prefix,
+// without the prefix.
+func (c *child) line(tb testing.TB, prefix string) string {
+	tb.Helper()
+	for c.out.Scan() {
+		if s, ok := strings.CutPrefix(c.out.Text(), prefix); ok {
+			return s
+		}
+	}
+	tb.Fatalf("helper process ended before printing %q: %v", prefix, c.out.Err())
+	return ""
+}
+
+// kafkaProcess starts kfake in a child process and returns its address.
+func kafkaProcess(tb testing.TB) []string {
+	tb.Helper()
+	c := startChild(tb, "kfake")
+	return []string{c.line(tb, "addr ")}
+}
+
+// Environment of the "record" helper.
+const (
+	envBrokers = "TOLLGATE_EVENTS_BROKERS"
+	envSpool   = "TOLLGATE_EVENTS_SPOOL"
+)
+
+// recordUntilKilled runs a producer on the brokers and spool the parent
+// names and records 50 decisions every millisecond, printing after each
+// batch "recorded <n> <unix nanos>": n decisions were recorded (Record
+// returned) by then. It stops only when killed.
+func recordUntilKilled(t *testing.T) {
+	cfg := testConfig(t, strings.Split(os.Getenv(envBrokers), ","), os.Getenv(envSpool))
+	cfg.FlushInterval = killFlushInterval
+	cfg.MemoryBytes = killMemoryBytes
+	p, err := events.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	fmt.Printf("epoch %d\n", p.Epoch())
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	w := bufio.NewWriter(os.Stdout)
+	for n := 0; ; {
+		select {
+		case <-tick.C:
+		case err := <-done:
+			t.Fatalf("run returned before the kill: %v", err)
+		}
+		recordBatch(p, n, 50)
+		n += 50
+		fmt.Fprintf(w, "recorded %d %d\n", n, time.Now().UnixNano())
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func recordBatch(p *events.Producer, first, n int) {
+	for i := first; i < first+n; i++ {
+		req, d := decision(i)
+		p.Record(req, d, "proxy")
+	}
+}
+
+// parseRecorded parses a "recorded" line's payload.
+func parseRecorded(tb testing.TB, s string) (n int, at time.Time) {
+	tb.Helper()
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		tb.Fatalf("bad recorded line %q", s)
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n, time.Unix(0, ns)
+}
