@@ -47,6 +47,9 @@ type Config struct {
 	NATS  configs.NATS  `yaml:"nats"`
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
+	DataDir   string `yaml:"data_dir" doc:"Directory of the gateway's local state: the decision event spool (<data_dir>/spool/<gateway_id>) and, in fleet mode, the last-known-good copy of the rules and controls. The same variable the aggregator uses for its own state."`
+
+	Events EventsConfig `yaml:"events"`
 
 	MaxCost  int64 `yaml:"max_cost" doc:"Largest cost one request may ask for (check API cost, trusted cost header, Envoy hits_addend); more is answered 400 COST_EXCEEDS_LIMIT."`
 	MaxBatch int   `yaml:"max_batch" doc:"Most items in one POST /v1/check/batch; a longer array is refused whole with 400 BATCH_TOO_LARGE."`
@@ -65,6 +68,15 @@ type Config struct {
 	// Log is used by bin/gateway to build its logger (New takes a
 	// *slog.Logger and ignores it).
 	Log configs.Log `yaml:"log"`
+}
+
+// EventsConfig is the `events` section: the decision event producer,
+// active when kafka.brokers is set (SPEC §5).
+type EventsConfig struct {
+	SpoolDir      string        `yaml:"spool_dir" doc:"Directory of the on-disk spool decision events spill to while Kafka is unreachable or slow, replayed in order when it returns. Empty: <data_dir>/spool/<gateway_id>, so two gateways on one machine never share one (the spool is locked)."`
+	SpoolMaxBytes int64         `yaml:"spool_max_bytes" doc:"Disk budget of the spool in bytes. Past it decisions are dropped, counted in tollgate_events_dropped_total and logged once per interval; nothing else is ever lost on a graceful stop."`
+	MemoryBytes   int           `yaml:"memory_bytes" doc:"Decision events buffered in memory before they spill to the spool."`
+	FlushInterval time.Duration `yaml:"flush_interval" doc:"Longest time an event stays only in memory before it is written to the spool when Kafka has not acknowledged it: what a SIGKILL may lose is bounded by this and memory_bytes."`
 }
 
 // IdentityConfig is the `identity` section: how the proxy reads a request's
@@ -100,6 +112,11 @@ const (
 	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultDataDir         = "tollgate-data"
+
+	DefaultSpoolMaxBytes      = 1 << 30
+	DefaultEventMemoryBytes   = 8 << 20
+	DefaultEventFlushInterval = 100 * time.Millisecond
 
 	DefaultMaxBodyBytes      = 64 << 10
 	DefaultMaxHeaderBytes    = 16 << 10
@@ -127,6 +144,10 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.GRPCListen, DefaultGRPCListen)
 	setDefault(&c.RulesFile, DefaultRulesFile)
 	c.Redis.SetDefaults()
+	setDefault(&c.DataDir, DefaultDataDir)
+	setDefault(&c.Events.SpoolMaxBytes, DefaultSpoolMaxBytes)
+	setDefault(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
+	setDefault(&c.Events.FlushInterval, DefaultEventFlushInterval)
 	if c.GatewayID == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {

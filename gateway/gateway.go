@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/gateway/internal/checkapi"
+	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
 	"github.com/tollgate/tollgate/gateway/internal/proxy"
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
@@ -76,6 +77,7 @@ type Server struct {
 	store  *redisstore.Store
 
 	watcher  *rulefile.Watcher
+	events   *events.Producer // nil without kafka.brokers
 	reporter *proxy.Reporter
 	upstream *http.Transport
 
@@ -139,12 +141,20 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			Name: "tollgate_fallback_counters",
 			Help: "Counters held by the in-memory limiter that decides on_failure: closed rules while Redis is unavailable (bounded by memstore.DefaultMaxCounters).",
 		}, func() float64 { return float64(fallback.Len()) }))
+	observers := []guard.Observer{s.m}
+	if len(cfg.Kafka.Brokers) > 0 {
+		if err := s.newEvents(); err != nil {
+			s.releaseStore()
+			return nil, fmt.Errorf("gateway: decision events: %w", err)
+		}
+		observers = append(observers, eventObserver{s.events})
+	}
 	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), nil,
 		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
-		guard.WithObserver(s.m),
+		guard.WithObserver(observers...),
 		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))
 	if err != nil {
@@ -297,6 +307,11 @@ func (s *Server) Run(ctx context.Context) error {
 
 	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { s.loadScript(ctx); return nil })
+	if s.events != nil {
+		// Not ctx: the producer stops in shutdown, once every decision is
+		// made (Close), not when the drain begins.
+		g.Go(func() error { return s.events.Run(context.WithoutCancel(ctx)) })
+	}
 	g.Go(func() error { return s.watcher.Run(ctx) })
 	if s.reporter != nil {
 		g.Go(s.reporter.Run)
@@ -360,6 +375,13 @@ func (s *Server) shutdown() {
 		// Queued costs get what is left of the shutdown time.
 		s.reporter.Close(ctx)
 	}
+	if s.events != nil {
+		// Every decision is made: what is buffered goes to Kafka, or to the
+		// spool (events.shutdown_timeout), before the process exits.
+		if err := s.events.Close(); err != nil {
+			s.log.Error("decision events: stop", slog.String("error", err.Error()))
+		}
+	}
 	if s.upstream != nil {
 		s.upstream.CloseIdleConnections()
 	}
@@ -411,6 +433,9 @@ func (s *Server) releaseListeners() {
 }
 
 func (s *Server) releaseStore() {
+	if s.events != nil {
+		_ = s.events.Close() // idempotent: spools what is buffered, releases the spool's lock
+	}
 	if s.store != nil {
 		_ = s.store.Close()
 	}
@@ -483,4 +508,46 @@ func redactURL(raw string) string {
 		return raw
 	}
 	return u.Redacted()
+}
+
+// newEvents creates the decision event producer (kafka.brokers set).
+func (s *Server) newEvents() error {
+	cfg := s.cfg
+	dir := cfg.Events.SpoolDir
+	if dir == "" {
+		dir = events.DefaultSpoolDir(cfg.DataDir, cfg.GatewayID)
+	}
+	p, err := events.New(events.Config{
+		Brokers:       cfg.Kafka.Brokers,
+		Topic:         cfg.Kafka.DecisionsTopic,
+		GatewayID:     cfg.GatewayID,
+		SpoolDir:      dir,
+		SpoolMaxBytes: cfg.Events.SpoolMaxBytes,
+		MemoryBytes:   cfg.Events.MemoryBytes,
+		FlushInterval: cfg.Events.FlushInterval,
+		Partitions:    cfg.Kafka.Partitions,
+		Log:           s.log, // the producer names itself component=events
+		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg),
+	})
+	if err != nil {
+		return err
+	}
+	s.events = p
+	return nil
+}
+
+// eventObserver turns the guard's decisions into decision events: checks
+// (admissions and rejections; not peeks) and after-the-fact charges.
+type eventObserver struct{ p *events.Producer }
+
+func (o eventObserver) Decided(_ context.Context, op guard.Op, req *guard.Request, d *guard.Decision, err error, _ time.Duration) {
+	if err != nil {
+		return
+	}
+	switch op {
+	case guard.OpCheck:
+		o.p.Record(req, d, req.Surface)
+	case guard.OpReport:
+		o.p.Report(req, d, req.Surface)
+	}
 }

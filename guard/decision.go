@@ -31,6 +31,10 @@ type Request struct {
 	// Cost is the number of units the request asks for; 0 means 1 (use
 	// Guard.Peek for a cost-0 peek). A rule's own cost takes precedence.
 	Cost int64
+	// Surface names where the request was decided ("proxy", "check",
+	// "batch", "report", "rls", "authz"): Observers pass it on (decision
+	// events carry it); the guard itself ignores it.
+	Surface string
 }
 
 // Reason says why a decision came out the way it did.

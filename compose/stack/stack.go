@@ -295,7 +295,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		return nil
 	})
 
-	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr), s.log.With(slog.String(partKey, "gateway")))
+	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr, dataDir, kb.Addrs()), s.log.With(slog.String(partKey, "gateway")))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Taken since New checked: name the variable again.
@@ -378,7 +378,7 @@ func (t *task) report(part string) error {
 
 // gatewayConfig is the configuration of the stack's gateway: the stack's
 // addresses, rules and secret, the stack's Redis and the demo API.
-func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr string) gateway.Config {
+func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, dataDir string, brokers []string) gateway.Config {
 	c := gateway.Config{
 		Listen:          s.cfg.Listen,
 		Upstream:        "http://" + demoAddr,
@@ -389,9 +389,11 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr string) gateway.Config
 		KeySecret:       s.cfg.KeySecret,
 		Redis:           configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{rds.addr}},
 		GatewayID:       gatewayID,
+		DataDir:         filepath.Join(dataDir, "gateway"),
 		ShutdownTimeout: shutdownTimeout,
 		Log:             s.cfg.Log,
 	}
+	c.Kafka.Brokers = brokers
 	if rds.kind == BackendEmbedded {
 		c.Redis.Timeout = embeddedRedisTimeout
 	}

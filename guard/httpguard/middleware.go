@@ -37,6 +37,13 @@ type config struct {
 	id      *Identity
 	log     *slog.Logger
 	onError ErrorHandler
+	surface string
+}
+
+// WithSurface names the surface the middleware's decisions come from, in
+// guard.Request.Surface (default "http"; the gateway's proxy says "proxy").
+func WithSurface(name string) Option {
+	return optionFunc(func(c *config) { c.surface = name })
 }
 
 // WithIdentity sets how requests are identified. Default: the zero
@@ -107,6 +114,7 @@ func Middleware(c guard.Checker, opts ...Option) func(http.Handler) http.Handler
 		id:      &Identity{},
 		log:     slog.New(slog.DiscardHandler),
 		onError: FailOpen,
+		surface: "http",
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -151,6 +159,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	d := &st.d
+	st.req.Surface = h.cfg.surface
 	if err := h.checker.CheckInto(ctx, &st.req, d); err != nil {
 		path := st.req.Path
 		h.release(st)

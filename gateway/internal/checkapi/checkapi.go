@@ -132,6 +132,7 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
 		return
 	}
+	req.Surface = "check"
 	d, err := h.decide(r.Context(), &req, peek)
 	if err != nil {
 		h.unavailable(w, r, err)
@@ -168,6 +169,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
 			out = appendItemError(out, http.StatusBadRequest, guard.CodeInvalidRequest, reasonInvalidRequest, err.Error())
 			continue
 		}
+		req.Surface = "batch"
 		dd, err := h.decideInto(r.Context(), &req, peek, &d)
 		if err != nil {
 			h.cfg.Log.LogAttrs(r.Context(), slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
@@ -194,6 +196,7 @@ func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	req.Surface = "report"
 	d, err := h.cfg.Decider.Report(r.Context(), &req)
 	if err != nil {
 		h.unavailable(w, r, err)

@@ -108,6 +108,7 @@ func New(cfg Config) http.Handler {
 	return httpguard.Middleware(cfg.Checker,
 		httpguard.WithIdentity(cfg.Identity),
 		httpguard.WithLogger(log),
+		httpguard.WithSurface("proxy"),
 	)(next)
 }
 
@@ -148,7 +149,7 @@ func (c *costs) modifyResponse(resp *http.Response) error {
 	if err := c.id.Extract(in, &req); err != nil {
 		return nil // refused by the middleware already; cannot happen here
 	}
-	req.Cost = n
+	req.Cost, req.Surface = n, "proxy"
 	c.reporter.Enqueue(req)
 	return nil
 }

@@ -82,7 +82,7 @@ func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hi
 	case d.IsNegativeHits:
 		return false, invalidf("is_negative_hits is not supported")
 	}
-	*r = guard.Request{Domain: domain, Descriptor: make(map[string]string, len(d.Entries))}
+	*r = guard.Request{Domain: domain, Descriptor: make(map[string]string, len(d.Entries)), Surface: "rls"}
 	for j, e := range d.Entries {
 		switch {
 		case e == nil || e.Key == "":

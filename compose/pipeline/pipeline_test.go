@@ -1,0 +1,354 @@
+package pipeline_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+var outage = flag.Duration("outage", 5*time.Second, "how long TestKafkaOutage keeps the broker down (SPEC §8 measures 30s)")
+
+const (
+	secret = "pipeline-test-secret-0123456789"
+	token  = "pipeline-admin-token"
+	rules  = `
+keys:
+  sk_acme_1: {tenant: acme}
+  sk_acme_2: {tenant: acme}
+  sk_globex_1: {tenant: globex}
+rules:
+  - id: per-key
+    algorithm: token_bucket
+    capacity: 20
+    rate: 20/1h
+`
+)
+
+// tenants and their keys, the traffic of every test.
+var keys = map[string][]string{"acme": {"sk_acme_1", "sk_acme_2"}, "globex": {"sk_globex_1"}}
+
+func logger(t testing.TB) *slog.Logger {
+	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// env is Redis, a Kafka-protocol broker on a fixed port (so it can go down
+// and come back), a rules file and an aggregator.
+type env struct {
+	t       *testing.T
+	redis   string
+	broker  *kafkabroker.Broker
+	rules   string
+	agg     *aggregator.Server
+	aggStop func()
+}
+
+func newEnv(t *testing.T) *env {
+	e := &env{t: t, redis: redistest.StartTB(t).Addr()}
+	e.broker = kafkatest.StartTB(t, kafkabroker.WithLogger(logger(t)))
+	e.rules = filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(e.rules, []byte(rules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "agg", DataDir: t.TempDir(),
+		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
+	cfg.Kafka.Brokers = e.broker.Addrs()
+	cfg.Usage.Lateness = time.Second
+	srv, err := aggregator.New(cfg, logger(t).With("part", "aggregator"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	var once sync.Once
+	e.agg, e.aggStop = srv, func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("aggregator: %v", err)
+			}
+		})
+	}
+	t.Cleanup(e.aggStop)
+	return e
+}
+
+// gatewayConfig is a gateway of the env: check API only.
+func (e *env) gatewayConfig(id, dataDir string) gateway.Config {
+	c := gateway.Config{APIListen: "127.0.0.1:0", MetricsListen: gateway.Off, GRPCListen: gateway.Off,
+		RulesFile: e.rules, KeySecret: secret, GatewayID: id, DataDir: dataDir,
+		Redis: configs.Redis{Addrs: []string{e.redis}, Timeout: 2 * time.Second}}
+	c.Kafka.Brokers = e.broker.Addrs()
+	return c
+}
+
+// gw is a running gateway in this process.
+type gw struct {
+	api  string
+	stop func()
+}
+
+func (e *env) startGateway(id string) *gw {
+	srv, err := gateway.New(e.gatewayConfig(id, e.t.TempDir()), logger(e.t).With("part", id))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	var once sync.Once
+	g := &gw{api: srv.Addrs().API, stop: func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("gateway %s: %v", id, err)
+			}
+		})
+	}}
+	e.t.Cleanup(g.stop)
+	return g
+}
+
+// counts are decisions made, per tenant.
+type counts map[string]*struct{ allowed, rejected int64 }
+
+func (c counts) add(tenant string, status int) {
+	if c[tenant] == nil {
+		c[tenant] = &struct{ allowed, rejected int64 }{}
+	}
+	switch status {
+	case 200:
+		c[tenant].allowed++
+	case 429, 403:
+		c[tenant].rejected++
+	}
+}
+
+// check asks a gateway's check API and returns the status.
+func check(t testing.TB, api, key string) int {
+	body := fmt.Sprintf(`{"api_key":%q,"endpoint":"/v1/items","method":"GET","ip":"10.0.0.1"}`, key)
+	resp, err := http.Post("http://"+api+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// send makes n decisions through the gateways, round robin over tenants,
+// keys and gateways, and counts them.
+func send(t testing.TB, n int, made counts, apis ...string) {
+	i := 0
+	for i < n {
+		for tenant, ks := range keys {
+			for _, k := range ks {
+				if i == n {
+					return
+				}
+				made.add(tenant, check(t, apis[i%len(apis)], k))
+				i++
+			}
+		}
+	}
+}
+
+// report reads a tenant's totals from the aggregator.
+func report(addr, tenant string) (allowed, rejected int64, err error) {
+	q := url.Values{"granularity": {"day"}, "from": {time.Now().Add(-48 * time.Hour).Format(time.RFC3339)},
+		"to": {time.Now().Add(time.Hour).Format(time.RFC3339)}}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/v1/usage/tenants/"+tenant+"?"+q.Encode(), nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var a struct {
+		Totals struct{ Allowed, Rejected int64 }
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return 0, 0, fmt.Errorf("report %d: %s", resp.StatusCode, b)
+	}
+	err = json.Unmarshal(b, &a)
+	return a.Totals.Allowed, a.Totals.Rejected, err
+}
+
+// waitExact waits until every tenant's report equals the decisions made.
+func (e *env) waitExact(made counts, timeout time.Duration) time.Duration {
+	e.t.Helper()
+	return testwait.Eventually(e.t, timeout, func() error {
+		for tenant, c := range made {
+			a, r, err := report(e.agg.Addrs().API, tenant)
+			if err != nil {
+				return err
+			}
+			if a != c.allowed || r != c.rejected {
+				return fmt.Errorf("tenant %s: report %d allowed, %d rejected; gateways made %d and %d", tenant, a, r, c.allowed, c.rejected)
+			}
+		}
+		return nil
+	})
+}
+
+// TestReportEqualsDecisions: decisions through two gateways, admissions
+// and rejections, show up in the per-tenant report exactly.
+func TestReportEqualsDecisions(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.startGateway("gw-a"), e.startGateway("gw-b")
+	made := counts{}
+	send(t, 150, made, a.api, b.api) // 50 per key: 20 admitted, 30 rejected
+	if made["acme"].rejected == 0 || made["acme"].allowed == 0 {
+		t.Fatalf("the traffic should mix admissions and rejections: %+v", *made["acme"])
+	}
+	took := e.waitExact(made, 30*time.Second)
+	t.Logf("reports equal the %d decisions %v after the last one", 150, took)
+}
+
+// TestKafkaOutage: the broker goes down under load for -outage (5 s here,
+// 30 s for the SPEC §8 figure) and comes back on the same port; gateways
+// keep deciding (spooling), and afterwards every decision is in the report
+// exactly once.
+func TestKafkaOutage(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.startGateway("gw-a"), e.startGateway("gw-b")
+	made := counts{}
+	send(t, 60, made, a.api, b.api)
+	e.waitExact(made, 30*time.Second)
+	if err := e.broker.Down(); err != nil {
+		t.Fatal(err)
+	}
+	downAt := time.Now()
+	n := 0
+	for time.Since(downAt) < *outage {
+		send(t, 30, made, a.api, b.api)
+		n += 30
+	}
+	if err := e.broker.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("broker down %v; %d decisions made meanwhile", time.Since(downAt).Round(time.Millisecond), n)
+	send(t, 30, made, a.api, b.api)
+	took := e.waitExact(made, 90*time.Second)
+	t.Logf("figure: Kafka down %v under load: reports exact %v after it came back (0 decisions lost)", *outage, took)
+}
+
+// childEnv makes the test binary run one gateway as a child process,
+// configured by the variables the parent sets, printing its check API
+// address; the parent SIGKILLs it.
+const childEnv = "TOLLGATE_PIPELINE_GATEWAY_CHILD"
+
+func TestGatewayProcess(t *testing.T) {
+	if os.Getenv(childEnv) != "1" {
+		t.Skip("child process of TestGatewayKilledWithSpool")
+	}
+	cfg, err := gateway.LoadConfig("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gateway.New(cfg, logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("api %s\n", srv.Addrs().API)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := srv.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) startChild(id, dataDir string) (api string, kill func()) {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGatewayProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"=1",
+		"TOLLGATE_API_LISTEN=127.0.0.1:0", "TOLLGATE_METRICS_LISTEN=off", "TOLLGATE_GRPC_LISTEN=off",
+		"TOLLGATE_RULES_FILE="+e.rules, "TOLLGATE_KEY_SECRET="+secret, "TOLLGATE_GATEWAY_ID="+id,
+		"TOLLGATE_DATA_DIR="+dataDir, "TOLLGATE_REDIS_ADDRS="+e.redis, "TOLLGATE_REDIS_TIMEOUT=2s",
+		"TOLLGATE_KAFKA_BROKERS="+strings.Join(e.broker.Addrs(), ","))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Wait()
+		})
+	}
+	e.t.Cleanup(kill)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if !strings.HasPrefix(line, "api ") {
+		kill()
+		e.t.Fatalf("gateway child printed %q: %v", line, err)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "api ")), kill
+}
+
+// TestGatewayKilledWithSpool: Kafka is down, a gateway process decides
+// (its events spill to its spool), is SIGKILLed, and is started again on
+// the same data directory once Kafka is back: the spool is replayed and the
+// report is exact (the kill came after the flush interval, so nothing was
+// only in memory).
+func TestGatewayKilledWithSpool(t *testing.T) {
+	e := newEnv(t)
+	dataDir := t.TempDir()
+	api, _ := e.startChild("gw-child", dataDir)
+	made := counts{}
+	send(t, 30, made, api)
+	e.waitExact(made, 30*time.Second)
+	if err := e.broker.Down(); err != nil {
+		t.Fatal(err)
+	}
+	api, kill := e.startChild("gw-child-2", dataDir)
+	send(t, 60, made, api)
+	// Past the flush interval (100 ms), what Kafka did not take is on disk.
+	testwait.Eventually(t, 10*time.Second, func() error {
+		segs, _ := filepath.Glob(filepath.Join(dataDir, "spool", "gw-child-2", "*.seg"))
+		if len(segs) == 0 {
+			return fmt.Errorf("nothing spooled yet")
+		}
+		return nil
+	})
+	kill()
+	if err := e.broker.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	api, _ = e.startChild("gw-child-2", dataDir)
+	send(t, 15, made, api)
+	took := e.waitExact(made, 60*time.Second)
+	t.Logf("after a SIGKILL with a spool, reports exact %v after the restart", took)
+}
