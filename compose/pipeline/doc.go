@@ -4,7 +4,7 @@
 // back, a real redis-server and an aggregator; the per-tenant usage report
 // must equal the decisions the gateways made, to the request.
 //
-//	go test ./compose/pipeline -run TestKafkaOutage -outage 30s -v
+//	go test ./compose/pipeline -run TestKafkaOutage -outage=30s -v
 //
 // measures SPEC §8's "Kafka down 30 s under load" row.
 package pipeline
