@@ -50,6 +50,30 @@ rules:
 // tenants and their keys, the traffic of every test.
 var keys = map[string][]string{"acme": {"sk_acme_1", "sk_acme_2"}, "globex": {"sk_globex_1"}}
 
+// aggChildEnv makes the test binary run one aggregator as a child
+// process (the throughput benchmark measures its CPU).
+const aggChildEnv = "TOLLGATE_PIPELINE_AGGREGATOR_CHILD"
+
+func TestAggregatorProcess(t *testing.T) {
+	if os.Getenv(aggChildEnv) != "1" {
+		t.Skip("child process of BenchmarkAggregatorThroughput")
+	}
+	cfg, err := aggregator.LoadConfig("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := aggregator.New(cfg, logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("api %s\n", srv.Addrs().API)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := srv.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func logger(t testing.TB) *slog.Logger {
 	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
@@ -60,7 +84,7 @@ func logger(t testing.TB) *slog.Logger {
 // env is Redis, a Kafka-protocol broker on a fixed port (so it can go down
 // and come back), a rules file and an aggregator.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	redis   string
 	broker  *kafkabroker.Broker
 	rules   string
@@ -68,12 +92,18 @@ type env struct {
 	aggStop func()
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvTB(t, true) }
+
+// newEnvTB starts the env, the aggregator only when withAggregator.
+func newEnvTB(t testing.TB, withAggregator bool) *env {
 	e := &env{t: t, redis: redistest.StartTB(t).Addr()}
 	e.broker = kafkatest.StartTB(t, kafkabroker.WithLogger(logger(t)))
 	e.rules = filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(e.rules, []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if !withAggregator {
+		return e
 	}
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "agg", DataDir: t.TempDir(),
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}

@@ -67,22 +67,9 @@ const (
 )
 
 // PartitionOf is the Kafka partition of a tenant's events among n
-// partitions: fnv32a(tenant) mod n. It is the one definition of the
-// gateway's partitioning (the aggregator's tests use the same function);
-// anonymous requests (tenant "") all go to PartitionOf("", n). n must be
-// positive.
-func PartitionOf(tenant string, n int32) int32 {
-	const (
-		offset32 = 2166136261
-		prime32  = 16777619
-	)
-	h := uint32(offset32)
-	for i := 0; i < len(tenant); i++ {
-		h ^= uint32(tenant[i])
-		h *= prime32
-	}
-	return int32(h % uint32(n))
-}
+// partitions: tollgatev1.PartitionOf, the one definition gateways and the
+// aggregator share.
+func PartitionOf(tenant string, n int32) int32 { return tollgatev1.PartitionOf(tenant, n) }
 
 // appendHeader appends the fields every record of one gateway epoch starts
 // with (gateway_id, epoch): computed once per epoch.
