@@ -119,6 +119,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		Partitions:     cfg.Kafka.Partitions,
 		TxnTimeout:     cfg.TransactionTimeout,
 		SessionTimeout: cfg.SessionTimeout,
+		CommitInterval: cfg.CommitInterval,
 		Windows: windows.Config{
 			Lateness: cfg.Usage.Lateness,
 			Retention: map[windows.Granularity]time.Duration{

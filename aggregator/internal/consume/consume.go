@@ -73,8 +73,13 @@ type Config struct {
 	// SessionTimeout is how long the group waits for a silent member
 	// before giving its partitions away (default 10s).
 	SessionTimeout time.Duration
-	// MaxPoll bounds the records of one transaction (default 20000).
+	// MaxPoll bounds the records of one poll (default 20000).
 	MaxPoll int
+	// CommitInterval is the longest a transaction folds in polls of a
+	// backlog before it commits (default 500ms); a lull commits at once.
+	CommitInterval time.Duration
+	// MaxTxnRecords bounds the events of one transaction (default 200000).
+	MaxTxnRecords int
 	// CloseEvery is how often windows due are closed and memory evicted
 	// (default 1s); expired rows are deleted every 60 CloseEvery.
 	CloseEvery time.Duration
@@ -99,6 +104,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPoll <= 0 {
 		c.MaxPoll = 20_000
+	}
+	if c.CommitInterval <= 0 {
+		c.CommitInterval = 500 * time.Millisecond
+	}
+	if c.MaxTxnRecords <= 0 {
+		c.MaxTxnRecords = 200_000
 	}
 	if c.CloseEvery <= 0 {
 		c.CloseEvery = time.Second
@@ -482,6 +493,13 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 	lastClose := p.cfg.Now()
 	ticks := 0
 	var ev windows.Event
+	// One Kafka transaction spans the polls of up to CommitInterval (or
+	// MaxTxnRecords events): a row that many events touch is written to
+	// the changelog once per transaction, not once per poll (Kafka
+	// Streams' commit interval). A lull commits at once.
+	txns := map[int32]*windows.Txn{}
+	var txnStart time.Time
+	pending := 0
 	for ctx.Err() == nil {
 		pollCtx, cancel := context.WithTimeout(ctx, p.cfg.CloseEvery)
 		fs := sess.PollRecords(pollCtx, p.cfg.MaxPoll)
@@ -494,11 +512,17 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 				p.log.Warn("decisions fetch failed", slog.Int("partition", int(part)), slog.String("error", err.Error()))
 			}
 		})
-		p.applyMembership(tables)
+		if p.applyMembership(tables) {
+			// A revocation aborts the open transaction (the session
+			// refuses to commit it): its changes go too.
+			clear(txns)
+		}
 
 		now := p.cfg.Now()
 		nowSec := now.Unix()
-		txns := map[int32]*windows.Txn{}
+		if len(txns) == 0 {
+			txnStart = now
+		}
 		txnOf := func(q int32) (*windows.Txn, error) {
 			if x, ok := txns[q]; ok {
 				return x, nil
@@ -546,6 +570,7 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			}
 			return ferr
 		}
+		pending += polled
 		if now.Sub(lastClose) >= p.cfg.CloseEvery {
 			lastClose = now
 			ticks++
@@ -570,10 +595,19 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 				changed = true
 			}
 		}
-		if polled == 0 && !changed {
+		if pending == 0 && !changed {
+			clear(txns)
+			continue
+		}
+		// A poll that came back (nearly) full means a backlog: fold the
+		// next poll into this transaction. Anything less is a lull.
+		backlog := polled >= p.cfg.MaxPoll/4
+		if backlog && now.Sub(txnStart) < p.cfg.CommitInterval && pending < p.cfg.MaxTxnRecords {
 			continue
 		}
 		committed, err := p.commit(ctx, sess, txns, usageParts, now)
+		clear(txns)
+		pending = 0
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -729,8 +763,9 @@ func (p *Processor) member(parts []int32, assigned bool) {
 }
 
 // applyMembership drops the tables of revoked partitions, so a partition
-// assigned again is rebuilt from what its owner in between committed.
-func (p *Processor) applyMembership(tables map[int32]*windows.Table) {
+// assigned again is rebuilt from what its owner in between committed. It
+// reports whether anything was revoked.
+func (p *Processor) applyMembership(tables map[int32]*windows.Table) (revoked bool) {
 	p.mu.Lock()
 	evs := p.memberEvents
 	p.memberEvents = nil
@@ -741,10 +776,12 @@ func (p *Processor) applyMembership(tables map[int32]*windows.Table) {
 			continue
 		}
 		p.log.Info("partitions revoked", slog.Any("partitions", e.partitions))
+		revoked = true
 		for _, q := range e.partitions {
 			delete(tables, q)
 		}
 	}
+	return revoked
 }
 
 // restore builds partition q's table from Pebble once the materializer

@@ -28,6 +28,7 @@ import (
 	"os"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 )
@@ -50,11 +51,22 @@ func Open(dir string, log *slog.Logger) (*DB, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}})
+	db, err := pebble.Open(dir, options(log, false))
 	if err != nil {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
 	return &DB{db: db, log: log}, nil
+}
+
+// options are the store's Pebble options: bloom filters on every level,
+// because the processor looks up rows that mostly do not exist (the first
+// event of a window), and a miss must not read sstable blocks.
+func options(log *slog.Logger, readOnly bool) *pebble.Options {
+	o := &pebble.Options{Logger: pebbleLogger{log}, ReadOnly: readOnly}
+	for i := range o.Levels {
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	return o
 }
 
 // OpenReadOnly opens a checkpoint (or a stopped instance's store) without
@@ -66,7 +78,7 @@ func OpenReadOnly(dir string, log *slog.Logger) (*DB, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}, ReadOnly: true})
+	db, err := pebble.Open(dir, options(log, true))
 	if err != nil {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}

@@ -481,9 +481,10 @@ type Change struct {
 	Publish bool
 }
 
-// Changes finalizes the transaction's writes, in a deterministic order:
-// windows to publish get Closed and their next Revision. The returned
-// slice is what the processor writes to the changelog (and publishes).
+// Changes finalizes the transaction's writes: windows to publish get
+// Closed and their next Revision. The returned slice is what the processor
+// writes to the changelog (and publishes), in no particular order (the
+// transaction makes them visible together).
 func (x *Txn) Changes() []Change {
 	for k := range x.publish {
 		r, _ := x.row(k) // in x.rows already: publish is set only for rows read
@@ -507,23 +508,8 @@ func (x *Txn) Changes() []Change {
 	for s := range x.dmarks {
 		out = append(out, Change{Source: s, Deleted: true})
 	}
-	slices.SortFunc(out, compareChanges)
 	x.publish = nil
 	return out
-}
-
-func compareChanges(a, b Change) int {
-	if (a.Row == nil) != (b.Row == nil) {
-		if a.Row != nil {
-			return -1
-		}
-		return 1
-	}
-	if a.Row != nil {
-		return CompareRowKeys(*a.Row, *b.Row)
-	}
-	return cmp.Or(cmp.Compare(a.Source.Gateway, b.Source.Gateway), cmp.Compare(a.Source.Epoch, b.Source.Epoch),
-		cmp.Compare(a.Source.Partition, b.Source.Partition))
 }
 
 // CompareRowKeys orders row keys by tenant, granularity, start, key_id,
