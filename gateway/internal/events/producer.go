@@ -94,11 +94,6 @@ type Config struct {
 	Log *slog.Logger
 	// Registerer receives the tollgate_events_* metrics; nil: none.
 	Registerer prometheus.Registerer
-
-	// spoolFS replaces the operating system's file system (tests).
-	spoolFS spool.FS
-	// kgoOpts are added to the producing client's options (tests).
-	kgoOpts []kgo.Opt
 }
 
 // DefaultSpoolDir is the spool directory convention:
@@ -131,9 +126,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
-	}
-	if c.spoolFS == nil {
-		c.spoolFS = spool.OSFS{}
 	}
 }
 
@@ -190,8 +182,9 @@ const (
 	maxReserve = 1 << 24
 )
 
-// In flight: at most maxInflight records handed to franz-go and not yet
-// answered, in at most maxActive segments (chunks or spool segments).
+// In flight: one generation of at most maxInflight records handed to
+// franz-go and not yet answered, from at most maxActive segments (chunks
+// or spool segments).
 const (
 	maxInflight = 32 << 10
 	maxActive   = 16
@@ -301,7 +294,7 @@ func New(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	log := cfg.Log.With(slog.String("component", "events"))
-	sp, err := spool.Open(cfg.spoolFS, cfg.SpoolDir, spool.Options{MaxBytes: cfg.SpoolMaxBytes, Logger: log})
+	sp, err := spool.Open(spool.OSFS{}, cfg.SpoolDir, spool.Options{MaxBytes: cfg.SpoolMaxBytes, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("events: new: %w", err)
 	}
@@ -399,7 +392,7 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, erro
 // cfg.MetadataTimeout; 0 when it cannot tell. up reports whether Kafka
 // answered.
 func topicPartitions(cfg Config, log *slog.Logger) (n int32, up bool) {
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kslog.New(log))}, cfg.kgoOpts...)...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kslog.New(log)))
 	if err != nil {
 		log.Warn("events: cannot create a Kafka client to read the topic's partitions", slog.Any("error", err))
 		return 0, false
@@ -544,13 +537,15 @@ func (p *Producer) signal(s bool) {
 // acknowledge what is buffered (not at all when Kafka is down), writes the
 // rest to the spool, records the last sequence numbers used, and closes
 // the spool. A graceful stop loses nothing but what the spool's budget
-// refuses (counted). Run returns nil after a stop, or an error when the
-// spool failed in a way that lost events; events recorded after Run
-// returned are dropped.
+// refuses (counted as dropped and logged). Run returns nil after a stop;
+// an error when franz-go's client cannot be created (after spooling what
+// is buffered) or when the final metadata write or the spool's close
+// fails. Events recorded after Run's final seal are dropped.
 //
-// Run starts franz-go's client (its goroutines) and stops it before it
-// returns; it runs the pipeline in the calling goroutine. It may be called
-// once; a second call returns ErrRunning or ErrClosed.
+// Run runs the pipeline in the calling goroutine; it starts franz-go's
+// client and a flusher goroutine and stops and waits for both before it
+// returns. It may be called once; a second call returns ErrRunning or
+// ErrClosed.
 func (p *Producer) Run(ctx context.Context) error {
 	p.lifeMu.Lock()
 	switch p.state {
@@ -606,11 +601,13 @@ func (p *Producer) Close() error {
 func (p *Producer) promise(r *kgo.Record, err error) {
 	ref := r.Context.(*recRef)
 	seg := ref.seg
-	left := p.inflight.Add(-1)
 	if err != nil {
+		// Noted before the record leaves the in-flight count, so that Run,
+		// seeing the generation answered, sees the failure too.
 		p.sendErrors.Add(1)
 		p.lastErr.Store(&errBox{err})
 		p.failed.Store(true)
+		p.inflight.Add(-1)
 		p.signal(true)
 		return
 	}
@@ -619,5 +616,6 @@ func (p *Producer) promise(r *kgo.Record, err error) {
 	p.produced.Add(1)
 	// The last acknowledgement lets Run recycle seg: touch it no more.
 	done := seg.nAcked.Add(1) == n
-	p.signal(done || left == 0 || left == maxInflight/2)
+	left := p.inflight.Add(-1)
+	p.signal(done || left == 0)
 }

@@ -87,6 +87,10 @@ type sender struct {
 	sealedSpare  []*chunk       // swapped with Producer.sealed
 	nextScratch  []uint64
 	maxActive    int
+
+	flushReq  chan struct{} // capacity 1: a generation to send
+	stopFlush context.CancelFunc
+	flushDone chan struct{} // closed when the flusher returned
 }
 
 func (s *sender) init(p *Producer, closing []epochState) {
@@ -106,6 +110,7 @@ func (s *sender) init(p *Producer, closing []epochState) {
 	// Active chunks keep their memory until Kafka answers: a quarter of it
 	// at most, so that spilling can always free the rest.
 	s.maxActive = max(2, min(maxActive, p.nChunks/4))
+	s.flushReq = make(chan struct{}, 1)
 }
 
 // queueMarkers queues one EpochClosed marker per partition of each epoch in
@@ -211,15 +216,23 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.DefaultProduceTopic(p.cfg.Topic),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerBatchCompression(kgo.SnappyCompression(), kgo.NoCompression()),
-		kgo.ProducerLinger(0), // the chunks are the batches
+		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
+		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
 		kgo.WithLogger(kslog.New(p.log)),
 	}
-	cl, err := kgo.NewClient(append(opts, p.cfg.kgoOpts...)...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return s.finish(fmt.Errorf("events: run: create Kafka client: %w", err))
 	}
 	s.cl = cl
+	flushCtx, stopFlush := context.WithCancel(context.Background())
+	s.stopFlush = stopFlush
+	s.flushDone = make(chan struct{})
+	go func() { // owned by run: finish stops and waits for it
+		defer close(s.flushDone)
+		s.flush(flushCtx)
+	}()
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -238,6 +251,9 @@ func (s *sender) run(ctx context.Context) error {
 			p.log.Info("events: stopping", slog.Bool("kafka_up", p.kafkaUp.Load()), slog.Duration("deadline", deadline.Sub(now)))
 		}
 		s.work(now, stopping)
+		if stopping && !p.kafkaUp.Load() {
+			deadline = now // Kafka went down while draining: spool the rest
+		}
 		if stopping && (s.drained() || !now.Before(deadline)) {
 			break
 		}
@@ -272,16 +288,24 @@ func (s *sender) work(now time.Time, stopping bool) {
 	s.spill(now, false)
 	s.fill(now)
 
-	// Kafka's state: down after a failure, or when records in flight have
-	// seen no acknowledgement for a while.
-	if prod := p.produced.Load(); prod != s.lastProduced || p.inflight.Load() == 0 {
-		s.lastProduced, s.lastProgress = prod, now
+	// Kafka's state: up once it acknowledges; down after a failure, or
+	// when records in flight saw no acknowledgement for a while; unchanged
+	// while nothing is in flight (New's metadata lookup sets the first).
+	up := p.kafkaUp.Load()
+	switch prod := p.produced.Load(); {
+	case p.failed.Load() || now.Before(s.backoffUntil):
+		up = false
+	case prod != s.lastProduced:
+		s.lastProduced, s.lastProgress, up = prod, now, true
+	case p.inflight.Load() == 0:
+		s.lastProgress = now
+	case now.Sub(s.lastProgress) >= s.stuckAfter():
+		up = false
 	}
-	up := !p.failed.Load() && now.Sub(s.lastProgress) < s.stuckAfter() && now.After(s.backoffUntil)
 	if up != p.kafkaUp.Load() {
 		p.kafkaUp.Store(up)
 		if up {
-			p.log.Info("events: Kafka is accepting events again")
+			p.log.Info("events: Kafka is accepting events")
 		} else {
 			p.log.Warn("events: Kafka is not acknowledging events; buffering and spooling them", slog.Any("error", s.lastErr()))
 		}
@@ -329,7 +353,7 @@ func (s *sender) collect(now time.Time, stopping bool) {
 // idle reports whether a chunk sealed now would be sent at once.
 func (s *sender) idle(now time.Time) bool {
 	return len(s.pending) == 0 && s.backlog == 0 && len(s.active) < s.maxActive &&
-		s.p.inflight.Load() < maxInflight && !s.p.failed.Load() && !now.Before(s.backoffUntil)
+		s.p.inflight.Load() == 0 && !s.p.failed.Load() && !now.Before(s.backoffUntil)
 }
 
 // newSegment returns a recycled or new segment.
@@ -593,31 +617,45 @@ func (s *sender) dropSegment(g *segment, err error) {
 	s.release(g)
 }
 
-// fill activates segments in FIFO order and hands their records to
-// franz-go, at most maxInflight at a time; nothing while a failure is
-// being answered or during the backoff after one.
+// fill hands franz-go the next generation: the records not yet
+// acknowledged, in FIFO order, activating segments as needed, at most
+// maxInflight; then asks the flusher to send them. It does nothing while
+// the previous generation has records unanswered, while a failure is being
+// answered, or during the backoff after one.
+//
+// Why generations: franz-go sends nothing until flushed (ManualFlushing),
+// so a generation is wholly in its buffers before any of it is sent. When
+// a batch fails, franz-go fails every record buffered on its partition and
+// the broker refuses later batches by sequence; as no record is handed over
+// until the whole generation is answered, nothing produced after the
+// failure can overtake the failed records, which are re-sent first.
 func (s *sender) fill(now time.Time) {
 	p := s.p
-	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) {
+	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) || p.inflight.Load() > 0 {
 		return
 	}
+	n := 0
 	for _, g := range s.active {
-		if !s.produce(g) {
-			return
+		if n = s.produce(g, n); n == maxInflight {
+			break
 		}
 	}
-	for len(s.active) < s.maxActive && p.inflight.Load() < maxInflight {
+	for n < maxInflight && len(s.active) < s.maxActive {
 		g, err := s.activate()
 		if err != nil {
 			s.logErr(now, "events: cannot read the spool; retrying", err)
-			return
+			break
 		}
 		if g == nil {
-			return
+			break
 		}
 		s.active = append(s.active, g)
-		if !s.produce(g) {
-			return
+		n = s.produce(g, n)
+	}
+	if n > 0 {
+		select {
+		case s.flushReq <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -683,25 +721,43 @@ func (s *sender) prepare(g *segment) {
 }
 
 // produce hands g's records not yet handed (and not acknowledged) to
-// franz-go in order; false when the in-flight window is full.
-func (s *sender) produce(g *segment) bool {
+// franz-go in order, while the generation has fewer than maxInflight; n is
+// the generation's size so far, and the new size is returned.
+func (s *sender) produce(g *segment, n int) int {
 	p := s.p
 	ts := time.Now()
-	for ; g.next < len(g.items); g.next++ {
+	for ; g.next < len(g.items) && n < maxInflight; g.next++ {
 		i := g.next
 		if g.acked[i].Load() {
 			continue
-		}
-		if p.inflight.Load() >= maxInflight {
-			return false
 		}
 		it := &g.items[i]
 		r := &g.krecs[i]
 		*r = kgo.Record{Partition: it.part, Key: it.key, Value: it.val, Timestamp: ts, Context: &g.refs[i]}
 		p.inflight.Add(1)
-		s.cl.Produce(context.Background(), r, p.onProduced)
+		// Never blocks: a generation stays below MaxBufferedRecords (were
+		// it refused, the promise fails the record and it is re-sent).
+		s.cl.TryProduce(context.Background(), r, p.onProduced)
+		n++
 	}
-	return true
+	return n
+}
+
+// flush sends each generation when fill asks, until ctx ends: franz-go's
+// Flush blocks until every buffered record is answered, which takes as
+// long as Kafka is down, so it runs beside the sender, which goes on
+// spilling meanwhile.
+func (s *sender) flush(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.flushReq:
+		}
+		if err := s.cl.Flush(ctx); err != nil && ctx.Err() == nil {
+			s.p.log.Warn("events: flush", slog.Any("error", err))
+		}
+	}
 }
 
 // drained reports whether everything recorded is in Kafka.
@@ -767,6 +823,8 @@ func (s *sender) finish(cause error) error {
 
 	errs := []error{cause}
 	if s.cl != nil {
+		s.stopFlush()
+		<-s.flushDone
 		// Fails what is still in flight; those segments are in the spool.
 		s.cl.Close()
 		s.cl = nil
