@@ -175,11 +175,14 @@ const (
 )
 
 // Sequence reservations: a partition's range is extended by its step when
-// fewer than step/2 numbers are left; the step doubles when ranges run out
-// within a second (up to maxReserve) and halves after a quiet half minute.
+// fewer than step/2 numbers are left; the step is reserveFor of numbers at
+// the partition's rate since the last extension, within [minReserve,
+// maxReserve]. After a crash, up to a step of numbers reserved and never
+// used count as missing (the aggregator's upper bound).
 const (
 	minReserve = 10_000
-	maxReserve = 1 << 24
+	maxReserve = 1 << 26
+	reserveFor = 2 * time.Second
 )
 
 // In flight: one generation of at most maxInflight records handed to

@@ -43,12 +43,22 @@ type item struct {
 }
 
 // recRef is a record's context: it tells the promise which record of
-// which segment franz-go answered for, without a closure per record.
+// which segment franz-go answered for, without a closure per record. As a
+// context it is context.Background: its methods read no field, because
+// franz-go may still call Done on a record's context after answering it
+// (waitUnknownTopic), when Run already reuses the recRef for another
+// record.
 type recRef struct {
-	context.Context
 	seg *segment
 	i   int
 }
+
+var _ context.Context = (*recRef)(nil)
+
+func (*recRef) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*recRef) Done() <-chan struct{}       { return nil }
+func (*recRef) Err() error                  { return nil }
+func (*recRef) Value(any) any               { return nil }
 
 func (g *segment) complete() bool { return g.activated && int(g.nAcked.Load()) == len(g.items) }
 
@@ -69,10 +79,11 @@ type sender struct {
 	cursor  uint64 // the largest spool id read or written while active
 	pending []*segment
 
-	closing  []epochState // epochs whose markers are not yet durable
-	reserved []uint64     // the durable reservations (what META says)
-	step     []uint64
-	lastExt  []time.Time
+	closing   []epochState // epochs whose markers are not yet durable
+	reserved  []uint64     // the durable reservations (what META says)
+	step      []uint64
+	lastExt   []time.Time // when each partition's range was last extended
+	usedAtExt []uint64    // and the last number used then
 
 	backoff      time.Duration
 	backoffUntil time.Time
@@ -99,8 +110,10 @@ func (s *sender) init(p *Producer, closing []epochState) {
 	s.reserved = make([]uint64, p.parts)
 	s.step = make([]uint64, p.parts)
 	s.lastExt = make([]time.Time, p.parts)
+	s.usedAtExt = make([]uint64, p.parts)
+	now := time.Now()
 	for q := range s.step {
-		s.step[q] = minReserve
+		s.step[q], s.lastExt[q] = minReserve, now
 	}
 	s.nextScratch = make([]uint64, p.parts)
 	// The decision path appends to sealed without allocating: at most
@@ -158,7 +171,8 @@ func (s *sender) writeMeta(reserved []uint64) error {
 
 // reserve extends the reservation of every partition with fewer than half
 // its step left (all of them when force), durably, then lets the decision
-// path use the new numbers.
+// path use the new numbers. The step is about reserveFor of numbers at the
+// partition's recent rate, at least minReserve.
 func (s *sender) reserve(force bool) error {
 	p := s.p
 	p.mu.Lock()
@@ -178,14 +192,14 @@ func (s *sender) reserve(force bool) error {
 		if res[q] >= used+s.step[q]/2 && !force {
 			continue
 		}
-		switch last := s.lastExt[q]; {
-		case last.IsZero():
-		case now.Sub(last) < time.Second:
-			s.step[q] = min(2*s.step[q], maxReserve)
-		case now.Sub(last) > 30*time.Second:
-			s.step[q] = max(s.step[q]/2, minReserve)
+		// A range lasts about reserveFor at the rate seen since the last
+		// extension, so that half of it leaves ample time for the next
+		// META write.
+		if el := now.Sub(s.lastExt[q]); el > 0 && used > s.usedAtExt[q] {
+			rate := float64(used-s.usedAtExt[q]) / el.Seconds()
+			s.step[q] = uint64(min(max(rate*reserveFor.Seconds(), minReserve), maxReserve))
 		}
-		s.lastExt[q] = now
+		s.lastExt[q], s.usedAtExt[q] = now, used
 		res[q] = used + s.step[q]
 		changed = true
 	}
@@ -485,6 +499,11 @@ func (s *sender) spill(now time.Time, all bool) {
 		if g == nil || !due(g) {
 			return
 		}
+		// Spool writes take milliseconds: keep the reservations ahead of
+		// the decision path between them.
+		if err := s.reserve(false); err != nil {
+			s.logErr(now, "events: cannot reserve sequence numbers; events go on beyond the durable reservation", err)
+		}
 		var err error
 		if len(s.pending) > 0 && s.pending[0] == g {
 			n := 1
@@ -712,7 +731,7 @@ func (s *sender) prepare(g *segment) {
 	}
 	g.krecs, g.refs, g.acked = g.krecs[:n], g.refs[:n], g.acked[:n]
 	for i := range g.refs {
-		g.refs[i] = recRef{Context: context.Background(), seg: g, i: i}
+		g.refs[i] = recRef{seg: g, i: i}
 		g.acked[i].Store(false)
 	}
 	g.nAcked.Store(0)
