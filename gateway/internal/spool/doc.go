@@ -27,12 +27,14 @@
 //
 // Segments are read in the order they were appended, and records within a
 // segment in the order given, so each partition's records come back in the
-// order the producer spooled them. A segment is removed only by Remove. A
-// segment whose records Kafka had partly acknowledged when the gateway
-// stopped is replayed whole: the consumer deduplicates by a high-water mark
-// of sequence numbers per partition, and the repeated records form a prefix
-// of each partition's replay, so they are dropped as duplicates and nothing
-// later is.
+// order the producer spooled them. A segment leaves the spool only by
+// Remove, or by quarantine (below). A segment whose records Kafka had partly
+// acknowledged when the gateway stopped is replayed whole: the consumer
+// deduplicates by a high-water mark of sequence numbers per partition, and
+// the repeated records form a prefix of each partition's replay, so they are
+// dropped as duplicates and nothing later is. (A cheaper acknowledgement
+// within a segment would cost the same fsyncs as an Append, for a rare
+// case the consumer already handles.)
 //
 // # Guarantees
 //
@@ -42,14 +44,14 @@
 //
 //   - Process death (SIGKILL, panic, OOM kill): every segment whose Append
 //     returned survives, with or without Options.NoSync, since the kernel
-//     holds the written data; an Append in progress leaves at most a
-//     temporary file, which the next Open removes.
+//     holds the written data; an Append in progress is lost or survives
+//     whole (its temporary file is removed by the next Open).
 //   - Machine crash (power loss, kernel panic): every segment whose Append
 //     returned survives; an Append in progress is lost or survives whole;
 //     earlier segments are never touched. Under Options.NoSync the newest
-//     segments may be lost or torn: Open keeps a torn segment's intact
-//     records and drops its tail, counted in Stats.TornSegments and
-//     logged; garbage is never returned.
+//     segments may be lost or torn, and recently removed ones may come
+//     back: Open keeps a torn segment's intact records and drops its tail,
+//     counted in Stats.TornSegments and logged; garbage is never returned.
 //   - Full disk or budget: Append refuses the whole segment with ErrFull
 //     and leaves nothing behind; the caller counts the records as lost.
 //     Once Remove has freed space, Append succeeds again.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 )
 
 // Segment file layout (little-endian; the package comment has the prose):
@@ -39,34 +40,35 @@ func segmentSize(recs []Record) int64 {
 	return n
 }
 
-// appendSegment appends the encoding of segment id holding recs to dst.
+// appendSegment appends the encoding of segment id holding recs to dst. It
+// writes in place in dst, so that encoding allocates nothing once dst is
+// large enough.
 func appendSegment(dst []byte, id uint64, recs []Record) ([]byte, error) {
 	if uint64(len(recs)) > math.MaxUint32 {
 		return dst, fmt.Errorf("%d records in one segment, at most %d", len(recs), uint32(math.MaxUint32))
 	}
-	var h [headerSize]byte
-	copy(h[:4], segMagic)
-	binary.LittleEndian.PutUint16(h[4:], segVersion)
-	binary.LittleEndian.PutUint64(h[8:], id)
-	binary.LittleEndian.PutUint32(h[16:], crc32.Checksum(h[:16], castagnoli))
-	dst = append(dst, h[:]...)
+	dst = slices.Grow(dst, int(segmentSize(recs)))
+	h := len(dst)
+	dst = append(dst, segMagic...)
+	dst = binary.LittleEndian.AppendUint16(dst, segVersion)
+	dst = binary.LittleEndian.AppendUint16(dst, 0)
+	dst = binary.LittleEndian.AppendUint64(dst, id)
+	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[h:], castagnoli))
 	for i, r := range recs {
 		if uint64(len(r.Payload)) > maxPayload {
 			return dst, fmt.Errorf("record %d: payload of %d bytes, at most %d", i, len(r.Payload), uint64(maxPayload))
 		}
-		var f [frameSize]byte
-		binary.LittleEndian.PutUint32(f[:4], uint32(len(r.Payload)))
-		binary.LittleEndian.PutUint32(f[4:], uint32(r.Partition))
-		sum := crc32.Update(crc32.Checksum(f[:8], castagnoli), castagnoli, r.Payload)
-		binary.LittleEndian.PutUint32(f[8:], sum)
-		dst = append(dst, f[:]...)
+		f := len(dst)
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.Payload)))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Partition))
+		sum := crc32.Update(crc32.Checksum(dst[f:], castagnoli), castagnoli, r.Payload)
+		dst = binary.LittleEndian.AppendUint32(dst, sum)
 		dst = append(dst, r.Payload...)
 	}
-	var t [frameSize]byte
-	binary.LittleEndian.PutUint32(t[:4], trailerMarker)
-	binary.LittleEndian.PutUint32(t[4:], uint32(len(recs)))
-	binary.LittleEndian.PutUint32(t[8:], crc32.Checksum(t[:8], castagnoli))
-	return append(dst, t[:]...), nil
+	t := len(dst)
+	dst = binary.LittleEndian.AppendUint32(dst, trailerMarker)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(recs)))
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[t:], castagnoli)), nil
 }
 
 // decodeSegment decodes a segment file's bytes b, appending its records to

@@ -49,7 +49,11 @@ func (s *Spool) ReadMeta() ([]byte, error) {
 // rename, fsync of the directory) and durably whatever Options.NoSync says:
 // the producer keeps its boot epoch and sequence reservations there, and
 // must not use a reservation a crash could forget. After an error the
-// previous blob is still in place. The blob is meant to be small (it is
+// previous blob is in place, unless only the final sync of the directory
+// failed: then either blob may be there, now and after a crash, so a
+// producer whose reservation failed to write must neither use it nor reuse
+// its numbers (skipping reserved numbers is safe: the consumer counts them
+// as missing, an upper bound). The blob is meant to be small (it is
 // rewritten whole) and is not counted in Options.MaxBytes; it is not
 // retained.
 func (s *Spool) WriteMeta(blob []byte) error {
@@ -61,7 +65,7 @@ func (s *Spool) WriteMeta(blob []byte) error {
 	if uint64(len(blob)) > math.MaxUint32 {
 		return fmt.Errorf("spool: write meta: blob of %d bytes, at most %d", len(blob), uint32(math.MaxUint32))
 	}
-	if err := s.writeAtomic(metaName, encodeMeta(blob), true); err != nil {
+	if err := s.writeAtomic(metaName, encodeMeta(blob), true, true); err != nil {
 		return fmt.Errorf("spool: write meta: %w", err)
 	}
 	return nil

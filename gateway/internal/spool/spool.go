@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,12 +97,10 @@ type Stats struct {
 	Segments int   // segments in the spool
 	Records  int64 // records in those segments
 	Bytes    int64 // bytes of those segment files, bounded by Options.MaxBytes
-	// Since Open: segments found cut short by a crash (cut back to their
-	// intact records, or removed if none was), and the records and bytes
-	// those tails held as far as they can be counted (a damaged record
-	// counts one).
+	// Since Open: segments found cut short by a crash and cut back to their
+	// intact records (or removed if none was). How many records the lost
+	// tails held cannot be known; the consumer counts them as gaps.
 	TornSegments int64
-	TornBytes    int64
 	// Since Open: segments that failed their checksums elsewhere than at a
 	// torn tail, or had an unknown format version, and were renamed
 	// *.seg.bad. Their records are not replayed.
@@ -147,8 +146,9 @@ type Spool struct {
 // keeps its intact records (the file is rewritten without the tail), and a
 // segment damaged elsewhere is renamed *.seg.bad, logged and counted in
 // Stats, and the rest of the spool goes on. Temporary files of appends a
-// crash interrupted are removed. Open reads every segment once, so it takes
-// about as long as reading the spool's bytes from disk. It starts no
+// crash interrupted are removed, and the directory is synced, so what Open
+// found is what a later crash leaves. Open reads every segment once, so it
+// takes about as long as reading the spool's bytes from disk. It starts no
 // goroutine.
 func Open(fsys FS, dir string, opts Options) (*Spool, error) {
 	if opts.MaxBytes < 0 {
@@ -191,7 +191,6 @@ func (s *Spool) recover() error {
 	}
 	var ids []uint64
 	var maxID uint64
-	changed := false
 	for _, name := range names {
 		switch {
 		case strings.HasSuffix(name, tmpSuffix):
@@ -205,7 +204,6 @@ func (s *Spool) recover() error {
 				return fmt.Errorf("remove unfinished %s: %w", name, err)
 			}
 			s.log.Info("spool: removed the temporary file of an interrupted write", slog.String("file", name))
-			changed = true
 		case strings.HasSuffix(name, badSuffix):
 			// Quarantined ids stay reserved, so that a later quarantine
 			// never renames over an earlier one.
@@ -242,9 +240,7 @@ func (s *Spool) recover() error {
 			s.stats.Records += int64(len(recs))
 			s.stats.Bytes += int64(len(b))
 		case errors.Is(err, errTorn) && (hid == id || valid == 0):
-			changed = true
 			s.stats.TornSegments++
-			s.stats.TornBytes += int64(len(b) - valid)
 			if len(recs) == 0 {
 				if err := s.fsys.Remove(filepath.Join(s.dir, name)); err != nil {
 					return fmt.Errorf("remove torn %s: %w", name, err)
@@ -257,7 +253,7 @@ func (s *Spool) recover() error {
 			if err != nil {
 				return fmt.Errorf("repair %s: %w", name, err)
 			}
-			if err := s.writeAtomic(name, enc, true); err != nil {
+			if err := s.writeAtomic(name, enc, true, true); err != nil {
 				return fmt.Errorf("repair %s: %w", name, err)
 			}
 			s.log.Warn("spool: cut a segment torn by a crash back to its intact records",
@@ -269,18 +265,16 @@ func (s *Spool) recover() error {
 			if errors.Is(err, errTorn) {
 				err = fmt.Errorf("%w: header names segment %d", ErrCorrupt, hid)
 			}
-			changed = true
 			if err := s.quarantine(name, err); err != nil {
 				return err
 			}
 		}
 	}
-	if changed {
-		if err := syncDir(s.fsys, s.dir); err != nil {
-			return err
-		}
-	}
-	return nil
+	// Make the entries Open found durable, even when it changed nothing: an
+	// Append or Remove whose directory sync failed in the previous process
+	// must not be undone by a machine crash after this process has
+	// replayed or built on it.
+	return syncDir(s.fsys, s.dir)
 }
 
 // quarantine renames a corrupt segment file to *.bad, keeping it for
@@ -339,7 +333,7 @@ func (s *Spool) Append(recs []Record) error {
 	if cap(enc) <= 4<<20 {
 		s.buf = enc
 	}
-	if err := s.writeAtomic(segmentName(id), enc, !s.opts.NoSync); err != nil {
+	if err := s.writeAtomic(segmentName(id), enc, !s.opts.NoSync, false); err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 			return fmt.Errorf("spool: append: %w: %w", ErrFull, err)
 		}
@@ -355,9 +349,12 @@ func (s *Spool) Append(recs []Record) error {
 
 // writeAtomic makes dir/name hold data, all or nothing: it writes
 // name.tmp, syncs it, renames it over name and syncs the directory (the
-// syncs only when sync is set). On an error it removes whatever it created,
-// so name is as before (absent, for a new segment).
-func (s *Spool) writeAtomic(name string, data []byte, sync bool) (err error) {
+// syncs only when sync is set). On an error before the rename it removes the
+// temporary file, so name is as before. After the rename only the directory
+// sync can fail: a new file (replace false, a segment) is then removed, so
+// that the caller's error means the segment is not in the spool; a
+// replacement (META, a repaired segment) stays, since the old bytes are gone.
+func (s *Spool) writeAtomic(name string, data []byte, sync, replace bool) (err error) {
 	path := filepath.Join(s.dir, name)
 	tmp := path + tmpSuffix
 	f, err := s.fsys.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -371,6 +368,9 @@ func (s *Spool) writeAtomic(name string, data []byte, sync bool) (err error) {
 		}
 		undo := tmp
 		if renamed {
+			if replace {
+				return
+			}
 			undo = path
 		}
 		if rerr := s.fsys.Remove(undo); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
@@ -423,6 +423,9 @@ func (s *Spool) Head() (*Segment, error) { return s.Next(0) }
 // within a segment. Replays keep each partition's order, so the consumer's
 // per-partition high-water mark drops the repeated prefix.
 func (s *Spool) Next(after uint64) (*Segment, error) {
+	if after == math.MaxUint64 {
+		return nil, io.EOF
+	}
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
 	for {

@@ -586,3 +586,45 @@ func TestCrashWithoutSync(t *testing.T) {
 		t.Fatal("no crash tore a segment: the test does not reach the repair")
 	}
 }
+
+// TestFailedRemove: a removal that fails leaves the segment in the spool; one
+// whose only failure is the directory sync has removed it (and says so with
+// its error).
+func TestFailedRemove(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		kind   spooltest.OpKind
+		suffix string
+		gone   bool
+	}{
+		{"remove", spooltest.OpRemove, ".seg", false},
+		{"sync directory", spooltest.OpSync, "gw-1", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a, b := batch("a", 2, 10), batch("b", 2, 10)
+			fsys := spooltest.New()
+			s := open(t, fsys, spool.Options{})
+			mustAppend(t, s, a)
+			mustAppend(t, s, b)
+			head, _ := s.Head()
+			fsys.Inject(spooltest.FailNth(tc.kind, tc.suffix, 1, spooltest.ErrInjected))
+			err := s.Remove(head.ID)
+			fsys.Inject(nil)
+			if !errors.Is(err, spooltest.ErrInjected) {
+				t.Fatalf("remove: %v, want the injected error", err)
+			}
+			want := [][]spool.Record{a, b}
+			if tc.gone {
+				want = want[1:]
+			}
+			wantSpool(t, s, want)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			wantSpool(t, open(t, fsys, spool.Options{}), want)
+		})
+	}
+}

@@ -97,9 +97,10 @@ func FailNth(kind OpKind, suffix string, n int, err error) Injector {
 }
 
 // CrashAfter lets n operations through and fails every later one with
-// ErrCrashed: the process died there. Crash then gives what survived a
-// machine crash at that point; the FS itself is what survives the process's
-// death.
+// ErrCrashed: the process died there. A Write it fails writes the first half
+// of its buffer first, as a process killed inside write(2) can. Crash then
+// gives what survived a machine crash at that point; the FS itself is what
+// survives the process's death.
 func CrashAfter(n int) Injector {
 	seen := 0
 	return func(op Op) error {
@@ -295,6 +296,9 @@ func (f *FS) Rename(oldname, newname string) error {
 	nd, nbase, err := f.parent(np)
 	if err != nil {
 		return &fs.PathError{Op: "rename", Path: np, Err: err}
+	}
+	if od == nd && obase == nbase {
+		return nil // rename(2) of a file onto itself does nothing
 	}
 	if od == nd {
 		// One atomic operation of the directory.
@@ -524,8 +528,18 @@ func (h *file) Write(p []byte) (int, error) {
 	h.fs.mu.Lock()
 	defer h.fs.mu.Unlock()
 	if err := h.usable(OpWrite); err != nil {
+		if errors.Is(err, ErrCrashed) && !h.closed && !h.n.isDir {
+			// The process died inside write(2), which had copied
+			// the first half of the buffer.
+			_, _ = h.write(p[:len(p)/2])
+		}
 		return 0, err
 	}
+	return h.write(p)
+}
+
+// write writes p at h's position; h.fs.mu is held.
+func (h *file) write(p []byte) (int, error) {
 	if h.n.isDir || h.flag&(os.O_WRONLY|os.O_RDWR) == 0 {
 		return 0, &fs.PathError{Op: "write", Path: h.path, Err: syscall.EBADF}
 	}
