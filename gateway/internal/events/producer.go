@@ -69,8 +69,11 @@ type Config struct {
 	// counted.
 	SpoolMaxBytes int64
 	// MemoryBytes bounds the events buffered in memory (default 8 MiB,
-	// at least 64 KiB). It is cut into 32 chunks (of 16 KiB to 1 MiB);
-	// the decision path fills one chunk at a time.
+	// about 60,000 events; at least 64 KiB). It is cut into 32 chunks (of
+	// 16 KiB to 1 MiB); the decision path fills one chunk at a time and
+	// drops a decision when none is free, so size it to absorb a burst for
+	// the time of a spool write (milliseconds) and FlushInterval of
+	// decisions. It bounds what a SIGKILL may lose.
 	MemoryBytes int
 	// FlushInterval (default 100ms) bounds how long an event stays only in
 	// memory: an event that Kafka has not acknowledged this long after its

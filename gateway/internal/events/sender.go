@@ -24,7 +24,6 @@ type segment struct {
 	firstAt time.Time // when its first event was recorded
 	closes  []uint64  // the epochs whose markers it holds
 	n       int       // records
-	replay  bool      // read back from the spool
 
 	// Set once the segment is active (being produced).
 	activated bool
@@ -385,7 +384,7 @@ func (s *sender) recycle(g *segment) {
 	items, krecs, refs, acked := g.items[:0], g.krecs[:0], g.refs[:0], g.acked[:0]
 	clear(g.items[:cap(g.items)])
 	clear(g.krecs[:cap(g.krecs)])
-	g.chunk, g.spoolID, g.firstAt, g.closes, g.n, g.replay, g.next, g.activated = nil, 0, time.Time{}, nil, 0, false, 0, false
+	g.chunk, g.spoolID, g.firstAt, g.closes, g.n, g.next, g.activated = nil, 0, time.Time{}, nil, 0, 0, false
 	g.items, g.krecs, g.refs, g.acked = items, krecs, refs, acked
 	g.nAcked.Store(0)
 	if len(s.spare) < s.maxActive {
@@ -399,7 +398,7 @@ func (s *sender) recycle(g *segment) {
 // FIFO, the spool and memory.
 func (s *sender) reap(now time.Time) {
 	p := s.p
-	if p.failed.Load() && p.inflight.Load() == 0 {
+	if p.failed.Load() && p.inflight.Load() == 0 && s.cl != nil { // no client: the final stop failed them
 		p.failed.Store(false)
 		s.backoff = min(max(2*s.backoff, 100*time.Millisecond), 5*time.Second)
 		s.backoffUntil = now.Add(s.backoff)
@@ -694,7 +693,7 @@ func (s *sender) activate() (*segment, error) {
 			s.backlog--
 			s.cursor = seg.ID
 			g := s.newSegment()
-			g.spoolID, g.replay, g.n, g.firstAt = seg.ID, true, len(seg.Records), time.Now()
+			g.spoolID, g.n, g.firstAt = seg.ID, len(seg.Records), time.Now()
 			for _, r := range seg.Records {
 				g.items = append(g.items, item{part: r.Partition, key: tenantOf(r.Payload), val: r.Payload})
 			}
