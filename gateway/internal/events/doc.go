@@ -16,8 +16,9 @@
 //
 // # Goroutines
 //
-// New starts none. Run runs the sender in the calling goroutine and starts
-// franz-go's client, whose goroutines it stops before it returns; Close
+// New starts none. Run runs the sender in the calling goroutine, starts
+// franz-go's client and one flusher goroutine (it sends each generation of
+// records, below), and stops and waits for both before it returns. Close
 // stops a running Run and waits for it (or, when Run never ran, writes the
 // buffered events to the spool). franz-go's promise worker calls back into
 // the producer for each record; the callback only touches atomics. Record
@@ -37,18 +38,23 @@
 //
 // Identity: (gateway id, epoch, partition, seq). The epoch is drawn from
 // crypto/rand by New; seq counts from 1 per partition. Numbers are reserved
-// in ranges (10,000, doubling while ranges run out within a second) in the
-// spool's META, fsynced, before they are used: Run extends a range when
-// half of it is left, off the decision path. Should the decision path
-// outrun it (a meta write slower than half a range of events), Record does
-// not wait: it goes on numbering and counts
-// tollgate_events_reservation_overruns_total; a SIGKILL in that window may
-// then lose events the aggregator cannot count. A graceful stop lowers the
-// reservations to the last numbers used. New queues, before any new event
-// and after everything the spool holds, one EpochClosed marker per
-// partition for each earlier epoch named in META (seq = last reserved + 1,
-// last_seq = last reserved), and forgets those epochs once the markers are
-// in the spool or in Kafka.
+// in ranges in the spool's META, fsynced, before they are used: Run extends
+// a partition's range when half of it is left, off the decision path, by
+// about 2 s of numbers at the partition's recent rate (at least 10,000).
+// Should the decision path outrun the META write, Record does not wait: it
+// goes on numbering and counts tollgate_events_reservation_overruns_total,
+// and a SIGKILL in that window may then lose events the aggregator cannot
+// count. Measured: none at a steady 100k or 300k decisions/s
+// (BenchmarkPipelinePaced); a burst from idle to ~4M/s (BenchmarkRecord,
+// with spool writes competing for the disk) overruns by 2–8 % of its events
+// until the ranges have grown. A graceful stop lowers the reservations to
+// the last numbers used. New queues, before any new event and after
+// everything the spool holds, one EpochClosed marker per partition for each
+// earlier epoch named in META (seq = last reserved + 1, last_seq = last
+// reserved), and forgets those epochs once the markers are in the spool or
+// in Kafka. After a crash the numbers reserved and never used count as
+// missing too: the aggregator's figure is an upper bound, by up to a range
+// per partition.
 //
 // # Pipeline
 //
@@ -63,33 +69,41 @@
 //
 // It seals the open chunk after Linger when it could send it at once, and
 // always once its first event is FlushInterval old. It hands records to an
-// idempotent franz-go producer (manual partitioner, snappy) in FIFO order,
-// at most 32,768 in flight in a quarter of the chunks; a segment leaves the
-// FIFO (and the spool, and memory) when every record is acknowledged. When
-// franz-go fails records, Run waits until nothing is in flight and re-sends
-// every unacknowledged record in FIFO order, after a backoff. A segment
-// not acknowledged FlushInterval after its first event, or any when a
-// quarter of the chunks is left, is spilled to the spool (package spool):
+// idempotent franz-go producer (manual partitioner, snappy, manual flushing)
+// in generations: all records not yet acknowledged, in FIFO order, at most
+// 32,768, from a quarter of the chunks at most; a flusher goroutine sends
+// them, and the next generation starts when every record of this one is
+// answered. A segment leaves the FIFO (and the spool, and memory) when every
+// record is acknowledged. When franz-go fails records, the next generation
+// re-sends every unacknowledged record in FIFO order, after a backoff. A
+// segment not acknowledged FlushInterval after its first event, or any when
+// a quarter of the chunks is left, is spilled to the spool (package spool):
 // always the oldest one not yet there, so the spool holds a prefix of the
 // FIFO in FIFO order; pending chunks are written in batches (one fsync for
 // up to 8) and freed, active ones keep their memory until Kafka answers.
-// Pending chunks are produced only once the backlog is empty, spool
-// segments only in the order they were written.
+// Pending chunks are produced only once the backlog is empty, spool segments
+// only in the order they were written.
 //
 // Ordering: the aggregator deduplicates by a high-water mark per (gateway,
 // epoch, partition), so each partition must reach Kafka in sequence order,
 // possibly repeating an in-order prefix, never skipping ahead. Sequence
 // numbers are assigned under the same lock that appends to the open chunk,
-// so chunk order is sequence order per partition; the FIFO keeps chunk
-// order through memory, spool and replay (the spool is always a FIFO
-// prefix, and nothing behind the backlog is sent before it); franz-go's
-// idempotent producer delivers one partition's records in the order
-// produced and fails a partition's later records with an earlier one, so
-// what Kafka holds per partition is an in-order prefix of what was sent,
-// and a re-send starts at the first record not acknowledged. A replay of a
-// segment Kafka had partly acknowledged, after a restart, repeats a
-// prefix: duplicates, which the aggregator ignores. A restarted producer
-// replays its spool before its markers and new events.
+// so chunk order is sequence order per partition; the FIFO keeps chunk order
+// through memory, spool and replay (the spool is always a FIFO prefix, and
+// nothing behind the backlog is sent before it). franz-go's idempotent
+// producer delivers one partition's records in the order produced; when a
+// batch fails it fails every record buffered on the partition, and the
+// broker refuses a later batch whose predecessor it lacks. Records handed
+// over after such a failure would start a new sequence and could overtake
+// the failed ones; generations rule that out, since nothing is handed over
+// until the previous generation is wholly answered
+// (TestFailedRecordsAreResentInOrder refuses produce requests while events
+// flow: a pipelined sender loses a third of them). So what Kafka holds per
+// partition is an in-order prefix of what was sent, and a re-send starts at
+// the first record not acknowledged. A replay of a segment Kafka had partly
+// acknowledged, after a restart, repeats a prefix: duplicates, which the
+// aggregator ignores. A restarted producer replays its spool before its
+// markers and new events.
 //
 // # Guarantees
 //

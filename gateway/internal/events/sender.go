@@ -24,7 +24,6 @@ type segment struct {
 	firstAt time.Time // when its first event was recorded
 	closes  []uint64  // the epochs whose markers it holds
 	n       int       // records
-	replay  bool      // read back from the spool
 
 	// Set once the segment is active (being produced).
 	activated bool
@@ -43,12 +42,22 @@ type item struct {
 }
 
 // recRef is a record's context: it tells the promise which record of
-// which segment franz-go answered for, without a closure per record.
+// which segment franz-go answered for, without a closure per record. As a
+// context it is context.Background: its methods read no field, because
+// franz-go may still call Done on a record's context after answering it
+// (waitUnknownTopic), when Run already reuses the recRef for another
+// record.
 type recRef struct {
-	context.Context
 	seg *segment
 	i   int
 }
+
+var _ context.Context = (*recRef)(nil)
+
+func (*recRef) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*recRef) Done() <-chan struct{}       { return nil }
+func (*recRef) Err() error                  { return nil }
+func (*recRef) Value(any) any               { return nil }
 
 func (g *segment) complete() bool { return g.activated && int(g.nAcked.Load()) == len(g.items) }
 
@@ -69,10 +78,11 @@ type sender struct {
 	cursor  uint64 // the largest spool id read or written while active
 	pending []*segment
 
-	closing  []epochState // epochs whose markers are not yet durable
-	reserved []uint64     // the durable reservations (what META says)
-	step     []uint64
-	lastExt  []time.Time
+	closing   []epochState // epochs whose markers are not yet durable
+	reserved  []uint64     // the durable reservations (what META says)
+	step      []uint64
+	lastExt   []time.Time // when each partition's range was last extended
+	usedAtExt []uint64    // and the last number used then
 
 	backoff      time.Duration
 	backoffUntil time.Time
@@ -87,6 +97,10 @@ type sender struct {
 	sealedSpare  []*chunk       // swapped with Producer.sealed
 	nextScratch  []uint64
 	maxActive    int
+
+	flushReq  chan struct{} // capacity 1: a generation to send
+	stopFlush context.CancelFunc
+	flushDone chan struct{} // closed when the flusher returned
 }
 
 func (s *sender) init(p *Producer, closing []epochState) {
@@ -95,8 +109,10 @@ func (s *sender) init(p *Producer, closing []epochState) {
 	s.reserved = make([]uint64, p.parts)
 	s.step = make([]uint64, p.parts)
 	s.lastExt = make([]time.Time, p.parts)
+	s.usedAtExt = make([]uint64, p.parts)
+	now := time.Now()
 	for q := range s.step {
-		s.step[q] = minReserve
+		s.step[q], s.lastExt[q] = minReserve, now
 	}
 	s.nextScratch = make([]uint64, p.parts)
 	// The decision path appends to sealed without allocating: at most
@@ -106,6 +122,7 @@ func (s *sender) init(p *Producer, closing []epochState) {
 	// Active chunks keep their memory until Kafka answers: a quarter of it
 	// at most, so that spilling can always free the rest.
 	s.maxActive = max(2, min(maxActive, p.nChunks/4))
+	s.flushReq = make(chan struct{}, 1)
 }
 
 // queueMarkers queues one EpochClosed marker per partition of each epoch in
@@ -153,7 +170,8 @@ func (s *sender) writeMeta(reserved []uint64) error {
 
 // reserve extends the reservation of every partition with fewer than half
 // its step left (all of them when force), durably, then lets the decision
-// path use the new numbers.
+// path use the new numbers. The step is about reserveFor of numbers at the
+// partition's recent rate, at least minReserve.
 func (s *sender) reserve(force bool) error {
 	p := s.p
 	p.mu.Lock()
@@ -173,14 +191,14 @@ func (s *sender) reserve(force bool) error {
 		if res[q] >= used+s.step[q]/2 && !force {
 			continue
 		}
-		switch last := s.lastExt[q]; {
-		case last.IsZero():
-		case now.Sub(last) < time.Second:
-			s.step[q] = min(2*s.step[q], maxReserve)
-		case now.Sub(last) > 30*time.Second:
-			s.step[q] = max(s.step[q]/2, minReserve)
+		// A range lasts about reserveFor at the rate seen since the last
+		// extension, so that half of it leaves ample time for the next
+		// META write.
+		if el := now.Sub(s.lastExt[q]); el > 0 && used > s.usedAtExt[q] {
+			rate := float64(used-s.usedAtExt[q]) / el.Seconds()
+			s.step[q] = uint64(min(max(rate*reserveFor.Seconds(), minReserve), maxReserve))
 		}
-		s.lastExt[q] = now
+		s.lastExt[q], s.usedAtExt[q] = now, used
 		res[q] = used + s.step[q]
 		changed = true
 	}
@@ -211,15 +229,23 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.DefaultProduceTopic(p.cfg.Topic),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerBatchCompression(kgo.SnappyCompression(), kgo.NoCompression()),
-		kgo.ProducerLinger(0), // the chunks are the batches
+		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
+		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
 		kgo.WithLogger(kslog.New(p.log)),
 	}
-	cl, err := kgo.NewClient(append(opts, p.cfg.kgoOpts...)...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return s.finish(fmt.Errorf("events: run: create Kafka client: %w", err))
 	}
 	s.cl = cl
+	flushCtx, stopFlush := context.WithCancel(context.Background())
+	s.stopFlush = stopFlush
+	s.flushDone = make(chan struct{})
+	go func() { // owned by run: finish stops and waits for it
+		defer close(s.flushDone)
+		s.flush(flushCtx)
+	}()
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -238,6 +264,9 @@ func (s *sender) run(ctx context.Context) error {
 			p.log.Info("events: stopping", slog.Bool("kafka_up", p.kafkaUp.Load()), slog.Duration("deadline", deadline.Sub(now)))
 		}
 		s.work(now, stopping)
+		if stopping && !p.kafkaUp.Load() {
+			deadline = now // Kafka went down while draining: spool the rest
+		}
 		if stopping && (s.drained() || !now.Before(deadline)) {
 			break
 		}
@@ -272,16 +301,24 @@ func (s *sender) work(now time.Time, stopping bool) {
 	s.spill(now, false)
 	s.fill(now)
 
-	// Kafka's state: down after a failure, or when records in flight have
-	// seen no acknowledgement for a while.
-	if prod := p.produced.Load(); prod != s.lastProduced || p.inflight.Load() == 0 {
-		s.lastProduced, s.lastProgress = prod, now
+	// Kafka's state: up once it acknowledges; down after a failure, or
+	// when records in flight saw no acknowledgement for a while; unchanged
+	// while nothing is in flight (New's metadata lookup sets the first).
+	up := p.kafkaUp.Load()
+	switch prod := p.produced.Load(); {
+	case p.failed.Load() || now.Before(s.backoffUntil):
+		up = false
+	case prod != s.lastProduced:
+		s.lastProduced, s.lastProgress, up = prod, now, true
+	case p.inflight.Load() == 0:
+		s.lastProgress = now
+	case now.Sub(s.lastProgress) >= s.stuckAfter():
+		up = false
 	}
-	up := !p.failed.Load() && now.Sub(s.lastProgress) < s.stuckAfter() && now.After(s.backoffUntil)
 	if up != p.kafkaUp.Load() {
 		p.kafkaUp.Store(up)
 		if up {
-			p.log.Info("events: Kafka is accepting events again")
+			p.log.Info("events: Kafka is accepting events")
 		} else {
 			p.log.Warn("events: Kafka is not acknowledging events; buffering and spooling them", slog.Any("error", s.lastErr()))
 		}
@@ -329,7 +366,7 @@ func (s *sender) collect(now time.Time, stopping bool) {
 // idle reports whether a chunk sealed now would be sent at once.
 func (s *sender) idle(now time.Time) bool {
 	return len(s.pending) == 0 && s.backlog == 0 && len(s.active) < s.maxActive &&
-		s.p.inflight.Load() < maxInflight && !s.p.failed.Load() && !now.Before(s.backoffUntil)
+		s.p.inflight.Load() == 0 && !s.p.failed.Load() && !now.Before(s.backoffUntil)
 }
 
 // newSegment returns a recycled or new segment.
@@ -347,7 +384,7 @@ func (s *sender) recycle(g *segment) {
 	items, krecs, refs, acked := g.items[:0], g.krecs[:0], g.refs[:0], g.acked[:0]
 	clear(g.items[:cap(g.items)])
 	clear(g.krecs[:cap(g.krecs)])
-	g.chunk, g.spoolID, g.firstAt, g.closes, g.n, g.replay, g.next, g.activated = nil, 0, time.Time{}, nil, 0, false, 0, false
+	g.chunk, g.spoolID, g.firstAt, g.closes, g.n, g.next, g.activated = nil, 0, time.Time{}, nil, 0, 0, false
 	g.items, g.krecs, g.refs, g.acked = items, krecs, refs, acked
 	g.nAcked.Store(0)
 	if len(s.spare) < s.maxActive {
@@ -361,7 +398,7 @@ func (s *sender) recycle(g *segment) {
 // FIFO, the spool and memory.
 func (s *sender) reap(now time.Time) {
 	p := s.p
-	if p.failed.Load() && p.inflight.Load() == 0 {
+	if p.failed.Load() && p.inflight.Load() == 0 && s.cl != nil { // no client: the final stop failed them
 		p.failed.Store(false)
 		s.backoff = min(max(2*s.backoff, 100*time.Millisecond), 5*time.Second)
 		s.backoffUntil = now.Add(s.backoff)
@@ -460,6 +497,11 @@ func (s *sender) spill(now time.Time, all bool) {
 		g := s.firstUnspooled()
 		if g == nil || !due(g) {
 			return
+		}
+		// Spool writes take milliseconds: keep the reservations ahead of
+		// the decision path between them.
+		if err := s.reserve(false); err != nil {
+			s.logErr(now, "events: cannot reserve sequence numbers; events go on beyond the durable reservation", err)
 		}
 		var err error
 		if len(s.pending) > 0 && s.pending[0] == g {
@@ -593,31 +635,45 @@ func (s *sender) dropSegment(g *segment, err error) {
 	s.release(g)
 }
 
-// fill activates segments in FIFO order and hands their records to
-// franz-go, at most maxInflight at a time; nothing while a failure is
-// being answered or during the backoff after one.
+// fill hands franz-go the next generation: the records not yet
+// acknowledged, in FIFO order, activating segments as needed, at most
+// maxInflight; then asks the flusher to send them. It does nothing while
+// the previous generation has records unanswered, while a failure is being
+// answered, or during the backoff after one.
+//
+// Why generations: franz-go sends nothing until flushed (ManualFlushing),
+// so a generation is wholly in its buffers before any of it is sent. When
+// a batch fails, franz-go fails every record buffered on its partition and
+// the broker refuses later batches by sequence; as no record is handed over
+// until the whole generation is answered, nothing produced after the
+// failure can overtake the failed records, which are re-sent first.
 func (s *sender) fill(now time.Time) {
 	p := s.p
-	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) {
+	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) || p.inflight.Load() > 0 {
 		return
 	}
+	n := 0
 	for _, g := range s.active {
-		if !s.produce(g) {
-			return
+		if n = s.produce(g, n); n == maxInflight {
+			break
 		}
 	}
-	for len(s.active) < s.maxActive && p.inflight.Load() < maxInflight {
+	for n < maxInflight && len(s.active) < s.maxActive {
 		g, err := s.activate()
 		if err != nil {
 			s.logErr(now, "events: cannot read the spool; retrying", err)
-			return
+			break
 		}
 		if g == nil {
-			return
+			break
 		}
 		s.active = append(s.active, g)
-		if !s.produce(g) {
-			return
+		n = s.produce(g, n)
+	}
+	if n > 0 {
+		select {
+		case s.flushReq <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -637,7 +693,7 @@ func (s *sender) activate() (*segment, error) {
 			s.backlog--
 			s.cursor = seg.ID
 			g := s.newSegment()
-			g.spoolID, g.replay, g.n, g.firstAt = seg.ID, true, len(seg.Records), time.Now()
+			g.spoolID, g.n, g.firstAt = seg.ID, len(seg.Records), time.Now()
 			for _, r := range seg.Records {
 				g.items = append(g.items, item{part: r.Partition, key: tenantOf(r.Payload), val: r.Payload})
 			}
@@ -674,7 +730,7 @@ func (s *sender) prepare(g *segment) {
 	}
 	g.krecs, g.refs, g.acked = g.krecs[:n], g.refs[:n], g.acked[:n]
 	for i := range g.refs {
-		g.refs[i] = recRef{Context: context.Background(), seg: g, i: i}
+		g.refs[i] = recRef{seg: g, i: i}
 		g.acked[i].Store(false)
 	}
 	g.nAcked.Store(0)
@@ -683,25 +739,43 @@ func (s *sender) prepare(g *segment) {
 }
 
 // produce hands g's records not yet handed (and not acknowledged) to
-// franz-go in order; false when the in-flight window is full.
-func (s *sender) produce(g *segment) bool {
+// franz-go in order, while the generation has fewer than maxInflight; n is
+// the generation's size so far, and the new size is returned.
+func (s *sender) produce(g *segment, n int) int {
 	p := s.p
 	ts := time.Now()
-	for ; g.next < len(g.items); g.next++ {
+	for ; g.next < len(g.items) && n < maxInflight; g.next++ {
 		i := g.next
 		if g.acked[i].Load() {
 			continue
-		}
-		if p.inflight.Load() >= maxInflight {
-			return false
 		}
 		it := &g.items[i]
 		r := &g.krecs[i]
 		*r = kgo.Record{Partition: it.part, Key: it.key, Value: it.val, Timestamp: ts, Context: &g.refs[i]}
 		p.inflight.Add(1)
-		s.cl.Produce(context.Background(), r, p.onProduced)
+		// Never blocks: a generation stays below MaxBufferedRecords (were
+		// it refused, the promise fails the record and it is re-sent).
+		s.cl.TryProduce(context.Background(), r, p.onProduced)
+		n++
 	}
-	return true
+	return n
+}
+
+// flush sends each generation when fill asks, until ctx ends: franz-go's
+// Flush blocks until every buffered record is answered, which takes as
+// long as Kafka is down, so it runs beside the sender, which goes on
+// spilling meanwhile.
+func (s *sender) flush(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.flushReq:
+		}
+		if err := s.cl.Flush(ctx); err != nil && ctx.Err() == nil {
+			s.p.log.Warn("events: flush", slog.Any("error", err))
+		}
+	}
 }
 
 // drained reports whether everything recorded is in Kafka.
@@ -767,6 +841,8 @@ func (s *sender) finish(cause error) error {
 
 	errs := []error{cause}
 	if s.cl != nil {
+		s.stopFlush()
+		<-s.flushDone
 		// Fails what is still in flight; those segments are in the spool.
 		s.cl.Close()
 		s.cl = nil
