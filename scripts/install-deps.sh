@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # install-deps.sh makes sure this machine has what `make test` needs besides
 # Go: redis-server, redis-cli and redis-benchmark (Debian package
-# redis-server; tests spawn redis-server on ephemeral ports) and a C compiler
-# (go test -race needs cgo).
+# redis-server; tests spawn redis-server on ephemeral ports), nginx and caddy
+# (Debian packages; compose/forwardauth runs the shipped forward-auth
+# configurations with them) and a C compiler (go test -race needs cgo).
 #
 # Idempotent: when everything is present it only reports versions. When
 # something is missing and apt-get exists, it installs it if it can without a
@@ -27,6 +28,15 @@ if ! have "$redis_server" || ! have redis-cli || ! have redis-benchmark; then
 	packages+=(redis-server)
 fi
 
+# Debian installs nginx in /usr/sbin, which a user's PATH may lack.
+have_sbin() { have "$1" || [ -x "/usr/sbin/$1" ]; }
+for proxy in nginx caddy; do
+	if ! have_sbin "$proxy"; then
+		missing+=("$proxy")
+		packages+=("$proxy")
+	fi
+done
+
 cc="$(go env CC 2>/dev/null || true)"
 cc="${cc%% *}"
 if ! have "${cc:-gcc}"; then
@@ -37,6 +47,7 @@ fi
 report() {
 	echo "deps: redis-server $("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') at $(command -v "$redis_server")"
 	echo "deps: $(redis-cli --version), $(redis-benchmark --version 2>/dev/null || echo 'redis-benchmark present')"
+	echo "deps: $( (nginx -v || /usr/sbin/nginx -v) 2>&1 | head -n 1), caddy $(caddy version 2>/dev/null | head -n 1)"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -65,8 +76,8 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7) with your package manager,"
-			echo "    or point TOLLGATE_REDIS_SERVER at a redis-server binary"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), nginx and caddy with your"
+			echo "    package manager, or point TOLLGATE_REDIS_SERVER at a redis-server binary"
 		fi
 		echo "then run make again."
 	} >&2
@@ -77,8 +88,8 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}"; do
-	if ! have "$bin"; then
+for bin in "$redis_server" redis-cli redis-benchmark nginx caddy "${cc:-gcc}"; do
+	if ! have_sbin "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1
 	fi
