@@ -12,5 +12,7 @@
 // The tests run the shipped files, with only their addresses, port and
 // token replaced, so a change to them is tested. A missing nginx or caddy
 // binary fails the tests with the command that installs it; it never
-// skips them. The package has no code besides its tests.
+// skips them. Debian ships no Traefik, so configs/traefik is only decoded
+// with Traefik's field names and checked for the headers it must pass on.
+// The package has no code besides its tests.
 package forwardauth
