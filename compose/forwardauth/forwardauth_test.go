@@ -218,6 +218,17 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 		})
 	}
 
+	t.Run("gateway hangs: fail open after the timeout", func(t *testing.T) {
+		// The shipped timeouts: an answer within 1 s, or Tollgate is down.
+		via := "http://" + startProxy(t, hangingServer(t), strings.TrimPrefix(w.upstream.URL, "http://"))
+		start := time.Now()
+		r := send(t, clientA, "GET", via+"/v1/users/42", "", "X-API-Key", "sk_five_"+kind)
+		if took := time.Since(start); r.StatusCode != http.StatusOK || !strings.HasPrefix(r.body, "upstream GET /v1/users/42") || took > 5*time.Second {
+			t.Fatalf("with Tollgate hanging: %d %q after %v, want the upstream's 200 after about 1 s", r.StatusCode, r.body, took)
+		}
+		noRateLimitHeaders(t, "failing open", r)
+	})
+
 	t.Run("gateway killed: fail open", func(t *testing.T) {
 		w.trusted.kill()
 		w.untrusted.kill()
