@@ -1,5 +1,5 @@
 # Tollgate. `make` (or `make help`) lists the targets.
-# Needs Go; `make deps` installs redis-server, chromium and friends (see scripts/install-deps.sh).
+# Needs Go; `make deps` installs redis-server, nginx, caddy, chromium and friends (see scripts/install-deps.sh).
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -41,7 +41,7 @@ else
 	@echo "build: no commands yet ($(MAIN_PKGS))"
 endif
 
-deps: ## Check for redis-server, redis-cli, redis-benchmark, gcc, protoc, promtool, prometheus and chromium; install them if root or passwordless sudo
+deps: ## Check for redis-server, redis-cli, redis-benchmark, gcc, nginx, caddy, protoc, promtool, prometheus and chromium; install them if root or passwordless sudo
 	@scripts/install-deps.sh
 
 test: deps ## Run all tests with the race detector against real servers (runs deps first)

@@ -86,6 +86,19 @@ func TestCheckAPIBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("refusals name their rule", func(t *testing.T) {
+		t.Parallel()
+		for body, want := range map[string]string{
+			`{"api_key":"sk_x","cost":6}`:  `The request's cost of 6 exceeds the limit of 5 of rule "five"`,
+			`{"api_key":"sk_x","cost":51}`: `exceeds the largest cost one request may ask for, 50`,
+		} {
+			_, raw := e.post(e.gw, "/v1/check", body, nil)
+			var d decisionBody
+			if err := json.Unmarshal(raw, &d); err != nil || d.Error == nil || !strings.Contains(d.Error.Message, want) {
+				t.Errorf("%s: %s, want a message with %q", body, raw, want)
+			}
+		}
+	})
 	t.Run("GET", func(t *testing.T) {
 		t.Parallel()
 		status, _ := e.get("http://" + e.gw.addrs.API + "/v1/check")

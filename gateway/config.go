@@ -31,8 +31,8 @@ const Off = "off"
 type Config struct {
 	Listen        string `yaml:"listen" doc:"Address of the public reverse proxy. Started only when upstream is set."`
 	Upstream      string `yaml:"upstream" doc:"URL the proxy forwards admitted requests to, e.g. http://127.0.0.1:9000. Empty: no proxy, only the check API and Envoy RLS."`
-	APIListen     string `yaml:"api_listen" doc:"Address of the check API, POST /v1/check, /v1/check/batch and /v1/report; off disables it."`
-	APIToken      string `yaml:"api_token" doc:"Bearer token the check API requires (Authorization: Bearer <token>). Empty: no token, so keep api_listen on loopback."`
+	APIListen     string `yaml:"api_listen" doc:"Address of the check API, POST /v1/check, /v1/check/batch and /v1/report, and /v1/authz (forward-auth for nginx, Caddy, Traefik); off disables it."`
+	APIToken      string `yaml:"api_token" doc:"Bearer token the check API requires (Authorization: Bearer <token>); /v1/authz, where Authorization is the client's, takes it in X-Tollgate-Token or trusts a caller in identity.trusted_proxies. Empty: no token, so keep api_listen on loopback."`
 	MetricsListen string `yaml:"metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz; off disables it."`
 	GRPCListen    string `yaml:"grpc_listen" doc:"Address of Envoy's rate-limit gRPC service, envoy.service.ratelimit.v3; off disables it. It does not use api_token: keep it on loopback or a private interface, or require client certificates (grpc_tls_client_ca_file)."`
 	// TLS of the Envoy RLS listener (docs/gateway.md, trust model).

@@ -195,6 +195,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.addServer("api", cfg.APIListen, checkapi.New(checkapi.Config{
 			Decider:  checker,
 			Token:    cfg.APIToken,
+			Identity: id,
 			MaxBatch: cfg.MaxBatch,
 			MaxBody:  cfg.Limits.MaxBodyBytes,
 			Log:      log.With(slog.String("component", "checkapi")),

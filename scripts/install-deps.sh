@@ -7,8 +7,9 @@
 # promtool and prometheus (Debian package prometheus; the tests of
 # compose/deploy lint metrics, unit-test the alert rules and evaluate every
 # dashboard query against a real Prometheus they start on a free port),
-# and Chromium (Debian package chromium; the loadtest report test opens its
-# HTML page in headless Chromium).
+# Chromium (Debian package chromium; the loadtest report test opens its
+# HTML page in headless Chromium), and nginx and caddy (Debian packages;
+# compose/forwardauth runs the shipped forward-auth configurations with them).
 #
 # Where systemd runs, Debian's package also starts its own prometheus
 # service on :9090; the tests do not use it (sudo systemctl disable --now
@@ -37,6 +38,15 @@ if ! have "$redis_server" || ! have redis-cli || ! have redis-benchmark; then
 	have redis-benchmark || missing+=(redis-benchmark)
 	packages+=(redis-server)
 fi
+
+# Debian installs nginx in /usr/sbin, which a user's PATH may lack.
+have_sbin() { have "$1" || [ -x "/usr/sbin/$1" ]; }
+for proxy in nginx caddy; do
+	if ! have_sbin "$proxy"; then
+		missing+=("$proxy")
+		packages+=("$proxy")
+	fi
+done
 
 cc="$(go env CC 2>/dev/null || true)"
 cc="${cc%% *}"
@@ -68,6 +78,7 @@ report() {
 	echo "deps: protoc $(protoc --version | sed 's/^libprotoc //') at $(command -v protoc)"
 	echo "deps: prometheus $(prometheus --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p') and promtool at $(command -v promtool)"
 	echo "deps: $("$chromium" --version 2>/dev/null || echo chromium) at $(command -v "$chromium")"
+	echo "deps: $( (nginx -v || /usr/sbin/nginx -v) 2>&1 | head -n 1), caddy $(caddy version 2>/dev/null | head -n 1)"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -96,9 +107,9 @@ if ! $can_install; then
 			echo "    sudo apt-get update && sudo apt-get install -y ${packages[*]}"
 			echo "  (as root: $cmd)"
 		else
-			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), protoc, prometheus,"
-			echo "    promtool and Chromium with your package manager, or point TOLLGATE_REDIS_SERVER and"
-			echo "    TOLLGATE_CHROMIUM at their binaries"
+			echo "    install redis-server, redis-cli and redis-benchmark (Redis 7), nginx, caddy, protoc,"
+			echo "    prometheus, promtool and Chromium with your package manager, or point"
+			echo "    TOLLGATE_REDIS_SERVER and TOLLGATE_CHROMIUM at their binaries"
 		fi
 		echo "then run make again."
 	} >&2
@@ -109,8 +120,8 @@ echo "deps: installing ${packages[*]}: ${sudo:+$sudo }$cmd"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
 
-for bin in "$redis_server" redis-cli redis-benchmark "${cc:-gcc}" protoc promtool prometheus "$chromium"; do
-	if ! have "$bin"; then
+for bin in "$redis_server" redis-cli redis-benchmark nginx caddy "${cc:-gcc}" protoc promtool prometheus "$chromium"; do
+	if ! have_sbin "$bin"; then
 		echo "deps: $bin still missing after installing ${packages[*]}" >&2
 		exit 1
 	fi

@@ -225,6 +225,31 @@ func (id *Identity) Direct(r *http.Request) bool {
 	return peer.IsValid() && !id.trusted(peer)
 }
 
+// Trusted reports whether r's socket peer is one of TrustedProxies: a
+// caller whose X-Forwarded-For and identity headers Extract believes. A
+// forward-auth endpoint also takes it as proof that the caller is the proxy
+// it was configured for. A nil *Identity trusts nobody.
+func (id *Identity) Trusted(r *http.Request) bool {
+	return id != nil && id.trusted(peerAddr(r.RemoteAddr))
+}
+
+// WriteIdentityError answers a request whose identity Extract refused:
+// 400 INVALID_KEY for an error wrapping ErrInvalidKey, else 400
+// INVALID_REQUEST (a cost header that is not a positive integer), written
+// by WriteError. The message never quotes the key.
+func WriteIdentityError(w http.ResponseWriter, r *http.Request, err error) {
+	code, msg := identityRefusal(err)
+	WriteError(w, r, http.StatusBadRequest, code, msg)
+}
+
+// identityRefusal is the API error code and message of an Extract error.
+func identityRefusal(err error) (code, msg string) {
+	if errors.Is(err, ErrInvalidKey) {
+		return guard.CodeInvalidKey, "The API key is malformed."
+	}
+	return guard.CodeInvalidRequest, "The request's cost is not a positive integer."
+}
+
 func (id *Identity) maxKeyLen() int {
 	if id.MaxKeyLen > 0 {
 		return id.MaxKeyLen

@@ -416,6 +416,30 @@ func TestExtract(t *testing.T) {
 	}
 }
 
+// TestTrusted: Trusted is whether the socket peer is a trusted proxy; a
+// nil Identity and a peer that is not an IP trust nobody.
+func TestTrusted(t *testing.T) {
+	t.Parallel()
+	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}}
+	for _, tt := range []struct {
+		id     *Identity
+		remote string
+		want   bool
+	}{
+		{id, "10.1.2.3:80", true},
+		{id, "[::ffff:10.1.2.3]:80", true},
+		{id, "[::1]:80", true},
+		{id, "11.0.0.1:80", false},
+		{id, "@unix", false},
+		{nil, "10.1.2.3:80", false},
+		{&Identity{}, "10.1.2.3:80", false},
+	} {
+		if got := tt.id.Trusted(&http.Request{RemoteAddr: tt.remote}); got != tt.want {
+			t.Errorf("Trusted(%s) with %v = %v, want %v", tt.remote, tt.id, got, tt.want)
+		}
+	}
+}
+
 func BenchmarkExtract(b *testing.B) {
 	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	r := &http.Request{Method: "GET", RemoteAddr: "10.0.0.1:1234", URL: &url.URL{Path: "/v1/search"}, Header: http.Header{

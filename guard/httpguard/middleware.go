@@ -148,13 +148,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if err := h.cfg.id.Extract(r, &st.req); err != nil {
 		h.release(st)
-		code, msg := guard.CodeInvalidRequest, "The request's cost is not a positive integer."
-		if errors.Is(err, ErrInvalidKey) {
-			code, msg = guard.CodeInvalidKey, "The API key is malformed."
-		}
+		code, _ := identityRefusal(err)
 		h.cfg.log.LogAttrs(ctx, slog.LevelDebug, "httpguard: request refused",
 			slog.String("code", code), slog.String("error", err.Error()))
-		WriteError(w, r, http.StatusBadRequest, code, msg)
+		WriteIdentityError(w, r, err)
 		return
 	}
 

@@ -1,6 +1,10 @@
 // Package checkapi is the gateway's check API (SPEC §4), for gateways
 // written in other languages: POST /v1/check, POST /v1/check/batch and
-// POST /v1/report, optionally behind a bearer token.
+// POST /v1/report, optionally behind a bearer token; and /v1/authz, the
+// forward-auth form of a check for proxies that ask an authorization
+// service before forwarding (nginx auth_request, Traefik ForwardAuth, Caddy
+// forward_auth), which reads the client's request from the forwarded
+// headers and answers as the proxy should.
 //
 // Bodies are decoded strictly (unknown fields, trailing data and wrong
 // types are 400 INVALID_REQUEST) and bounded in size (413 BODY_TOO_LARGE).
@@ -44,8 +48,13 @@ type Config struct {
 	// Decider decides; required.
 	Decider guard.Checker
 	// Token, when set, is the bearer token every request must carry;
-	// otherwise 401 UNAUTHORIZED.
+	// otherwise 401 UNAUTHORIZED. /v1/authz, where Authorization is the
+	// client's, takes it in X-Tollgate-Token instead, or trusts a caller
+	// among Identity's TrustedProxies.
 	Token string
+	// Identity reads the client's key, IP, tenant, tier and cost from a
+	// /v1/authz request, as the proxy does (nil: the zero Identity).
+	Identity *httpguard.Identity
 	// MaxBatch is the most items of a batch (default 100).
 	MaxBatch int
 	// MaxBody is the largest body in bytes (default 64 KiB).
@@ -80,6 +89,11 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/authz" {
+		// Any method, and the proxy's own way of proving itself.
+		h.authz(w, r)
+		return
+	}
 	if h.token != nil && !h.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
 		httpguard.WriteError(w, r, http.StatusUnauthorized, guard.CodeUnauthorized, "A valid bearer token is required (Authorization: Bearer <api_token>).")
@@ -94,7 +108,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/report":
 		serve = h.report
 	default:
-		httpguard.WriteError(w, r, http.StatusNotFound, CodeNotFound, "No such endpoint; the check API serves POST /v1/check, /v1/check/batch and /v1/report.")
+		httpguard.WriteError(w, r, http.StatusNotFound, CodeNotFound, "No such endpoint; the check API serves POST /v1/check, /v1/check/batch and /v1/report, and /v1/authz.")
 		return
 	}
 	if r.Method != http.MethodPost {

@@ -98,7 +98,7 @@ func TestConvert(t *testing.T) {
 				t.Fatal(err)
 			}
 			w := tt.want.req
-			w.Domain = "dom"
+			w.Domain, w.Surface = "dom", "rls"
 			w.Descriptor = map[string]string{}
 			for _, e := range tt.d.Entries {
 				w.Descriptor[e.Key] = e.Value
