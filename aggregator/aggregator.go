@@ -36,7 +36,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
@@ -49,6 +48,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -134,7 +134,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	mux := http.NewServeMux()
 	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
-	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(log))),
+	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(log)),
 		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second))
 	if err != nil {
 		_ = db.Close()
@@ -438,7 +438,7 @@ func redactURL(raw string) string {
 // exists (the processor creates it).
 func (s *Server) tailAudit(ctx context.Context) error {
 	topic := s.cfg.Kafka.AuditTopic
-	adminCl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(s.log))),
+	adminCl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(s.log)),
 		kgo.MetadataMinAge(250*time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("aggregator: audit client: %w", err)
@@ -465,7 +465,7 @@ func (s *Server) tailAudit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kslog.New(consume.KafkaLogger(s.log))),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(s.log)),
 		kgo.ConsumePartitions(offsets), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
 		return fmt.Errorf("aggregator: audit client: %w", err)

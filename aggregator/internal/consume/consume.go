@@ -37,10 +37,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/internal/kafkalog"
 )
 
 // Topics names the topics the processor uses.
@@ -189,7 +189,7 @@ func (p *Processor) Setup(ctx context.Context) error {
 func (p *Processor) baseOpts() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.WithLogger(kslog.New(KafkaLogger(p.log))),
+		kgo.WithLogger(kafkalog.New(p.log)),
 		// Metadata answers are cached this long: topics created a moment
 		// ago must show up (the default is 5s).
 		kgo.MetadataMinAge(250 * time.Millisecond),
@@ -876,22 +876,3 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
-
-// KafkaLogger returns the logger franz-go gets: log's warnings and errors
-// only (its info lines come once per transaction), tagged lib=franz-go.
-func KafkaLogger(log *slog.Logger) *slog.Logger {
-	return slog.New(minLevel{h: log.Handler(), min: slog.LevelWarn}).With(slog.String("lib", "franz-go"))
-}
-
-// minLevel drops records below min.
-type minLevel struct {
-	h   slog.Handler
-	min slog.Level
-}
-
-func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= m.min && m.h.Enabled(ctx, l)
-}
-func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
-func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler            { return minLevel{m.h.WithAttrs(a), m.min} }
-func (m minLevel) WithGroup(n string) slog.Handler                 { return minLevel{m.h.WithGroup(n), m.min} }

@@ -15,10 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -400,7 +400,7 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, erro
 // cfg.MetadataTimeout; 0 when it cannot tell. up reports whether Kafka
 // answered.
 func topicPartitions(cfg Config, log *slog.Logger) (n int32, up bool) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kslog.New(log)))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kafkalog.New(log)))
 	if err != nil {
 		log.Warn("events: cannot create a Kafka client to read the topic's partitions", slog.Any("error", err))
 		return 0, false

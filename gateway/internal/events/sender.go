@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
+	"github.com/tollgate/tollgate/internal/kafkalog"
 )
 
 // segment is one element of the FIFO: a sealed chunk, a segment read back
@@ -232,7 +232,7 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
-		kgo.WithLogger(kslog.New(p.log)),
+		kgo.WithLogger(kafkalog.New(p.log)),
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
