@@ -75,18 +75,45 @@ type Server struct {
 	client redis.UniversalClient
 	store  *redisstore.Store
 
-	watcher  *rulefile.Watcher
+	rules    rulesSource
 	reporter *proxy.Reporter
 	upstream *http.Transport
 
 	servers   []*httpServer // proxy, check API (draining first), metrics last
 	grpc      *grpcServer   // nil without the Envoy RLS listener
 	addrs     Addrs
-	ruleState atomic.Pointer[rulefile.Ruleset]
+	ruleState atomic.Pointer[activeRules]
 	draining  atomic.Bool
 
 	life service.Lifecycle
 }
+
+// rulesSource keeps the gateway's rules current until ctx is done,
+// handing every new ruleset to the callback it was built with: the rules
+// file watcher (static mode) or the NATS KV watcher (fleet mode). Run
+// returns nil when ctx ends.
+type rulesSource interface {
+	Run(ctx context.Context) error
+}
+
+var _ rulesSource = (*rulefile.Watcher)(nil)
+
+// Where the rules in force came from (readyz's rules.source).
+const (
+	sourceFile = "file" // rules_file
+	sourceNATS = "nats" // the tollgate_rules KV bucket
+	sourceLKG  = "lkg"  // the last-known-good copy on disk
+)
+
+// activeRules is the ruleset in force and where it came from.
+type activeRules struct {
+	*rulefile.Ruleset
+	source string
+}
+
+// sweepInterval is how often expired controls (blocklist, penalties,
+// overrides) are dropped from memory; decisions ignore them at once.
+const sweepInterval = 5 * time.Second
 
 // httpServer is one HTTP listener.
 type httpServer struct {
@@ -155,8 +182,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
-	s.setRules(rs, false)
-	s.watcher = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, true) },
+	s.setRules(rs, sourceFile, false)
+	s.rules = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, sourceFile, true) },
 		rulefile.WithLogger(log.With(slog.String("component", "rulefile"))),
 		rulefile.WithCheck(s.guard.CheckRules),
 		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
@@ -261,14 +288,15 @@ func (s *Server) Guard() *guard.Guard { return s.guard }
 // Registry returns the server's Prometheus registry (what /metrics serves).
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// setRules applies a ruleset: the guard's, the metrics' route labels and
-// the version readyz reports.
-func (s *Server) setRules(rs *rulefile.Ruleset, reload bool) {
+// setRules applies a ruleset from source: the guard's, the metrics' route
+// labels and the version and source readyz reports.
+func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 	s.guard.SetRules(rs.Rules)
 	s.m.SetRules(rs.Rules, rs.Routes, reload)
-	s.ruleState.Store(rs)
+	s.ruleState.Store(&activeRules{Ruleset: rs, source: source})
 	if reload {
-		s.log.Info("rules reloaded", slog.String("version", rs.Version()), slog.Int("rules", len(rs.Rules.Rules())))
+		s.log.Info("rules reloaded", slog.String("source", source), slog.String("version", rs.Version()),
+			slog.Int("rules", len(rs.Rules.Rules())))
 	}
 }
 
@@ -291,13 +319,15 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.String("api", s.addrs.API), slog.String("metrics", s.addrs.Metrics), slog.String("grpc", s.addrs.GRPC),
 		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
 		slog.Any("exposed", s.exposed()),
-		slog.String("rules_file", s.cfg.RulesFile), slog.String("rules_version", s.ruleState.Load().Version()),
+		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
+		slog.String("rules_version", s.ruleState.Load().Version()),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 
 	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { s.loadScript(ctx); return nil })
-	g.Go(func() error { return s.watcher.Run(ctx) })
+	g.Go(func() error { return s.rules.Run(ctx) })
+	g.Go(func() error { s.sweep(ctx); return nil })
 	if s.reporter != nil {
 		g.Go(s.reporter.Run)
 	}
@@ -369,6 +399,22 @@ func (s *Server) shutdownHTTP(ctx context.Context, hs *httpServer) {
 	if err := hs.srv.Shutdown(ctx); err != nil {
 		s.log.Warn("in-flight requests cut at shutdown timeout", slog.String("listener", hs.name))
 		_ = hs.srv.Close()
+	}
+}
+
+// sweep drops expired controls every sweepInterval until ctx is done.
+func (s *Server) sweep(ctx context.Context) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := s.guard.Controls().Sweep(time.Now().UnixMicro()); n > 0 {
+				s.log.Debug("expired controls dropped", slog.Int("entries", n))
+			}
+		}
 	}
 }
 

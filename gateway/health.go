@@ -37,6 +37,10 @@ type readiness struct {
 	// Status is ready, draining (shutting down: 503) or no_rules (503).
 	Status string `json:"status"`
 	Rules  struct {
+		// Source is where the rules in force came from: file
+		// (rules_file), nats (the tollgate_rules KV bucket) or lkg (the
+		// last-known-good copy on disk, while NATS has not answered).
+		Source  string `json:"source"`
 		Version int64  `json:"version"`
 		Hash    string `json:"hash"`
 		Rules   int    `json:"rules"`
@@ -57,6 +61,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	body.Status = "ready"
 	if rs := s.ruleState.Load(); rs != nil {
+		body.Rules.Source = rs.source
 		body.Rules.Version, body.Rules.Hash, body.Rules.Rules = rs.Rules.Version(), rs.Rules.Hash(), len(rs.Rules.Rules())
 	} else {
 		body.Status, status = "no_rules", http.StatusServiceUnavailable

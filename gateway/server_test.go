@@ -191,7 +191,8 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("healthz: %d %q", status, body)
 	}
 	status, body := e.get("http://" + e.gw.addrs.Metrics + "/readyz")
-	if status != 200 || !strings.Contains(body, `"status":"ready"`) || !strings.Contains(body, `"redis":{"status":"ok"}`) {
+	if status != 200 || !strings.Contains(body, `"status":"ready"`) || !strings.Contains(body, `"redis":{"status":"ok"}`) ||
+		!strings.Contains(body, `"source":"file"`) {
 		t.Fatalf("readyz: %d %s", status, body)
 	}
 	// The proxy exposes nothing of its own.
