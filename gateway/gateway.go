@@ -12,7 +12,11 @@
 // Counters live in Redis (redis.*); while Redis is unavailable rules fail
 // open, except `on_failure: closed` ones, which a local in-memory limiter
 // decides with failure_share of their limits. The gateway starts without
-// Redis. Rules come from rules_file, which is watched and hot-reloaded.
+// Redis. In static mode rules come from rules_file, which is watched and
+// hot-reloaded. In fleet mode (nats.url set) rules, blocklist, penalties
+// and overrides come from the NATS KV buckets the aggregator's operator API
+// writes (package rulesync), with a last-known-good copy on disk; the
+// gateway starts and serves without NATS.
 package gateway
 
 import (
@@ -34,6 +38,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
 	"github.com/tollgate/tollgate/gateway/internal/proxy"
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
@@ -76,6 +81,7 @@ type Server struct {
 	store  *redisstore.Store
 
 	rules    rulesSource
+	sync     *rulesync.Syncer // fleet mode; nil in static mode
 	reporter *proxy.Reporter
 	upstream *http.Transport
 
@@ -123,14 +129,18 @@ type httpServer struct {
 }
 
 // New builds a gateway from cfg (SetDefaults is applied, then Validate):
-// it loads and compiles the rules file (refusing to start without a valid
-// one), creates the Redis client and store, and binds every listener, so
-// Addrs is known when New returns and clients connecting before Run wait
-// in the listen queue. log may be nil (discard); API keys are never logged.
+// it loads its starting rules — the rules file, or in fleet mode (nats.url
+// set) the last-known-good copy under data_dir when there is one — and
+// refuses to start without a valid ruleset; it creates the Redis client
+// and store, and binds every listener, so Addrs is known when New returns
+// and clients connecting before Run wait in the listen queue. log may be
+// nil (discard); API keys are never logged. New does not contact NATS.
 //
 // New starts the Redis store's pipelining goroutines and nothing else; Run
-// starts the servers, the rules watcher and the cost reporters, and Close
-// (or Run's return) stops and waits for all of them.
+// starts the servers, the rules source (the file watcher, or the NATS KV
+// watcher and its connection), the sweeper of expired controls and the
+// cost reporters, and Close (or Run's return) stops and waits for all of
+// them.
 func New(cfg Config, log *slog.Logger) (*Server, error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -138,10 +148,6 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
-	}
-	rs, err := rulefile.Load(cfg.RulesFile)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
 	id, err := cfg.identity()
 	if err != nil {
@@ -178,15 +184,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if err := s.guard.CheckRules(rs.Rules); err != nil {
+	if err := s.startRules(); err != nil {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
-	s.setRules(rs, sourceFile, false)
-	s.rules = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, sourceFile, true) },
-		rulefile.WithLogger(log.With(slog.String("component", "rulefile"))),
-		rulefile.WithCheck(s.guard.CheckRules),
-		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
+	labelled.MustRegister(newControlsCollector(s.guard.Controls()))
+	if s.sync != nil {
+		labelled.MustRegister(s.fleetCollectors()...)
+	}
 
 	checker := guard.Checker(s.guard)
 	if cfg.Upstream != "" {
@@ -301,11 +306,13 @@ func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 }
 
 // Run serves until ctx is done or a listener fails, then shuts down
-// gracefully: it stops accepting, lets in-flight requests finish within
-// shutdown_timeout (then closes their connections), charges the queued
-// costs, and releases Redis. It returns nil after a shutdown asked for by
-// ctx or Close, else the error that stopped it. Run may be called once;
-// every goroutine it starts has exited when it returns.
+// gracefully. In fleet mode it first waits up to natsStartWait (1 s) for
+// NATS to deliver the fleet's rules. On shutdown it stops accepting, lets
+// in-flight requests finish within shutdown_timeout (then closes their
+// connections), charges the queued costs, and releases Redis. It returns
+// nil after a shutdown asked for by ctx or Close, else the error that
+// stopped it. Run may be called once; every goroutine it starts has exited
+// when it returns.
 func (s *Server) Run(ctx context.Context) error {
 	ctx, finish, err := s.life.Start(ctx)
 	if err != nil {
@@ -313,6 +320,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer finish()
 
+	g, ctx := service.NewGroup(ctx)
+	g.Go(func() error { return s.rules.Run(ctx) })
+	if s.sync != nil {
+		s.waitForNATS(ctx)
+	}
 	s.log.Info("gateway started",
 		slog.String("gateway_id", s.cfg.GatewayID),
 		slog.String("proxy", s.addrs.Proxy), slog.String("upstream", redactURL(s.cfg.Upstream)),
@@ -320,13 +332,11 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
 		slog.Any("exposed", s.exposed()),
 		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
-		slog.String("rules_version", s.ruleState.Load().Version()),
+		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", redactURL(s.cfg.NATS.URL)),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 
-	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { s.loadScript(ctx); return nil })
-	g.Go(func() error { return s.rules.Run(ctx) })
 	g.Go(func() error { s.sweep(ctx); return nil })
 	if s.reporter != nil {
 		g.Go(s.reporter.Run)

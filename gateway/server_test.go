@@ -152,6 +152,7 @@ rules:
 		`tollgate_rules_reload_errors_total`,
 		`tollgate_fallback_counters`,
 		`tollgate_redis_breaker_state`,
+		`tollgate_controls_entries{gateway="test-gw",kind="blocked"} 0`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(body, want) {
@@ -167,6 +168,7 @@ rules:
 		"route":    regexp.MustCompile(`^(/v1/users/\{id\}|other)$`),
 		"gateway":  regexp.MustCompile(`^test-gw$`),
 		"node":     regexp.MustCompile(`^redis$`),
+		"kind":     regexp.MustCompile(`^(blocked|allowed|penalty|key_override|tenant_override)$`),
 	}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "tollgate_") {
