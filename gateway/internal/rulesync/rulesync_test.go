@@ -445,6 +445,11 @@ func TestResyncAfterPartition(t *testing.T) {
 		return nil
 	})
 	b.del(b.lists, "kidA")
+	// No trace of kidA left, not even its delete marker (as after a
+	// compaction): only reading the whole state shows it is gone.
+	if err := b.lists.PurgeDeletes(t.Context(), jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
 	b.put(b.lists, "kidC", &tollgatev1.ListEntry{KeyID: "kidC", Action: "block"})
 	b.putRules(2, rulesV1+"# v2\n")
 	if len(sy.controls.Snapshot().Blocked) != 2 || sy.version() != 1 {
