@@ -41,8 +41,10 @@
 //
 // Run owns the NATS connection; nats.go runs its reader, flusher and
 // callback dispatcher goroutines for it, and Run closes the connection
-// before it returns. Everything else happens on Run's goroutine, which
-// owns the Syncer's state: it needs no lock.
+// before it returns. Stopping a session's watchers can take seconds right
+// after a server restart, so it runs on a goroutine of its own, which Run
+// waits for before it returns. Everything else happens on Run's goroutine,
+// which owns the Syncer's state: it needs no lock.
 package rulesync
 
 import (
@@ -52,6 +54,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,8 +82,8 @@ const (
 	// DefaultReconnectWait is Config.ReconnectWait's default.
 	DefaultReconnectWait = 250 * time.Millisecond
 	// opTimeout bounds one JetStream request (opening a bucket, creating a
-	// watcher).
-	opTimeout = 2 * time.Second
+	// watcher): a lost request costs this much before the retry.
+	opTimeout = time.Second
 	// initialTimeout bounds the delivery of the buckets' current content
 	// at the start of a session.
 	initialTimeout = 10 * time.Second
@@ -131,8 +134,10 @@ type Syncer struct {
 	cfg Config
 	log *slog.Logger
 
-	synced      chan struct{} // closed after the first complete read
-	nc          atomic.Pointer[nats.Conn]
+	synced   chan struct{} // closed after the first complete read
+	nc       atomic.Pointer[nats.Conn]
+	retiring sync.WaitGroup // stopWatchers of ended sessions; Run waits
+
 	syncedFlag  atomic.Bool
 	lastApplied atomic.Int64 // Unix ns of the last applied change; 0: none
 
@@ -250,6 +255,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return fmt.Errorf("rulesync: connect %s: %w", redactURL(s.cfg.URL), err)
 	}
 	s.nc.Store(nc)
+	// Closing the connection first ends the requests of watchers still
+	// being stopped; then they are waited for.
+	defer s.retiring.Wait()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -309,7 +317,7 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 	if err != nil {
 		return err
 	}
-	defer w.stop()
+	defer s.retire(w.rules, w.lists, w.overrides)
 
 	// The current content: each watcher sends it, then nil.
 	next := newState()
@@ -380,6 +388,13 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 }
 
 // watch opens the buckets and watches every key of them.
+//
+// Right after a NATS server restarts, a request to create a watcher's
+// consumer may go unanswered, and nats.go would wait 5 s for it. The
+// watcher's context is also its lifetime (cancelling it stops the
+// watcher), so each creation gets a context of its own, cancelled by a
+// timer if the creation takes longer than opTimeout: the session then
+// fails fast and the next one retries.
 func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, error) {
 	w := &buckets{}
 	for _, b := range []struct {
@@ -393,12 +408,12 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 	} {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
 		kv, err := js.KeyValue(octx, b.name)
-		if err == nil {
-			*b.dst, err = kv.Watch(ctx, b.keys)
-		}
 		cancel()
+		if err == nil {
+			*b.dst, err = s.watchKeys(ctx, kv, b.keys)
+		}
 		if err != nil {
-			w.stop()
+			s.retire(w.rules, w.lists, w.overrides)
 			if errors.Is(err, jetstream.ErrBucketNotFound) {
 				return nil, fmt.Errorf("rulesync: bucket %s does not exist yet (the aggregator creates it)", b.name)
 			}
@@ -408,17 +423,51 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 	return w, nil
 }
 
-// stop stops the watchers and waits, a bounded time, for their deliveries
-// to end: a delivery blocked on a full Updates channel would otherwise
-// hold a nats.go goroutine forever.
-func (w *buckets) stop() {
+// watchKeys creates a watcher of keys that lives until ctx is done, giving
+// up on its creation after opTimeout.
+func (s *Syncer) watchKeys(ctx context.Context, kv jetstream.KeyValue, keys string) (jetstream.KeyWatcher, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	abort := time.AfterFunc(opTimeout, cancel)
+	kw, err := kv.Watch(wctx, keys)
+	if !abort.Stop() {
+		// The timer fired: the creation was aborted, or ended just then
+		// with a watcher already stopped by the cancel.
+		if err == nil {
+			s.retire(kw)
+		}
+		return nil, fmt.Errorf("creating the watcher took more than %v", opTimeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	// cancel is called when ctx ends (it is wctx's parent).
+	return kw, nil
+}
+
+// retire stops watchers (nil ones are skipped) on a goroutine of their
+// own, which Run waits for before it returns: stopping one deletes its
+// consumer, a request that may go unanswered for 5 s right after a NATS
+// server restarts, and the next session must not wait for that.
+func (s *Syncer) retire(kws ...jetstream.KeyWatcher) {
+	s.retiring.Go(func() { stopWatchers(kws...) })
+}
+
+// stopWatchers stops watchers and then waits, at most stopTimeout in all,
+// for their deliveries to end: a delivery blocked on a full Updates
+// channel would otherwise hold a nats.go goroutine forever.
+func stopWatchers(kws ...jetstream.KeyWatcher) {
+	for _, kw := range kws {
+		if kw != nil {
+			_ = kw.Stop()
+		}
+	}
 	deadline := time.NewTimer(stopTimeout)
 	defer deadline.Stop()
-	for _, kw := range []jetstream.KeyWatcher{w.rules, w.lists, w.overrides} {
+	for _, kw := range kws {
 		if kw == nil {
 			continue
 		}
-		_ = kw.Stop()
 	drain:
 		for {
 			select {
