@@ -7,7 +7,9 @@
 // guard.Controls update. After every applied change it writes a
 // last-known-good copy to disk (lkg.json, written to a temporary file,
 // fsynced and renamed), from which a gateway starts when NATS is
-// unreachable.
+// unreachable. The copy is written after the change is in force, by a
+// goroutine of its own, so a slow disk never delays the next change; of a
+// burst of changes, the newest state is written.
 //
 // # What arrives, and what is refused
 //
@@ -43,8 +45,10 @@
 // callback dispatcher goroutines for it, and Run closes the connection
 // before it returns. Stopping a session's watchers can take seconds right
 // after a server restart, so it runs on a goroutine of its own, which Run
-// waits for before it returns. Everything else happens on Run's goroutine,
-// which owns the Syncer's state: it needs no lock.
+// waits for before it returns; so does the saver, which writes the
+// last-known-good copy and finishes the last one before Run returns.
+// Everything else happens on Run's goroutine, which owns the Syncer's
+// state: it needs no lock.
 package rulesync
 
 import (
@@ -146,7 +150,7 @@ type Syncer struct {
 	applied *rulefile.Ruleset // the ruleset of state.rules
 	refused string            // identity of the last refused ruleset
 	failing string            // the session problem last logged
-	saveErr string            // the save problem last logged
+	toSave  chan []byte       // to the saver: the newest copy not written yet
 }
 
 // state is what the Syncer holds from the buckets, by KV key.
@@ -188,7 +192,7 @@ func New(cfg Config) (*Syncer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Syncer{cfg: cfg, log: log, synced: make(chan struct{}), state: newState()}, nil
+	return &Syncer{cfg: cfg, log: log, synced: make(chan struct{}), state: newState(), toSave: make(chan []byte, 1)}, nil
 }
 
 // Synced is closed once the buckets have been read whole for the first
@@ -255,8 +259,13 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return fmt.Errorf("rulesync: connect %s: %w", redactURL(s.cfg.URL), err)
 	}
 	s.nc.Store(nc)
-	// Closing the connection first ends the requests of watchers still
-	// being stopped; then they are waited for.
+	var saving sync.WaitGroup
+	saving.Go(s.saver)
+	// In this order on return: the connection closed, which ends the
+	// requests of watchers still being stopped; those waited for; the last
+	// copy written.
+	defer saving.Wait()
+	defer close(s.toSave)
 	defer s.retiring.Wait()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -506,17 +515,38 @@ func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
 }
 
 // changed records an applied change: the time, and the last-known-good
-// copy.
+// copy, which the saver writes.
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
-	if err := s.save(); err != nil {
-		if msg := err.Error(); msg != s.saveErr {
-			s.saveErr = msg
-			s.log.Error("last-known-good copy not written; the gateway would restart from an older one", slog.String("error", msg))
-		}
+	b, err := s.encode()
+	if err != nil {
+		s.log.Error("last-known-good copy not written", slog.String("error", err.Error()))
 		return
 	}
-	s.saveErr = ""
+	// The saver writes the newest copy: one it has not started on is
+	// replaced (only this goroutine sends).
+	select {
+	case <-s.toSave:
+	default:
+	}
+	s.toSave <- b
+}
+
+// saver writes the copies changed hands it until toSave is closed, so that
+// a change is in force before the disk has it and a slow fsync never
+// delays the next change; a burst of changes costs one write.
+func (s *Syncer) saver() {
+	failing := ""
+	for b := range s.toSave {
+		if err := writeAtomic(s.cfg.Dir, LKGFile, b); err != nil {
+			if msg := err.Error(); msg != failing {
+				failing = msg
+				s.log.Error("last-known-good copy not written; the gateway would restart from an older one", slog.String("error", msg))
+			}
+			continue
+		}
+		failing = ""
+	}
 }
 
 func rulesVersion(e *tollgatev1.RulesEntry) int64 {
