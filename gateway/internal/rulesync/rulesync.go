@@ -433,7 +433,9 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 }
 
 // watchKeys creates a watcher of keys that lives until ctx is done, giving
-// up on its creation after opTimeout.
+// up on its creation after opTimeout. (The timer's function, run by the
+// runtime on a goroutine of its own, only cancels a context: nothing to
+// wait for.)
 func (s *Syncer) watchKeys(ctx context.Context, kv jetstream.KeyValue, keys string) (jetstream.KeyWatcher, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	abort := time.AfterFunc(opTimeout, cancel)
