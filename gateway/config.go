@@ -8,6 +8,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -39,15 +40,15 @@ type Config struct {
 	GRPCTLSCertFile     string `yaml:"grpc_tls_cert_file" doc:"PEM certificate (chain) of the Envoy RLS listener; with grpc_tls_key_file it serves TLS. Empty: plaintext."`
 	GRPCTLSKeyFile      string `yaml:"grpc_tls_key_file" doc:"PEM private key of grpc_tls_cert_file."`
 	GRPCTLSClientCAFile string `yaml:"grpc_tls_client_ca_file" doc:"PEM CA bundle: when set, the Envoy RLS listener requires a client certificate signed by it (mutual TLS) and refuses clients without one. Needs grpc_tls_cert_file."`
-	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
+	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay. In fleet mode (nats.url set) it is only the ruleset a gateway without a last-known-good copy starts from until NATS answers, and is not watched."`
 	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
 	Redis configs.Redis `yaml:"redis"`
 	Kafka configs.Kafka `yaml:"kafka"`
 	NATS  configs.NATS  `yaml:"nats"`
 
-	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
-	DataDir   string `yaml:"data_dir" doc:"Directory of the gateway's local state: the decision event spool (<data_dir>/spool/<gateway_id>) and, in fleet mode, the last-known-good copy of the rules and controls. The same variable the aggregator uses for its own state."`
+	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files."`
+	DataDir   string `yaml:"data_dir" doc:"Directory of local state, shared with the other Tollgate processes of a host (the aggregator's variable too). The gateway keeps its files under <data_dir>/gateway/<gateway_id>/ (fleet mode: lkg.json, the last-known-good copy of the rules, blocklist and overrides it starts from when NATS is unreachable) and its event spool under <data_dir>/spool/<gateway_id>/. Created when first needed."`
 
 	Events EventsConfig `yaml:"events"`
 
@@ -107,12 +108,12 @@ const (
 	DefaultMetricsListen   = "127.0.0.1:9091"
 	DefaultGRPCListen      = "127.0.0.1:8089"
 	DefaultRulesFile       = "configs/rules.yaml"
+	DefaultDataDir         = "tollgate-data"
 	DefaultMaxCost         = 1000
 	DefaultMaxBatch        = 100
 	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
-	DefaultDataDir         = "tollgate-data"
 
 	DefaultSpoolMaxBytes      = 1 << 30
 	DefaultEventMemoryBytes   = 8 << 20
@@ -143,8 +144,8 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.MetricsListen, DefaultMetricsListen)
 	setDefault(&c.GRPCListen, DefaultGRPCListen)
 	setDefault(&c.RulesFile, DefaultRulesFile)
-	c.Redis.SetDefaults()
 	setDefault(&c.DataDir, DefaultDataDir)
+	c.Redis.SetDefaults()
 	setDefault(&c.Events.SpoolMaxBytes, DefaultSpoolMaxBytes)
 	setDefault(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
 	setDefault(&c.Events.FlushInterval, DefaultEventFlushInterval)
@@ -218,6 +219,9 @@ func (c *Config) Validate() error {
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
 	}
+	if c.GatewayID == "." || c.GatewayID == ".." || strings.ContainsAny(c.GatewayID, `/\`) {
+		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)
+	}
 	errs = append(errs, c.Redis.Validate("redis")...)
 	if c.MaxCost < 1 {
 		bad("max_cost", "must be at least 1")
@@ -281,6 +285,10 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Kafka.Validate("kafka")...)
 	return errors.Join(errs...)
 }
+
+// StateDir is the directory of this gateway's own files:
+// <data_dir>/gateway/<gateway_id>.
+func (c *Config) StateDir() string { return filepath.Join(c.DataDir, "gateway", c.GatewayID) }
 
 // identity builds the httpguard.Identity of a validated configuration.
 func (c *Config) identity() (*httpguard.Identity, error) {

@@ -29,5 +29,5 @@ func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= m.min && m.h.Enabled(ctx, l)
 }
 func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
-func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler          { return minLevel{m.h.WithAttrs(a), m.min} }
-func (m minLevel) WithGroup(n string) slog.Handler               { return minLevel{m.h.WithGroup(n), m.min} }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler            { return minLevel{m.h.WithAttrs(a), m.min} }
+func (m minLevel) WithGroup(n string) slog.Handler                 { return minLevel{m.h.WithGroup(n), m.min} }
