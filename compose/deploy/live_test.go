@@ -39,9 +39,6 @@ import (
 // exported nor listed here (a misspelt name).
 var plannedMetrics = map[string]string{
 	"tollgate_aggregator_volume_ceiling_keys": "the aggregator's volume-ceiling detector (issue 12)",
-	"tollgate_events_spool_bytes":             "the gateway's decision event spool",
-	"tollgate_events_spool_max_bytes":         "the gateway's decision event spool",
-	"tollgate_events_dropped_total":           "the gateway's decision event producer",
 }
 
 // TestLiveStack runs gateways and an aggregator configured as
