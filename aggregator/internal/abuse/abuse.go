@@ -40,7 +40,6 @@
 package abuse
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -714,14 +713,22 @@ type Change struct {
 
 // Changes returns the transaction's writes, ordered by key_id.
 func (x *Txn) Changes() []Change {
-	out := make([]Change, 0, len(x.keys)+len(x.deleted))
-	for id, s := range x.keys {
-		out = append(out, Change{KeyID: id, State: *s})
+	ids := make([]string, 0, len(x.keys)+len(x.deleted))
+	for id := range x.keys {
+		ids = append(ids, id)
 	}
 	for id := range x.deleted {
-		out = append(out, Change{KeyID: id, Deleted: true})
+		ids = append(ids, id)
 	}
-	slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.KeyID, b.KeyID) })
+	slices.Sort(ids) // the ids, not the states: a State is a few hundred bytes
+	out := make([]Change, len(ids))
+	for i, id := range ids {
+		if s, ok := x.keys[id]; ok {
+			out[i] = Change{KeyID: id, State: *s}
+		} else {
+			out[i] = Change{KeyID: id, Deleted: true}
+		}
+	}
 	return out
 }
 
