@@ -27,7 +27,11 @@ type Config struct {
 	KV func() *publish.KV
 	// Auditor appends the audit entry of every change.
 	Auditor Auditor
-	Log     *slog.Logger
+	// Penalties reads keys' penalty state and Commands sends lifts to the
+	// partitions' owners (penalties/{key}); nil: those routes answer 503.
+	Penalties Penalties
+	Commands  Commander
+	Log       *slog.Logger
 }
 
 // Register adds the routes to mux.
@@ -48,6 +52,8 @@ func Register(mux *http.ServeMux, cfg Config) {
 	mux.HandleFunc("DELETE /admin/v1/allowlist/{key}", a.deleteList(tollgatev1.ActionAllow))
 	mux.HandleFunc("PUT /admin/v1/overrides/{key}", a.putOverride)
 	mux.HandleFunc("DELETE /admin/v1/overrides/{key}", a.deleteOverride)
+	mux.HandleFunc("GET /admin/v1/penalties/{key}", a.getPenalty)
+	mux.HandleFunc("DELETE /admin/v1/penalties/{key}", a.deletePenalty)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
 		Error(w, http.StatusNotFound, "NOT_FOUND", "no such operator API route: "+r.Method+" "+r.URL.Path)
 	})

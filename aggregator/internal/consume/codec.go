@@ -208,29 +208,18 @@ func stepRecords(st abuse.Step, now time.Time) (*tollgatev1.PenaltyEvent, *tollg
 			Requests: e.Requests, Rejected: e.Rejected, IgnoredBackoff: e.Ignored, Ratio: e.Ratio, RatePerSecond: e.RatePerSecond,
 			FirstSeenUnixMicros: e.First, LastSeenUnixMicros: e.Last})
 	}
-	after := StepState{Level: st.Level, Action: abuse.LevelAction(st.Level), Step: st.Step, Factor: st.Factor}
+	after := audit.PenaltyState{Level: st.Level, Action: abuse.LevelAction(st.Level), Change: st.Action, Step: st.Step, Factor: st.Factor}
 	if st.ExpiresAt > 0 {
 		after.ExpiresAt = time.UnixMicro(st.ExpiresAt).UTC().Format(time.RFC3339Nano)
 		after.Enforced = st.ExpiresAt > st.StartsAt
 	}
-	before, _ := json.Marshal(StepState{Level: st.Previous, Action: abuse.LevelAction(st.Previous)})
+	before, _ := json.Marshal(audit.PenaltyState{Level: st.Previous, Action: abuse.LevelAction(st.Previous)})
 	afterJSON, _ := json.Marshal(after)
 	ae := &tollgatev1.AuditEntry{Id: id, TimeUnixMicros: st.StartsAt, Actor: st.IssuedBy, Kind: audit.KindPenalty,
-		Subject: st.KeyID, Reason: st.Action + ": " + st.Reason, Before: before, After: afterJSON, Evidence: ev.Evidence,
+		Subject: st.KeyID, Reason: st.Reason, Before: before, After: afterJSON, Evidence: ev.Evidence,
 		KeyPrefix: st.KeyPrefix}
 	if st.Reason == "" {
 		ae.Reason = st.Action
 	}
 	return ev, ae
-}
-
-// StepState is the JSON of a key's ladder state in a penalty step's audit
-// entry (before and after).
-type StepState struct {
-	Level     int     `json:"level"`
-	Action    string  `json:"action"` // what the level enforces: none, reduced_limit, cooldown, blocklist
-	Step      uint64  `json:"step,omitempty"`
-	Factor    float64 `json:"factor,omitempty"`
-	Enforced  bool    `json:"enforced,omitempty"`
-	ExpiresAt string  `json:"expires_at,omitempty"`
 }
