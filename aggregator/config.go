@@ -142,7 +142,12 @@ func (c *PenaltyConfig) Validate(prefix string) []error {
 	}
 	a := c.abuse()
 	for _, err := range a.Validate() {
-		errs = append(errs, fmt.Errorf("%s: %w", prefix, err))
+		var fe *abuse.FieldError
+		if errors.As(err, &fe) {
+			path := prefix + "." + fe.Field
+			err = fmt.Errorf("%s (%s): %s", path, configs.EnvName(path), fe.Msg)
+		}
+		errs = append(errs, err)
 	}
 	for name, v := range map[string]float64{"backoff_min_ignored": float64(c.BackoffMinIgnored), "backoff_min_share": c.BackoffMinShare,
 		"rejection_min_requests": float64(c.RejectionMinRequests), "rejection_ratio": c.RejectionRatio, "volume_ceiling": c.VolumeCeiling,

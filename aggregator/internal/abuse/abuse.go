@@ -158,22 +158,37 @@ func (c *Config) SetDefaults() {
 	}
 }
 
-// Validate reports what SetDefaults cannot fix, naming the fields.
+// FieldError is a problem of one Config field, named as in the
+// aggregator's penalty section.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Validate reports what SetDefaults cannot fix, as *FieldError.
 func (c *Config) Validate() []error {
 	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
 	for _, d := range c.Detectors {
 		if !slices.Contains(Detectors, d) {
-			errs = append(errs, fmt.Errorf("detectors: %q is not one of %s", d, strings.Join(Detectors, ", ")))
+			bad("detectors", "%q is not one of %s", d, strings.Join(Detectors, ", "))
 		}
 	}
 	if c.Window > 0 && c.Window < time.Second {
-		errs = append(errs, fmt.Errorf("window: %v is shorter than 1s", c.Window))
+		bad("window", "%v is shorter than 1s", c.Window)
 	}
-	if c.BackoffMinShare > 1 || c.RejectionRatio > 1 {
-		errs = append(errs, fmt.Errorf("backoff_min_share and rejection_ratio are shares: at most 1"))
+	if c.BackoffMinShare > 1 {
+		bad("backoff_min_share", "%v is a share: at most 1", c.BackoffMinShare)
+	}
+	if c.RejectionRatio > 1 {
+		bad("rejection_ratio", "%v is a share: at most 1", c.RejectionRatio)
 	}
 	if c.Factor >= 1 {
-		errs = append(errs, fmt.Errorf("factor: %v does not reduce limits: want a number in (0, 1)", c.Factor))
+		bad("factor", "%v does not reduce limits: want a number in (0, 1)", c.Factor)
 	}
 	return errs
 }
