@@ -32,7 +32,7 @@
 // before it never count again.
 //
 // A Table holds the state of one decisions partition: every key seen
-// within Idle or penalised. Changes are made in a Txn, invisible to the
+// within Idle, penalised, or that took a step within Remember. Changes are made in a Txn, invisible to the
 // Table until Commit, which is what the aggregator's Kafka transaction
 // needs (package windows does the same for usage rows). Nothing here starts
 // goroutines or is safe for concurrent use: one partition's table is owned
@@ -117,8 +117,13 @@ type Config struct {
 	// newest one do not count (default 2s: SPEC §6's propagation bound).
 	Grace time.Duration
 	// Idle: the state of a key at level 0 unseen for this long is dropped
-	// (default 2 × Window).
+	// (default 2 × Window)...
 	Idle time.Duration
+	// Remember: ...unless the key ever took a step: then it is kept until
+	// this long after its last step (default 7 days), so its step counter
+	// never starts again while an event of an earlier step could still be
+	// applied somewhere.
+	Remember time.Duration
 }
 
 // SetDefaults fills zero fields.
@@ -138,6 +143,7 @@ func (c *Config) SetDefaults() {
 	def(&c.QuietPeriod, time.Hour)
 	def(&c.Grace, 2*time.Second)
 	def(&c.Idle, 2*c.Window)
+	def(&c.Remember, 7*24*time.Hour)
 	if c.BackoffMinIgnored <= 0 {
 		c.BackoffMinIgnored = 20
 	}
@@ -671,13 +677,14 @@ func (x *Txn) lift(id string, s *State, l Lift, now time.Time) {
 func (x *Txn) Tick(now time.Time) {
 	us := now.UnixMicro()
 	cfg := &x.t.cfg
-	quiet, idle := cfg.QuietPeriod.Microseconds(), cfg.Idle.Microseconds()
+	quiet, idle, remember := cfg.QuietPeriod.Microseconds(), cfg.Idle.Microseconds(), cfg.Remember.Microseconds()
 	var down, evict []string
 	check := func(id string, s *State) {
 		switch {
 		case s.Level > LevelNone && us-max(s.Since, s.LastFiring) >= quiet:
 			down = append(down, id)
-		case s.Level == LevelNone && us-s.Touched >= idle && us-s.Floor >= idle && us >= s.RetryUntil:
+		case s.Level == LevelNone && us-s.Touched >= idle && us-s.Floor >= idle && us >= s.RetryUntil &&
+			(s.Step == 0 || us-s.Since >= remember):
 			evict = append(evict, id)
 		}
 	}

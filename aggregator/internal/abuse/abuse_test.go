@@ -205,6 +205,12 @@ func TestPoliteClientNeverClimbs(t *testing.T) {
 	if st.Level != 0 {
 		t.Fatalf("level %d", st.Level)
 	}
+	// Memory stays bounded: a quiet key that never took a step is dropped
+	// once idle.
+	s.idle(2 * time.Minute)
+	if s.tab.Len() != 0 {
+		t.Fatalf("%d keys held after two idle windows", s.tab.Len())
+	}
 }
 
 func TestStepDownAfterQuietPeriod(t *testing.T) {
@@ -245,8 +251,13 @@ func TestStepDownAfterQuietPeriod(t *testing.T) {
 	if zero := s.steps[5]; zero.ExpiresAt != 0 {
 		t.Fatalf("step to 0: %+v", zero)
 	}
-	// Level 0 and idle: the state is dropped.
+	// Level 0 and idle: the state is kept while its step counter matters,
+	// then dropped.
 	s.idle(3 * time.Minute)
+	if s.tab.Len() != 1 {
+		t.Fatalf("%d keys held: a key that took steps is remembered", s.tab.Len())
+	}
+	s.idle(7 * 24 * time.Hour)
 	if s.tab.Len() != 0 {
 		t.Fatalf("%d keys held after the key went idle at level 0", s.tab.Len())
 	}
