@@ -69,10 +69,11 @@ type PenaltyEvent struct {
 	// consumers deduplicate by it.
 	EventId string `protobuf:"bytes,13,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
 	// The key's step counter after this step: it grows by one with every step
-	// of the key (up, down or lifted) and is never reset, so of two events of
-	// one key the one with the higher step is the newer. Whoever applies
-	// events (the aggregator's KV reconciler) never lets a lower step
-	// overwrite a higher one.
+	// of the key (up, down or lifted), so of two events of one key the one
+	// with the higher step is the newer. Whoever applies events (the
+	// aggregator's KV reconciler) never lets a lower step overwrite a higher
+	// one. The aggregator keeps a key's counter for 7 days after its last
+	// step; a key that returns later starts again from 1.
 	Step          uint64 `protobuf:"varint,14,opt,name=step,proto3" json:"step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
