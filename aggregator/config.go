@@ -59,10 +59,10 @@ type KafkaConfig struct {
 // SetDefaults fills zero fields with the schemas' topic names.
 func (c *KafkaConfig) SetDefaults() {
 	c.Kafka.SetDefaults()
-	set(&c.UsageTopic, tollgatev1.TopicUsage)
-	set(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
-	set(&c.AuditTopic, tollgatev1.TopicAudit)
-	set(&c.ChangelogTopic, tollgatev1.TopicChangelog)
+	configs.Default(&c.UsageTopic, tollgatev1.TopicUsage)
+	configs.Default(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
+	configs.Default(&c.AuditTopic, tollgatev1.TopicAudit)
+	configs.Default(&c.ChangelogTopic, tollgatev1.TopicChangelog)
 }
 
 // UsageConfig is the `usage` section: windows and reports.
@@ -116,24 +116,24 @@ func (c *PenaltyConfig) abuse() abuse.Config {
 
 // SetDefaults fills zero fields with package abuse's defaults.
 func (c *PenaltyConfig) SetDefaults() {
-	set(&c.Mode, PenaltyOn)
+	configs.Default(&c.Mode, PenaltyOn)
 	a := c.abuse()
 	a.SetDefaults()
 	if c.Detectors == nil {
 		c.Detectors = a.Detectors
 	}
-	set(&c.Window, a.Window)
-	set(&c.BackoffMinIgnored, a.BackoffMinIgnored)
-	set(&c.BackoffMinShare, a.BackoffMinShare)
-	set(&c.RejectionMinRequests, a.RejectionMinRequests)
-	set(&c.RejectionRatio, a.RejectionRatio)
-	set(&c.VolumeCeiling, a.VolumeCeiling)
-	set(&c.Factor, a.Factor)
-	set(&c.ReducedFor, a.ReducedFor)
-	set(&c.CooldownFor, a.CooldownFor)
-	set(&c.BlockFor, a.BlockFor)
-	set(&c.QuietPeriod, a.QuietPeriod)
-	set(&c.Grace, a.Grace)
+	configs.Default(&c.Window, a.Window)
+	configs.Default(&c.BackoffMinIgnored, a.BackoffMinIgnored)
+	configs.Default(&c.BackoffMinShare, a.BackoffMinShare)
+	configs.Default(&c.RejectionMinRequests, a.RejectionMinRequests)
+	configs.Default(&c.RejectionRatio, a.RejectionRatio)
+	configs.Default(&c.VolumeCeiling, a.VolumeCeiling)
+	configs.Default(&c.Factor, a.Factor)
+	configs.Default(&c.ReducedFor, a.ReducedFor)
+	configs.Default(&c.CooldownFor, a.CooldownFor)
+	configs.Default(&c.BlockFor, a.BlockFor)
+	configs.Default(&c.QuietPeriod, a.QuietPeriod)
+	configs.Default(&c.Grace, a.Grace)
 }
 
 // Validate reports the section's problems, each naming its field.
@@ -173,36 +173,30 @@ const Off = "off"
 
 // SetDefaults fills zero fields.
 func (c *Config) SetDefaults() {
-	set(&c.Listen, DefaultListen)
-	set(&c.MetricsListen, DefaultMetricsListen)
+	configs.Default(&c.Listen, DefaultListen)
+	configs.Default(&c.MetricsListen, DefaultMetricsListen)
 	if c.ID == "" {
 		c.ID = configs.HostID("aggregator")
 	}
-	set(&c.DataDir, DefaultDataDir)
+	configs.Default(&c.DataDir, DefaultDataDir)
 	c.Kafka.SetDefaults()
 	c.Redis.SetDefaults()
-	set(&c.ConsumerGroup, "tollgate-aggregator")
-	set(&c.SessionTimeout, 10*time.Second)
-	set(&c.TransactionTimeout, 10*time.Second)
-	set(&c.CommitInterval, 500*time.Millisecond)
-	set(&c.Usage.Lateness, 10*time.Second)
-	set(&c.Usage.RetentionMinute, 48*time.Hour)
-	set(&c.Usage.RetentionHour, 90*24*time.Hour)
-	set(&c.Usage.RetentionDay, 2*365*24*time.Hour)
-	set(&c.Usage.MaxRows, 10_000)
-	set(&c.Audit.SnapshotInterval, time.Hour)
-	set(&c.Audit.SnapshotKeep, 24)
+	configs.Default(&c.ConsumerGroup, "tollgate-aggregator")
+	configs.Default(&c.SessionTimeout, 10*time.Second)
+	configs.Default(&c.TransactionTimeout, 10*time.Second)
+	configs.Default(&c.CommitInterval, 500*time.Millisecond)
+	configs.Default(&c.Usage.Lateness, 10*time.Second)
+	configs.Default(&c.Usage.RetentionMinute, 48*time.Hour)
+	configs.Default(&c.Usage.RetentionHour, 90*24*time.Hour)
+	configs.Default(&c.Usage.RetentionDay, 2*365*24*time.Hour)
+	configs.Default(&c.Usage.MaxRows, 10_000)
+	configs.Default(&c.Audit.SnapshotInterval, time.Hour)
+	configs.Default(&c.Audit.SnapshotKeep, 24)
 	c.Penalty.SetDefaults()
-	set(&c.ShutdownTimeout, 10*time.Second)
+	configs.Default(&c.ShutdownTimeout, 10*time.Second)
 	c.Log.SetDefaults()
 }
 
-func set[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
-}
 
 // Validate reports every problem at once, each naming the field and its
 // variable.
