@@ -197,7 +197,6 @@ func (c *Config) SetDefaults() {
 	c.Log.SetDefaults()
 }
 
-
 // Validate reports every problem at once, each naming the field and its
 // variable.
 func (c *Config) Validate() error {

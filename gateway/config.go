@@ -173,7 +173,6 @@ func (c *Config) SetDefaults() {
 	c.Kafka.SetDefaults()
 }
 
-
 // Validate reports every problem of a configuration with its defaults
 // applied, at once (errors.Join), each naming the field and its variable.
 func (c *Config) Validate() error {

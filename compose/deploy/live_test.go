@@ -37,8 +37,7 @@ import (
 // fails when one appears (update the alert, the README and this list, and
 // add its dashboard panels) and when an alert uses a metric that is neither
 // exported nor listed here (a misspelt name).
-var plannedMetrics = map[string]string{
-}
+var plannedMetrics = map[string]string{}
 
 // TestLiveStack runs gateways and an aggregator configured as
 // docker-compose.yml configures them, sends them traffic, lints their

@@ -78,7 +78,6 @@ func (c *Config) SetDefaults() {
 	c.Log.SetDefaults()
 }
 
-
 // Validate reports every problem of a configuration with its defaults
 // applied, at once (errors.Join), each naming its variable. The gateway
 // checks its own fields again, with its own messages.
