@@ -4,7 +4,8 @@
 //
 // Shape (Kafka Streams' state store, built on franz-go): a
 // GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.
-// Each poll is one Kafka transaction: the events update the usage rows of
+// Each transaction (a poll, or the polls of a backlog up to CommitInterval)
+// is one Kafka transaction: the events update the usage rows of
 // their partition's windows.Table inside a windows.Txn, and the decisions
 // counted (never duplicates) feed the partition's abuse.Table inside an
 // abuse.Txn, as do the lift commands the operator API writes into the
