@@ -894,13 +894,29 @@ func (p *Processor) applyMembership(tables map[int32]*part) (revoked bool) {
 // holds the changelog up to its last stable offset.
 func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*part, error) {
 	start := time.Now()
-	listed, err := adm.ListCommittedOffsets(ctx, p.cfg.Topics.Changelog)
-	if err != nil {
-		return nil, fmt.Errorf("consume: list changelog offsets: %w", err)
-	}
-	o, ok := listed.Lookup(p.cfg.Topics.Changelog, q)
-	if !ok || o.Err != nil {
-		return nil, fmt.Errorf("consume: changelog offset of partition %d: %v", q, o.Err)
+	// Kafka may be away (an outage, a broker restart): wait for it rather
+	// than stop; a rebalance meanwhile aborts the transaction anyway.
+	var o kadm.ListedOffset
+	for attempt := 0; ; attempt++ {
+		listed, err := adm.ListCommittedOffsets(ctx, p.cfg.Topics.Changelog)
+		if err == nil {
+			var ok bool
+			if o, ok = listed.Lookup(p.cfg.Topics.Changelog, q); ok && o.Err == nil {
+				break
+			}
+			err = fmt.Errorf("partition %d: %v", q, o.Err)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if attempt%20 == 0 {
+			p.log.Warn("changelog offsets unavailable; retrying", slog.Int("partition", int(q)), slog.String("error", err.Error()))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	if err := p.waitMaterialized(ctx, q, o.Offset); err != nil {
 		return nil, err
