@@ -38,3 +38,38 @@ func TestPenaltyConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigRefusals: the operator API is never exposed without a token,
+// and the required settings are named by their variables.
+func TestConfigRefusals(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // "" accepted
+	}{
+		{"defaults", map[string]string{}, ""},
+		{"no secret", map[string]string{"TOLLGATE_KEY_SECRET": ""}, "TOLLGATE_KEY_SECRET"},
+		{"short secret", map[string]string{"TOLLGATE_KEY_SECRET": "short"}, "TOLLGATE_KEY_SECRET"},
+		{"no brokers", map[string]string{"TOLLGATE_KAFKA_BROKERS": ""}, "TOLLGATE_KAFKA_BROKERS"},
+		{"exposed without a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081"}, "TOLLGATE_ADMIN_TOKEN"},
+		{"exposed with a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081", "TOLLGATE_ADMIN_TOKEN": "t"}, ""},
+		{"loopback without a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "127.0.0.1:8081"}, ""},
+		{"bad redis mode", map[string]string{"TOLLGATE_REDIS_MODE": "mesh"}, "TOLLGATE_REDIS_MODE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"TOLLGATE_KAFKA_BROKERS": "127.0.0.1:9092", "TOLLGATE_KEY_SECRET": secret}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			_, err := aggregator.LoadConfig("", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("error %v, want one naming %s", err, tt.want)
+			}
+		})
+	}
+}
