@@ -124,8 +124,9 @@ func serviceLookup(c *compose, name string, overrides map[string]string) func(st
 }
 
 // startGateway runs the gateway of compose service name, with its
-// listeners on free loopback ports, Redis at redisAddr (standalone, no
-// password), Kafka at kafka and no NATS; it is stopped when the test ends.
+// listeners on free loopback ports, its data directory (event spool) a
+// temporary one, Redis at redisAddr (standalone, no password), Kafka at
+// kafka and no NATS; it is stopped when the test ends.
 func startGateway(t testing.TB, c *compose, name, redisAddr string, kafka []string) *gateway.Server {
 	t.Helper()
 	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
@@ -138,6 +139,7 @@ func startGateway(t testing.TB, c *compose, name, redisAddr string, kafka []stri
 		"TOLLGATE_METRICS_LISTEN":    "127.0.0.1:0",
 		"TOLLGATE_GRPC_LISTEN":       "127.0.0.1:0",
 		"TOLLGATE_RULES_FILE":        rules,
+		"TOLLGATE_DATA_DIR":          t.TempDir(),
 		"TOLLGATE_REDIS_MODE":        "standalone",
 		"TOLLGATE_REDIS_ADDRS":       redisAddr,
 		"TOLLGATE_REDIS_PASSWORD":    "",
