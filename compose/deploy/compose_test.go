@@ -206,6 +206,35 @@ func TestComposeVolumes(t *testing.T) {
 	}
 }
 
+// TestComposeDataDirs: every gateway and aggregator sets TOLLGATE_DATA_DIR
+// (the live test reads the compose environment, not the image's) to a
+// named volume of its own: the root filesystem is read-only, and what is
+// kept there — the gateway's event spool and last-known-good copy, the
+// aggregator's Pebble state — must survive a restart and never be shared.
+func TestComposeDataDirs(t *testing.T) {
+	c := loadCompose(t, testEnv(t))
+	owner := map[string]string{} // volume → service
+	for _, n := range append(c.running(binGateway), c.running(binAggregator)...) {
+		s := c.Services[n]
+		dir := s.Environment["TOLLGATE_DATA_DIR"]
+		if !filepath.IsAbs(dir) {
+			t.Errorf("service %s: TOLLGATE_DATA_DIR %q: want an absolute path on a volume (the default, tollgate-data, is relative to the working directory)", n, dir)
+			continue
+		}
+		src, _ := s.volumeAt(dir)
+		switch {
+		case src == "":
+			t.Errorf("service %s: TOLLGATE_DATA_DIR %s is on no volume (read-only root filesystem: %v): mount one there", n, dir, s.ReadOnly)
+		case strings.HasPrefix(src, "."):
+			t.Errorf("service %s: TOLLGATE_DATA_DIR %s is the bind mount %s; want a named volume", n, dir, src)
+		case owner[src] != "":
+			t.Errorf("service %s: TOLLGATE_DATA_DIR is on volume %s, which %s uses too", n, src, owner[src])
+		default:
+			owner[src] = n
+		}
+	}
+}
+
 // TestComposeExampleEnv: example.env lists exactly the variables compose
 // needs from .env.
 func TestComposeExampleEnv(t *testing.T) {

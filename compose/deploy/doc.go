@@ -9,14 +9,15 @@
 //     port it exposes, every image is pinned, every mounted file exists.
 //   - dashboards_test.go checks the Grafana dashboards' structure: the
 //     provisioned datasource, panel layout, template variables.
-//   - alerts_test.go runs promtool check rules and promtool test rules on
-//     prometheus/alerts.yml and checks every alert is tested firing and
-//     quiet.
-//   - live_test.go starts a Redis, an in-process Kafka broker, two gateways
-//     and an aggregator configured from docker-compose.yml, sends traffic,
-//     lints their /metrics with promtool check metrics, runs a real
-//     prometheus on prometheus/prometheus.yml and evaluates every dashboard
-//     query against it: a query that returns nothing fails the test.
+//   - rules_test.go runs promtool check rules and promtool test rules on
+//     prometheus/alerts.yml (cases in prometheus/alerts_test.yml) and
+//     checks every alert is tested firing and quiet.
+//   - live_test.go starts a Redis, an in-process Kafka broker, a NATS
+//     server, two gateways and an aggregator configured from
+//     docker-compose.yml, sends traffic (a penalty among it), lints their
+//     /metrics with promtool check metrics, runs a real prometheus on
+//     prometheus/prometheus.yml and evaluates every dashboard query against
+//     it: a query that returns nothing fails the test.
 //
 // The tests need promtool and prometheus (Debian package prometheus; make
 // deps installs it) and fail, never skip, without them.

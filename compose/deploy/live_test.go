@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -40,14 +41,17 @@ import (
 var plannedMetrics = map[string]string{}
 
 // TestLiveStack runs gateways and an aggregator configured as
-// docker-compose.yml configures them, sends them traffic, lints their
-// /metrics with promtool, runs a real prometheus on prometheus.yml and
-// alerts.yml scraping them, and evaluates every dashboard query: a query
-// that returns nothing (or only NaN) fails the test, naming the dashboard,
-// panel and query. The alert rules must evaluate cleanly, use only
-// exported or planned metrics, and two of them must react to the traffic
-// (fail-open on the gateway without Redis, missing events on a sequence
-// gap).
+// docker-compose.yml configures them (fleet mode over a NATS server,
+// decision events through an in-process Kafka), sends them traffic —
+// decisions, and decision events of a key that ignores its Retry-Afters,
+// which the aggregator penalises and the gateways then enforce — lints
+// their /metrics with promtool, runs a real prometheus on prometheus.yml
+// and alerts.yml scraping them, and evaluates every dashboard query: a
+// query that returns nothing (or only NaN) fails the test, naming the
+// dashboard, panel and query. The alert rules must evaluate cleanly, use
+// only exported or planned metrics, and three of them must react (fail-open
+// on the gateway without Redis, missing events on a sequence gap, NATS
+// disconnected once the test stops NATS).
 func TestLiveStack(t *testing.T) {
 	promtool := requireTool(t, "promtool")
 	promBin := requireTool(t, "prometheus")
@@ -59,10 +63,14 @@ func TestLiveStack(t *testing.T) {
 	mustf(t, err, "aggregator-1: TOLLGATE_KAFKA_PARTITIONS")
 	kafka := startKafka(t, partitions)
 	redis := redistest.StartTB(t)
-	gw1 := startGateway(t, c, "gateway-1", redis.Addr(), kafka)
-	gw2 := startGateway(t, c, "gateway-2", freeAddr(t), kafka) // nothing listens: Redis is down for it
-	agg := startAggregator(t, c, "aggregator-1", kafka)
-	t.Logf("redis, kafka, 2 gateways, 1 aggregator started after %v", time.Since(began).Round(time.Millisecond))
+	nats := natstest.StartTB(t)
+	// The aggregator first: it creates the NATS KV buckets the gateways
+	// watch in fleet mode (they retry until the buckets exist).
+	agg := startAggregator(t, c, "aggregator-1", deps{kafka: kafka, nats: nats.ClientURL()})
+	gw1 := startGateway(t, c, "gateway-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
+	// Nothing listens at gateway-2's Redis address: Redis is down for it.
+	gw2 := startGateway(t, c, "gateway-2", deps{redis: freeAddr(t), kafka: kafka, nats: nats.ClientURL()})
+	t.Logf("redis, kafka, nats, 2 gateways, 1 aggregator started after %v", time.Since(began).Round(time.Millisecond))
 
 	prom := startPrometheus(t, promBin, prometheusConfig(t, map[string][]string{
 		jobGateway:    {gw1.Addrs().Metrics, gw2.Addrs().Metrics},
@@ -79,9 +87,17 @@ func TestLiveStack(t *testing.T) {
 		sendTraffic(t, gw1, gw2, token, round)
 		// Round 2 skips a sequence number: the aggregator counts it missing.
 		events.emit(t, 15, round == 2)
+		if round == 1 {
+			// One key ignores its Retry-Afters: the penalty ladder's first
+			// step, through the outbox and NATS KV to both gateways.
+			events.ignoreBackoff(t, abuserKeyID, 30)
+		}
 		testwait.Eventually(t, 30*time.Second, func() error {
 			return metricAtLeast(agg.Addrs().Metrics, `tollgate_aggregator_events_total{aggregator="aggregator-1",result="applied"}`, float64(events.sent))
 		})
+		if round == 1 {
+			waitPenaltyApplied(t, agg, map[string]*gateway.Server{"gateway-1": gw1, "gateway-2": gw2})
+		}
 		prom.waitScraped(t, time.Now())
 		t.Logf("round %d scraped after %v", round, time.Since(began).Round(time.Millisecond))
 	}
@@ -96,6 +112,29 @@ func TestLiveStack(t *testing.T) {
 	})
 	t.Run("dashboards", func(t *testing.T) { checkDashboardQueries(t, prom) })
 	t.Run("alert rules", func(t *testing.T) { checkLiveRules(t, prom) })
+	// Last, as it ends fleet mode's connection: NATS goes down, and both
+	// gateways' TollgateNATSDisconnected goes pending.
+	t.Run("nats down", func(t *testing.T) {
+		mustf(t, nats.Down(), "nats down")
+		waitAlert(t, prom, "TollgateNATSDisconnected", "gateway-1/pending", "gateway-2/pending")
+	})
+}
+
+// deps are the addresses of a service's dependencies in this test.
+type deps struct {
+	redis string
+	kafka []string
+	nats  string
+}
+
+// replaceAddr sets overrides[k] to v when the compose service sets k: the
+// test's address replaces the compose network's, and a variable compose
+// leaves unset stays unset, so the process runs in the mode compose gives
+// it (without TOLLGATE_NATS_URL, no fleet mode and no fleet panels).
+func replaceAddr(c *compose, name string, overrides map[string]string, k, v string) {
+	if c.Services[name].Environment[k] != "" {
+		overrides[k] = v
+	}
 }
 
 // startKafka starts an in-process Kafka-protocol broker with the decisions
@@ -124,27 +163,31 @@ func serviceLookup(c *compose, name string, overrides map[string]string) func(st
 }
 
 // startGateway runs the gateway of compose service name, with its
-// listeners on free loopback ports, Redis at redisAddr (standalone, no
-// password), Kafka at kafka and no NATS; it is stopped when the test ends.
-func startGateway(t testing.TB, c *compose, name, redisAddr string, kafka []string) *gateway.Server {
+// listeners on free loopback ports, its data directory (event spool,
+// last-known-good copy) a temporary one, and its dependencies at d's
+// addresses (Redis standalone, no password); it is stopped when the test
+// ends.
+func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server {
 	t.Helper()
 	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
 	if rules == "" {
 		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
 	}
-	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, map[string]string{
+	overrides := map[string]string{
 		"TOLLGATE_UPSTREAM":          "", // no proxy: the check API and Envoy RLS carry the traffic
 		"TOLLGATE_API_LISTEN":        "127.0.0.1:0",
 		"TOLLGATE_METRICS_LISTEN":    "127.0.0.1:0",
 		"TOLLGATE_GRPC_LISTEN":       "127.0.0.1:0",
 		"TOLLGATE_RULES_FILE":        rules,
+		"TOLLGATE_DATA_DIR":          t.TempDir(),
 		"TOLLGATE_REDIS_MODE":        "standalone",
-		"TOLLGATE_REDIS_ADDRS":       redisAddr,
+		"TOLLGATE_REDIS_ADDRS":       d.redis,
 		"TOLLGATE_REDIS_PASSWORD":    "",
 		"TOLLGATE_REDIS_MASTER_NAME": "",
-		"TOLLGATE_KAFKA_BROKERS":     strings.Join(kafka, ","),
-		"TOLLGATE_NATS_URL":          "",
-	}))
+	}
+	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
+	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
+	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := gateway.New(cfg, testLogger(t).With("service", name))
 	mustf(t, err, "service %s", name)
@@ -153,16 +196,18 @@ func startGateway(t testing.TB, c *compose, name, redisAddr string, kafka []stri
 }
 
 // startAggregator runs the aggregator of compose service name on free
-// loopback ports, a temporary data directory and Kafka at kafka.
-func startAggregator(t testing.TB, c *compose, name string, kafka []string) *aggregator.Server {
+// loopback ports, a temporary data directory, and its dependencies at d's
+// addresses.
+func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.Server {
 	t.Helper()
-	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, map[string]string{
+	overrides := map[string]string{
 		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
 		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
 		"TOLLGATE_DATA_DIR":                  t.TempDir(),
-		"TOLLGATE_KAFKA_BROKERS":             strings.Join(kafka, ","),
-		"TOLLGATE_NATS_URL":                  "",
-	}))
+	}
+	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
+	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
+	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := aggregator.New(cfg, testLogger(t).With("service", name))
 	mustf(t, err, "service %s", name)
@@ -323,17 +368,66 @@ func (p *producer) emit(t testing.TB, n int, gap bool) {
 	}
 	now := time.Now()
 	for i := range n {
-		p.seq++
-		ev := &tollgatev1.DecisionEvent{GatewayId: "gateway-1", Epoch: 1, Partition: 0, Seq: p.seq,
-			TimeUnixMicros: now.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+		p.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: now.UnixMicro(),
 			KeyId: "AAAAAAAAAAAAAAAAAAAAAA", KeyPrefix: "sk_prod_ac…", Tenant: "acme", Endpoint: "/v1/users/{id}",
-			Method: "GET", Cost: 1, RuleId: "pro-default", Allowed: i%5 != 0}
-		v, err := proto.Marshal(ev)
-		mustf(t, err, "marshal")
-		r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: 0, Key: []byte("acme"), Value: v}
-		mustf(t, p.cl.ProduceSync(t.Context(), r).FirstErr(), "produce")
-		p.sent++
+			Method: "GET", Cost: 1, RuleId: "pro-default", Allowed: i%5 != 0})
 	}
+}
+
+// abuserKeyID is the key_id of the key that ignores its Retry-Afters
+// (base64url of 16 bytes, as package keyid makes them).
+const abuserKeyID = "bGl2ZS10ZXN0LWFidXNlcg"
+
+// ignoreBackoff produces n rejections of keyID, each with a Retry-After of
+// a minute and a microsecond after the previous one: all but the first
+// arrive while a Retry-After runs, which the aggregator's backoff_ignored
+// detector fires on at its defaults (20 ignored, half the key's requests).
+func (p *producer) ignoreBackoff(t testing.TB, keyID string, n int) {
+	t.Helper()
+	start := time.Now().UnixMicro()
+	for i := range n {
+		p.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: start + int64(i),
+			KeyId: keyID, KeyPrefix: "sk_live_ab…", Tenant: "acme", Endpoint: "/v1/users/{id}",
+			Method: "GET", Cost: 1, RuleId: "pro-default", Allowed: false, Reason: "rate_limited", Status: 429,
+			RetryAfterSeconds: 60})
+	}
+}
+
+// send numbers ev as the next decision of this producer's gateway epoch
+// and produces it to partition 0.
+func (p *producer) send(t testing.TB, ev *tollgatev1.DecisionEvent) {
+	t.Helper()
+	p.seq++
+	ev.GatewayId, ev.Epoch, ev.Partition, ev.Seq = "gateway-1", 1, 0, p.seq
+	ev.Kind = tollgatev1.DecisionEvent_KIND_DECISION
+	v, err := proto.Marshal(ev)
+	mustf(t, err, "marshal")
+	r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: 0, Key: []byte(ev.Tenant), Value: v}
+	mustf(t, p.cl.ProduceSync(t.Context(), r).FirstErr(), "produce")
+	p.sent++
+}
+
+// waitPenaltyApplied waits until the aggregator has taken the abuser's
+// first penalty step and both gateways enforce it (a key override from
+// NATS KV): the whole loop the penalty panels show, from detector to
+// gateway.
+func waitPenaltyApplied(t testing.TB, agg *aggregator.Server, gws map[string]*gateway.Server) {
+	t.Helper()
+	took := testwait.Eventually(t, 30*time.Second, func() error {
+		if err := metricAtLeast(agg.Addrs().Metrics, `tollgate_aggregator_penalties_total{action="reduced_limit",aggregator="aggregator-1",level="1"}`, 1); err != nil {
+			return err
+		}
+		if err := metricAtLeast(agg.Addrs().Metrics, `tollgate_aggregator_outbox_events_total{aggregator="aggregator-1",result="applied"}`, 1); err != nil {
+			return err
+		}
+		for id, g := range gws {
+			if err := metricAtLeast(g.Addrs().Metrics, `tollgate_controls_entries{gateway="`+id+`",kind="key_override"}`, 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.Logf("penalty stepped, written to NATS KV and enforced by %d gateways within %v", len(gws), took.Round(time.Millisecond))
 }
 
 // scrape returns the body of GET http://addr/metrics.
@@ -512,17 +606,40 @@ func checkLiveRules(t *testing.T, prom *promServer) {
 	// (pending: it has a for:), and the skipped sequence number is missing
 	// (firing at once).
 	testwait.Eventually(t, 20*time.Second, func() error {
-		alerts := map[string][]string{}
-		for _, r := range prom.rules(t) {
-			for _, a := range r.Alerts {
-				alerts[r.Name] = append(alerts[r.Name], a.Labels["gateway"]+"/"+a.State)
-			}
-		}
+		alerts := prom.alerts(t)
 		if got := alerts["TollgateFailOpenActive"]; !slices.Equal(got, []string{"gateway-2/pending"}) && !slices.Equal(got, []string{"gateway-2/firing"}) {
 			return fmt.Errorf("TollgateFailOpenActive: %v, want gateway-2 only (all alerts: %v)", got, alerts)
 		}
 		if got := alerts["TollgateEventsMissing"]; !slices.Equal(got, []string{"/firing"}) {
 			return fmt.Errorf("TollgateEventsMissing: %v, want firing (all alerts: %v)", got, alerts)
+		}
+		return nil
+	})
+}
+
+// alerts returns the active alerts by rule name, each as its gateway
+// label (empty for an alert without one) and its state: gateway-2/pending.
+func (p *promServer) alerts(t testing.TB) map[string][]string {
+	t.Helper()
+	alerts := map[string][]string{}
+	for _, r := range p.rules(t) {
+		for _, a := range r.Alerts {
+			alerts[r.Name] = append(alerts[r.Name], a.Labels["gateway"]+"/"+a.State)
+		}
+	}
+	return alerts
+}
+
+// waitAlert waits until alert name is active exactly as want says, in any
+// order (gateway/state, see alerts).
+func waitAlert(t testing.TB, prom *promServer, name string, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	testwait.Eventually(t, 20*time.Second, func() error {
+		alerts := prom.alerts(t)
+		got := slices.Sorted(slices.Values(alerts[name]))
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("%s: %v, want %v (all alerts: %v)", name, got, want, alerts)
 		}
 		return nil
 	})

@@ -344,6 +344,19 @@ func (s *service) mountSource(p string) string {
 	return best
 }
 
+// volumeAt returns the source (a local path or a named volume) of the
+// mount that holds container path p, and its target; "" when none does.
+func (s *service) volumeAt(p string) (src, dst string) {
+	for _, v := range s.Volumes {
+		vs, vd, _ := strings.Cut(v, ":")
+		vd, _, _ = strings.Cut(vd, ":")
+		if (p == vd || strings.HasPrefix(p, strings.TrimSuffix(vd, "/")+"/")) && len(vd) > len(dst) {
+			src, dst = vs, vd
+		}
+	}
+	return src, dst
+}
+
 // names returns the service names in order.
 func (c *compose) names() []string {
 	out := make([]string, 0, len(c.Services))
