@@ -131,6 +131,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.store = redisstore.New(s.client,
 		redisstore.WithTimeout(cfg.Redis.Timeout),
+		redisstore.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
 	fallback := memstore.New()
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg)
@@ -145,7 +146,6 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
 		guard.WithObserver(s.m),
-		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))
 	if err != nil {
 		s.releaseStore()

@@ -2,8 +2,6 @@ package guard
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -39,14 +37,13 @@ const DefaultMaxRules = 32
 // goroutines.
 type Guard struct {
 	store     Store
+	namer     func(*CounterID) string
 	fallback  Store
 	share     float64
 	hasher    *keyid.Hasher
-	prefix    string
 	maxCost   int64
 	controls  *Controls
 	clock     func() int64
-	decClock  func() int64
 	log       *slog.Logger
 	onDegr    func(error)
 	maxRules  int
@@ -78,9 +75,6 @@ var _ Checker = (*Guard)(nil)
 // Option configures a Guard.
 type Option func(*Guard)
 
-// WithKeyPrefix sets the prefix of every counter's key (default "tg").
-func WithKeyPrefix(p string) Option { return func(g *Guard) { g.prefix = p } }
-
 // WithMaxCost sets the largest cost a request may ask for (default 1000).
 func WithMaxCost(n int64) Option { return func(g *Guard) { g.maxCost = n } }
 
@@ -98,12 +92,6 @@ func WithFallback(s Store, share float64) Option {
 // WithClock sets the clock for expiries of controls (Unix µs; default the
 // system clock). Counters always use the store's time.
 func WithClock(now func() int64) Option { return func(g *Guard) { g.clock = now } }
-
-// WithDecisionClock makes the guard pass its own time to the store instead
-// of letting the store use its clock (Redis TIME). It exists only so tests
-// can drive Redis and the reference model with one deterministic clock;
-// never use it in production: gateways with skewed clocks would disagree.
-func WithDecisionClock(now func() int64) Option { return func(g *Guard) { g.decClock = now } }
 
 // WithLogger sets the logger (default: discard). Keys are never logged.
 // While the store fails, the guard logs one warning per second at most,
@@ -158,8 +146,8 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 	}
 	g := &Guard{
 		store:    store,
+		namer:    PlainName,
 		hasher:   h,
-		prefix:   "tg",
 		maxCost:  1000,
 		share:    0.25,
 		maxRules: DefaultMaxRules,
@@ -167,6 +155,9 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 	}
 	for _, o := range opts {
 		o(g)
+	}
+	if n, ok := store.(Namer); ok {
+		g.namer = n.CounterName
 	}
 	if rs != nil {
 		if err := g.CheckRules(rs); err != nil {
@@ -444,6 +435,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			Params:    a.params,
 			Cost:      c,
 			Shadow:    r.Shadow,
+			Strict:    r.Strict,
 		}
 		apps = append(apps, a)
 	}
@@ -457,30 +449,16 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 
 // run sends the counters to the store and fills the decision.
 func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) error {
-	// Key and tenant counters first: on Cluster the store decides the first
-	// counter's slot last.
 	var cbuf [8]Counter
-	var rbuf [8]CounterResult
-	counters := cbuf[:0]
-	order := make([]int, 0, len(apps))
-	for pass := 0; pass < 2; pass++ {
-		for i := range apps {
-			primary := apps[i].rule.Scope == rules.ScopeKey || apps[i].rule.Scope == rules.ScopeTenant
-			if primary == (pass == 0) {
-				counters = append(counters, apps[i].counter)
-				order = append(order, i)
-			}
-		}
-	}
-	res := rbuf[:0]
-	for range counters {
+	var resbuf [8]CounterResult
+	var ibuf [8]int
+	counters, res, at := cbuf[:0], resbuf[:0], ibuf[:0]
+	for i := range apps {
+		counters = append(counters, apps[i].counter)
 		res = append(res, CounterResult{})
+		at = append(at, i)
 	}
-	var at int64
-	if g.decClock != nil {
-		at = g.decClock()
-	}
-	now, err := g.store.Do(ctx, op, at, counters, res)
+	now, err := g.store.Do(ctx, op, 0, counters, res)
 	degraded := false
 	if err != nil {
 		if op != OpCheck && op != OpPeek {
@@ -488,20 +466,17 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 		}
 		g.degraded(err)
 		degraded = true
-		ruleOf := make([]*rules.Rule, len(order))
-		for j, i := range order {
-			ruleOf[j] = apps[i].rule
+		var rbuf [8]*rules.Rule
+		ruleOf := rbuf[:0]
+		for i := range apps {
+			ruleOf = append(ruleOf, apps[i].rule)
 		}
 		now, err = g.degrade(ctx, op, ruleOf, counters, res)
 		if err != nil {
 			return err
 		}
 	}
-	byApp := make([]int, len(apps))
-	for j, i := range order {
-		byApp[i] = j
-	}
-	g.finish(op, apps, res, byApp, now, degraded, d)
+	g.finish(op, apps, res, at, now, degraded, d)
 	return nil
 }
 
@@ -667,75 +642,45 @@ func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counte
 	return now, nil
 }
 
-// counterName builds a counter's storage key: the prefix, the scope value
-// in a Cluster hash tag, then the rule's tag (SPEC §2 Redis layout):
-//
-//	key scope:    <prefix>{<tenant>}<tag>[<key_id> if the key has a tenant]
-//	tenant scope: <prefix>{<tenant>}<tag>
-//	ip scope:     <prefix>{ip:<address or IPv6 /64>}<tag>
-//	global scope: <prefix>{g:<tag>}<tag>
-//
-// followed by ":" and a hash of the normalised endpoint for by_endpoint
-// rules. Anonymous requests count key- and tenant-scope rules per client IP.
-func (g *Guard) counterName(r *rules.Rule, req *rules.Request) string {
-	scope := r.Scope
-	if req.Key == "" && (scope == rules.ScopeKey || scope == rules.ScopeTenant) {
-		scope = rules.ScopeIP
+// counterID returns the identity of rule r's counter for req (SPEC §2):
+// anonymous requests count key- and tenant-scope rules per client IP.
+func counterID(r *rules.Rule, req *rules.Request) CounterID {
+	id := CounterID{Rule: r.Tag, Scope: r.Scope}
+	if req.Key == "" && (id.Scope == rules.ScopeKey || id.Scope == rules.ScopeTenant) {
+		id.Scope = rules.ScopeIP
 	}
-	b := make([]byte, 0, 64)
-	b = append(b, g.prefix...)
-	b = append(b, '{')
-	switch scope {
+	switch id.Scope {
 	case rules.ScopeIP:
-		b = append(b, "ip:"...)
-		b = appendIP(b, req.IP)
-	case rules.ScopeGlobal:
-		b = append(b, "g:"...)
-		b = append(b, r.Tag...)
-	default:
-		b = appendTenantTag(b, req.Tenant)
-	}
-	b = append(b, '}')
-	b = append(b, r.Tag...)
-	if scope == rules.ScopeKey && req.Tenant != req.KeyID {
-		b = append(b, req.KeyID...)
+		id.IP = counterIP(req.IP)
+	case rules.ScopeKey:
+		id.Tenant, id.KeyID = req.Tenant, req.KeyID
+	case rules.ScopeTenant:
+		id.Tenant = req.Tenant
 	}
 	if r.ByEndpoint {
-		sum := sha256.Sum256([]byte(req.Endpoint))
-		b = append(b, ':')
-		b = base64.RawURLEncoding.AppendEncode(b, sum[:8])
+		id.Endpoint = req.Endpoint
 	}
-	return string(b)
+	return id
 }
 
-// appendIP appends an IPv4 address, or an IPv6 address's /64 prefix.
-func appendIP(b []byte, ip netip.Addr) []byte {
+// counterIP returns the address an ip-scope counter counts by: an IPv4
+// address (unmapped), or an IPv6 address's /64.
+func counterIP(ip netip.Addr) netip.Addr {
 	if !ip.IsValid() {
-		return append(b, '-')
+		return ip
 	}
 	ip = ip.Unmap()
 	if ip.Is6() {
 		p, _ := ip.Prefix(64)
-		return p.AppendTo(b)
+		return p.Addr()
 	}
-	return ip.AppendTo(b)
+	return ip
 }
 
-// appendTenantTag appends the tenant as a hash tag: as is when it is made of
-// characters that cannot end a tag or be confused with other scopes, else
-// "~" and a hash of it.
-func appendTenantTag(b []byte, tenant string) []byte {
-	safe := len(tenant) > 0 && len(tenant) <= 64
-	for i := 0; safe && i < len(tenant); i++ {
-		c := tenant[i]
-		safe = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
-	}
-	if safe {
-		return append(b, tenant...)
-	}
-	sum := sha256.Sum256([]byte(tenant))
-	b = append(b, '~')
-	return base64.RawURLEncoding.AppendEncode(b, sum[:16])
+// counterName names rule r's counter for req through the store's Namer.
+func (g *Guard) counterName(r *rules.Rule, req *rules.Request) string {
+	id := counterID(r, req)
+	return g.namer(&id)
 }
 
 func (d *Decision) reject(status int, code string, reason Reason) {

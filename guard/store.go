@@ -2,6 +2,8 @@ package guard
 
 import (
 	"context"
+	"net/netip"
+	"strconv"
 
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -55,16 +57,82 @@ func (o Op) String() string {
 
 // Counter is one rule's counter as a Store sees it.
 type Counter struct {
-	// Name is the counter's storage key (for Redis: prefix, hash tag with the
-	// scope value, rule tag; see Namer). Counters sharing a hash tag are
-	// decided atomically together.
+	// Name is the counter's storage key, given by the store's Namer (for
+	// Redis: prefix, hash tag with the scope value, rule tag). A store may
+	// decide counters whose names it groups together (redisstore: one
+	// Cluster hash tag) atomically in one call.
 	Name      string
 	Algorithm rules.Algorithm
 	Params    rules.Params
 	Cost      int64
 	Shadow    bool
+	// Strict: the rule is `strict: true`; a caching store decorator
+	// (guard/lease) must send the counter to the store it wraps on every
+	// call, never answer it from local state.
+	Strict bool
 	// Token identifies an earlier charge to undo (OpRefund only).
 	Token string
+}
+
+// CounterID is a counter's identity (SPEC §2): the rule's part (its tag)
+// and the scope value. A Namer turns it into a Counter.Name.
+type CounterID struct {
+	// Rule is the rule's tag (rules.Rule.Tag): short, base64url, stable
+	// across reorderings and limit changes.
+	Rule string
+	// Scope is the scope the counter is kept under: the rule's, except that
+	// an anonymous request counts key- and tenant-scope rules per client IP
+	// (ScopeIP).
+	Scope rules.Scope
+	// Tenant is the tenant (a key without one is its own tenant: its
+	// key_id), for ScopeKey and ScopeTenant.
+	Tenant string
+	// KeyID is the key's key_id, for ScopeKey.
+	KeyID string
+	// IP is the client address, for ScopeIP: IPv4 (an IPv4-mapped address
+	// unmapped), or an IPv6 address masked to its /64, by which it counts.
+	// The zero Addr for a request without one.
+	IP netip.Addr
+	// Endpoint is the normalised endpoint of a by_endpoint rule, else "".
+	Endpoint string
+}
+
+// Namer names counters. A Store that implements it names the counters the
+// guard sends it (redisstore: Cluster hash tags, SPEC §2 Redis layout); a
+// store decorator forwards to the store it wraps. For a store that does
+// not, the guard uses PlainName. A name must be a pure function of the
+// identity, and distinct identities must get distinct names.
+type Namer interface {
+	CounterName(id *CounterID) string
+}
+
+// PlainName is the name of a counter in a store without a Namer: the
+// identity's parts separated by '|', which none of them holds except the
+// endpoint, which comes last (a tenant holding '|' is written with its
+// length first).
+func PlainName(id *CounterID) string {
+	b := make([]byte, 0, 64)
+	b = append(b, id.Rule...)
+	b = append(b, '|')
+	b = append(b, id.Scope...)
+	b = append(b, '|')
+	switch id.Scope {
+	case rules.ScopeKey, rules.ScopeTenant:
+		b = strconv.AppendInt(b, int64(len(id.Tenant)), 10)
+		b = append(b, ':')
+		b = append(b, id.Tenant...)
+		if id.Scope == rules.ScopeKey {
+			b = append(b, '|')
+			b = append(b, id.KeyID...)
+		}
+	case rules.ScopeIP:
+		b = id.IP.AppendTo(b)
+	}
+	if id.Endpoint != "" {
+		b = append(b, '|')
+		b = append(b, id.Endpoint...)
+	}
+	return string(b)
 }
 
 // CounterResult is a Store's answer for one counter. Times are microseconds

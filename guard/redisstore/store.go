@@ -77,6 +77,7 @@ var (
 // Close stops them and waits for them.
 type Store struct {
 	client  redis.UniversalClient
+	prefix  string
 	script  Script
 	cluster bool
 	cc      *redis.ClusterClient // when cluster
@@ -100,6 +101,10 @@ var _ guard.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store)
+
+// WithKeyPrefix sets the prefix of every counter's key (default "tg";
+// redis.key_prefix), which must not hold '{' or '}'.
+func WithKeyPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
 // WithTimeout sets the deadline of one Redis call (default 50 ms). It holds
 // when Redis hangs as well as when it refuses.
@@ -144,6 +149,7 @@ func WithOnBreakerChange(fn func(node string, from, to breaker.State)) Option {
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
 		client:  client,
+		prefix:  "tg",
 		script:  decideScript,
 		timeout: 50 * time.Millisecond,
 		margin:  1000,
@@ -230,17 +236,30 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 	return s.doCluster(ctx, op, now, counters, res)
 }
 
-// doCluster decides counters slot by slot: other slots first, the first
-// counter's slot (the request's key and tenant) last; a rejection refunds
-// what earlier slots charged.
+// doCluster decides counters slot by slot: other slots (ip and global
+// counters) first, the request's own slot (its key and tenant counters,
+// see primary) last; a rejection refunds what earlier slots charged.
 func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	groups := groupBySlot(counters)
 	if len(groups) == 1 {
 		t, _, err := s.eval(ctx, op, now, counters, res)
 		return t, err
 	}
-	// groups[0] is the first counter's slot: decide it last.
-	order := append(groups[1:len(groups):len(groups)], groups[0])
+	// Decide the request's own slot last.
+	own := 0
+find:
+	for g := range groups {
+		for _, i := range groups[g].idx {
+			if primary(counters[i].Name) {
+				own = g
+				break find
+			}
+		}
+	}
+	order := make([]slotGroup, 0, len(groups))
+	order = append(order, groups[:own]...)
+	order = append(order, groups[own+1:]...)
+	order = append(order, groups[own])
 	var t int64
 	done := make([]slotGroup, 0, len(order))
 	for gi, g := range order {

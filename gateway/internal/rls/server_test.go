@@ -45,7 +45,7 @@ func storeOn(t *testing.T, addr string, timeout time.Duration) *redisstore.Store
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := redisstore.New(c, redisstore.WithTimeout(timeout))
+	s := redisstore.New(c, redisstore.WithTimeout(timeout), redisstore.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))
 	t.Cleanup(func() {
 		s.Close()
 		c.Close()
@@ -55,8 +55,9 @@ func storeOn(t *testing.T, addr string, timeout time.Duration) *redisstore.Store
 
 var prefixes atomic.Int64
 
-// newGuard returns a guard on store enforcing src, with a key prefix of its
-// own so that tests sharing a Redis never share counters. Time is Redis's.
+// newGuard returns a guard on store enforcing src. Time is Redis's; every
+// store has a key prefix of its own, so tests sharing a Redis never share
+// counters.
 func newGuard(t *testing.T, store guard.Store, src string, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	var rs *rules.Ruleset
@@ -66,7 +67,7 @@ func newGuard(t *testing.T, store guard.Store, src string, opts ...guard.Option)
 			t.Fatalf("rules: %v", err)
 		}
 	}
-	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, append(opts, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))...)
+	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
