@@ -33,6 +33,10 @@ const (
 	// cost, as the counters are now: nothing is charged, not even
 	// hypothetically (unlike OpPeek, whose figures are after the cost).
 	OpState
+	// OpReturn gives back Counter.Return units of the lease charged by the
+	// OpCheck whose token is Counter.Token (none when the token's window
+	// has passed), for a local fast path returning what it did not use.
+	OpReturn
 )
 
 func (o Op) String() string {
@@ -51,6 +55,8 @@ func (o Op) String() string {
 		return "refund"
 	case OpState:
 		return "state"
+	case OpReturn:
+		return "return"
 	}
 	return "unknown"
 }
@@ -70,8 +76,21 @@ type Counter struct {
 	// (guard/lease) must send the counter to the store it wraps on every
 	// call, never answer it from local state.
 	Strict bool
-	// Token identifies an earlier charge to undo (OpRefund only).
+	// Token identifies an earlier charge: the one to undo (OpRefund), or
+	// the lease whose units Return gives back (OpCheck, OpReturn).
 	Token string
+	// Lease asks OpCheck to charge up to Lease units beyond Cost when the
+	// request is admitted, for a local fast path to admit later requests
+	// from (guard/lease). The store grants at most a fixed share of what
+	// is free after the cost, so leases shrink to nothing near the limit,
+	// and never on a shadow counter nor a sliding_window_log (whose
+	// charges cannot be given back in part); CounterResult.Leased says how
+	// many. 0 for none.
+	Lease int64
+	// Return gives back, first, that many units of the lease charged with
+	// Token (OpCheck, OpReturn): a local fast path returning what it did
+	// not use. 0 for none.
+	Return int64
 }
 
 // CounterID is a counter's identity (SPEC §2): the rule's part (its tag)
@@ -141,7 +160,10 @@ type CounterResult struct {
 	// Allowed: the counter could take the cost (for OpCheck/OpPeek). Shadow
 	// counters report whether they would have admitted the request.
 	Allowed bool
-	// Charged: the counter's state was changed by the call.
+	// Charged: the call charged the counter its cost (and lease), or for
+	// OpReport, OpAddQuota, OpRefund and OpReturn changed it. A check
+	// that was rejected after giving back units of a lease (Return) is
+	// not Charged.
 	Charged bool
 	// Remaining is the floor of the units available after the call; it may
 	// be negative when a counter is in debt.
@@ -155,9 +177,13 @@ type CounterResult struct {
 	// RetryAfter is the time until the cost would be admitted (0 when it is
 	// admitted now).
 	RetryAfter int64
-	// Token identifies this call's charge for a later OpRefund ("" when
-	// nothing was charged).
+	// Token identifies this call's charge for a later OpRefund, or the
+	// lease for a later Return ("" when nothing was charged).
 	Token string
+	// Leased is the number of units charged beyond the cost for a lease
+	// (Counter.Lease); Remaining, ResetAfter and the other figures count
+	// them as consumed.
+	Leased int64
 }
 
 // Store decides counters atomically. Implementations: redisstore (the

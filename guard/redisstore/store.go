@@ -613,12 +613,13 @@ var opCodes = map[guard.Op]int64{
 	guard.OpAddQuota: 5,
 	guard.OpRefund:   6,
 	guard.OpState:    7,
+	guard.OpReturn:   8,
 }
 
 // buildArgs lays out KEYS and ARGV as lua/decide.lua reads them.
 func buildArgs(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, []any) {
 	keys := make([]string, len(counters))
-	args := make([]any, 0, 3+8*len(counters))
+	args := make([]any, 0, 3+10*len(counters))
 	args = append(args, opCodes[op], now, margin)
 	for i := range counters {
 		c := &counters[i]
@@ -628,7 +629,7 @@ func buildArgs(op guard.Op, now, margin int64, counters []guard.Counter) ([]stri
 		if c.Shadow {
 			shadow = 1
 		}
-		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d)
+		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d, c.Lease, c.Return)
 	}
 	return keys, args
 }
@@ -650,7 +651,7 @@ func ScriptParams(alg rules.Algorithm, p rules.Params) (a, b, c, d int64) {
 
 func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 2+7*len(res) {
+	if !ok || len(arr) != 2+8*len(res) {
 		return 0, false, ErrReply
 	}
 	now, ok1 := arr[0].(int64)
@@ -659,7 +660,7 @@ func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 		return 0, false, ErrReply
 	}
 	for i := range res {
-		b := 2 + 7*i
+		b := 2 + 8*i
 		var n [6]int64
 		for j := range n {
 			x, ok := arr[b+j].(int64)
@@ -669,9 +670,14 @@ func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 			n[j] = x
 		}
 		tok, _ := arr[b+6].(string)
+		leased, ok := arr[b+7].(int64)
+		if !ok {
+			return 0, false, ErrReply
+		}
 		res[i] = guard.CounterResult{
 			Allowed: n[0] == 1, Charged: n[1] == 1, Remaining: n[2],
 			ResetAfter: n[3], NextAfter: n[4], RetryAfter: n[5], Token: tok,
+			Leased: leased,
 		}
 	}
 	return now, adm == 1, nil
