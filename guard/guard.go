@@ -177,10 +177,16 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 }
 
 // SetRules swaps the ruleset atomically. Requests already being decided
-// finish with the ruleset they started with. It does not check rs: call
-// CheckRules first to refuse a ruleset that would answer every request of
-// some kind with TOO_MANY_RULES.
-func (g *Guard) SetRules(rs *rules.Ruleset) { g.rules.Store(rs) }
+// finish with the ruleset they started with. Local state derived from the
+// old ruleset (a store's leases and negative cache: Invalidator) is
+// dropped. It does not check rs: call CheckRules first to refuse a ruleset
+// that would answer every request of some kind with TOO_MANY_RULES.
+func (g *Guard) SetRules(rs *rules.Ruleset) {
+	g.rules.Store(rs)
+	if inv, ok := g.store.(Invalidator); ok {
+		inv.Invalidate()
+	}
+}
 
 // CheckRules reports whether the guard can enforce rs: an error (a
 // *rules.ValidationError naming a rule) when some kind of request provably

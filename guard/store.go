@@ -196,3 +196,14 @@ type Store interface {
 	// returns the time the decision was made at.
 	Do(ctx context.Context, op Op, now int64, counters []Counter, res []CounterResult) (int64, error)
 }
+
+// An Invalidator is a Store that keeps local state derived from the
+// counters it saw (guard/lease: leases and the negative cache). The guard
+// calls Invalidate after every SetRules, and a store decorator forwards
+// it, so that local state never outlives the ruleset it was built under
+// (SPEC §2: local caches are dropped when the ruleset changes).
+// Invalidate must not block: state that needs I/O to drop (units to give
+// back to Redis) is dropped in the background.
+type Invalidator interface {
+	Invalidate()
+}
