@@ -8,6 +8,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -47,7 +48,8 @@ type Config struct {
 	Kafka configs.Kafka     `yaml:"kafka"`
 	NATS  configs.NATS      `yaml:"nats"`
 
-	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events. Empty: hostname-pid."`
+	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files."`
+	DataDir   string `yaml:"data_dir" doc:"Directory of local state, shared with the other Tollgate processes of a host (the aggregator's variable too). The gateway keeps its files under <data_dir>/gateway/<gateway_id>/ (fleet mode: lkg.json, the last-known-good copy of the rules, blocklist and overrides it starts from when NATS is unreachable) and its event spool under <data_dir>/spool/<gateway_id>/. Created when first needed."`
 
 	MaxCost  int64 `yaml:"max_cost" doc:"Largest cost one request may ask for (check API cost, trusted cost header, Envoy hits_addend); more is answered 400 COST_EXCEEDS_LIMIT."`
 	MaxBatch int   `yaml:"max_batch" doc:"Most items in one POST /v1/check/batch; a longer array is refused whole with 400 BATCH_TOO_LARGE."`
@@ -96,6 +98,7 @@ const (
 	DefaultMetricsListen   = "127.0.0.1:9091"
 	DefaultGRPCListen      = "127.0.0.1:8089"
 	DefaultRulesFile       = "configs/rules.yaml"
+	DefaultDataDir         = "tollgate-data"
 	DefaultMaxCost         = 1000
 	DefaultMaxBatch        = 100
 	DefaultMaxRules        = guard.DefaultMaxRules
@@ -127,6 +130,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.MetricsListen, DefaultMetricsListen)
 	setDefault(&c.GRPCListen, DefaultGRPCListen)
 	setDefault(&c.RulesFile, DefaultRulesFile)
+	setDefault(&c.DataDir, DefaultDataDir)
 	c.Redis.SetDefaults()
 	if c.GatewayID == "" {
 		host, err := os.Hostname()
@@ -198,6 +202,9 @@ func (c *Config) Validate() error {
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
 	}
+	if c.GatewayID == "." || c.GatewayID == ".." || strings.ContainsAny(c.GatewayID, `/\`) {
+		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)
+	}
 	if err := c.Redis.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -263,6 +270,10 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Kafka.Validate("kafka")...)
 	return errors.Join(errs...)
 }
+
+// StateDir is the directory of this gateway's own files:
+// <data_dir>/gateway/<gateway_id>.
+func (c *Config) StateDir() string { return filepath.Join(c.DataDir, "gateway", c.GatewayID) }
 
 // identity builds the httpguard.Identity of a validated configuration.
 func (c *Config) identity() (*httpguard.Identity, error) {

@@ -12,7 +12,11 @@
 // Counters live in Redis (redis.*); while Redis is unavailable rules fail
 // open, except `on_failure: closed` ones, which a local in-memory limiter
 // decides with failure_share of their limits. The gateway starts without
-// Redis. Rules come from rules_file, which is watched and hot-reloaded.
+// Redis. In static mode rules come from rules_file, which is watched and
+// hot-reloaded. In fleet mode (nats.url set) rules, blocklist, penalties
+// and overrides come from the NATS KV buckets the aggregator's operator API
+// writes (package rulesync), with a last-known-good copy on disk; the
+// gateway starts and serves without NATS.
 package gateway
 
 import (
@@ -34,6 +38,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
 	"github.com/tollgate/tollgate/gateway/internal/proxy"
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
@@ -75,18 +80,46 @@ type Server struct {
 	client redis.UniversalClient
 	store  *redisstore.Store
 
-	watcher  *rulefile.Watcher
+	rules    rulesSource
+	sync     *rulesync.Syncer // fleet mode; nil in static mode
 	reporter *proxy.Reporter
 	upstream *http.Transport
 
 	servers   []*httpServer // proxy, check API (draining first), metrics last
 	grpc      *grpcServer   // nil without the Envoy RLS listener
 	addrs     Addrs
-	ruleState atomic.Pointer[rulefile.Ruleset]
+	ruleState atomic.Pointer[activeRules]
 	draining  atomic.Bool
 
 	life service.Lifecycle
 }
+
+// rulesSource keeps the gateway's rules current until ctx is done,
+// handing every new ruleset to the callback it was built with: the rules
+// file watcher (static mode) or the NATS KV watcher (fleet mode). Run
+// returns nil when ctx ends.
+type rulesSource interface {
+	Run(ctx context.Context) error
+}
+
+var _ rulesSource = (*rulefile.Watcher)(nil)
+
+// Where the rules in force came from (readyz's rules.source).
+const (
+	sourceFile = "file" // rules_file
+	sourceNATS = "nats" // the tollgate_rules KV bucket
+	sourceLKG  = "lkg"  // the last-known-good copy on disk
+)
+
+// activeRules is the ruleset in force and where it came from.
+type activeRules struct {
+	*rulefile.Ruleset
+	source string
+}
+
+// sweepInterval is how often expired controls (blocklist, penalties,
+// overrides) are dropped from memory; decisions ignore them at once.
+const sweepInterval = 5 * time.Second
 
 // httpServer is one HTTP listener.
 type httpServer struct {
@@ -96,14 +129,18 @@ type httpServer struct {
 }
 
 // New builds a gateway from cfg (SetDefaults is applied, then Validate):
-// it loads and compiles the rules file (refusing to start without a valid
-// one), creates the Redis client and store, and binds every listener, so
-// Addrs is known when New returns and clients connecting before Run wait
-// in the listen queue. log may be nil (discard); API keys are never logged.
+// it loads its starting rules — the rules file, or in fleet mode (nats.url
+// set) the last-known-good copy under data_dir when there is one — and
+// refuses to start without a valid ruleset; it creates the Redis client
+// and store, and binds every listener, so Addrs is known when New returns
+// and clients connecting before Run wait in the listen queue. log may be
+// nil (discard); API keys are never logged. New does not contact NATS.
 //
 // New starts the Redis store's pipelining goroutines and nothing else; Run
-// starts the servers, the rules watcher and the cost reporters, and Close
-// (or Run's return) stops and waits for all of them.
+// starts the servers, the rules source (the file watcher, or the NATS KV
+// watcher and its connection), the sweeper of expired controls and the
+// cost reporters, and Close (or Run's return) stops and waits for all of
+// them.
 func New(cfg Config, log *slog.Logger) (*Server, error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -111,10 +148,6 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
-	}
-	rs, err := rulefile.Load(cfg.RulesFile)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
 	id, err := cfg.identity()
 	if err != nil {
@@ -151,15 +184,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if err := s.guard.CheckRules(rs.Rules); err != nil {
+	if err := s.startRules(); err != nil {
 		s.releaseStore()
 		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
-	s.setRules(rs, false)
-	s.watcher = rulefile.NewWatcher(cfg.RulesFile, rs, func(rs *rulefile.Ruleset) { s.setRules(rs, true) },
-		rulefile.WithLogger(log.With(slog.String("component", "rulefile"))),
-		rulefile.WithCheck(s.guard.CheckRules),
-		rulefile.OnRefused(func(error) { s.m.ReloadError() }))
+	labelled.MustRegister(newControlsCollector(s.guard.Controls()))
+	if s.sync != nil {
+		labelled.MustRegister(s.fleetCollectors()...)
+	}
 
 	checker := guard.Checker(s.guard)
 	if cfg.Upstream != "" {
@@ -261,23 +293,26 @@ func (s *Server) Guard() *guard.Guard { return s.guard }
 // Registry returns the server's Prometheus registry (what /metrics serves).
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// setRules applies a ruleset: the guard's, the metrics' route labels and
-// the version readyz reports.
-func (s *Server) setRules(rs *rulefile.Ruleset, reload bool) {
+// setRules applies a ruleset from source: the guard's, the metrics' route
+// labels and the version and source readyz reports.
+func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 	s.guard.SetRules(rs.Rules)
 	s.m.SetRules(rs.Rules, rs.Routes, reload)
-	s.ruleState.Store(rs)
+	s.ruleState.Store(&activeRules{Ruleset: rs, source: source})
 	if reload {
-		s.log.Info("rules reloaded", slog.String("version", rs.Version()), slog.Int("rules", len(rs.Rules.Rules())))
+		s.log.Info("rules reloaded", slog.String("source", source), slog.String("version", rs.Version()),
+			slog.Int("rules", len(rs.Rules.Rules())))
 	}
 }
 
 // Run serves until ctx is done or a listener fails, then shuts down
-// gracefully: it stops accepting, lets in-flight requests finish within
-// shutdown_timeout (then closes their connections), charges the queued
-// costs, and releases Redis. It returns nil after a shutdown asked for by
-// ctx or Close, else the error that stopped it. Run may be called once;
-// every goroutine it starts has exited when it returns.
+// gracefully. In fleet mode it first waits up to natsStartWait (1 s) for
+// NATS to deliver the fleet's rules. On shutdown it stops accepting, lets
+// in-flight requests finish within shutdown_timeout (then closes their
+// connections), charges the queued costs, and releases Redis. It returns
+// nil after a shutdown asked for by ctx or Close, else the error that
+// stopped it. Run may be called once; every goroutine it starts has exited
+// when it returns.
 func (s *Server) Run(ctx context.Context) error {
 	ctx, finish, err := s.life.Start(ctx)
 	if err != nil {
@@ -285,19 +320,24 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer finish()
 
+	g, ctx := service.NewGroup(ctx)
+	g.Go(func() error { return s.rules.Run(ctx) })
+	if s.sync != nil {
+		s.waitForNATS(ctx)
+	}
 	s.log.Info("gateway started",
 		slog.String("gateway_id", s.cfg.GatewayID),
 		slog.String("proxy", s.addrs.Proxy), slog.String("upstream", redactURL(s.cfg.Upstream)),
 		slog.String("api", s.addrs.API), slog.String("metrics", s.addrs.Metrics), slog.String("grpc", s.addrs.GRPC),
 		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
 		slog.Any("exposed", s.exposed()),
-		slog.String("rules_file", s.cfg.RulesFile), slog.String("rules_version", s.ruleState.Load().Version()),
+		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
+		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", redactURL(s.cfg.NATS.URL)),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 
-	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { s.loadScript(ctx); return nil })
-	g.Go(func() error { return s.watcher.Run(ctx) })
+	g.Go(func() error { s.sweep(ctx); return nil })
 	if s.reporter != nil {
 		g.Go(s.reporter.Run)
 	}
@@ -369,6 +409,22 @@ func (s *Server) shutdownHTTP(ctx context.Context, hs *httpServer) {
 	if err := hs.srv.Shutdown(ctx); err != nil {
 		s.log.Warn("in-flight requests cut at shutdown timeout", slog.String("listener", hs.name))
 		_ = hs.srv.Close()
+	}
+}
+
+// sweep drops expired controls every sweepInterval until ctx is done.
+func (s *Server) sweep(ctx context.Context) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := s.guard.Controls().Sweep(time.Now().UnixMicro()); n > 0 {
+				s.log.Debug("expired controls dropped", slog.Int("entries", n))
+			}
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,6 +38,10 @@ type readiness struct {
 	// Status is ready, draining (shutting down: 503) or no_rules (503).
 	Status string `json:"status"`
 	Rules  struct {
+		// Source is where the rules in force came from: file
+		// (rules_file), nats (the tollgate_rules KV bucket) or lkg (the
+		// last-known-good copy on disk, while NATS has not answered).
+		Source  string `json:"source"`
 		Version int64  `json:"version"`
 		Hash    string `json:"hash"`
 		Rules   int    `json:"rules"`
@@ -47,6 +52,19 @@ type readiness struct {
 		Status string `json:"status"`
 		Error  string `json:"error,omitempty"`
 	} `json:"redis"`
+	// NATS is the control plane's state, in fleet mode only. A gateway
+	// without NATS keeps its rules and stays ready.
+	NATS *natsReadiness `json:"nats,omitempty"`
+}
+
+// natsReadiness is /readyz's nats object.
+type natsReadiness struct {
+	// Status is connected or disconnected.
+	Status string `json:"status"`
+	// Synced: the buckets have been read whole since the start.
+	Synced bool `json:"synced"`
+	// LastChange is when a change from NATS was last applied.
+	LastChange *time.Time `json:"last_change,omitempty"`
 }
 
 // readyz answers 200 once rules are loaded, reporting a Redis outage in
@@ -57,9 +75,21 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	body.Status = "ready"
 	if rs := s.ruleState.Load(); rs != nil {
+		body.Rules.Source = rs.source
 		body.Rules.Version, body.Rules.Hash, body.Rules.Rules = rs.Rules.Version(), rs.Rules.Hash(), len(rs.Rules.Rules())
 	} else {
 		body.Status, status = "no_rules", http.StatusServiceUnavailable
+	}
+	if s.sync != nil {
+		st := s.sync.Status()
+		body.NATS = &natsReadiness{Status: "disconnected", Synced: st.Synced}
+		if st.Connected {
+			body.NATS.Status = "connected"
+		}
+		if !st.LastApplied.IsZero() {
+			t := st.LastApplied.UTC()
+			body.NATS.LastChange = &t
+		}
 	}
 	if s.draining.Load() {
 		body.Status, status = "draining", http.StatusServiceUnavailable

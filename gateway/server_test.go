@@ -152,6 +152,7 @@ rules:
 		`tollgate_rules_reload_errors_total`,
 		`tollgate_fallback_counters`,
 		`tollgate_redis_breaker_state`,
+		`tollgate_controls_entries{gateway="test-gw",kind="blocked"} 0`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(body, want) {
@@ -167,6 +168,7 @@ rules:
 		"route":    regexp.MustCompile(`^(/v1/users/\{id\}|other)$`),
 		"gateway":  regexp.MustCompile(`^test-gw$`),
 		"node":     regexp.MustCompile(`^redis$`),
+		"kind":     regexp.MustCompile(`^(blocked|allowed|penalty|key_override|tenant_override)$`),
 	}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "tollgate_") {
@@ -191,7 +193,8 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("healthz: %d %q", status, body)
 	}
 	status, body := e.get("http://" + e.gw.addrs.Metrics + "/readyz")
-	if status != 200 || !strings.Contains(body, `"status":"ready"`) || !strings.Contains(body, `"redis":{"status":"ok"}`) {
+	if status != 200 || !strings.Contains(body, `"status":"ready"`) || !strings.Contains(body, `"redis":{"status":"ok"}`) ||
+		!strings.Contains(body, `"source":"file"`) {
 		t.Fatalf("readyz: %d %s", status, body)
 	}
 	// The proxy exposes nothing of its own.

@@ -333,6 +333,9 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	}
 	d.Path, d.Endpoint = path, rs.Normalize(path)
 	now := g.clock()
+	// One state of the controls for the whole decision: a change made
+	// meanwhile is seen entirely or not at all.
+	ctl := g.controls.Snapshot()
 	mreq := rules.Request{
 		Key:        req.Key,
 		Method:     req.Method,
@@ -347,8 +350,8 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		// Precedence: blocklist > allowlist > penalty > rules.
 		st := rs.Listed(req.Key)
 		if st == rules.Unlisted {
-			st = g.controls.status(mreq.KeyID, now)
-		} else if st == rules.Allowlisted && g.controls.status(mreq.KeyID, now) == rules.Blocklisted {
+			st = ctl.status(mreq.KeyID, now)
+		} else if st == rules.Allowlisted && ctl.status(mreq.KeyID, now) == rules.Blocklisted {
 			st = rules.Blocklisted
 		}
 		switch st {
@@ -359,7 +362,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			d.Reason = ReasonAllowlisted
 			return apps, false
 		}
-		if p, ok := g.controls.penalty(mreq.KeyID, now); ok && op == OpCheck {
+		if p, ok := ctl.penalty(mreq.KeyID, now); ok && op == OpCheck {
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
@@ -423,7 +426,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		}
 		a := applicable{rule: r}
 		a.params, _ = r.ParamsFor(req.Key, mreq.KeyID)
-		if o, ok := g.controls.override(r, mreq.KeyID, mreq.Tenant, now); ok {
+		if o, ok := ctl.override(r, mreq.KeyID, mreq.Tenant, now); ok {
 			a.params = o.Apply(a.params)
 		}
 		c := cost

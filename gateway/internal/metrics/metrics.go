@@ -97,7 +97,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		rulesVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tollgate_rules_version",
-			Help: "The `version` field of the ruleset in force (the content hash is in /readyz and the reload log).",
+			Help: "Version of the ruleset in force: the rules file's `version` field, or in fleet mode the version the operator API assigned (the content hash and the source are in /readyz and the reload log).",
 		}),
 		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tollgate_rules_loaded_timestamp_seconds",
@@ -105,11 +105,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		reloads: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_rules_reloads_total",
-			Help: "Rulesets applied after a change of the rules file.",
+			Help: "Rulesets applied after a change of the rules file, or in fleet mode of the tollgate_rules KV bucket.",
 		}),
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_rules_reload_errors_total",
-			Help: "Changes of the rules file refused (invalid or unreadable); the running rules stayed.",
+			Help: "Changes of the rules file (invalid or unreadable), or in fleet mode rulesets from the tollgate_rules KV bucket, refused; the running rules stayed.",
 		}),
 		costsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_cost_reports_dropped_total",
@@ -148,7 +148,8 @@ func (m *Metrics) SetRules(rs *rules.Ruleset, routes []string, reload bool) {
 	}
 }
 
-// ReloadError counts a refused change of the rules file.
+// ReloadError counts a refused change of the rules file, or a refused
+// ruleset from NATS.
 func (m *Metrics) ReloadError() { m.reloadErrors.Inc() }
 
 // TooManyRules counts a request refused for matching too many rules

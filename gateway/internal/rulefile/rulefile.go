@@ -57,14 +57,33 @@ func Load(path string) (*Ruleset, error) {
 	if err != nil {
 		return nil, err
 	}
-	return parse(data)
+	return Parse(data)
 }
 
-func parse(data []byte) (*Ruleset, error) {
+// Parse parses and compiles a rules document (YAML or JSON) with its route
+// templates.
+func Parse(data []byte) (*Ruleset, error) {
 	doc, err := rules.Parse(data)
 	if err != nil {
 		return nil, err
 	}
+	return compile(doc)
+}
+
+// ParseVersion is Parse for a ruleset whose version is assigned outside
+// the document (the operator API's, SPEC §2): the document's own `version`
+// is ignored and Version reports version. The content hash is still the
+// document's.
+func ParseVersion(data []byte, version int64) (*Ruleset, error) {
+	doc, err := rules.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	doc.Version = version
+	return compile(doc)
+}
+
+func compile(doc *rules.Document) (*Ruleset, error) {
 	rs, err := rules.Compile(doc)
 	if err != nil {
 		return nil, err
@@ -185,7 +204,7 @@ func (w *Watcher) poll() {
 		}
 		return
 	}
-	rs, err := parse(data)
+	rs, err := Parse(data)
 	if err == nil && w.check != nil {
 		err = w.check(rs.Rules)
 	}
@@ -202,7 +221,7 @@ func (w *Watcher) poll() {
 		w.pending = ""
 		w.failing = "invalid"
 		w.log.Error("rules file refused; the running rules stay", append([]any{
-			slog.String("path", w.path), slog.String("hash", hash[:12])}, problems(err)...)...)
+			slog.String("path", w.path), slog.String("hash", hash[:12])}, Problems(err)...)...)
 		w.refuse(err)
 		return
 	}
@@ -221,9 +240,9 @@ func (w *Watcher) fail(err error) {
 	}
 }
 
-// problems turns a rules error into log attributes: one per problem, each
-// naming the rule, field and line.
-func problems(err error) []any {
+// Problems turns a rules error into log attributes: one per problem
+// (problem_1, problem_2, ...), each naming the rule, field and line.
+func Problems(err error) []any {
 	var errs []error
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		errs = j.Unwrap()

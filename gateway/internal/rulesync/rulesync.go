@@ -1,0 +1,612 @@
+// Package rulesync keeps a gateway's rules and controls in step with the
+// fleet's control plane (SPEC §5, fleet mode): it watches the NATS
+// JetStream KV buckets the aggregator's operator API writes —
+// tollgate_rules (key active: the ruleset), tollgate_blocklist (blocked,
+// penalised and allowlisted keys) and tollgate_overrides — and applies
+// every change at once: a ruleset is swapped whole, a control change is one
+// guard.Controls update. After every applied change it writes a
+// last-known-good copy to disk (lkg.json, written to a temporary file,
+// fsynced and renamed), from which a gateway starts when NATS is
+// unreachable.
+//
+// # What arrives, and what is refused
+//
+// A ruleset is parsed and validated as a rules file is (package rulefile);
+// an invalid one is refused as a whole, logged with every problem's rule,
+// field and line, reported to Config.OnRefused (the gateway's reload-error
+// metric), and the running ruleset stays. Its version is the one the
+// operator API assigned (RulesEntry.Version), not the document's own.
+// A blocklist entry maps to guard.Controls by its action: block → Block
+// (403 KEY_BLOCKED), penalty → a guard.Penalty (429 PENALTY, Retry-After
+// the time left; Close, the connection-level answer, only for the ladder's
+// level 3 and up with close set), allow → Allow. An override maps to a key
+// override (key.<key_id>) or a tenant override (tenant.<base64url>): limit
+// is absolute, factor multiplicative (rules.Override). Entries are named by
+// key_id, so decisions on blocked keys need no Redis round trip. An entry
+// that does not decode, or whose KV key does not match its content, is
+// logged and ignored.
+//
+// # Reconnects
+//
+// A KV watcher kept across a NATS outage goes blind for 10–20 s after the
+// server returns (see compose/natsserver). So on every (re)connect the
+// Syncer drops its watchers, watches every key of the three buckets
+// afresh, computes the whole state from what they deliver and puts it in
+// force with one Controls.Replace: a key deleted while the gateway was
+// disconnected is gone after the resync. While NATS is unreachable the
+// gateway keeps what it has. Until the buckets exist (the aggregator
+// creates them) it retries every few seconds, logging the problem once.
+//
+// # Goroutines
+//
+// Run owns the NATS connection; nats.go runs its reader, flusher and
+// callback dispatcher goroutines for it, and Run closes the connection
+// before it returns. Everything else happens on Run's goroutine, which
+// owns the Syncer's state: it needs no lock.
+package rulesync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// Errors.
+var (
+	// ErrConfig is wrapped by New's errors for an unusable Config.
+	ErrConfig = errors.New("rulesync: invalid configuration")
+
+	// errResync ends a session so that the next one reads everything
+	// afresh: the connection came back.
+	errResync = errors.New("rulesync: reconnected")
+)
+
+// Timings.
+const (
+	// DefaultReconnectWait is Config.ReconnectWait's default.
+	DefaultReconnectWait = 250 * time.Millisecond
+	// opTimeout bounds one JetStream request (opening a bucket, creating a
+	// watcher).
+	opTimeout = 2 * time.Second
+	// initialTimeout bounds the delivery of the buckets' current content
+	// at the start of a session.
+	initialTimeout = 10 * time.Second
+	// maxRetryWait is the longest pause between two failed sessions.
+	maxRetryWait = 2 * time.Second
+	// stopTimeout bounds the wait for a stopped watcher's delivery to end.
+	stopTimeout = 2 * time.Second
+)
+
+// Config configures a Syncer.
+type Config struct {
+	// URL is the NATS server URL (several comma-separated), required.
+	URL string
+	// Name is the NATS connection's name, shown by the server's monitoring
+	// (e.g. tollgate-gateway-<gateway_id>).
+	Name string
+	// Dir is the directory of the last-known-good copy, Dir/lkg.json,
+	// created (0700) at the first write; required. The copy holds the
+	// ruleset's source, which may name raw API keys in its registry, so it
+	// is written 0600.
+	Dir string
+	// Controls receive the blocklist, penalties, allowlist and overrides;
+	// required. The Syncer replaces them whole at every (re)sync: in fleet
+	// mode nothing else should write them.
+	Controls *guard.Controls
+	// Apply receives every ruleset put in force, on Run's goroutine;
+	// required. After a resync that finds the ruleset already in force it
+	// is called again with the same *rulefile.Ruleset: it now comes from
+	// NATS.
+	Apply func(*rulefile.Ruleset)
+	// Check is what a compiled ruleset must pass besides validation, such
+	// as guard.Guard.CheckRules; nil: nothing more.
+	Check func(*rules.Ruleset) error
+	// OnRefused is told of every refused ruleset, once per version; nil:
+	// nobody.
+	OnRefused func(error)
+	// Log receives the Syncer's lines; nil discards them. Keys are never
+	// logged, only key_ids' prefixes.
+	Log *slog.Logger
+	// ReconnectWait is the pause between two attempts to reach NATS
+	// (default DefaultReconnectWait).
+	ReconnectWait time.Duration
+}
+
+// Syncer watches the control plane's buckets. Create it with New, call
+// LoadLKG (optional) and then Run once.
+type Syncer struct {
+	cfg Config
+	log *slog.Logger
+
+	synced      chan struct{} // closed after the first complete read
+	nc          atomic.Pointer[nats.Conn]
+	syncedFlag  atomic.Bool
+	lastApplied atomic.Int64 // Unix ns of the last applied change; 0: none
+
+	// Owned by Run's goroutine (and by LoadLKG before Run).
+	state   state
+	applied *rulefile.Ruleset // the ruleset of state.rules
+	refused string            // identity of the last refused ruleset
+	failing string            // the session problem last logged
+	saveErr string            // the save problem last logged
+}
+
+// state is what the Syncer holds from the buckets, by KV key.
+type state struct {
+	rules     *tollgatev1.RulesEntry // the ruleset in force; nil: none from NATS
+	lists     map[string]*tollgatev1.ListEntry
+	overrides map[string]*tollgatev1.OverrideEntry
+}
+
+func newState() state {
+	return state{lists: map[string]*tollgatev1.ListEntry{}, overrides: map[string]*tollgatev1.OverrideEntry{}}
+}
+
+// New returns a Syncer for cfg. It does no I/O and starts nothing.
+func New(cfg Config) (*Syncer, error) {
+	var missing []string
+	if cfg.URL == "" {
+		missing = append(missing, "URL")
+	}
+	if cfg.Dir == "" {
+		missing = append(missing, "Dir")
+	}
+	if cfg.Controls == nil {
+		missing = append(missing, "Controls")
+	}
+	if cfg.Apply == nil {
+		missing = append(missing, "Apply")
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s required", ErrConfig, strings.Join(missing, ", "))
+	}
+	if cfg.ReconnectWait <= 0 {
+		cfg.ReconnectWait = DefaultReconnectWait
+	}
+	if cfg.OnRefused == nil {
+		cfg.OnRefused = func(error) {}
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Syncer{cfg: cfg, log: log, synced: make(chan struct{}), state: newState()}, nil
+}
+
+// Synced is closed once the buckets have been read whole for the first
+// time (their ruleset, if any, applied or refused).
+func (s *Syncer) Synced() <-chan struct{} { return s.synced }
+
+// Status is what the Syncer reports about itself.
+type Status struct {
+	// Connected: the NATS connection is up now.
+	Connected bool
+	// Synced: the buckets have been read whole since the start.
+	Synced bool
+	// LastApplied is when a change from NATS (or the first sync) was last
+	// put in force; zero before the first.
+	LastApplied time.Time
+}
+
+// Status returns the Syncer's status. It is safe to call from any
+// goroutine.
+func (s *Syncer) Status() Status {
+	st := Status{Synced: s.syncedFlag.Load()}
+	if nc := s.nc.Load(); nc != nil {
+		st.Connected = nc.IsConnected()
+	}
+	if ns := s.lastApplied.Load(); ns != 0 {
+		st.LastApplied = time.Unix(0, ns)
+	}
+	return st
+}
+
+// Run connects to NATS and keeps the rules and controls in step with the
+// buckets until ctx is done; then it closes the connection and returns
+// nil. It does not wait for NATS: while NATS is unreachable it retries,
+// and the rules and controls in force stay. Run may be called once; it
+// fails only for a URL nats.go refuses.
+func (s *Syncer) Run(ctx context.Context) error {
+	signal := make(chan struct{}, 1) // a (re)connect since the last session started
+	notify := func(*nats.Conn) {
+		select {
+		case signal <- struct{}{}:
+		default:
+		}
+	}
+	nc, err := nats.Connect(s.cfg.URL,
+		nats.Name(s.cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(s.cfg.ReconnectWait),
+		nats.RetryOnFailedConnect(true),
+		nats.ConnectHandler(func(c *nats.Conn) {
+			s.log.Info("nats connected", slog.String("url", redactURL(c.ConnectedUrl())))
+			notify(c)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			s.log.Info("nats reconnected; reading the buckets afresh", slog.String("url", redactURL(c.ConnectedUrl())))
+			notify(c)
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				s.log.Warn("nats disconnected; the rules and controls in force stay until it is back", slog.String("error", err.Error()))
+			}
+		}),
+		nats.NoCallbacksAfterClientClose())
+	if err != nil {
+		return fmt.Errorf("rulesync: connect %s: %w", redactURL(s.cfg.URL), err)
+	}
+	s.nc.Store(nc)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("rulesync: jetstream: %w", err)
+	}
+
+	wait := s.cfg.ReconnectWait
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		err := s.session(ctx, nc, js, signal)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, errResync) {
+			wait = s.cfg.ReconnectWait
+			continue
+		}
+		if msg := err.Error(); msg != s.failing {
+			s.failing = msg
+			s.log.Warn("control plane unavailable; the rules and controls in force stay", slog.String("error", msg))
+		}
+		retry.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-signal: // connected: try at once
+		case <-retry.C:
+		}
+		wait = min(2*wait, maxRetryWait)
+	}
+}
+
+// buckets are one session's watchers.
+type buckets struct {
+	rules, lists, overrides jetstream.KeyWatcher
+}
+
+// session reads the three buckets whole, puts their state in force, then
+// applies their changes until ctx is done, the connection comes back from
+// an outage (errResync) or a watcher fails.
+func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, signal chan struct{}) error {
+	select {
+	case <-signal: // this session reads everything: that is the resync
+	default:
+	}
+	if !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-signal:
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.watch(ctx, js)
+	if err != nil {
+		return err
+	}
+	defer w.stop()
+
+	// The current content: each watcher sends it, then nil.
+	next := newState()
+	var rulesEntry jetstream.KeyValueEntry
+	initial := time.NewTimer(initialTimeout)
+	defer initial.Stop()
+	for open := 3; open > 0; {
+		var e jetstream.KeyValueEntry
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-signal:
+			return errResync
+		case <-initial.C:
+			return fmt.Errorf("rulesync: the buckets' content did not arrive within %v", initialTimeout)
+		case e, ok = <-w.rules.Updates():
+			if ok && e != nil {
+				rulesEntry = e
+			}
+		case e, ok = <-w.lists.Updates():
+			if ok && e != nil {
+				s.putList(&next, e)
+			}
+		case e, ok = <-w.overrides.Updates():
+			if ok && e != nil {
+				s.putOverride(&next, e)
+			}
+		}
+		if !ok {
+			return errors.New("rulesync: a watcher stopped while reading the buckets")
+		}
+		if e == nil {
+			open--
+		}
+	}
+	s.resync(next, rulesEntry)
+	if s.failing != "" {
+		s.failing = ""
+		s.log.Info("control plane reachable again")
+	}
+
+	for {
+		var e jetstream.KeyValueEntry
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-signal:
+			return errResync
+		case e, ok = <-w.rules.Updates():
+			if ok && e != nil {
+				s.changeRules(e)
+			}
+		case e, ok = <-w.lists.Updates():
+			if ok && e != nil {
+				s.changeList(e)
+			}
+		case e, ok = <-w.overrides.Updates():
+			if ok && e != nil {
+				s.changeOverride(e)
+			}
+		}
+		if !ok {
+			return errors.New("rulesync: a watcher stopped")
+		}
+	}
+}
+
+// watch opens the buckets and watches every key of them.
+func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, error) {
+	w := &buckets{}
+	for _, b := range []struct {
+		name string
+		dst  *jetstream.KeyWatcher
+		keys string
+	}{
+		{tollgatev1.BucketRules, &w.rules, tollgatev1.RulesKey},
+		{tollgatev1.BucketBlocklist, &w.lists, jetstream.AllKeys},
+		{tollgatev1.BucketOverrides, &w.overrides, jetstream.AllKeys},
+	} {
+		octx, cancel := context.WithTimeout(ctx, opTimeout)
+		kv, err := js.KeyValue(octx, b.name)
+		if err == nil {
+			*b.dst, err = kv.Watch(ctx, b.keys)
+		}
+		cancel()
+		if err != nil {
+			w.stop()
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, fmt.Errorf("rulesync: bucket %s does not exist yet (the aggregator creates it)", b.name)
+			}
+			return nil, fmt.Errorf("rulesync: watch bucket %s: %w", b.name, err)
+		}
+	}
+	return w, nil
+}
+
+// stop stops the watchers and waits, a bounded time, for their deliveries
+// to end: a delivery blocked on a full Updates channel would otherwise
+// hold a nats.go goroutine forever.
+func (w *buckets) stop() {
+	deadline := time.NewTimer(stopTimeout)
+	defer deadline.Stop()
+	for _, kw := range []jetstream.KeyWatcher{w.rules, w.lists, w.overrides} {
+		if kw == nil {
+			continue
+		}
+		_ = kw.Stop()
+	drain:
+		for {
+			select {
+			case _, ok := <-kw.Updates():
+				if !ok {
+					break drain
+				}
+			case <-deadline.C:
+				return
+			}
+		}
+	}
+}
+
+// resync puts a whole state read from the buckets in force: the ruleset
+// (rulesEntry, nil when the bucket holds none) and every control at once.
+func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
+	next.rules = s.state.rules
+	if rulesEntry != nil && rulesEntry.Operation() == jetstream.KeyValuePut {
+		if e, rs := s.decodeRules(rulesEntry); rs != nil {
+			// Applied even when it is the ruleset in force (same pointer):
+			// the rules now come from NATS, whatever the gateway started
+			// from.
+			next.rules, s.applied = e, rs
+			s.cfg.Apply(rs)
+		}
+	}
+	s.state = next
+	s.cfg.Controls.Replace(buildControls(next.lists, next.overrides))
+	s.changed()
+	if !s.syncedFlag.Swap(true) {
+		close(s.synced)
+	}
+	s.log.Info("control plane read", slog.Int64("rules_version", rulesVersion(s.state.rules)),
+		slog.Int("list_entries", len(next.lists)), slog.Int("overrides", len(next.overrides)))
+}
+
+// changed records an applied change: the time, and the last-known-good
+// copy.
+func (s *Syncer) changed() {
+	s.lastApplied.Store(time.Now().UnixNano())
+	if err := s.save(); err != nil {
+		if msg := err.Error(); msg != s.saveErr {
+			s.saveErr = msg
+			s.log.Error("last-known-good copy not written; the gateway would restart from an older one", slog.String("error", msg))
+		}
+		return
+	}
+	s.saveErr = ""
+}
+
+func rulesVersion(e *tollgatev1.RulesEntry) int64 {
+	if e == nil {
+		return 0
+	}
+	return e.Version
+}
+
+// changeRules applies a change of the rules bucket's active key.
+func (s *Syncer) changeRules(kve jetstream.KeyValueEntry) {
+	if kve.Operation() != jetstream.KeyValuePut {
+		s.log.Warn("the ruleset was deleted from NATS; the rules in force stay", slog.Uint64("revision", kve.Revision()))
+		return
+	}
+	e, rs := s.decodeRules(kve)
+	if rs == nil {
+		return
+	}
+	s.state.rules, s.applied = e, rs
+	s.cfg.Apply(rs)
+	s.changed()
+}
+
+// decodeRules decodes and checks a ruleset entry. It returns a nil
+// ruleset for one refused (logged and reported once) or already in force
+// (then the one in force is returned: same pointer).
+func (s *Syncer) decodeRules(kve jetstream.KeyValueEntry) (*tollgatev1.RulesEntry, *rulefile.Ruleset) {
+	e, err := tollgatev1.DecodeRulesEntry(kve.Value())
+	if err != nil {
+		s.refuse(fmt.Sprintf("revision %d", kve.Revision()), 0, err, slog.Uint64("revision", kve.Revision()))
+		return nil, nil
+	}
+	if cur := s.state.rules; cur != nil && s.applied != nil && cur.Version == e.Version && cur.Source == e.Source {
+		return cur, s.applied
+	}
+	rs, err := rulefile.ParseVersion([]byte(e.Source), e.Version)
+	if err == nil && s.cfg.Check != nil {
+		err = s.cfg.Check(rs.Rules)
+	}
+	if err != nil {
+		s.refuse(fmt.Sprintf("%d/%s", e.Version, e.Source), e.Version, err, slog.String("actor", e.Actor))
+		return nil, nil
+	}
+	return e, rs
+}
+
+// refuse logs and reports a refused ruleset, once per distinct one (id).
+func (s *Syncer) refuse(id string, version int64, err error, attrs ...any) {
+	if id == s.refused {
+		return
+	}
+	s.refused = id
+	attrs = append(attrs, slog.Int64("version", version), slog.Int64("version_in_force", rulesVersion(s.state.rules)))
+	s.log.Error("ruleset from NATS refused; the running rules stay", append(attrs, rulefile.Problems(err)...)...)
+	s.cfg.OnRefused(err)
+}
+
+// changeList applies a change of one blocklist bucket key.
+func (s *Syncer) changeList(kve jetstream.KeyValueEntry) {
+	old := s.state.lists[kve.Key()]
+	if !s.putList(&s.state, kve) {
+		return
+	}
+	e := s.state.lists[kve.Key()]
+	s.cfg.Controls.Update(func(c *guard.ControlSet) {
+		if old != nil {
+			removeList(c, old)
+		}
+		if e != nil {
+			addList(c, e)
+		}
+	})
+	s.changed()
+}
+
+// changeOverride applies a change of one overrides bucket key.
+func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
+	old := s.state.overrides[kve.Key()]
+	if !s.putOverride(&s.state, kve) {
+		return
+	}
+	e := s.state.overrides[kve.Key()]
+	s.cfg.Controls.Update(func(c *guard.ControlSet) {
+		if old != nil {
+			removeOverride(c, old)
+		}
+		if e != nil {
+			addOverride(c, e)
+		}
+	})
+	s.changed()
+}
+
+// putList records a blocklist bucket entry (or its deletion) in st. It
+// reports false, having logged why, for an entry it ignores.
+func (s *Syncer) putList(st *state, kve jetstream.KeyValueEntry) bool {
+	if kve.Operation() != jetstream.KeyValuePut {
+		delete(st.lists, kve.Key())
+		return true
+	}
+	e, err := tollgatev1.DecodeListEntry(kve.Value())
+	if err == nil {
+		err = checkListKey(kve.Key(), e)
+	}
+	if err != nil {
+		s.log.Warn("blocklist entry ignored", slog.String("kv_key", kve.Key()), slog.String("error", err.Error()))
+		return false
+	}
+	st.lists[kve.Key()] = e
+	return true
+}
+
+// putOverride records an overrides bucket entry (or its deletion) in st.
+// It reports false, having logged why, for an entry it ignores.
+func (s *Syncer) putOverride(st *state, kve jetstream.KeyValueEntry) bool {
+	if kve.Operation() != jetstream.KeyValuePut {
+		delete(st.overrides, kve.Key())
+		return true
+	}
+	e, err := tollgatev1.DecodeOverrideEntry(kve.Value())
+	if err == nil {
+		err = checkOverrideKey(kve.Key(), e)
+	}
+	if err != nil {
+		s.log.Warn("override ignored", slog.String("kv_key", kve.Key()), slog.String("error", err.Error()))
+		return false
+	}
+	st.overrides[kve.Key()] = e
+	return true
+}
+
+// redactURL drops user information from NATS URLs for logs.
+func redactURL(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}

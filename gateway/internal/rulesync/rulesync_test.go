@@ -1,0 +1,586 @@
+package rulesync_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/compose/natsserver"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/gateway/internal/rulesync"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+const rulesV1 = `
+routes: ["/v1/users/{id}"]
+rules:
+  - id: default
+    algorithm: token_bucket
+    capacity: 10
+    rate: 10/1m
+`
+
+// buckets is the control plane's side: the three buckets, written
+// directly as the aggregator's publish package does.
+type buckets struct {
+	t                       *testing.T
+	rules, lists, overrides jetstream.KeyValue
+}
+
+func createBuckets(t *testing.T, url string) *buckets {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &buckets{t: t}
+	for _, c := range []struct {
+		dst     *jetstream.KeyValue
+		name    string
+		history uint8
+	}{{&b.rules, tollgatev1.BucketRules, 64}, {&b.lists, tollgatev1.BucketBlocklist, 1}, {&b.overrides, tollgatev1.BucketOverrides, 1}} {
+		kv, err := js.CreateOrUpdateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: c.name, History: c.history})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*c.dst = kv
+	}
+	return b
+}
+
+func (b *buckets) put(kv jetstream.KeyValue, key string, v any) {
+	b.t.Helper()
+	raw, ok := v.([]byte)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+	if _, err := kv.Put(b.t.Context(), key, raw); err != nil {
+		b.t.Fatalf("put %s: %v", key, err)
+	}
+}
+
+func (b *buckets) putRules(version int64, src string) {
+	b.t.Helper()
+	b.put(b.rules, tollgatev1.RulesKey, &tollgatev1.RulesEntry{Version: version, Source: src, Format: "yaml", Time: time.Now()})
+}
+
+func (b *buckets) del(kv jetstream.KeyValue, key string) {
+	b.t.Helper()
+	if err := kv.Delete(b.t.Context(), key); err != nil {
+		b.t.Fatalf("delete %s: %v", key, err)
+	}
+}
+
+// syncer is a Syncer running in the background, with what it applied.
+type syncer struct {
+	s        *rulesync.Syncer
+	controls *guard.Controls
+	logs     *lockedBuffer
+	refused  atomic.Int32
+	mu       sync.Mutex
+	applied  []*rulefile.Ruleset
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+func newSyncer(t *testing.T, url, dir string) *syncer {
+	t.Helper()
+	sy := &syncer{controls: guard.NewControls(), logs: &lockedBuffer{}, done: make(chan error, 1)}
+	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
+		slog.NewTextHandler(sy.logs, nil)))
+	var err error
+	sy.s, err = rulesync.New(rulesync.Config{
+		URL: url, Name: "test", Dir: dir, Controls: sy.controls, Log: log,
+		Apply: func(rs *rulefile.Ruleset) {
+			sy.mu.Lock()
+			defer sy.mu.Unlock()
+			sy.applied = append(sy.applied, rs)
+		},
+		OnRefused:     func(error) { sy.refused.Add(1) },
+		ReconnectWait: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sy
+}
+
+func (sy *syncer) start(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sy.cancel = cancel
+	go func() { sy.done <- sy.s.Run(ctx) }()
+	t.Cleanup(func() { sy.stop(t) })
+}
+
+func (sy *syncer) stop(t *testing.T) {
+	if sy.cancel == nil {
+		return
+	}
+	sy.cancel()
+	sy.cancel = nil
+	select {
+	case err := <-sy.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Run did not return within 10s of the cancel")
+	}
+}
+
+// last returns the last ruleset applied, nil for none.
+func (sy *syncer) last() *rulefile.Ruleset {
+	sy.mu.Lock()
+	defer sy.mu.Unlock()
+	if len(sy.applied) == 0 {
+		return nil
+	}
+	return sy.applied[len(sy.applied)-1]
+}
+
+// version returns the version of the last ruleset applied, 0 for none.
+func (sy *syncer) version() int64 {
+	if rs := sy.last(); rs != nil {
+		return rs.Rules.Version()
+	}
+	return 0
+}
+
+func (sy *syncer) waitVersion(t *testing.T, v int64) {
+	t.Helper()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if got := sy.version(); got != v {
+			return fmt.Errorf("ruleset version %d applied, want %d", got, v)
+		}
+		return nil
+	})
+}
+
+// waitControls waits until the controls hold what want says (a check
+// returning nil).
+func (sy *syncer) waitControls(t *testing.T, want func(*guard.ControlSet) error) {
+	t.Helper()
+	testwait.Eventually(t, 5*time.Second, func() error { return want(sy.controls.Snapshot()) })
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestSyncAppliesEveryKind(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	b.putRules(7, rulesV1)
+	b.put(b.lists, "kidBlocked", &tollgatev1.ListEntry{KeyID: "kidBlocked", Action: "block", Reason: "abuse", ExpiresAt: exp})
+	b.put(b.lists, "kidPen2", &tollgatev1.ListEntry{KeyID: "kidPen2", Action: "penalty", Level: 2, Close: true, ExpiresAt: exp})
+	b.put(b.lists, "kidPen3", &tollgatev1.ListEntry{KeyID: "kidPen3", Action: "penalty", Level: 3, Close: true})
+	b.put(b.lists, "allow.kidAllowed", &tollgatev1.ListEntry{KeyID: "kidAllowed", Action: "allow"})
+	b.put(b.lists, "kidMisplaced", &tollgatev1.ListEntry{KeyID: "kidOther", Action: "block"})
+	b.put(b.lists, "kidGarbage", []byte("{not json"))
+	b.put(b.overrides, "key.kidOv", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidOv", Limit: 50, Rule: "default"})
+	b.put(b.overrides, tollgatev1.OverrideKey("tenant", "acme corp"), &tollgatev1.OverrideEntry{Scope: "tenant", Subject: "acme corp", Factor: 0.5})
+
+	dir := t.TempDir()
+	sy := newSyncer(t, ns.ClientURL(), dir)
+	sy.start(t)
+	select {
+	case <-sy.s.Synced():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not synced within 5s")
+	}
+	if v := sy.version(); v != 7 {
+		t.Fatalf("version %d applied, want 7 (the operator API's, not the document's)", v)
+	}
+	c := sy.controls.Snapshot()
+	if e := c.Blocked["kidBlocked"]; e.Expiry != exp.UnixMicro() || e.Reason != "abuse" {
+		t.Errorf("blocked entry %+v", e)
+	}
+	if p := c.Penalties["kidPen2"]; p.Level != 2 || p.Close || p.Until != exp.UnixMicro() {
+		t.Errorf("level 2 penalty %+v: want no connection-level answer below level 3", p)
+	}
+	if p := c.Penalties["kidPen3"]; p.Level != 3 || !p.Close || p.Until != math.MaxInt64 {
+		t.Errorf("level 3 penalty %+v: want close, until lifted", p)
+	}
+	if _, ok := c.Allowed["kidAllowed"]; !ok || len(c.Allowed) != 1 {
+		t.Errorf("allowlist %+v", c.Allowed)
+	}
+	if len(c.Blocked) != 1 {
+		t.Errorf("blocklist %+v: the misplaced and undecodable entries must be ignored", c.Blocked)
+	}
+	if o := c.KeyOverrides["kidOv"]; o.Limit != 50 || o.Rule != "default" {
+		t.Errorf("key override %+v", o)
+	}
+	if o := c.TenantOverrides["acme corp"]; o.Factor != 0.5 {
+		t.Errorf("tenant override %+v", o)
+	}
+	if st := sy.s.Status(); !st.Connected || !st.Synced || st.LastApplied.IsZero() {
+		t.Errorf("status %+v", st)
+	}
+
+	// Changes, one by one: each applied at once.
+	gen := sy.controls.Generation()
+	b.put(b.lists, "kidBlocked", &tollgatev1.ListEntry{KeyID: "kidBlocked", Action: "penalty", Level: 2, ExpiresAt: exp})
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if _, blocked := c.Blocked["kidBlocked"]; blocked || c.Penalties["kidBlocked"].Level != 2 {
+			return fmt.Errorf("kidBlocked: blocked %v, penalty %+v; want moved to a penalty", blocked, c.Penalties["kidBlocked"])
+		}
+		return nil
+	})
+	if g := sy.controls.Generation(); g != gen+1 {
+		t.Errorf("moving a key from the blocklist to a penalty took %d generations, want 1 (atomic)", g-gen)
+	}
+	b.del(b.lists, "allow.kidAllowed")
+	b.del(b.overrides, "key.kidOv")
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if len(c.Allowed) != 0 || len(c.KeyOverrides) != 0 {
+			return fmt.Errorf("allowlist %v, key overrides %v after their deletion", c.Allowed, c.KeyOverrides)
+		}
+		return nil
+	})
+	b.putRules(8, strings.Replace(rulesV1, "capacity: 10", "capacity: 20", 1))
+	sy.waitVersion(t, 8)
+	if p := sy.last().Routes; len(p) != 1 || p[0] != "/v1/users/{id}" {
+		t.Errorf("routes %v did not travel with the ruleset", p)
+	}
+
+	// The copy on disk holds what is in force.
+	testwait.Eventually(t, 5*time.Second, func() error {
+		b, err := os.ReadFile(filepath.Join(dir, rulesync.LKGFile))
+		if err != nil {
+			return err
+		}
+		var f struct {
+			Rules     tollgatev1.RulesEntry           `json:"rules"`
+			Blocklist map[string]tollgatev1.ListEntry `json:"blocklist"`
+			Overrides map[string]json.RawMessage      `json:"overrides"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			return err
+		}
+		if f.Rules.Version != 8 || f.Blocklist["kidBlocked"].Action != "penalty" || len(f.Overrides) != 1 {
+			return fmt.Errorf("copy holds version %d, kidBlocked %q, %d overrides", f.Rules.Version, f.Blocklist["kidBlocked"].Action, len(f.Overrides))
+		}
+		return nil
+	})
+	if fi, err := os.Stat(filepath.Join(dir, rulesync.LKGFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("copy mode %v (%v), want 0600: the ruleset may name raw keys", fi.Mode(), err)
+	}
+}
+
+func TestSyncRefusesAnInvalidRuleset(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+
+	b.putRules(2, "rules:\n  - id: bad\n    algorithm: token_bucket\n    capacity: 0\n    rate: 1/1s\n")
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.refused.Load() != 1 {
+			return errors.New("not refused yet")
+		}
+		return nil
+	})
+	logs := sy.logs.String()
+	for _, want := range []string{"ruleset from NATS refused", "version=2", "rule=bad", "field=capacity", "line=4"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the refusal's log lacks %q:\n%s", want, logs)
+		}
+	}
+	b.put(b.rules, tollgatev1.RulesKey, []byte("not json"))
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.refused.Load() != 2 {
+			return errors.New("undecodable entry not refused yet")
+		}
+		return nil
+	})
+	if v := sy.version(); v != 1 {
+		t.Fatalf("version %d in force, want 1: refused rulesets must not replace it", v)
+	}
+	// A resync reads the refused entry again: not counted twice.
+	if err := ns.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b.putRules(3, rulesV1+"# v3\n")
+	sy.waitVersion(t, 3)
+	if n := sy.refused.Load(); n != 2 {
+		t.Errorf("%d refusals counted, want 2", n)
+	}
+}
+
+// proxy is a TCP proxy in front of a NATS server that can cut the
+// gateway off while the server keeps running: a network partition.
+type proxy struct {
+	ln     net.Listener
+	target string
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.drop()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.cut.Load() {
+			_ = c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close() })
+		p.wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
+	}
+}
+
+// drop closes every proxied connection.
+func (p *proxy) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// TestResyncAfterPartition cuts the gateway off NATS, changes and deletes
+// entries meanwhile, and checks that the reconnect brings every change,
+// deletions included, while the rules and controls in force stay during
+// the partition.
+func TestResyncAfterPartition(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	b.put(b.lists, "kidA", &tollgatev1.ListEntry{KeyID: "kidA", Action: "block"})
+	b.put(b.lists, "kidB", &tollgatev1.ListEntry{KeyID: "kidB", Action: "block"})
+	p := startProxy(t, ns.Addr())
+	sy := newSyncer(t, p.url(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if len(c.Blocked) != 2 {
+			return fmt.Errorf("blocklist %v", c.Blocked)
+		}
+		return nil
+	})
+
+	p.cut.Store(true)
+	p.drop()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.s.Status().Connected {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+	b.del(b.lists, "kidA")
+	// No trace of kidA left, not even its delete marker (as after a
+	// compaction): only reading the whole state shows it is gone.
+	if err := b.lists.PurgeDeletes(t.Context(), jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
+	b.put(b.lists, "kidC", &tollgatev1.ListEntry{KeyID: "kidC", Action: "block"})
+	b.putRules(2, rulesV1+"# v2\n")
+	if len(sy.controls.Snapshot().Blocked) != 2 || sy.version() != 1 {
+		t.Fatal("the state in force changed during the partition")
+	}
+
+	p.cut.Store(false)
+	took := testwait.Eventually(t, 5*time.Second, func() error {
+		c := sy.controls.Snapshot()
+		_, a := c.Blocked["kidA"]
+		_, bb := c.Blocked["kidB"]
+		_, cc := c.Blocked["kidC"]
+		if a || !bb || !cc || sy.version() != 2 {
+			return fmt.Errorf("after the partition: kidA %v kidB %v kidC %v version %d; want kidA gone, kidC in, version 2", a, bb, cc, sy.version())
+		}
+		return nil
+	})
+	t.Logf("state after the partition in force %v after the proxy let connections through again", took)
+}
+
+// TestReconnectAfterServerRestart: a change made after NATS comes back
+// arrives at once (a kept watcher would be blind for 10-20 s).
+func TestReconnectAfterServerRestart(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+	if err := ns.Down(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if !sy.s.Status().Connected {
+			return errors.New("not reconnected")
+		}
+		return nil
+	})
+	b.put(b.lists, "kidX", &tollgatev1.ListEntry{KeyID: "kidX", Action: "block"})
+	start := time.Now()
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if _, ok := c.Blocked["kidX"]; !ok {
+			return errors.New("kidX not blocked")
+		}
+		return nil
+	})
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("a change after the reconnect took %v, want < 2s", d)
+	}
+}
+
+// TestStartFromLKG: a Syncer that cannot reach NATS starts from the copy
+// its predecessor wrote, then follows NATS once it answers.
+func TestStartFromLKG(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t, natsserver.WithStoreDir(t.TempDir()))
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(5, rulesV1)
+	b.put(b.lists, "kidA", &tollgatev1.ListEntry{KeyID: "kidA", Action: "block"})
+	dir := t.TempDir()
+	first := newSyncer(t, ns.ClientURL(), dir)
+	first.start(t)
+	first.waitControls(t, func(c *guard.ControlSet) error {
+		if len(c.Blocked) != 1 {
+			return errors.New("kidA not blocked yet")
+		}
+		return nil
+	})
+	first.stop(t)
+	if err := ns.Down(); err != nil {
+		t.Fatal(err)
+	}
+
+	second := newSyncer(t, ns.ClientURL(), dir)
+	lkg, err := second.s.LoadLKG()
+	if err != nil || lkg == nil || lkg.Rules == nil {
+		t.Fatalf("LoadLKG: %+v, %v", lkg, err)
+	}
+	if lkg.Rules.Rules.Version() != 5 || lkg.Entries != 1 {
+		t.Fatalf("copy: version %d, %d entries; want 5 and 1", lkg.Rules.Rules.Version(), lkg.Entries)
+	}
+	if _, ok := second.controls.Snapshot().Blocked["kidA"]; !ok {
+		t.Fatal("the copy's blocklist is not in force")
+	}
+	second.start(t)
+	if second.s.Status().Connected {
+		t.Fatal("connected to a server that is down")
+	}
+	if err := ns.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b = createBuckets(t, ns.ClientURL())
+	b.del(b.lists, "kidA")
+	second.waitControls(t, func(c *guard.ControlSet) error {
+		if len(c.Blocked) != 0 {
+			return errors.New("kidA still blocked")
+		}
+		return nil
+	})
+	second.waitVersion(t, 5) // the same ruleset, now from NATS
+}
+
+// TestWaitsForBuckets: a gateway may start before the aggregator created
+// the buckets; it follows them once they exist.
+func TestWaitsForBuckets(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
+	sy.start(t)
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(sy.logs.String(), "does not exist yet") {
+			return errors.New("no log line about the missing buckets")
+		}
+		return nil
+	})
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	sy.waitVersion(t, 1)
+	if n := strings.Count(sy.logs.String(), "control plane unavailable"); n != 1 {
+		t.Errorf("the missing buckets were logged %d times, want once", n)
+	}
+}
+
+func TestNewRefusesIncompleteConfig(t *testing.T) {
+	t.Parallel()
+	_, err := rulesync.New(rulesync.Config{URL: "nats://127.0.0.1:4222"})
+	if !errors.Is(err, rulesync.ErrConfig) || !strings.Contains(err.Error(), "Dir, Controls, Apply") {
+		t.Fatalf("New: %v", err)
+	}
+}
