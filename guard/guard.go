@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -48,6 +50,8 @@ type Guard struct {
 	onDegr    func(error)
 	maxRules  int
 	onTooMany func(matched int)
+	cache     *resolutionCache
+	cacheSize int
 
 	rules atomic.Pointer[rules.Ruleset]
 
@@ -130,6 +134,16 @@ func WithMaxRules(n int) Option {
 	}
 }
 
+// WithResolutionCache sets how many request resolutions the guard caches
+// (default DefaultResolutionCache; 0 disables the cache). A resolution is
+// what a request's key, tenant, tier, endpoint, method and domain resolve
+// to before any counter is consulted (key_id, lists, penalty, matched
+// rules with their parameters and counter names); a cached one is reused
+// until the ruleset or the controls change, which makes a check of a known
+// key free of HMACs, matching and allocations. Each takes a few hundred
+// bytes.
+func WithResolutionCache(n int) Option { return func(g *Guard) { g.cacheSize = n } }
+
 // WithOnTooManyRules sets a function called for every request answered 500
 // TOO_MANY_RULES, with the number of rules it matched (default: none), for
 // metrics. It runs on the deciding goroutine and must be quick.
@@ -145,16 +159,20 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 		return nil, err
 	}
 	g := &Guard{
-		store:    store,
-		namer:    PlainName,
-		hasher:   h,
-		maxCost:  1000,
-		share:    0.25,
-		maxRules: DefaultMaxRules,
-		clock:    func() int64 { return time.Now().UnixMicro() },
+		store:     store,
+		namer:     PlainName,
+		hasher:    h,
+		maxCost:   1000,
+		share:     0.25,
+		maxRules:  DefaultMaxRules,
+		cacheSize: DefaultResolutionCache,
+		clock:     func() int64 { return time.Now().UnixMicro() },
 	}
 	for _, o := range opts {
 		o(g)
+	}
+	if g.cacheSize > 0 {
+		g.cache = newResolutionCache(g.cacheSize)
 	}
 	if n, ok := store.(Namer); ok {
 		g.namer = n.CounterName
@@ -280,6 +298,7 @@ func ValidKey(key string) bool {
 type applicable struct {
 	rule    *rules.Rule
 	params  rules.Params
+	window  int64 // params.PolicyWindow
 	counter Counter
 }
 
@@ -317,44 +336,79 @@ func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision
 // with their counters, to apps. ok is false when d is already final, decided
 // without the store: an invalid key, the blocklist, the allowlist, a
 // penalty, a block rule, no applicable rule, or a cost exceeding a limit.
+//
+// What does not depend on the request's cost or operation (the key_id, the
+// lists and penalty, the rules matched with their parameters and counter
+// names) is a resolution, cached per key, tenant, tier, endpoint, method,
+// domain (and client IP where rules count by it) until the ruleset or the
+// controls change: a cached request costs no HMAC, no matching and no
+// allocation. Requests whose descriptor entries some rule matches are
+// resolved afresh every time.
 func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
-	if !ValidKey(req.Key) {
-		d.reject(400, CodeInvalidKey, ReasonInvalidKey)
-		return apps, false
-	}
 	// The one place every surface normalises its path (SPEC §3): before the
 	// lists, so that no request, allowlisted or not, goes on with a path
 	// the limiter and the upstream would read differently.
 	path, ok := rules.CleanPath(req.Path)
 	if !ok {
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
+		}
 		d.reject(400, CodeInvalidPath, ReasonInvalidPath)
 		return apps, false
 	}
-	d.Path, d.Endpoint = path, rs.Normalize(path)
-	now := g.clock()
+	endpoint := rs.Normalize(path)
 	// One state of the controls for the whole decision: a change made
 	// meanwhile is seen entirely or not at all.
 	ctl := g.controls.Snapshot()
-	mreq := rules.Request{
-		Key:        req.Key,
-		Method:     req.Method,
-		Domain:     req.Domain,
-		Descriptor: req.Descriptor,
-		IP:         req.IP,
-	}
-	if req.Key != "" {
-		mreq.KeyID = g.hasher.ID(req.Key)
-		d.KeyID, d.KeyPrefix = mreq.KeyID, keyid.Prefix(req.Key)
+	ip := cacheIP(rs, req)
 
-		// Precedence: blocklist > allowlist > penalty > rules.
-		st := rs.Listed(req.Key)
-		if st == rules.Unlisted {
-			st = ctl.status(mreq.KeyID, now)
-		} else if st == rules.Allowlisted && ctl.status(mreq.KeyID, now) == rules.Blocklisted {
-			st = rules.Blocklisted
+	if g.cache == nil || (len(req.Descriptor) > 0 && rs.MatchesDescriptors()) {
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
 		}
-		switch st {
+		now := g.clock()
+		var r resolution
+		g.resolveInto(&r, rs, ctl, req, endpoint, ip, now)
+		d.Path, d.Endpoint = path, endpoint
+		return g.apply(op, req, d, &r, now, apps)
+	}
+	h := g.cache.hash(req, endpoint)
+	r := g.cache.get(h, req, endpoint, ip)
+	// The clock is read only when something cached can expire: a check of
+	// a resolution without controls needs no time of its own.
+	now := int64(0)
+	if r == nil || r.until != math.MaxInt64 || r.penalised {
+		now = g.clock()
+	}
+	if r == nil || !r.current(rs, ctl.Generation(), now) {
+		// A cached resolution's key was valid: only a new one needs the
+		// check.
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
+		}
+		if now == 0 {
+			now = g.clock()
+		}
+		r = new(resolution)
+		g.resolveInto(r, rs, ctl, req, endpoint, ip, now)
+		r.hash = h
+		g.cache.put(r, rs, r.gen, now)
+	}
+	d.Path, d.Endpoint = path, endpoint
+	return g.apply(op, req, d, r, now, apps)
+}
+
+// apply finishes resolving req from its resolution r at time now: the
+// decisions made without the store, and otherwise the request's counters
+// with its cost.
+func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64, apps []applicable) (_ []applicable, ok bool) {
+	if req.Key != "" {
+		d.KeyID, d.KeyPrefix = r.keyID, r.keyPrefix
+		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
 			return apps, false
@@ -362,39 +416,23 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			d.Reason = ReasonAllowlisted
 			return apps, false
 		}
-		if p, ok := ctl.penalty(mreq.KeyID, now); ok && op == OpCheck {
+		if p := r.penalty; r.penalised && p.Until > now && op == OpCheck {
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
 			d.Time = now
 			return apps, false
 		}
-		info, registered := rs.Identify(req.Key)
-		switch {
-		case registered:
-			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
-		default:
-			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
-			if mreq.Tier == "" {
-				mreq.Tier = info.Tier
-			}
-		}
-		if mreq.Tenant == "" {
-			mreq.Tenant = mreq.KeyID
-		}
 	}
-	mreq.Endpoint = d.Endpoint
-	d.Tenant, d.Tier = mreq.Tenant, mreq.Tier
+	d.Tenant, d.Tier = r.tenant, r.tier
 
-	var buf [8]*rules.Rule
-	matched := rs.Match(&mreq, buf[:0])
-	if len(matched) == 0 {
+	if r.matched == 0 {
 		d.Reason = ReasonNoRule
 		return apps, false
 	}
-	if len(matched) > g.maxRules {
+	if r.matched > g.maxRules {
 		d.reject(500, CodeTooManyRules, ReasonTooManyRules)
-		g.tooManyRules(len(matched), d.Endpoint)
+		g.tooManyRules(r.matched, d.Endpoint)
 		return apps, false
 	}
 
@@ -411,42 +449,43 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		return apps, false
 	}
 
-	for _, r := range matched {
-		if r.Block {
-			if r.Shadow {
+	for i := range r.rules {
+		rr := &r.rules[i]
+		rule := rr.rule
+		if rule.Block {
+			if rule.Shadow {
 				continue
 			}
 			code := CodeEndpointBlocked
-			if r.SelectsKeysOnly() {
+			if rule.SelectsKeysOnly() {
 				code = CodeKeyBlocked
 			}
-			d.RefusingRule = r.ID
+			d.RefusingRule = rule.ID
 			d.reject(403, code, ReasonBlockRule)
 			return apps, false
 		}
-		a := applicable{rule: r}
-		a.params, _ = r.ParamsFor(req.Key, mreq.KeyID)
-		if o, ok := ctl.override(r, mreq.KeyID, mreq.Tenant, now); ok {
-			a.params = o.Apply(a.params)
-		}
 		c := cost
-		if r.Cost > 0 && op == OpCheck {
-			c = r.Cost
+		if rule.Cost > 0 && op == OpCheck {
+			c = rule.Cost
 		}
-		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
-			d.Cost, d.RefusingRule, d.RefusingLimit = c, r.ID, a.params.Limit
+		if !rule.Shadow && (op == OpCheck || op == OpPeek) && c > rr.params.Limit {
+			d.Cost, d.RefusingRule, d.RefusingLimit = c, rule.ID, rr.params.Limit
 			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
 			return apps, false
 		}
-		a.counter = Counter{
-			Name:      g.counterName(r, &mreq),
-			Algorithm: r.Algorithm,
-			Params:    a.params,
-			Cost:      c,
-			Shadow:    r.Shadow,
-			Strict:    r.Strict,
-		}
-		apps = append(apps, a)
+		apps = append(apps, applicable{
+			rule:   rule,
+			params: rr.params,
+			window: rr.window,
+			counter: Counter{
+				Name:      rr.name,
+				Algorithm: rule.Algorithm,
+				Params:    rr.params,
+				Cost:      c,
+				Shadow:    rule.Shadow,
+				Strict:    rule.Strict,
+			},
+		})
 	}
 	d.Cost = cost
 	if len(apps) == 0 {
@@ -456,12 +495,28 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	return apps, true
 }
 
+// scratch is the storage of one store call: the store is an interface, so
+// slices handed to it escape, and pooling them keeps a decision free of
+// allocations.
+type scratch struct {
+	counters [8]Counter
+	res      [8]CounterResult
+	at       [8]int
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
 // run sends the counters to the store and fills the decision.
 func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) error {
-	var cbuf [8]Counter
-	var resbuf [8]CounterResult
-	var ibuf [8]int
-	counters, res, at := cbuf[:0], resbuf[:0], ibuf[:0]
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		// Drop the names and tokens this call left (no more than it used).
+		n := min(len(apps), len(sc.counters))
+		clear(sc.counters[:n])
+		clear(sc.res[:n])
+		scratchPool.Put(sc)
+	}()
+	counters, res, at := sc.counters[:0], sc.res[:0], sc.at[:0]
 	for i := range apps {
 		counters = append(counters, apps[i].counter)
 		res = append(res, CounterResult{})
@@ -561,7 +616,7 @@ func (g *Guard) result(a applicable, r *CounterResult, now int64, failOpen bool)
 		Shadow:    a.rule.Shadow,
 		Allowed:   r.Allowed,
 		Limit:     a.params.Limit,
-		Window:    a.params.PolicyWindow(a.rule.Algorithm),
+		Window:    a.window,
 	}
 	if failOpen {
 		rr.Allowed, rr.Remaining, rr.Degraded, rr.FailOpen = true, -1, true, true

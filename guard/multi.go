@@ -74,6 +74,12 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 			ds[i] = new(Decision)
 		}
 	}
+	if len(reqs) == 1 {
+		// One request is one CheckInto (Envoy calls with one descriptor,
+		// the common case): no merging, and the resolution cache and the
+		// pooled storage keep it free of allocations.
+		return g.decideOnce(ctx, OpCheck, reqs[0], ds[0])
+	}
 
 	apps := make([][]applicable, len(reqs))
 	rejected := false

@@ -239,7 +239,8 @@ func (s *Store) Stats() Stats {
 
 // entry is the local state of one counter.
 type entry struct {
-	name string
+	name    string
+	created int64 // local µs
 
 	lease     atomic.Pointer[lease]
 	last      atomic.Pointer[snap]

@@ -47,15 +47,15 @@ func (t *table) get(name string) *entry {
 // left) is the caller's to give back.
 func (t *table) getOrCreate(name string, now int64) (e, evicted *entry) {
 	h := maphash.String(t.seed, name)
-	var victim *atomic.Pointer[entry]
+	var free, victim *atomic.Pointer[entry]
 	var old *entry
 	for i := uint64(0); i < probe; i++ {
 		p := &t.slots[(h+i)&t.mask]
 		e := p.Load()
 		switch {
 		case e == nil:
-			if victim == nil {
-				victim, old = p, nil
+			if free == nil {
+				free = p
 			}
 		case e.name == name:
 			return e, nil
@@ -63,10 +63,13 @@ func (t *table) getOrCreate(name string, now int64) (e, evicted *entry) {
 			victim, old = p, e
 		}
 	}
+	if free != nil {
+		victim, old = free, nil
+	}
 	if victim == nil {
 		return nil, nil
 	}
-	ne := &entry{name: name, since: now}
+	ne := &entry{name: name, created: now, since: now}
 	if !victim.CompareAndSwap(old, ne) {
 		// Another call took the slot: use its state if it is this counter.
 		return t.get(name), nil
@@ -77,10 +80,15 @@ func (t *table) getOrCreate(name string, now int64) (e, evicted *entry) {
 	return ne, old
 }
 
+// minAge is how long a counter's state is kept at least, idle or not, so
+// that counters sharing a neighbourhood do not evict each other before
+// they had a chance to become hot (µs).
+const minAge = 1_000_000
+
 // idle reports whether e may be evicted at local time now: no lease being
 // renewed or still usable, no negative entry still answering.
 func (e *entry) idle(now int64) bool {
-	if e.refilling.Load() {
+	if now-e.created < minAge || e.refilling.Load() {
 		return false
 	}
 	if l := e.lease.Load(); l != nil && now < l.until && l.units.Load() > 0 {

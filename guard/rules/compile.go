@@ -52,6 +52,10 @@ func Compile(doc *Document) (*Ruleset, error) {
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
 	}
+	for _, r := range c.rs.rules {
+		c.rs.descriptors = c.rs.descriptors || r.match.descriptor != nil
+		c.rs.byIP = c.rs.byIP || r.match.ipScope
+	}
 	return c.rs, nil
 }
 
