@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
@@ -59,6 +60,8 @@ type Config struct {
 
 	Identity IdentityConfig `yaml:"identity"`
 
+	FastPath FastPathConfig `yaml:"fast_path"`
+
 	CostResponseHeader string `yaml:"cost_response_header" doc:"Upstream response header whose value (a positive integer, e.g. tokens of an LLM answer) the proxy charges after the response, like POST /v1/report, in addition to the request's own cost; at most max_cost. Empty: none."`
 
 	Limits LimitsConfig `yaml:"limits"`
@@ -78,6 +81,15 @@ type IdentityConfig struct {
 	TenantHeader   string   `yaml:"tenant_header" doc:"Request header carrying the tenant, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
 	TierHeader     string   `yaml:"tier_header" doc:"Request header carrying the tier, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
 	CostHeader     string   `yaml:"cost_header" doc:"Request header carrying the request's cost (a positive integer); honoured only from trusted_proxies, and a rule's own cost wins. Empty: none."`
+}
+
+// FastPathConfig is the `fast_path` section: the guard's local fast path
+// (SPEC §2; guard/lease) and resolution cache.
+type FastPathConfig struct {
+	Disabled    bool          `yaml:"disabled" doc:"true: no leases and no negative cache, every check of a rule goes to Redis (strict rules always do)."`
+	MaxLeaseTTL time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time, windows to their window's end."`
+	Counters    int           `yaml:"counters" doc:"Counters this gateway keeps leases and negative-cache entries for; beyond it, idle counters make room and the others go to Redis."`
+	Resolutions int           `yaml:"resolutions" doc:"Requests (key, endpoint, method, domain) whose resolution (key_id, lists, matched rules, counter names) is cached until the rules or controls change."`
 }
 
 // LimitsConfig is the `limits` section: protection against slow or hostile
@@ -104,6 +116,9 @@ const (
 	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultMaxLeaseTTL     = lease.DefaultMaxTTL
+	DefaultLeaseCounters   = lease.DefaultCounters
+	DefaultResolutions     = guard.DefaultResolutionCache
 
 	DefaultMaxBodyBytes      = 64 << 10
 	DefaultMaxHeaderBytes    = 16 << 10
@@ -146,6 +161,9 @@ func (c *Config) SetDefaults() {
 	if len(c.Identity.KeySources) == 0 {
 		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
 	}
+	setDefault(&c.FastPath.MaxLeaseTTL, DefaultMaxLeaseTTL)
+	setDefault(&c.FastPath.Counters, DefaultLeaseCounters)
+	setDefault(&c.FastPath.Resolutions, DefaultResolutions)
 	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	setDefault(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
@@ -225,6 +243,15 @@ func (c *Config) Validate() error {
 	}
 	if !(c.FailureShare > 0 && c.FailureShare <= 1) {
 		bad("failure_share", "%v is not in (0, 1]", c.FailureShare)
+	}
+	if c.FastPath.MaxLeaseTTL < 0 {
+		bad("fast_path.max_lease_ttl", "must not be negative")
+	}
+	if c.FastPath.Counters < 1 {
+		bad("fast_path.counters", "must be at least 1")
+	}
+	if c.FastPath.Resolutions < 1 {
+		bad("fast_path.resolutions", "must be at least 1")
 	}
 	for i, s := range c.Identity.KeySources {
 		if _, err := httpguard.ParseKeySource(s); err != nil {
