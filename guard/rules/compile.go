@@ -603,6 +603,7 @@ func (c *compiler) finish(name string, alg Algorithm, v paramVals, block bool, p
 		} else {
 			// capacity × period ÷ N
 			f = new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(p.Limit), big.NewInt(v.ratePeriod)), big.NewInt(v.rateN))
+			p.RatePeriod = v.ratePeriod
 		}
 		return full(v.rateField(), f)
 	case GCRA:

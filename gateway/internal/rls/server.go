@@ -211,8 +211,8 @@ func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateL
 		if rr == nil || rr.FailOpen {
 			continue
 		}
-		num, den := period(rs, rr, reqs[i].Key, d.KeyID)
-		st.CurrentLimit = currentLimit(rr.ID, rr.Limit, num, den)
+		num, den, own := period(rs, rr, reqs[i].Key, d.KeyID)
+		st.CurrentLimit = currentLimit(rr.ID, rr.Limit, num, den, own)
 		st.LimitRemaining = uint32(min(max(rr.Remaining, 0), math.MaxUint32))
 		st.DurationUntilReset = untilReset(rr.Reset, d.Time)
 	}

@@ -431,6 +431,7 @@ rules:
 		second = rlsv3.RateLimitResponse_RateLimit_SECOND
 		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
 		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
+		day    = rlsv3.RateLimitResponse_RateLimit_DAY
 		week   = rlsv3.RateLimitResponse_RateLimit_WEEK
 	)
 	for _, tt := range []struct {
@@ -438,11 +439,12 @@ rules:
 		n      uint32
 		unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
-		{"half", "sk_u", 30, minute},   // 0.5/s
-		{"hundred", "sk_u", 1, second}, // 100/1m is 1.67/s: floor 1 per SECOND (SPEC §4)
+		{"half", "sk_u", 30, minute},       // 0.5/s: floor(rate × unit) in the smallest unit where ≥ 1
+		{"hundred", "sk_u", 100, minute},   // a window of one unit: 100 per 1m is 100 per MINUTE (SPEC §4)
+		{"hundred", "sk_half", 50, minute}, // factor 0.5
 		{"ten", "sk_u", 10, second},
-		{"day", "sk_u", 41, hour},   // 1000/1d is 41.67 per hour
-		{"gcra", "sk_u", 1, minute}, // the rate is limit/window: 1.5 per minute
+		{"day", "sk_u", 1000, day}, // 1000 per DAY, not 41 per HOUR
+		{"gcra", "sk_u", 90, hour}, // its limit per its window, not its burst
 		{"third", "sk_u", 20, minute},
 		{"weekly", "sk_u", 3, week},   // below one a day
 		{"vip", "sk_u", 10, minute},   // 10/1m
