@@ -68,6 +68,12 @@ type Config struct {
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
 
+	Pprof bool `yaml:"pprof" doc:"Serve Go's profiles under /debug/pprof/ on metrics_listen (CPU, heap, goroutines of the running gateway). Off by default: profiles show internals, so keep metrics_listen on loopback."`
+
+	// Runtime is applied by bin/gateway to the Go runtime (New ignores it:
+	// a library does not change its process's garbage collector).
+	Runtime RuntimeConfig `yaml:"runtime"`
+
 	// Log is used by bin/gateway to build its logger (New takes a
 	// *slog.Logger and ignores it).
 	Log configs.Log `yaml:"log"`
@@ -90,6 +96,16 @@ type FastPathConfig struct {
 	MaxLeaseTTL time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time, windows to their window's end."`
 	Counters    int           `yaml:"counters" doc:"Counters this gateway keeps leases and negative-cache entries for; beyond it, idle counters make room and the others go to Redis."`
 	Resolutions int           `yaml:"resolutions" doc:"Requests (key, endpoint, method, domain) whose resolution (key_id, lists, matched rules, counter names) is cached until the rules or controls change."`
+}
+
+// RuntimeConfig is the `runtime` section: the Go garbage collector of
+// bin/gateway. A decision allocates little, but what it does allocate on a
+// small heap made the collector run some twenty times a second; a high
+// GOGC with a memory limit as the backstop cut the CPU per decision
+// (docs/benchmarks.md).
+type RuntimeConfig struct {
+	GCPercent     int `yaml:"gc_percent" doc:"Go's GOGC for bin/gateway: the heap may grow by this many percent of the live heap between collections. The GOGC variable, when set, wins."`
+	MemoryLimitMB int `yaml:"memory_limit_mb" doc:"Go's soft memory limit for bin/gateway in MiB: past it the collector runs as often as needed whatever gc_percent says. The GOMEMLIMIT variable, when set, wins."`
 }
 
 // LimitsConfig is the `limits` section: protection against slow or hostile
@@ -116,6 +132,8 @@ const (
 	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultGCPercent       = 1000
+	DefaultMemoryLimitMB   = 1024
 	DefaultMaxLeaseTTL     = lease.DefaultMaxTTL
 	DefaultLeaseCounters   = lease.DefaultCounters
 	DefaultResolutions     = guard.DefaultResolutionCache
@@ -161,6 +179,8 @@ func (c *Config) SetDefaults() {
 	if len(c.Identity.KeySources) == 0 {
 		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
 	}
+	setDefault(&c.Runtime.GCPercent, DefaultGCPercent)
+	setDefault(&c.Runtime.MemoryLimitMB, DefaultMemoryLimitMB)
 	setDefault(&c.FastPath.MaxLeaseTTL, DefaultMaxLeaseTTL)
 	setDefault(&c.FastPath.Counters, DefaultLeaseCounters)
 	setDefault(&c.FastPath.Resolutions, DefaultResolutions)
@@ -243,6 +263,12 @@ func (c *Config) Validate() error {
 	}
 	if !(c.FailureShare > 0 && c.FailureShare <= 1) {
 		bad("failure_share", "%v is not in (0, 1]", c.FailureShare)
+	}
+	if c.Runtime.GCPercent < 1 {
+		bad("runtime.gc_percent", "must be at least 1")
+	}
+	if c.Runtime.MemoryLimitMB < 1 {
+		bad("runtime.memory_limit_mb", "must be at least 1")
 	}
 	if c.FastPath.MaxLeaseTTL < 0 {
 		bad("fast_path.max_lease_ttl", "must not be negative")
