@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -29,6 +28,10 @@ import (
 // minPingTimeout bounds the Redis PING of /readyz from below.
 const minPingTimeout = 100 * time.Millisecond
 
+// grpcStreamWorkers is the number of goroutines serving gRPC streams
+// (parked until a call comes; each keeps its grown stack, a few KiB).
+const grpcStreamWorkers = 256
+
 // maxGRPCMessage bounds one gRPC request: RLS calls are small.
 const maxGRPCMessage = 1 << 20
 
@@ -43,10 +46,12 @@ type grpcServer struct {
 func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
-		// Serve streams on a fixed pool of goroutines instead of a new
-		// one per call, whose stack grows afresh every time (a quarter
-		// of gRPC's CPU under load, docs/benchmarks.md).
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		// Serve streams on a pool of goroutines instead of a new one per
+		// call, whose stack grows afresh every time (a quarter of gRPC's
+		// CPU under load, docs/benchmarks.md). A call finding no idle
+		// worker still gets a goroutine of its own, so the pool covers
+		// the calls in flight at a busy gateway, not just the CPUs.
+		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
 	}

@@ -54,7 +54,7 @@ func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, de
 	return uint64(max(rr.Window, 1)) * 1_000_000, 1, 0
 }
 
-// currentLimit expresses limit units per num/den µs as Envoy's
+// currentLimit sets rl to limit units per num/den µs as Envoy's
 // current_limit (SPEC §4). A rule whose own period (own µs, see period) is
 // exactly one SECOND, MINUTE, HOUR or DAY is reported in that unit, as its
 // rate over it: a window's limit (100 per 1m is 100 per MINUTE), a gcra
@@ -62,18 +62,18 @@ func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, de
 // N/period`. Otherwise it is floor(rate × unit) in the smallest unit where
 // that is at least 1 (YEAR, possibly with 0, below one a year), at most
 // MaxUint32.
-func currentLimit(name string, limit int64, num, den, own uint64) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name}
+func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, limit int64, num, den, own uint64) {
+	rl.Name, rl.RequestsPerUnit = name, 0
 	if limit <= 0 || num == 0 {
 		rl.Unit = units[0].unit
-		return rl
+		return
 	}
 	for _, u := range units[:4] {
 		if own == u.us {
 			// rate × own = limit × den × own / num.
 			if n := mulDiv(uint64(limit), den, u.us, num); n >= 1 {
 				rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(n, math.MaxUint32))
-				return rl
+				return
 			}
 		}
 	}
@@ -85,7 +85,6 @@ func currentLimit(name string, limit int64, num, den, own uint64) *rlsv3.RateLim
 			break
 		}
 	}
-	return rl
 }
 
 // mulDiv returns floor(a × b × c / d) for d > 0, saturating at MaxUint64.

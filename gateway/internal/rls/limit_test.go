@@ -78,7 +78,7 @@ rules:
 			r := rs.Rule(tt.id)
 			rr := guard.RuleResult{ID: r.ID, Algorithm: r.Algorithm, Limit: r.Params.Limit, Window: r.Params.PolicyWindow(r.Algorithm)}
 			num, den, own := period(rs, &rr, "", "")
-			cl := currentLimit(rr.ID, rr.Limit, num, den, own)
+			cl := limitOf(rr.ID, rr.Limit, num, den, own)
 			if cl.Name != tt.id || cl.RequestsPerUnit != tt.n || cl.Unit != tt.unit {
 				t.Errorf("current_limit %v, want %d per %v", cl, tt.n, tt.unit)
 			}
@@ -89,12 +89,12 @@ rules:
 	// limit ÷ RateLimit-Policy w.
 	rr := guard.RuleResult{ID: "gone", Algorithm: rules.FixedWindow, Limit: 120, Window: 60}
 	num, den, own := period(rs, &rr, "", "")
-	if cl := currentLimit(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 2 || cl.Unit != second {
+	if cl := limitOf(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 2 || cl.Unit != second {
 		t.Errorf("gone rule: %v, want 2 per SECOND", cl)
 	}
 	rr = guard.RuleResult{ID: "half", Algorithm: rules.FixedWindow, Limit: 1, Window: 2}
 	num, den, own = period(rs, &rr, "", "")
-	if cl := currentLimit(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 30 || cl.Unit != minute {
+	if cl := limitOf(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 30 || cl.Unit != minute {
 		t.Errorf("rule whose algorithm changed: %v, want 30 per MINUTE", cl)
 	}
 }
@@ -128,4 +128,11 @@ func TestMulDiv(t *testing.T) {
 			t.Fatalf("mulDiv(%d, %d, %d, %d) = %d, want %d", a, b, c, d, got, want)
 		}
 	}
+}
+
+// limitOf returns currentLimit's answer.
+func limitOf(name string, limit int64, num, den, own uint64) *rlsv3.RateLimitResponse_RateLimit {
+	rl := new(rlsv3.RateLimitResponse_RateLimit)
+	currentLimit(rl, name, limit, num, den, own)
+	return rl
 }
