@@ -26,24 +26,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/loadtest"
+	"github.com/tollgate/tollgate/loadtest/internal/fleet"
 	"github.com/tollgate/tollgate/loadtest/internal/procstat"
 )
 
@@ -98,26 +91,12 @@ func main() {
 
 // side is one rate-limit service under test with its own Redis.
 type side struct {
-	name  string
-	addr  string // gRPC
-	proc  *exec.Cmd
-	done  chan error
+	*fleet.Process
 	redis *redisserver.Server
 }
 
-func (s *side) pid() int { return s.proc.Process.Pid }
-
-// stop ends the service and waits for it.
 func (s *side) stop() {
-	if s.proc != nil && s.proc.Process != nil {
-		_ = s.proc.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.done:
-		case <-time.After(10 * time.Second):
-			_ = s.proc.Process.Kill()
-			<-s.done
-		}
-	}
+	s.Stop()
 	if s.redis != nil {
 		_ = s.redis.Stop()
 	}
@@ -196,7 +175,7 @@ func run(ctx context.Context, o options, log *slog.Logger, out io.Writer) error 
 				if err != nil {
 					return err
 				}
-				log.Info("run", "scenario", sc.name, "side", s.name, "round", r,
+				log.Info("run", "scenario", sc.name, "side", s.Name, "round", r,
 					"decisions_per_s", int(res.PerSecond), "cpu_us", round1(res.CPUus),
 					"redis_cpu_us", round1(res.RedisCPUus), "redis_calls", round3(res.RedisCalls), "p99_ms", res.P99ms)
 				all = append(all, res)
@@ -216,99 +195,17 @@ func run(ctx context.Context, o options, log *slog.Logger, out io.Writer) error 
 	return nil
 }
 
-// freeAddr returns a free loopback host:port.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-func port(addr string) string {
-	_, p, _ := net.SplitHostPort(addr)
-	return p
-}
-
-// startProcess starts bin with env and waits until its RLS answers.
-func startProcess(ctx context.Context, s *side, bin string, env []string, logPath string) error {
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return fmt.Errorf("start %s: %w", bin, err)
-	}
-	s.proc, s.done = cmd, make(chan error, 1)
-	go func() {
-		s.done <- cmd.Wait()
-		lf.Close()
-	}()
-	return waitRLS(ctx, s, logPath)
-}
-
-// waitRLS calls the service until it answers a ShouldRateLimit.
-func waitRLS(ctx context.Context, s *side, logPath string) error {
-	cc, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	c := rlsv3.NewRateLimitServiceClient(cc)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := c.ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "probe", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: "probe"}, {Key: "path", Value: "/"}}},
-		}})
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case err := <-s.done:
-			s.done <- err
-			b, _ := os.ReadFile(logPath)
-			return fmt.Errorf("%s exited (%v): %s", s.name, err, tail(string(b)))
-		default:
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			b, _ := os.ReadFile(logPath)
-			return fmt.Errorf("%s does not answer at %s: %v: %s", s.name, s.addr, err, tail(string(b)))
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func tail(s string) string {
-	if len(s) > 2000 {
-		return s[len(s)-2000:]
-	}
-	return s
-}
-
 // startRatelimit starts envoyproxy/ratelimit with its defaults (no local
 // cache, statsd off), a Redis of its own and the scenarios' limits.
 func startRatelimit(ctx context.Context, bin, dir string, log *slog.Logger) (*side, error) {
-	rd, err := redisserver.Start(ctx, redisserver.WithLogger(log))
+	rd, err := fleet.StartRedis(ctx, log)
 	if err != nil {
 		return nil, err
 	}
-	s := &side{name: "envoyproxy/ratelimit", redis: rd}
-	cfgDir := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
-		return s, err
-	}
+	s := &side{redis: rd}
+	confs := map[string]string{}
 	for _, sc := range scenarios {
-		conf := fmt.Sprintf(`domain: %s
+		confs[sc.domain] = fmt.Sprintf(`domain: %s
 descriptors:
   - key: api_key
     descriptors:
@@ -317,69 +214,39 @@ descriptors:
           unit: hour
           requests_per_unit: %d
 `, sc.domain, sc.limit)
-		if err := os.WriteFile(filepath.Join(cfgDir, sc.domain+".yaml"), []byte(conf), 0o644); err != nil {
-			return s, err
-		}
 	}
-	var addrs [3]string
-	for i := range addrs {
-		if addrs[i], err = freeAddr(); err != nil {
-			return s, err
-		}
-	}
-	s.addr = addrs[0]
-	env := []string{
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(addrs[0]),
-		"HOST=127.0.0.1", "PORT=" + port(addrs[1]),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(addrs[2]),
-		"USE_STATSD=false", "LOG_LEVEL=warn",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + rd.Addr(),
-		"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
-		"RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
-	}
-	return s, startProcess(ctx, s, bin, env, filepath.Join(dir, "ratelimit.log"))
+	s.Process, err = fleet.StartRatelimit(ctx, fleet.Ratelimit{Bin: bin, Dir: dir, Redis: rd.Addr(), Configs: confs})
+	return s, err
 }
 
 // startGateway starts the Tollgate gateway with only its Envoy RLS
 // listener, a Redis of its own and the scenarios' limits.
 func startGateway(ctx context.Context, o options, dir string, log *slog.Logger) (*side, error) {
-	rd, err := redisserver.Start(ctx, redisserver.WithLogger(log))
+	rd, err := fleet.StartRedis(ctx, log)
 	if err != nil {
 		return nil, err
 	}
-	s := &side{name: "tollgate", redis: rd}
+	s := &side{redis: rd}
 	var b strings.Builder
 	b.WriteString("rules:\n")
 	for _, sc := range scenarios {
 		fmt.Fprintf(&b, "  - {id: %s, match: {domain: %s}, algorithm: fixed_window, limit: %d, window: 1h}\n", sc.name, sc.domain, sc.limit)
 	}
-	rulesFile := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rulesFile, []byte(b.String()), 0o644); err != nil {
-		return s, err
-	}
-	if s.addr, err = freeAddr(); err != nil {
-		return s, err
-	}
-	env := []string{
-		"TOLLGATE_KEY_SECRET=sidebyside-secret-0123456789",
-		"TOLLGATE_RULES_FILE=" + rulesFile,
-		"TOLLGATE_REDIS_ADDRS=" + rd.Addr(),
-		"TOLLGATE_GRPC_LISTEN=" + s.addr,
-		"TOLLGATE_API_LISTEN=off", "TOLLGATE_METRICS_LISTEN=off",
-		"TOLLGATE_LOG_LEVEL=warn", "TOLLGATE_GATEWAY_ID=sidebyside",
-		"TOLLGATE_DATA_DIR=" + filepath.Join(dir, "data"),
-	}
+	var env []string
 	if o.gatewayEnv != "" {
-		env = append(env, strings.Split(o.gatewayEnv, ",")...)
+		env = strings.Split(o.gatewayEnv, ",")
 	}
-	return s, startProcess(ctx, s, o.gateway, env, filepath.Join(dir, "gateway.log"))
+	s.Process, err = fleet.StartGateway(ctx, fleet.Gateway{
+		Bin: o.gateway, Dir: dir, Name: "tollgate", Rules: b.String(), Redis: rd.Addr(), Env: env,
+	})
+	return s, err
 }
 
 // loadConfig is the load of one run against s.
 func loadConfig(o options, s *side, sc scenario) loadtest.Config {
 	cfg := loadtest.DefaultConfig()
 	cfg.Target = loadtest.TargetGRPC
-	cfg.Addr = s.addr
+	cfg.Addr = s.GRPC
 	cfg.Domain = sc.domain
 	cfg.Workers = o.workers
 	cfg.Keys = o.keys
@@ -395,10 +262,10 @@ func warm(ctx context.Context, o options, s *side, sc scenario) error {
 	cfg.Duration = time.Minute
 	sum, err := loadtest.Run(ctx, cfg, nil)
 	if err != nil {
-		return fmt.Errorf("warm %s %s: %w", s.name, sc.name, err)
+		return fmt.Errorf("warm %s %s: %w", s.Name, sc.name, err)
 	}
 	if sum.Errors > 0 {
-		return fmt.Errorf("warm %s %s: %d errors", s.name, sc.name, sum.Errors)
+		return fmt.Errorf("warm %s %s: %d errors", s.Name, sc.name, sum.Errors)
 	}
 	return nil
 }
@@ -407,7 +274,7 @@ func warm(ctx context.Context, o options, s *side, sc scenario) error {
 func measure(ctx context.Context, o options, s *side, sc scenario, round int) (result, error) {
 	cfg := loadConfig(o, s, sc)
 	cfg.Duration = o.duration
-	cfg.PID = s.pid()
+	cfg.PID = s.Pid()
 	cfg.Redis = []string{s.redis.Addr()}
 	rb, err := procstat.CPUTime(s.redis.Pid())
 	if err != nil {
@@ -415,14 +282,14 @@ func measure(ctx context.Context, o options, s *side, sc scenario, round int) (r
 	}
 	sum, err := loadtest.Run(ctx, cfg, nil)
 	if err != nil {
-		return result{}, fmt.Errorf("%s %s round %d: %w", s.name, sc.name, round, err)
+		return result{}, fmt.Errorf("%s %s round %d: %w", s.Name, sc.name, round, err)
 	}
 	ra, err := procstat.CPUTime(s.redis.Pid())
 	if err != nil {
 		return result{}, err
 	}
 	r := result{
-		Scenario: sc.name, Side: s.name, Round: round,
+		Scenario: sc.name, Side: s.Name, Round: round,
 		Decisions: sum.Decisions, Rejected: sum.Statuses["OVER_LIMIT"], Errors: sum.Errors,
 		PerSecond:      float64(sum.Decisions) / sum.ElapsedSeconds,
 		P50us:          int64(sum.LatencyUS.P50),
@@ -433,7 +300,7 @@ func measure(ctx context.Context, o options, s *side, sc scenario, round int) (r
 		ElapsedSeconds: sum.ElapsedSeconds,
 	}
 	if sum.Decisions > 0 {
-		r.RedisCPUus = float64((ra-rb).Microseconds()) / float64(sum.Decisions)
+		r.RedisCPUus = float64((ra - rb).Microseconds()) / float64(sum.Decisions)
 	}
 	if sum.Gateway != nil {
 		r.CPUus = sum.Gateway.MicrosPerDecision
@@ -441,10 +308,10 @@ func measure(ctx context.Context, o options, s *side, sc scenario, round int) (r
 	if sum.Redis != nil && sum.Decisions > 0 {
 		r.ByCommand = sum.Redis.ByCommand
 		r.RedisCommands = sum.Redis.CommandsPerDecision
-		r.RedisCalls = float64(clientCalls(s.name, sum.Redis.ByCommand)) / float64(sum.Decisions)
+		r.RedisCalls = float64(clientCalls(s.Name, sum.Redis.ByCommand)) / float64(sum.Decisions)
 	}
 	if sum.Errors > 0 {
-		return r, fmt.Errorf("%s %s round %d: %d errors (%v)", s.name, sc.name, round, sum.Errors, sum.ErrorSamples)
+		return r, fmt.Errorf("%s %s round %d: %d errors (%v)", s.Name, sc.name, round, sum.Errors, sum.ErrorSamples)
 	}
 	return r, nil
 }
@@ -560,5 +427,3 @@ func countRounds(all []result, sc string) int {
 	}
 	return n / 2
 }
-
-
