@@ -241,10 +241,10 @@ func (p *Process) logTail() string {
 	return string(b)
 }
 
-// Counters reads the tollgate_* counters of a gateway's /metrics whose
-// name starts with prefix, summed by their `result` label (or "" without
-// one).
-func Counters(ctx context.Context, metrics, prefix string) (map[string]float64, error) {
+// Counters reads the counters of a gateway's /metrics whose name starts
+// with prefix, summed by the value of their label named label ("" for
+// series without it, or when label is "").
+func Counters(ctx context.Context, metrics, prefix, label string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metrics+"/metrics", nil)
 	if err != nil {
 		return nil, err
@@ -270,12 +270,12 @@ func Counters(ctx context.Context, metrics, prefix string) (map[string]float64, 
 		if err != nil {
 			continue
 		}
-		label := ""
-		if i := strings.Index(name, `result="`); i >= 0 {
-			label = name[i+len(`result="`):]
-			label = label[:strings.IndexByte(label, '"')]
+		value := ""
+		if i := strings.Index(name, label+`="`); label != "" && i >= 0 {
+			value = name[i+len(label)+2:]
+			value = value[:strings.IndexByte(value, '"')]
 		}
-		out[label] += v
+		out[value] += v
 	}
 	return out, sc.Err()
 }
