@@ -52,6 +52,9 @@ func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds 
 		// worker still gets a goroutine of its own, so the pool covers
 		// the calls in flight at a busy gateway, not just the CPUs.
 		grpc.NumStreamWorkers(grpcStreamWorkers),
+		// RateLimitRequest and RateLimitResponse read and written by hand
+		// (other messages, health checks included, by protobuf-go).
+		grpc.ForceServerCodecV2(rls.Codec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
 	}
