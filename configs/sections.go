@@ -81,7 +81,7 @@ func (c *Kafka) Validate(prefix string) []error {
 
 // NATS is the `nats` section.
 type NATS struct {
-	URL string `yaml:"url" doc:"NATS server URL (JetStream) for fleet mode: rules, blocklist and overrides in KV buckets. Empty: static rules only."`
+	URL string `yaml:"url" doc:"NATS server URL (JetStream) for fleet mode: rules, blocklist and overrides in the KV buckets the aggregator's operator API writes; gateways watch them and keep a last-known-good copy under data_dir. Empty: static rules only (rules_file)."`
 }
 
 // HostID is the default name of a process: host name and pid.

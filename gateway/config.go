@@ -42,7 +42,7 @@ type Config struct {
 	GRPCTLSCertFile     string `yaml:"grpc_tls_cert_file" doc:"PEM certificate (chain) of the Envoy RLS listener; with grpc_tls_key_file it serves TLS. Empty: plaintext."`
 	GRPCTLSKeyFile      string `yaml:"grpc_tls_key_file" doc:"PEM private key of grpc_tls_cert_file."`
 	GRPCTLSClientCAFile string `yaml:"grpc_tls_client_ca_file" doc:"PEM CA bundle: when set, the Envoy RLS listener requires a client certificate signed by it (mutual TLS) and refuses clients without one. Needs grpc_tls_cert_file."`
-	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay."`
+	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay. In fleet mode (nats.url set) it is only the ruleset a gateway without a last-known-good copy starts from until NATS answers, and is not watched."`
 	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
 	Redis redisstore.Config `yaml:"redis"`

@@ -7,9 +7,14 @@ import (
 	"github.com/tollgate/tollgate/configs"
 )
 
+// RaiseSed is the sed expression of the banner's "raise a limit" line: it
+// turns free-default's burst of 5 into 50 in the shipped
+// configs/rules.yaml (the one line holding "capacity: 5 ").
+const RaiseSed = `s/capacity: 5 /capacity: 50 /`
+
 // printBanner writes what a newcomer needs once the stack is ready: the
-// addresses, the secrets it generated and curl lines to try. The curl lines
-// fit the shipped configs/rules.yaml.
+// addresses, the secrets it generated and curl lines to try, the operator
+// API's among them. The curl lines fit the shipped configs/rules.yaml.
 func (s *Stack) printBanner() {
 	a := s.addrs
 	proxy := "http://" + dialable(a.Proxy)
@@ -38,7 +43,7 @@ func (s *Stack) printBanner() {
 	if s.cfg.EnvFile != "" && s.cfg.EnvFile != "off" {
 		line("  join the stack   set -a; . %s; set +a   then bin/gateway or bin/aggregator (README: Joining the local stack)", s.cfg.EnvFile)
 	}
-	line("  rules            %s  (edit it: changes apply within a second)", s.cfg.RulesFile)
+	line("  rules            seeded from %s into NATS (bucket tollgate_rules); the operator API owns them now (below)", s.cfg.RulesFile)
 	line("")
 	if s.genSecret {
 		line("  key secret       %s", s.cfg.KeySecret)
@@ -50,7 +55,7 @@ func (s *Stack) printBanner() {
 		line("  admin token      %s", s.cfg.AdminToken)
 		line("                   for the operator API and reports; set %s to keep one", configs.EnvName("admin_token"))
 	} else {
-		line("  admin token      from %s", configs.EnvName("admin_token"))
+		line("  admin token      %s  (from %s)", s.cfg.AdminToken, configs.EnvName("admin_token"))
 	}
 	line("")
 	line("Try it:")
@@ -76,8 +81,19 @@ func (s *Stack) printBanner() {
 	line("  # Usage of tenant acme, per minute, from the decision stream (Kafka -> aggregator):")
 	line("  curl -s -H 'Authorization: Bearer %s' '%s/v1/usage/tenants/acme?granularity=minute'", s.cfg.AdminToken, agg)
 	line("")
-	line("  # The audit log of the control plane (the rules bucket was seeded from %s):", s.cfg.RulesFile)
-	line("  curl -s -H 'Authorization: Bearer %s' %s/admin/v1/audit", s.cfg.AdminToken, agg)
+	auth := "Authorization: Bearer " + s.cfg.AdminToken
+	line("  # The control plane: the operator API writes NATS KV and every gateway applies the change at once.")
+	line("  # Raise free-default's burst from 5 to 50: the demo key spent 5 above, so 45 are left at once")
+	line("  # (a raised limit keeps what was consumed), and its next request passes:")
+	line("  sed '%s' %s | curl -s -X PUT -H '%s' --data-binary @- %s/admin/v1/rules", RaiseSed, s.cfg.RulesFile, auth, agg)
+	line("  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: sk_free_demo' %s/v1/users/42", proxy)
+	line("")
+	line("  # Block the demo key for 10 minutes: 403 KEY_BLOCKED on every gateway, answered without Redis:")
+	line(`  curl -s -X PUT -H '%s' -d '{"ttl":"10m","reason":"demo"}' %s/admin/v1/blocklist/sk_free_demo`, auth, agg)
+	line("  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: sk_free_demo' %s/v1/users/42", proxy)
+	line("")
+	line("  # The audit log: who changed what, when (the seeding from %s, then the two changes above):", s.cfg.RulesFile)
+	line("  curl -s -H '%s' %s/admin/v1/audit", auth, agg)
 	line("")
 	line("  # Decisions so far, by rule and route (all metrics: %s/metrics):", metrics)
 	line("  curl -s %s/metrics | grep '^tollgate_checks_total'", metrics)

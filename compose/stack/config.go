@@ -45,7 +45,7 @@ type Config struct {
 	MetricsListen string `yaml:"metrics_listen" doc:"Address of the gateway's GET /metrics, /healthz and /readyz."`
 	GRPCListen    string `yaml:"grpc_listen" doc:"Address of the gateway's Envoy rate-limit gRPC service (envoy.service.ratelimit.v3)."`
 	DemoListen    string `yaml:"demo_listen" doc:"Address of the demo API the proxy forwards to: JSON for any path, GET /v1/slow?ms=N for latency."`
-	RulesFile     string `yaml:"rules_file" doc:"Rules file the gateway loads and watches: edit it while the stack runs and the change applies within a second. Relative paths start from the current directory (make run: the repository root)."`
+	RulesFile     string `yaml:"rules_file" doc:"Rules file that seeds the NATS rules bucket when it is empty (the stack's gateway runs in fleet mode and starts from it until NATS answers); afterwards change the rules through the operator API (PUT /admin/v1/rules). Relative paths start from the current directory (make run: the repository root)."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids, at least 16 bytes. Empty: generated at start and printed."`
 	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the aggregator's operator API and usage reports. Empty: generated at start and printed."`
 

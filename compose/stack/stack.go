@@ -1,8 +1,13 @@
 // Package stack is the local stack behind `make run` (SPEC §9): in one
 // process it starts Redis (a redis-server from PATH on a free port, else an
-// embedded stand-in), a demo API and a gateway in front of it, prints the
-// addresses and a few curl lines to try, and stops everything in order when
-// its context ends. Later versions add NATS, Kafka and the aggregator.
+// embedded stand-in), an embedded NATS server, an embedded Kafka-protocol
+// broker, the aggregator, a demo API and a gateway in front of it, prints
+// the addresses and curl lines to try, and stops everything in order when
+// its context ends. The gateway runs in fleet mode: its rules, blocklist
+// and overrides come from the NATS KV buckets that the aggregator seeds
+// from rules_file and its operator API changes, so the banner's operator
+// API lines take effect on it at once, and on any gateway that joins
+// through bin/stack.env.
 //
 //	cfg, err := stack.LoadConfig(nil) // TOLLGATE_* variables
 //	st, err := stack.New(cfg, logger)
@@ -16,6 +21,7 @@ package stack
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -295,7 +301,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		return nil
 	})
 
-	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr), s.log.With(slog.String(partKey, "gateway")))
+	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr, ns.ClientURL(), dataDir), s.log.With(slog.String(partKey, "gateway")))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Taken since New checked: name the variable again.
@@ -327,12 +333,22 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		url  string
 		run  *task
 	}{{"gateway", "http://" + dialable(s.addrs.Metrics) + "/readyz", gwRun}, {"aggregator", "http://" + dialable(s.addrs.AggregatorMetrics) + "/readyz", aggRun}} {
-		if err := s.waitReady(ctx, w.name, w.url, w.run); err != nil {
+		if err := s.waitReady(ctx, w.name, w.url, w.run, nil); err != nil {
 			if ctx.Err() != nil {
 				return nil // asked to stop while starting
 			}
 			return err
 		}
+	}
+	// The banner's operator API lines act on the rules in NATS: wait until
+	// the gateway follows them (the aggregator seeds the bucket from
+	// rules_file), so they take effect as soon as they are pasted.
+	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, rulesFromNATS); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("the gateway does not follow the rules in NATS yet; the operator API's changes reach it once it does",
+			slog.String("error", err.Error()))
 	}
 	if err := s.writeEnvFile(); err != nil {
 		return err
@@ -377,8 +393,11 @@ func (t *task) report(part string) error {
 }
 
 // gatewayConfig is the configuration of the stack's gateway: the stack's
-// addresses, rules and secret, the stack's Redis and the demo API.
-func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr string) gateway.Config {
+// addresses, rules and secret, the stack's Redis and the demo API, in
+// fleet mode on the stack's NATS (its rules, blocklist and overrides come
+// from the operator API; rules_file until the aggregator has seeded the
+// rules bucket), with its files under the stack's data dir.
+func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir string) gateway.Config {
 	c := gateway.Config{
 		Listen:          s.cfg.Listen,
 		Upstream:        "http://" + demoAddr,
@@ -389,9 +408,11 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr string) gateway.Config
 		KeySecret:       s.cfg.KeySecret,
 		Redis:           redisstore.Config{Mode: redisstore.ModeStandalone, Addrs: []string{rds.addr}},
 		GatewayID:       gatewayID,
+		DataDir:         dataDir,
 		ShutdownTimeout: shutdownTimeout,
 		Log:             s.cfg.Log,
 	}
+	c.NATS.URL = natsURL
 	if rds.kind == BackendEmbedded {
 		c.Redis.Timeout = embeddedRedisTimeout
 	}
@@ -451,9 +472,21 @@ func (d *demoServer) stop() error {
 	return nil
 }
 
-// waitReady polls a part's /readyz until it answers 200, so that the
-// banner comes once the curl lines work.
-func (s *Stack) waitReady(ctx context.Context, name, url string, part *task) error {
+// rulesFromNATS reports whether a gateway's /readyz body says its rules
+// come from NATS.
+func rulesFromNATS(body []byte) bool {
+	var r struct {
+		Rules struct {
+			Source string `json:"source"`
+		} `json:"rules"`
+	}
+	return json.Unmarshal(body, &r) == nil && r.Rules.Source == "nats"
+}
+
+// waitReady polls a part's /readyz until it answers 200 (and, when accept
+// is not nil, with a body accept accepts), so that the banner comes once
+// the curl lines work.
+func (s *Stack) waitReady(ctx context.Context, name, url string, part *task, accept func([]byte) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
@@ -466,9 +499,9 @@ func (s *Stack) waitReady(ctx context.Context, name, url string, part *task) err
 			return fmt.Errorf("stack: readyz: %w", err)
 		}
 		if resp, err := client.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK && (accept == nil || accept(body)) {
 				return nil
 			}
 		}

@@ -116,26 +116,21 @@ func validOverride(e *tollgatev1.OverrideEntry) bool {
 	return err == nil
 }
 
-// save writes the state as the last-known-good copy, atomically: to a
-// temporary file in the same directory, fsynced, renamed over the copy,
-// and the directory fsynced, so a crash leaves the old copy or the new
-// one, never a mix.
-func (s *Syncer) save() error {
+// encode renders the state as the last-known-good copy.
+func (s *Syncer) encode() ([]byte, error) {
 	f := lkg{Format: lkgFormat, SavedAt: time.Now().UTC(), Rules: s.state.rules,
 		Blocklist: s.state.lists, Overrides: s.state.overrides}
 	b, err := json.MarshalIndent(&f, "", " ")
 	if err != nil {
-		return fmt.Errorf("rulesync: encode last-known-good copy: %w", err)
+		return nil, fmt.Errorf("rulesync: encode last-known-good copy: %w", err)
 	}
-	if err := writeAtomic(s.cfg.Dir, LKGFile, b); err != nil {
-		return fmt.Errorf("rulesync: write last-known-good copy: %w", err)
-	}
-	return nil
+	return b, nil
 }
 
-// writeAtomic replaces dir/name with data: temporary file, fsync, rename,
-// fsync of the directory. dir is created (0700) when missing; the file is
-// 0600.
+// writeAtomic replaces dir/name with data: a temporary file in the same
+// directory, fsynced, renamed over the copy, and the directory fsynced, so
+// a crash leaves the old copy or the new one, never a mix. dir is created
+// (0700) when missing; the file is 0600.
 func writeAtomic(dir, name string, data []byte) (err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

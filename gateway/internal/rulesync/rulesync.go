@@ -7,7 +7,9 @@
 // guard.Controls update. After every applied change it writes a
 // last-known-good copy to disk (lkg.json, written to a temporary file,
 // fsynced and renamed), from which a gateway starts when NATS is
-// unreachable.
+// unreachable. The copy is written after the change is in force, by a
+// goroutine of its own, so a slow disk never delays the next change; of a
+// burst of changes, the newest state is written.
 //
 // # What arrives, and what is refused
 //
@@ -41,8 +43,12 @@
 //
 // Run owns the NATS connection; nats.go runs its reader, flusher and
 // callback dispatcher goroutines for it, and Run closes the connection
-// before it returns. Everything else happens on Run's goroutine, which
-// owns the Syncer's state: it needs no lock.
+// before it returns. Stopping a session's watchers can take seconds right
+// after a server restart, so it runs on a goroutine of its own, which Run
+// waits for before it returns; so does the saver, which writes the
+// last-known-good copy and finishes the last one before Run returns.
+// Everything else happens on Run's goroutine, which owns the Syncer's
+// state: it needs no lock.
 package rulesync
 
 import (
@@ -52,6 +58,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,8 +86,8 @@ const (
 	// DefaultReconnectWait is Config.ReconnectWait's default.
 	DefaultReconnectWait = 250 * time.Millisecond
 	// opTimeout bounds one JetStream request (opening a bucket, creating a
-	// watcher).
-	opTimeout = 2 * time.Second
+	// watcher): a lost request costs this much before the retry.
+	opTimeout = time.Second
 	// initialTimeout bounds the delivery of the buckets' current content
 	// at the start of a session.
 	initialTimeout = 10 * time.Second
@@ -131,8 +138,10 @@ type Syncer struct {
 	cfg Config
 	log *slog.Logger
 
-	synced      chan struct{} // closed after the first complete read
-	nc          atomic.Pointer[nats.Conn]
+	synced   chan struct{} // closed after the first complete read
+	nc       atomic.Pointer[nats.Conn]
+	retiring sync.WaitGroup // stopWatchers of ended sessions; Run waits
+
 	syncedFlag  atomic.Bool
 	lastApplied atomic.Int64 // Unix ns of the last applied change; 0: none
 
@@ -141,7 +150,7 @@ type Syncer struct {
 	applied *rulefile.Ruleset // the ruleset of state.rules
 	refused string            // identity of the last refused ruleset
 	failing string            // the session problem last logged
-	saveErr string            // the save problem last logged
+	toSave  chan []byte       // to the saver: the newest copy not written yet
 }
 
 // state is what the Syncer holds from the buckets, by KV key.
@@ -183,7 +192,7 @@ func New(cfg Config) (*Syncer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Syncer{cfg: cfg, log: log, synced: make(chan struct{}), state: newState()}, nil
+	return &Syncer{cfg: cfg, log: log, synced: make(chan struct{}), state: newState(), toSave: make(chan []byte, 1)}, nil
 }
 
 // Synced is closed once the buckets have been read whole for the first
@@ -250,6 +259,14 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return fmt.Errorf("rulesync: connect %s: %w", redactURL(s.cfg.URL), err)
 	}
 	s.nc.Store(nc)
+	var saving sync.WaitGroup
+	saving.Go(s.saver)
+	// In this order on return: the connection closed, which ends the
+	// requests of watchers still being stopped; those waited for; the last
+	// copy written.
+	defer saving.Wait()
+	defer close(s.toSave)
+	defer s.retiring.Wait()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -309,7 +326,7 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 	if err != nil {
 		return err
 	}
-	defer w.stop()
+	defer s.retire(w.rules, w.lists, w.overrides)
 
 	// The current content: each watcher sends it, then nil.
 	next := newState()
@@ -380,6 +397,13 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 }
 
 // watch opens the buckets and watches every key of them.
+//
+// Right after a NATS server restarts, a request to create a watcher's
+// consumer may go unanswered, and nats.go would wait 5 s for it. The
+// watcher's context is also its lifetime (cancelling it stops the
+// watcher), so each creation gets a context of its own, cancelled by a
+// timer if the creation takes longer than opTimeout: the session then
+// fails fast and the next one retries.
 func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, error) {
 	w := &buckets{}
 	for _, b := range []struct {
@@ -393,12 +417,12 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 	} {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
 		kv, err := js.KeyValue(octx, b.name)
-		if err == nil {
-			*b.dst, err = kv.Watch(ctx, b.keys)
-		}
 		cancel()
+		if err == nil {
+			*b.dst, err = s.watchKeys(ctx, kv, b.keys)
+		}
 		if err != nil {
-			w.stop()
+			s.retire(w.rules, w.lists, w.overrides)
 			if errors.Is(err, jetstream.ErrBucketNotFound) {
 				return nil, fmt.Errorf("rulesync: bucket %s does not exist yet (the aggregator creates it)", b.name)
 			}
@@ -408,17 +432,53 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 	return w, nil
 }
 
-// stop stops the watchers and waits, a bounded time, for their deliveries
-// to end: a delivery blocked on a full Updates channel would otherwise
-// hold a nats.go goroutine forever.
-func (w *buckets) stop() {
+// watchKeys creates a watcher of keys that lives until ctx is done, giving
+// up on its creation after opTimeout. (The timer's function, run by the
+// runtime on a goroutine of its own, only cancels a context: nothing to
+// wait for.)
+func (s *Syncer) watchKeys(ctx context.Context, kv jetstream.KeyValue, keys string) (jetstream.KeyWatcher, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	abort := time.AfterFunc(opTimeout, cancel)
+	kw, err := kv.Watch(wctx, keys)
+	if !abort.Stop() {
+		// The timer fired: the creation was aborted, or ended just then
+		// with a watcher already stopped by the cancel.
+		if err == nil {
+			s.retire(kw)
+		}
+		return nil, fmt.Errorf("creating the watcher took more than %v", opTimeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	// cancel is called when ctx ends (it is wctx's parent).
+	return kw, nil
+}
+
+// retire stops watchers (nil ones are skipped) on a goroutine of their
+// own, which Run waits for before it returns: stopping one deletes its
+// consumer, a request that may go unanswered for 5 s right after a NATS
+// server restarts, and the next session must not wait for that.
+func (s *Syncer) retire(kws ...jetstream.KeyWatcher) {
+	s.retiring.Go(func() { stopWatchers(kws...) })
+}
+
+// stopWatchers stops watchers and then waits, at most stopTimeout in all,
+// for their deliveries to end: a delivery blocked on a full Updates
+// channel would otherwise hold a nats.go goroutine forever.
+func stopWatchers(kws ...jetstream.KeyWatcher) {
+	for _, kw := range kws {
+		if kw != nil {
+			_ = kw.Stop()
+		}
+	}
 	deadline := time.NewTimer(stopTimeout)
 	defer deadline.Stop()
-	for _, kw := range []jetstream.KeyWatcher{w.rules, w.lists, w.overrides} {
+	for _, kw := range kws {
 		if kw == nil {
 			continue
 		}
-		_ = kw.Stop()
 	drain:
 		for {
 			select {
@@ -457,17 +517,38 @@ func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
 }
 
 // changed records an applied change: the time, and the last-known-good
-// copy.
+// copy, which the saver writes.
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
-	if err := s.save(); err != nil {
-		if msg := err.Error(); msg != s.saveErr {
-			s.saveErr = msg
-			s.log.Error("last-known-good copy not written; the gateway would restart from an older one", slog.String("error", msg))
-		}
+	b, err := s.encode()
+	if err != nil {
+		s.log.Error("last-known-good copy not written", slog.String("error", err.Error()))
 		return
 	}
-	s.saveErr = ""
+	// The saver writes the newest copy: one it has not started on is
+	// replaced (only this goroutine sends).
+	select {
+	case <-s.toSave:
+	default:
+	}
+	s.toSave <- b
+}
+
+// saver writes the copies changed hands it until toSave is closed, so that
+// a change is in force before the disk has it and a slow fsync never
+// delays the next change; a burst of changes costs one write.
+func (s *Syncer) saver() {
+	failing := ""
+	for b := range s.toSave {
+		if err := writeAtomic(s.cfg.Dir, LKGFile, b); err != nil {
+			if msg := err.Error(); msg != failing {
+				failing = msg
+				s.log.Error("last-known-good copy not written; the gateway would restart from an older one", slog.String("error", msg))
+			}
+			continue
+		}
+		failing = ""
+	}
 }
 
 func rulesVersion(e *tollgatev1.RulesEntry) int64 {

@@ -1,0 +1,236 @@
+package stack_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/compose/redisserver"
+	"github.com/tollgate/tollgate/compose/stack"
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+// operator calls the stack's operator API with the banner's token.
+func operator(t *testing.T, r *running, token, method, path string, body []byte) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+r.addrs.Aggregator+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, b := do(t, req)
+	return resp.StatusCode, b
+}
+
+// bannerValue returns what follows label on the banner's line for it.
+func bannerValue(t *testing.T, banner, label string) string {
+	t.Helper()
+	for _, line := range strings.Split(banner, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), label); ok {
+			return strings.Fields(rest)[0]
+		}
+	}
+	t.Fatalf("banner has no %q line:\n%s", label, banner)
+	return ""
+}
+
+// readEnvFile reads bin/stack.env's KEY=VALUE lines.
+func readEnvFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("stack.env line %q is not KEY=VALUE", line)
+		}
+		env[k] = v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// TestFleetJourney is the done-when of the control plane: a newcomer runs
+// make run, follows the printed curl lines — spends the demo key, raises
+// its limit and blocks it through the operator API — and sees each take
+// effect at once on the gateway, and on a second gateway joined through
+// bin/stack.env.
+func TestFleetJourney(t *testing.T) {
+	t.Parallel()
+	if _, err := redisserver.LookPath(); err != nil {
+		t.Fatalf("%v (make deps installs it)", err)
+	}
+	cfg := testConfig(stack.RedisServer)
+	cfg.EnvFile = filepath.Join(t.TempDir(), "stack.env")
+	r := start(t, cfg)
+	defer r.stop(t)
+	banner := r.banner.String()
+	token := bannerValue(t, banner, "admin token")
+	agg := "http://" + r.addrs.Aggregator
+	proxy := "http://" + r.addrs.Proxy
+
+	// The banner's lines, as printed.
+	for _, want := range []string{
+		fmt.Sprintf("sed '%s' %s | curl -s -X PUT -H 'Authorization: Bearer %s' --data-binary @- %s/admin/v1/rules", stack.RaiseSed, rulesFile, token, agg),
+		fmt.Sprintf(`curl -s -X PUT -H 'Authorization: Bearer %s' -d '{"ttl":"10m","reason":"demo"}' %s/admin/v1/blocklist/sk_free_demo`, token, agg),
+		fmt.Sprintf("curl -s -H 'Authorization: Bearer %s' %s/admin/v1/audit", token, agg),
+		fmt.Sprintf(`curl -s -o /dev/null -w '%%{http_code}\n' -H 'X-API-Key: sk_free_demo' %s/v1/users/42`, proxy),
+		"seeded from " + rulesFile + " into NATS",
+	} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("banner lacks\n  %s\nin:\n%s", want, banner)
+		}
+	}
+	status := func(base string) int {
+		resp, _ := get(t, base+"/v1/users/42", "sk_free_demo")
+		return resp.StatusCode
+	}
+
+	// The stack's gateway follows NATS, seeded from the rules file.
+	resp, body := get(t, "http://"+r.addrs.Metrics+"/readyz", "")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"source":"nats"`)) {
+		t.Fatalf("gateway readyz: %d %s, want rules from nats", resp.StatusCode, body)
+	}
+
+	// Spend the demo key: five pass, the sixth is refused.
+	for i := 1; i <= 6; i++ {
+		want := http.StatusOK
+		if i == 6 {
+			want = http.StatusTooManyRequests
+		}
+		if got := status(proxy); got != want {
+			t.Fatalf("sk_free_demo request %d: %d, want %d", i, got, want)
+		}
+	}
+
+	// Raise its limit: the sed line, then the PUT.
+	src, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(src, []byte("capacity: 5 ")); n != 1 {
+		t.Fatalf("%s holds %d lines the banner's sed changes, want 1", rulesFile, n)
+	}
+	raised := bytes.Replace(src, []byte("capacity: 5 "), []byte("capacity: 50 "), 1)
+	if code, b := operator(t, r, token, "PUT", "/admin/v1/rules", raised); code != 200 {
+		t.Fatalf("PUT rules: %d %s", code, b)
+	}
+	took := testwait.Eventually(t, 2*time.Second, func() error {
+		if got := status(proxy); got != http.StatusOK {
+			return fmt.Errorf("sk_free_demo after the raise: %d", got)
+		}
+		return nil
+	})
+	t.Logf("raised limit in force on the stack's gateway %v after the operator API answered", took)
+
+	// A second gateway joins through bin/stack.env.
+	env := readEnvFile(t, cfg.EnvFile)
+	for _, k := range []string{"TOLLGATE_REDIS_ADDRS", "TOLLGATE_KAFKA_BROKERS", "TOLLGATE_NATS_URL", "TOLLGATE_KEY_SECRET", "TOLLGATE_ADMIN_TOKEN"} {
+		if env[k] == "" {
+			t.Errorf("stack.env lacks %s", k)
+		}
+	}
+	var environ []string
+	for k, v := range env {
+		environ = append(environ, k+"="+v)
+	}
+	if err := configs.CheckEnv(environ, configs.Registry()); err != nil {
+		t.Fatalf("stack.env: %v", err)
+	}
+	for k, v := range map[string]string{
+		"TOLLGATE_LISTEN": "127.0.0.1:0", "TOLLGATE_API_LISTEN": "127.0.0.1:0", "TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_GRPC_LISTEN": "off", "TOLLGATE_UPSTREAM": "http://" + r.addrs.Demo, "TOLLGATE_RULES_FILE": rulesFile,
+		"TOLLGATE_GATEWAY_ID": "second", "TOLLGATE_DATA_DIR": t.TempDir(),
+	} {
+		env[k] = v
+	}
+	gcfg, err := gateway.LoadConfig("", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := gateway.New(gcfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("part", "second-gateway"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- second.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("second gateway: %v", err)
+		}
+	}()
+	proxy2 := "http://" + second.Addrs().Proxy
+	testwait.Eventually(t, 5*time.Second, func() error {
+		resp, body := get(t, "http://"+second.Addrs().Metrics+"/readyz", "")
+		if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"source":"nats"`)) {
+			return fmt.Errorf("second gateway readyz: %d %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	// Same rules, same counters: the raised bucket, minus what was spent.
+	resp, body = get(t, proxy2+"/v1/users/42", "sk_free_demo")
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("RateLimit-Policy"), `"free-default";q=50`) {
+		t.Fatalf("second gateway: %d, RateLimit-Policy %q: %s", resp.StatusCode, resp.Header.Get("RateLimit-Policy"), body)
+	}
+
+	// Block the demo key: both gateways answer 403 at once.
+	code, b := operator(t, r, token, "PUT", "/admin/v1/blocklist/sk_free_demo", []byte(`{"ttl":"10m","reason":"demo"}`))
+	if code != 200 {
+		t.Fatalf("PUT blocklist: %d %s", code, b)
+	}
+	took = testwait.Eventually(t, 2*time.Second, func() error {
+		for _, p := range []string{proxy, proxy2} {
+			if got := status(p); got != http.StatusForbidden {
+				return fmt.Errorf("%s: sk_free_demo %d, want 403", p, got)
+			}
+		}
+		return nil
+	})
+	t.Logf("block in force on both gateways %v after the operator API answered", took)
+
+	// The audit log names both changes.
+	testwait.Eventually(t, 10*time.Second, func() error {
+		code, b := operator(t, r, token, "GET", "/admin/v1/audit", nil)
+		var out struct {
+			Entries []struct {
+				Kind   string `json:"kind"`
+				Reason string `json:"reason"`
+			} `json:"entries"`
+		}
+		if code != 200 || json.Unmarshal(b, &out) != nil {
+			return fmt.Errorf("audit: %d %s", code, b)
+		}
+		kinds := map[string]int{}
+		for _, e := range out.Entries {
+			kinds[e.Kind]++
+		}
+		if kinds["rules"] < 2 || kinds["blocklist"] < 1 {
+			return fmt.Errorf("audit kinds %v, want the seed and the raise (rules) and the block", kinds)
+		}
+		return nil
+	})
+}
