@@ -45,7 +45,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,7 +54,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/breaker"
-	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 )
 
 // Errors.
@@ -358,7 +357,7 @@ func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []gua
 	if !n.b.Allow() {
 		return 0, false, ErrBreakerOpen
 	}
-	keys, args := buildArgs(op, now, s.margin, counters)
+	keys, args := scriptargs.Build(op, now, s.margin, counters)
 	var reply any
 	var err error
 	if s.queue != nil {
@@ -597,58 +596,6 @@ func retriable(err error) bool {
 
 func isNoScript(err error) bool { return strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-var algoCodes = map[rules.Algorithm]int64{
-	rules.TokenBucket:          1,
-	rules.GCRA:                 2,
-	rules.FixedWindow:          3,
-	rules.SlidingWindowCounter: 4,
-	rules.SlidingWindowLog:     5,
-}
-
-var opCodes = map[guard.Op]int64{
-	guard.OpCheck:    1,
-	guard.OpPeek:     2,
-	guard.OpReport:   3,
-	guard.OpReset:    4,
-	guard.OpAddQuota: 5,
-	guard.OpRefund:   6,
-	guard.OpState:    7,
-	guard.OpReturn:   8,
-}
-
-// buildArgs lays out KEYS and ARGV as lua/decide.lua reads them.
-func buildArgs(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, []any) {
-	keys := make([]string, len(counters))
-	args := make([]any, 0, 3+10*len(counters))
-	args = append(args, opCodes[op], now, margin)
-	for i := range counters {
-		c := &counters[i]
-		keys[i] = c.Name
-		a, b, cc, d := ScriptParams(c.Algorithm, c.Params)
-		shadow := int64(0)
-		if c.Shadow {
-			shadow = 1
-		}
-		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d, c.Lease, c.Return)
-	}
-	return keys, args
-}
-
-// ScriptParams returns the four algorithm parameters (a, b, c, d) the script
-// takes for a counter; see each algorithm's file.
-func ScriptParams(alg rules.Algorithm, p rules.Params) (a, b, c, d int64) {
-	switch alg {
-	case rules.FixedWindow, rules.SlidingWindowLog:
-		return p.Limit, p.Window, 0, 0
-	case rules.SlidingWindowCounter:
-		s, q := guard.WindowScale(p)
-		return p.Limit, s, max(p.Precision, 1), q
-	default:
-		a, b, k := guard.BucketScale(p)
-		return p.Limit, a, b, k
-	}
-}
-
 func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 2+8*len(res) {
@@ -682,6 +629,3 @@ func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 	}
 	return now, adm == 1, nil
 }
-
-// itoa is strconv.FormatInt in base 10.
-func itoa(x int64) string { return strconv.FormatInt(x, 10) }
