@@ -26,7 +26,7 @@ STACK_PKG     := compose/cmd/tollgate-stack
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
-.PHONY: help build test deps lint ci bench run fuzz tidy-check clean generate
+.PHONY: help build test deps lint ci bench run fuzz tidy-check clean generate loadtest sidebyside
 
 help: ## List the targets (default)
 	@echo "Tollgate make targets:"
@@ -65,6 +65,15 @@ bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio o
 	@awk '/^BenchmarkCheck/ { c = ""; a = ""; for (i = 2; i <= NF; i++) { if ($$i == "checks/s") c = $$(i-1); if ($$i == "allocs/op") a = $$(i-1) } \
 		if (c != "") printf "  %-50s %10s checks/s %5s allocs/op\n", $$1, c, a }' $(BIN_DIR)/bench.txt
 	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
+
+SCENARIO ?= burst
+loadtest: deps ## Replay a SPEC §10 scenario against real processes: SCENARIO=burst|zipf|hotkey (loadtest/cmd/scenario)
+	@mkdir -p $(BIN_DIR)
+	$(GO) build -o $(BIN_DIR)/ ./gateway/cmd/gateway ./loadtest/cmd/scenario
+	$(BIN_DIR)/scenario -scenario $(SCENARIO) -gateway $(BIN_DIR)/gateway $(SCENARIOFLAGS)
+
+sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
+	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
 
 run: ## Start the local stack in the foreground: gateway, Redis, demo API (Ctrl-C stops it)
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)

@@ -153,7 +153,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("aggregator: redis: %w", err)
 	}
-	s.store = redisstore.New(s.redis, redisstore.WithTimeout(cfg.Redis.Timeout),
+	s.store = redisstore.New(s.redis, redisstore.WithTimeout(cfg.Redis.Timeout), redisstore.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
 	acfg := adminapi.Config{Audit: s.audit, Hasher: hasher, Auditor: audit.NewWriter(s.kafka, cfg.Kafka.AuditTopic),
 		Penalties: db, Commands: commander{cl: s.kafka, topic: cfg.Kafka.DecisionsTopic},
@@ -353,7 +353,7 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 	if cur := s.keyGard.Load(); cur != nil && cur.hash == rs.Hash() {
 		return cur.g, nil
 	}
-	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs, guard.WithKeyPrefix(s.cfg.Redis.KeyPrefix),
+	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs,
 		guard.WithLogger(s.log.With(slog.String("component", "guard"))))
 	if err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/lease"
 )
 
 // Off, as a listen address, disables the check API, metrics or gRPC
@@ -60,11 +61,19 @@ type Config struct {
 
 	Identity IdentityConfig `yaml:"identity"`
 
+	FastPath FastPathConfig `yaml:"fast_path"`
+
 	CostResponseHeader string `yaml:"cost_response_header" doc:"Upstream response header whose value (a positive integer, e.g. tokens of an LLM answer) the proxy charges after the response, like POST /v1/report, in addition to the request's own cost; at most max_cost. Empty: none."`
 
 	Limits LimitsConfig `yaml:"limits"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
+
+	Pprof bool `yaml:"pprof" doc:"Serve Go's profiles under /debug/pprof/ on metrics_listen (CPU, heap, goroutines of the running gateway). Off by default: profiles show internals, so keep metrics_listen on loopback."`
+
+	// Runtime is applied by bin/gateway to the Go runtime (New ignores it:
+	// a library does not change its process's garbage collector).
+	Runtime RuntimeConfig `yaml:"runtime"`
 
 	// Log is used by bin/gateway to build its logger (New takes a
 	// *slog.Logger and ignores it).
@@ -88,6 +97,25 @@ type IdentityConfig struct {
 	TenantHeader   string   `yaml:"tenant_header" doc:"Request header carrying the tenant, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
 	TierHeader     string   `yaml:"tier_header" doc:"Request header carrying the tier, set by a trusted auth layer; honoured only from trusted_proxies, and the key registry wins. Empty: none."`
 	CostHeader     string   `yaml:"cost_header" doc:"Request header carrying the request's cost (a positive integer); honoured only from trusted_proxies, and a rule's own cost wins. Empty: none."`
+}
+
+// FastPathConfig is the `fast_path` section: the guard's local fast path
+// (SPEC §2; guard/lease) and resolution cache.
+type FastPathConfig struct {
+	Disabled    bool          `yaml:"disabled" doc:"true: no leases and no negative cache, every check of a rule goes to Redis (strict rules always do)."`
+	MaxLeaseTTL time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time, windows to their window's end."`
+	Counters    int           `yaml:"counters" doc:"Counters this gateway keeps leases and negative-cache entries for; beyond it, idle counters make room and the others go to Redis."`
+	Resolutions int           `yaml:"resolutions" doc:"Requests (key, endpoint, method, domain) whose resolution (key_id, lists, matched rules, counter names) is cached until the rules or controls change."`
+}
+
+// RuntimeConfig is the `runtime` section: the Go garbage collector of
+// bin/gateway. A decision allocates little, but what it does allocate on a
+// small heap made the collector run some twenty times a second; a high
+// GOGC with a memory limit as the backstop cut the CPU per decision
+// (docs/benchmarks.md).
+type RuntimeConfig struct {
+	GCPercent     int `yaml:"gc_percent" doc:"Go's GOGC for bin/gateway: the heap may grow by this many percent of the live heap between collections. The GOGC variable, when set, wins."`
+	MemoryLimitMB int `yaml:"memory_limit_mb" doc:"Go's soft memory limit for bin/gateway in MiB: past it the collector runs as often as needed whatever gc_percent says. The GOMEMLIMIT variable, when set, wins."`
 }
 
 // LimitsConfig is the `limits` section: protection against slow or hostile
@@ -114,6 +142,11 @@ const (
 	DefaultMaxRules        = guard.DefaultMaxRules
 	DefaultFailureShare    = 0.25
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultGCPercent       = 1000
+	DefaultMemoryLimitMB   = 1024
+	DefaultMaxLeaseTTL     = lease.DefaultMaxTTL
+	DefaultLeaseCounters   = lease.DefaultCounters
+	DefaultResolutions     = guard.DefaultResolutionCache
 
 	DefaultSpoolMaxBytes      = 1 << 30
 	DefaultEventMemoryBytes   = 8 << 20
@@ -163,6 +196,11 @@ func (c *Config) SetDefaults() {
 	if len(c.Identity.KeySources) == 0 {
 		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
 	}
+	configs.Default(&c.Runtime.GCPercent, DefaultGCPercent)
+	configs.Default(&c.Runtime.MemoryLimitMB, DefaultMemoryLimitMB)
+	configs.Default(&c.FastPath.MaxLeaseTTL, DefaultMaxLeaseTTL)
+	configs.Default(&c.FastPath.Counters, DefaultLeaseCounters)
+	configs.Default(&c.FastPath.Resolutions, DefaultResolutions)
 	configs.Default(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
 	configs.Default(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	configs.Default(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
@@ -233,6 +271,21 @@ func (c *Config) Validate() error {
 	}
 	if !(c.FailureShare > 0 && c.FailureShare <= 1) {
 		bad("failure_share", "%v is not in (0, 1]", c.FailureShare)
+	}
+	if c.Runtime.GCPercent < 1 {
+		bad("runtime.gc_percent", "must be at least 1")
+	}
+	if c.Runtime.MemoryLimitMB < 1 {
+		bad("runtime.memory_limit_mb", "must be at least 1")
+	}
+	if c.FastPath.MaxLeaseTTL < 0 {
+		bad("fast_path.max_lease_ttl", "must not be negative")
+	}
+	if c.FastPath.Counters < 1 {
+		bad("fast_path.counters", "must be at least 1")
+	}
+	if c.FastPath.Resolutions < 1 {
+		bad("fast_path.resolutions", "must be at least 1")
 	}
 	for i, s := range c.Identity.KeySources {
 		if _, err := httpguard.ParseKeySource(s); err != nil {

@@ -41,6 +41,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/internal/service"
@@ -80,6 +81,7 @@ type Server struct {
 
 	client redis.UniversalClient
 	store  *redisstore.Store
+	lease  *lease.Store // nil when fast_path.disabled
 
 	rules    rulesSource
 	sync     *rulesync.Syncer // fleet mode; nil in static mode
@@ -138,7 +140,8 @@ type httpServer struct {
 // and clients connecting before Run wait in the listen queue. log may be
 // nil (discard); API keys are never logged. New does not contact NATS.
 //
-// New starts the Redis store's pipelining goroutines and nothing else; Run
+// New starts the Redis store's pipelining goroutines and the fast path's
+// lease sweep, and nothing else; Run
 // starts the servers, the rules source (the file watcher, or the NATS KV
 // watcher and its connection), the sweeper of expired controls and the
 // cost reporters, and Close (or Run's return) stops and waits for all of
@@ -166,6 +169,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.store = redisstore.New(s.client,
 		redisstore.WithTimeout(cfg.Redis.Timeout),
+		redisstore.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
 	fallback := memstore.New()
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg)
@@ -182,13 +186,24 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		observers = append(observers, eventObserver{s.events})
 	}
-	s.guard, err = guard.New(s.m.Store(s.store), []byte(cfg.KeySecret), nil,
+	// The guard's store: Redis, counted by the metrics, behind the local
+	// fast path unless it is disabled.
+	var store guard.Store = s.m.Store(s.store)
+	if !cfg.FastPath.Disabled {
+		s.lease = lease.New(store,
+			lease.WithMaxTTL(cfg.FastPath.MaxLeaseTTL),
+			lease.WithCounters(cfg.FastPath.Counters),
+			lease.WithLogger(log.With(slog.String("component", "lease"))))
+		store = s.lease
+		labelled.MustRegister(newFastPathCollector(s.lease))
+	}
+	s.guard, err = guard.New(store, []byte(cfg.KeySecret), nil,
+		guard.WithResolutionCache(cfg.FastPath.Resolutions),
 		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
 		guard.WithObserver(observers...),
-		guard.WithKeyPrefix(cfg.Redis.KeyPrefix),
 		guard.WithLogger(log.With(slog.String("component", "guard"))))
 	if err != nil {
 		s.releaseStore()
@@ -490,6 +505,10 @@ func (s *Server) releaseListeners() {
 }
 
 func (s *Server) releaseStore() {
+	if s.lease != nil {
+		// Gives back the units of every lease before Redis goes.
+		_ = s.lease.Close()
+	}
 	if s.events != nil {
 		_ = s.events.Close() // idempotent: spools what is buffered, releases the spool's lock
 	}

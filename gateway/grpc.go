@@ -28,6 +28,10 @@ import (
 // minPingTimeout bounds the Redis PING of /readyz from below.
 const minPingTimeout = 100 * time.Millisecond
 
+// grpcStreamWorkers is the number of goroutines serving gRPC streams
+// (parked until a call comes; each keeps its grown stack, a few KiB).
+const grpcStreamWorkers = 256
+
 // maxGRPCMessage bounds one gRPC request: RLS calls are small.
 const maxGRPCMessage = 1 << 20
 
@@ -42,6 +46,15 @@ type grpcServer struct {
 func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		// Serve streams on a pool of goroutines instead of a new one per
+		// call, whose stack grows afresh every time (a quarter of gRPC's
+		// CPU under load, docs/benchmarks.md). A call finding no idle
+		// worker still gets a goroutine of its own, so the pool covers
+		// the calls in flight at a busy gateway, not just the CPUs.
+		grpc.NumStreamWorkers(grpcStreamWorkers),
+		// RateLimitRequest and RateLimitResponse read and written by hand
+		// (other messages, health checks included, by protobuf-go).
+		grpc.ForceServerCodecV2(rls.Codec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
 	}

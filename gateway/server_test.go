@@ -153,6 +153,8 @@ rules:
 		`tollgate_fallback_counters`,
 		`tollgate_redis_breaker_state`,
 		`tollgate_controls_entries{gateway="test-gw",kind="blocked"} 0`,
+		`tollgate_fastpath_total{gateway="test-gw",result="lease"}`,
+		`tollgate_fastpath_leased_units_total`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(body, want) {
@@ -169,6 +171,7 @@ rules:
 		"gateway":  regexp.MustCompile(`^test-gw$`),
 		"node":     regexp.MustCompile(`^redis$`),
 		"kind":     regexp.MustCompile(`^(blocked|allowed|penalty|key_override|tenant_override)$`),
+		"result":   regexp.MustCompile(`^(lease|negative|miss|bypass)$`),
 	}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "tollgate_") {

@@ -350,3 +350,22 @@ func (s *ControlSet) override(r *rules.Rule, keyID, tenant string, now int64) (r
 	}
 	return o.Override, true
 }
+
+// statusExpiry is status with the expiry of the entry that decided it (0
+// for none, or an entry that never expires), for caches that must honour
+// it.
+func (s *ControlSet) statusExpiry(keyID string, now int64) (rules.ListStatus, int64) {
+	if e, ok := s.Blocked[keyID]; ok && live(e.Expiry, now) {
+		return rules.Blocklisted, e.Expiry
+	}
+	if e, ok := s.Allowed[keyID]; ok && live(e.Expiry, now) {
+		return rules.Allowlisted, e.Expiry
+	}
+	return rules.Unlisted, 0
+}
+
+// overrideExpiry is override with the override's expiry (0: never).
+func (s *ControlSet) overrideExpiry(r *rules.Rule, keyID, tenant string, now int64) (rules.Override, int64, bool) {
+	o, ok := s.override(r, keyID, tenant, now)
+	return o, o.Expiry, ok
+}

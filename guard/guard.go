@@ -2,11 +2,11 @@ package guard
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"log/slog"
+	"math"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -39,18 +39,19 @@ const DefaultMaxRules = 32
 // goroutines.
 type Guard struct {
 	store     Store
+	namer     func(*CounterID) string
 	fallback  Store
 	share     float64
 	hasher    *keyid.Hasher
-	prefix    string
 	maxCost   int64
 	controls  *Controls
 	clock     func() int64
-	decClock  func() int64
 	log       *slog.Logger
 	onDegr    func(error)
 	maxRules  int
 	onTooMany func(matched int)
+	cache     *resolutionCache
+	cacheSize int
 
 	rules atomic.Pointer[rules.Ruleset]
 
@@ -78,9 +79,6 @@ var _ Checker = (*Guard)(nil)
 // Option configures a Guard.
 type Option func(*Guard)
 
-// WithKeyPrefix sets the prefix of every counter's key (default "tg").
-func WithKeyPrefix(p string) Option { return func(g *Guard) { g.prefix = p } }
-
 // WithMaxCost sets the largest cost a request may ask for (default 1000).
 func WithMaxCost(n int64) Option { return func(g *Guard) { g.maxCost = n } }
 
@@ -98,12 +96,6 @@ func WithFallback(s Store, share float64) Option {
 // WithClock sets the clock for expiries of controls (Unix µs; default the
 // system clock). Counters always use the store's time.
 func WithClock(now func() int64) Option { return func(g *Guard) { g.clock = now } }
-
-// WithDecisionClock makes the guard pass its own time to the store instead
-// of letting the store use its clock (Redis TIME). It exists only so tests
-// can drive Redis and the reference model with one deterministic clock;
-// never use it in production: gateways with skewed clocks would disagree.
-func WithDecisionClock(now func() int64) Option { return func(g *Guard) { g.decClock = now } }
 
 // WithLogger sets the logger (default: discard). Keys are never logged.
 // While the store fails, the guard logs one warning per second at most,
@@ -142,6 +134,16 @@ func WithMaxRules(n int) Option {
 	}
 }
 
+// WithResolutionCache sets how many request resolutions the guard caches
+// (default DefaultResolutionCache; 0 disables the cache). A resolution is
+// what a request's key, tenant, tier, endpoint, method and domain resolve
+// to before any counter is consulted (key_id, lists, penalty, matched
+// rules with their parameters and counter names); a cached one is reused
+// until the ruleset or the controls change, which makes a check of a known
+// key free of HMACs, matching and allocations. Each takes a few hundred
+// bytes.
+func WithResolutionCache(n int) Option { return func(g *Guard) { g.cacheSize = n } }
+
 // WithOnTooManyRules sets a function called for every request answered 500
 // TOO_MANY_RULES, with the number of rules it matched (default: none), for
 // metrics. It runs on the deciding goroutine and must be quick.
@@ -157,16 +159,23 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 		return nil, err
 	}
 	g := &Guard{
-		store:    store,
-		hasher:   h,
-		prefix:   "tg",
-		maxCost:  1000,
-		share:    0.25,
-		maxRules: DefaultMaxRules,
-		clock:    func() int64 { return time.Now().UnixMicro() },
+		store:     store,
+		namer:     PlainName,
+		hasher:    h,
+		maxCost:   1000,
+		share:     0.25,
+		maxRules:  DefaultMaxRules,
+		cacheSize: DefaultResolutionCache,
+		clock:     func() int64 { return time.Now().UnixMicro() },
 	}
 	for _, o := range opts {
 		o(g)
+	}
+	if g.cacheSize > 0 {
+		g.cache = newResolutionCache(g.cacheSize)
+	}
+	if n, ok := store.(Namer); ok {
+		g.namer = n.CounterName
 	}
 	if rs != nil {
 		if err := g.CheckRules(rs); err != nil {
@@ -186,10 +195,16 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 }
 
 // SetRules swaps the ruleset atomically. Requests already being decided
-// finish with the ruleset they started with. It does not check rs: call
-// CheckRules first to refuse a ruleset that would answer every request of
-// some kind with TOO_MANY_RULES.
-func (g *Guard) SetRules(rs *rules.Ruleset) { g.rules.Store(rs) }
+// finish with the ruleset they started with. Local state derived from the
+// old ruleset (a store's leases and negative cache: Invalidator) is
+// dropped. It does not check rs: call CheckRules first to refuse a ruleset
+// that would answer every request of some kind with TOO_MANY_RULES.
+func (g *Guard) SetRules(rs *rules.Ruleset) {
+	g.rules.Store(rs)
+	if inv, ok := g.store.(Invalidator); ok {
+		inv.Invalidate()
+	}
+}
 
 // CheckRules reports whether the guard can enforce rs: an error (a
 // *rules.ValidationError naming a rule) when some kind of request provably
@@ -283,6 +298,7 @@ func ValidKey(key string) bool {
 type applicable struct {
 	rule    *rules.Rule
 	params  rules.Params
+	window  int64 // params.PolicyWindow
 	counter Counter
 }
 
@@ -320,62 +336,80 @@ func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision
 // with their counters, to apps. ok is false when d is already final, decided
 // without the store: an invalid key, the blocklist, the allowlist, a
 // penalty, a block rule, no applicable rule, or a cost exceeding a limit.
+//
+// What does not depend on the request's cost or operation (the key_id, the
+// lists and penalty, the rules matched with their parameters and counter
+// names) is a resolution, cached per key, tenant, tier, endpoint, method,
+// domain (and client IP where rules count by it) until the ruleset or the
+// controls change: a cached request costs no HMAC, no matching and no
+// allocation. Requests whose descriptor entries some rule matches are
+// resolved afresh every time.
 func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
-	if !ValidKey(req.Key) {
-		d.reject(400, CodeInvalidKey, ReasonInvalidKey)
-		return apps, false
-	}
 	// The one place every surface normalises its path (SPEC §3): before the
 	// lists, so that no request, allowlisted or not, goes on with a path
 	// the limiter and the upstream would read differently.
 	path, ok := rules.CleanPath(req.Path)
 	if !ok {
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
+		}
 		d.reject(400, CodeInvalidPath, ReasonInvalidPath)
 		return apps, false
 	}
-	d.Path, d.Endpoint = path, rs.Normalize(path)
-	now := g.clock()
+	endpoint := rs.Normalize(path)
 	// One state of the controls for the whole decision: a change made
 	// meanwhile is seen entirely or not at all.
 	ctl := g.controls.Snapshot()
-	mreq := rules.Request{
-		Key:        req.Key,
-		Method:     req.Method,
-		Domain:     req.Domain,
-		Descriptor: req.Descriptor,
-		IP:         req.IP,
-	}
-	if req.Key != "" {
-		mreq.KeyID = g.hasher.ID(req.Key)
-		d.KeyID, d.KeyPrefix = mreq.KeyID, keyid.Prefix(req.Key)
-		// Identity before the lists, so blocked, allowlisted and penalised
-		// decisions carry the key's tenant too: their events go to the
-		// tenant's decisions partition, where the aggregator keeps the
-		// key's penalty state (SPEC §6).
-		info, registered := rs.Identify(req.Key)
-		switch {
-		case registered:
-			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
-		default:
-			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
-			if mreq.Tier == "" {
-				mreq.Tier = info.Tier
-			}
-		}
-		if mreq.Tenant == "" {
-			mreq.Tenant = mreq.KeyID
-		}
-		d.Tenant, d.Tier = mreq.Tenant, mreq.Tier
+	ip := cacheIP(rs, req)
 
-		// Precedence: blocklist > allowlist > penalty > rules.
-		st := rs.Listed(req.Key)
-		if st == rules.Unlisted {
-			st = ctl.status(mreq.KeyID, now)
-		} else if st == rules.Allowlisted && ctl.status(mreq.KeyID, now) == rules.Blocklisted {
-			st = rules.Blocklisted
+	if g.cache == nil || (len(req.Descriptor) > 0 && rs.MatchesDescriptors()) {
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
 		}
-		switch st {
+		now := g.clock()
+		var r resolution
+		g.resolveInto(&r, rs, ctl, req, endpoint, ip, now)
+		d.Path, d.Endpoint = path, endpoint
+		return g.apply(op, req, d, &r, now, apps)
+	}
+	h := g.cache.hash(req, endpoint)
+	r := g.cache.get(h, req, endpoint, ip)
+	// The clock is read only when something cached can expire: a check of
+	// a resolution without controls needs no time of its own.
+	now := int64(0)
+	if r == nil || r.until != math.MaxInt64 || r.penalised {
+		now = g.clock()
+	}
+	if r == nil || !r.current(rs, ctl.Generation(), now) {
+		// A cached resolution's key was valid: only a new one needs the
+		// check.
+		if !ValidKey(req.Key) {
+			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			return apps, false
+		}
+		if now == 0 {
+			now = g.clock()
+		}
+		r = new(resolution)
+		g.resolveInto(r, rs, ctl, req, endpoint, ip, now)
+		r.hash = h
+		g.cache.put(r, rs, r.gen, now)
+	}
+	d.Path, d.Endpoint = path, endpoint
+	return g.apply(op, req, d, r, now, apps)
+}
+
+// apply finishes resolving req from its resolution r at time now: the
+// decisions made without the store, and otherwise the request's counters
+// with its cost.
+func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64, apps []applicable) (_ []applicable, ok bool) {
+	d.Tenant, d.Tier = r.tenant, r.tier
+	if req.Key != "" {
+		d.KeyID, d.KeyPrefix = r.keyID, r.keyPrefix
+		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
 			return apps, false
@@ -383,7 +417,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			d.Reason = ReasonAllowlisted
 			return apps, false
 		}
-		if p, ok := ctl.penalty(mreq.KeyID, now); ok && op == OpCheck {
+		if p := r.penalty; r.penalised && p.Until > now && op == OpCheck {
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
@@ -391,17 +425,14 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			return apps, false
 		}
 	}
-	mreq.Endpoint = d.Endpoint
 
-	var buf [8]*rules.Rule
-	matched := rs.Match(&mreq, buf[:0])
-	if len(matched) == 0 {
+	if r.matched == 0 {
 		d.Reason = ReasonNoRule
 		return apps, false
 	}
-	if len(matched) > g.maxRules {
+	if r.matched > g.maxRules {
 		d.reject(500, CodeTooManyRules, ReasonTooManyRules)
-		g.tooManyRules(len(matched), d.Endpoint)
+		g.tooManyRules(r.matched, d.Endpoint)
 		return apps, false
 	}
 
@@ -418,41 +449,43 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		return apps, false
 	}
 
-	for _, r := range matched {
-		if r.Block {
-			if r.Shadow {
+	for i := range r.rules {
+		rr := &r.rules[i]
+		rule := rr.rule
+		if rule.Block {
+			if rule.Shadow {
 				continue
 			}
 			code := CodeEndpointBlocked
-			if r.SelectsKeysOnly() {
+			if rule.SelectsKeysOnly() {
 				code = CodeKeyBlocked
 			}
-			d.RefusingRule = r.ID
+			d.RefusingRule = rule.ID
 			d.reject(403, code, ReasonBlockRule)
 			return apps, false
 		}
-		a := applicable{rule: r}
-		a.params, _ = r.ParamsFor(req.Key, mreq.KeyID)
-		if o, ok := ctl.override(r, mreq.KeyID, mreq.Tenant, now); ok {
-			a.params = o.Apply(a.params)
-		}
 		c := cost
-		if r.Cost > 0 && op == OpCheck {
-			c = r.Cost
+		if rule.Cost > 0 && op == OpCheck {
+			c = rule.Cost
 		}
-		if !r.Shadow && (op == OpCheck || op == OpPeek) && c > a.params.Limit {
-			d.Cost, d.RefusingRule, d.RefusingLimit = c, r.ID, a.params.Limit
+		if !rule.Shadow && (op == OpCheck || op == OpPeek) && c > rr.params.Limit {
+			d.Cost, d.RefusingRule, d.RefusingLimit = c, rule.ID, rr.params.Limit
 			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
 			return apps, false
 		}
-		a.counter = Counter{
-			Name:      g.counterName(r, &mreq),
-			Algorithm: r.Algorithm,
-			Params:    a.params,
-			Cost:      c,
-			Shadow:    r.Shadow,
-		}
-		apps = append(apps, a)
+		apps = append(apps, applicable{
+			rule:   rule,
+			params: rr.params,
+			window: rr.window,
+			counter: Counter{
+				Name:      rr.name,
+				Algorithm: rule.Algorithm,
+				Params:    rr.params,
+				Cost:      c,
+				Shadow:    rule.Shadow,
+				Strict:    rule.Strict,
+			},
+		})
 	}
 	d.Cost = cost
 	if len(apps) == 0 {
@@ -462,32 +495,34 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	return apps, true
 }
 
+// scratch is the storage of one store call: the store is an interface, so
+// slices handed to it escape, and pooling them keeps a decision free of
+// allocations.
+type scratch struct {
+	counters [8]Counter
+	res      [8]CounterResult
+	at       [8]int
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
 // run sends the counters to the store and fills the decision.
 func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) error {
-	// Key and tenant counters first: on Cluster the store decides the first
-	// counter's slot last.
-	var cbuf [8]Counter
-	var rbuf [8]CounterResult
-	counters := cbuf[:0]
-	order := make([]int, 0, len(apps))
-	for pass := 0; pass < 2; pass++ {
-		for i := range apps {
-			primary := apps[i].rule.Scope == rules.ScopeKey || apps[i].rule.Scope == rules.ScopeTenant
-			if primary == (pass == 0) {
-				counters = append(counters, apps[i].counter)
-				order = append(order, i)
-			}
-		}
-	}
-	res := rbuf[:0]
-	for range counters {
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		// Drop the names and tokens this call left (no more than it used).
+		n := min(len(apps), len(sc.counters))
+		clear(sc.counters[:n])
+		clear(sc.res[:n])
+		scratchPool.Put(sc)
+	}()
+	counters, res, at := sc.counters[:0], sc.res[:0], sc.at[:0]
+	for i := range apps {
+		counters = append(counters, apps[i].counter)
 		res = append(res, CounterResult{})
+		at = append(at, i)
 	}
-	var at int64
-	if g.decClock != nil {
-		at = g.decClock()
-	}
-	now, err := g.store.Do(ctx, op, at, counters, res)
+	now, err := g.store.Do(ctx, op, 0, counters, res)
 	degraded := false
 	if err != nil {
 		if op != OpCheck && op != OpPeek {
@@ -495,20 +530,17 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 		}
 		g.degraded(err)
 		degraded = true
-		ruleOf := make([]*rules.Rule, len(order))
-		for j, i := range order {
-			ruleOf[j] = apps[i].rule
+		var rbuf [8]*rules.Rule
+		ruleOf := rbuf[:0]
+		for i := range apps {
+			ruleOf = append(ruleOf, apps[i].rule)
 		}
 		now, err = g.degrade(ctx, op, ruleOf, counters, res)
 		if err != nil {
 			return err
 		}
 	}
-	byApp := make([]int, len(apps))
-	for j, i := range order {
-		byApp[i] = j
-	}
-	g.finish(op, apps, res, byApp, now, degraded, d)
+	g.finish(op, apps, res, at, now, degraded, d)
 	return nil
 }
 
@@ -584,7 +616,7 @@ func (g *Guard) result(a applicable, r *CounterResult, now int64, failOpen bool)
 		Shadow:    a.rule.Shadow,
 		Allowed:   r.Allowed,
 		Limit:     a.params.Limit,
-		Window:    a.params.PolicyWindow(a.rule.Algorithm),
+		Window:    a.window,
 	}
 	if failOpen {
 		rr.Allowed, rr.Remaining, rr.Degraded, rr.FailOpen = true, -1, true, true
@@ -674,75 +706,45 @@ func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counte
 	return now, nil
 }
 
-// counterName builds a counter's storage key: the prefix, the scope value
-// in a Cluster hash tag, then the rule's tag (SPEC §2 Redis layout):
-//
-//	key scope:    <prefix>{<tenant>}<tag>[<key_id> if the key has a tenant]
-//	tenant scope: <prefix>{<tenant>}<tag>
-//	ip scope:     <prefix>{ip:<address or IPv6 /64>}<tag>
-//	global scope: <prefix>{g:<tag>}<tag>
-//
-// followed by ":" and a hash of the normalised endpoint for by_endpoint
-// rules. Anonymous requests count key- and tenant-scope rules per client IP.
-func (g *Guard) counterName(r *rules.Rule, req *rules.Request) string {
-	scope := r.Scope
-	if req.Key == "" && (scope == rules.ScopeKey || scope == rules.ScopeTenant) {
-		scope = rules.ScopeIP
+// counterID returns the identity of rule r's counter for req (SPEC §2):
+// anonymous requests count key- and tenant-scope rules per client IP.
+func counterID(r *rules.Rule, req *rules.Request) CounterID {
+	id := CounterID{Rule: r.Tag, Scope: r.Scope}
+	if req.Key == "" && (id.Scope == rules.ScopeKey || id.Scope == rules.ScopeTenant) {
+		id.Scope = rules.ScopeIP
 	}
-	b := make([]byte, 0, 64)
-	b = append(b, g.prefix...)
-	b = append(b, '{')
-	switch scope {
+	switch id.Scope {
 	case rules.ScopeIP:
-		b = append(b, "ip:"...)
-		b = appendIP(b, req.IP)
-	case rules.ScopeGlobal:
-		b = append(b, "g:"...)
-		b = append(b, r.Tag...)
-	default:
-		b = appendTenantTag(b, req.Tenant)
-	}
-	b = append(b, '}')
-	b = append(b, r.Tag...)
-	if scope == rules.ScopeKey && req.Tenant != req.KeyID {
-		b = append(b, req.KeyID...)
+		id.IP = counterIP(req.IP)
+	case rules.ScopeKey:
+		id.Tenant, id.KeyID = req.Tenant, req.KeyID
+	case rules.ScopeTenant:
+		id.Tenant = req.Tenant
 	}
 	if r.ByEndpoint {
-		sum := sha256.Sum256([]byte(req.Endpoint))
-		b = append(b, ':')
-		b = base64.RawURLEncoding.AppendEncode(b, sum[:8])
+		id.Endpoint = req.Endpoint
 	}
-	return string(b)
+	return id
 }
 
-// appendIP appends an IPv4 address, or an IPv6 address's /64 prefix.
-func appendIP(b []byte, ip netip.Addr) []byte {
+// counterIP returns the address an ip-scope counter counts by: an IPv4
+// address (unmapped), or an IPv6 address's /64.
+func counterIP(ip netip.Addr) netip.Addr {
 	if !ip.IsValid() {
-		return append(b, '-')
+		return ip
 	}
 	ip = ip.Unmap()
 	if ip.Is6() {
 		p, _ := ip.Prefix(64)
-		return p.AppendTo(b)
+		return p.Addr()
 	}
-	return ip.AppendTo(b)
+	return ip
 }
 
-// appendTenantTag appends the tenant as a hash tag: as is when it is made of
-// characters that cannot end a tag or be confused with other scopes, else
-// "~" and a hash of it.
-func appendTenantTag(b []byte, tenant string) []byte {
-	safe := len(tenant) > 0 && len(tenant) <= 64
-	for i := 0; safe && i < len(tenant); i++ {
-		c := tenant[i]
-		safe = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
-	}
-	if safe {
-		return append(b, tenant...)
-	}
-	sum := sha256.Sum256([]byte(tenant))
-	b = append(b, '~')
-	return base64.RawURLEncoding.AppendEncode(b, sum[:16])
+// counterName names rule r's counter for req through the store's Namer.
+func (g *Guard) counterName(r *rules.Rule, req *rules.Request) string {
+	id := counterID(r, req)
+	return g.namer(&id)
 }
 
 func (d *Decision) reject(status int, code string, reason Reason) {

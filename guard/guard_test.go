@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -33,16 +36,27 @@ func mustRules(tb testing.TB, src string) *rules.Ruleset {
 
 func newRedisStore(tb testing.TB, opts ...redisstore.Option) *redisstore.Store {
 	tb.Helper()
+	return newStoreOn(tb, newRedisClient(tb), opts...)
+}
+
+// newRedisClient starts a redis-server for the test and returns a client
+// built as the gateway builds it.
+func newRedisClient(tb testing.TB) redis.UniversalClient {
+	tb.Helper()
 	srv := redistest.StartTB(tb)
 	c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newStoreOn returns a store on client, closed by the test's cleanup.
+func newStoreOn(tb testing.TB, c redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
+	tb.Helper()
 	s := redisstore.New(c, append([]redisstore.Option{redisstore.WithTimeout(2 * time.Second)}, opts...)...)
-	tb.Cleanup(func() {
-		s.Close()
-		c.Close()
-	})
+	tb.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -126,7 +140,7 @@ rules:
 // costs; peeks and reports), the same clock, rule changes and temporary
 // overrides between steps, and requires identical decisions.
 func TestGuardMatchesModel(t *testing.T) {
-	store := newRedisStore(t, redisstore.WithTTLMargin(time.Hour))
+	client := newRedisClient(t)
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
@@ -134,8 +148,9 @@ func TestGuardMatchesModel(t *testing.T) {
 			clock := newClock(1_763_000_000_000_000 + int64(seed)*1_000_000_000_000)
 			rs := mustRules(t, fmt.Sprintf(propertyRules, 10, 40))
 			prefix := fmt.Sprintf("t%d%d", seed, time.Now().UnixNano()%1e6)
-			gr := mustGuard(t, store, rs, guard.WithDecisionClock(clock.now), guard.WithClock(clock.now), guard.WithKeyPrefix(prefix))
-			gm := mustGuard(t, memstore.New(), rs, guard.WithDecisionClock(clock.now), guard.WithClock(clock.now), guard.WithKeyPrefix(prefix))
+			store := newStoreOn(t, client, redisstore.WithTTLMargin(time.Hour), redisstore.WithKeyPrefix(prefix))
+			gr := mustGuard(t, guardtest.Clocked(store, clock.now), rs, guard.WithClock(clock.now))
+			gm := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, guard.WithClock(clock.now))
 
 			keys := []string{"k_acme_1", "k_acme_2", "k_vip", "k_free_a", "k_free_b", "other", ""}
 			ips := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")}
@@ -232,7 +247,7 @@ rules:
 	}
 	// Replay through the model at the same times.
 	var clockAt int64
-	gm := mustGuard(t, memstore.New(), rs, guard.WithDecisionClock(func() int64 { return clockAt }))
+	gm := mustGuard(t, memstore.New(memstore.WithClock(func() int64 { return clockAt })), rs)
 	got, want := 0, 0
 	for i, at := range times {
 		clockAt = at
@@ -276,7 +291,7 @@ func TestRetryAfterIsHonest(t *testing.T) {
 			t.Parallel()
 			rs := mustRules(t, "rules:\n  - id: r\n    match: {}\n    "+alg+"\n")
 			clock := newClock(1_763_000_000_123_456)
-			g := mustGuard(t, memstore.New(), rs, guard.WithDecisionClock(clock.now), guard.WithClock(clock.now))
+			g := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, guard.WithClock(clock.now))
 			ctx := context.Background()
 			req := &guard.Request{Key: "k", Path: "/"}
 			rng := rand.New(rand.NewPCG(7, 7))
@@ -371,7 +386,7 @@ rules:
     block: true
 `)
 	clock := newClock(1_763_000_000_000_000)
-	g := mustGuard(t, memstore.New(), rs, guard.WithClock(clock.now), guard.WithDecisionClock(clock.now), guard.WithMaxCost(50))
+	g := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, guard.WithClock(clock.now), guard.WithMaxCost(50))
 	ctx := context.Background()
 	g.Controls().Block(g.KeyID("sk_dyn_blocked"), guard.Entry{})
 	g.Controls().SetPenalty(g.KeyID("sk_penalised"), guard.Penalty{Level: 2, Until: clock.now() + 90_500_000})
@@ -487,7 +502,7 @@ rules:
 	wg.Wait()
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].at < recs[j].at })
 	var at int64
-	gm := mustGuard(t, memstore.New(), rs, guard.WithDecisionClock(func() int64 { return at }))
+	gm := mustGuard(t, memstore.New(memstore.WithClock(func() int64 { return at })), rs)
 	got, want := 0, 0
 	for _, r := range recs {
 		at = r.at

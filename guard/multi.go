@@ -74,6 +74,12 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 			ds[i] = new(Decision)
 		}
 	}
+	if len(reqs) == 1 {
+		// One request is one CheckInto (Envoy calls with one descriptor,
+		// the common case): no merging, and the resolution cache and the
+		// pooled storage keep it free of allocations.
+		return g.decideOnce(ctx, OpCheck, reqs[0], ds[0])
+	}
 
 	apps := make([][]applicable, len(reqs))
 	rejected := false
@@ -87,38 +93,30 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 		}
 	}
 
-	// Merge the counters of all requests, key and tenant counters first
-	// (on Cluster the store decides the first counter's slot last), one
-	// entry per counter name with the summed cost. at[i][j] is the merged
-	// index of apps[i][j].
+	// Merge the counters of all requests, one entry per counter name with
+	// the summed cost. at[i][j] is the merged index of apps[i][j].
 	var (
 		counters []Counter
 		ruleOf   []*rules.Rule
 		at       = make([][]int, len(reqs))
 		index    = make(map[string]int)
 	)
-	for pass := 0; pass < 2; pass++ {
-		for i := range apps {
-			if at[i] == nil && len(apps[i]) > 0 {
-				at[i] = make([]int, len(apps[i]))
+	for i := range apps {
+		if len(apps[i]) > 0 {
+			at[i] = make([]int, len(apps[i]))
+		}
+		for j := range apps[i] {
+			a := &apps[i][j]
+			if k, ok := index[a.counter.Name]; ok {
+				// Same name, same rule and scope value: same parameters.
+				counters[k].Cost = addCost(counters[k].Cost, a.counter.Cost)
+				at[i][j] = k
+				continue
 			}
-			for j := range apps[i] {
-				a := &apps[i][j]
-				primary := a.rule.Scope == rules.ScopeKey || a.rule.Scope == rules.ScopeTenant
-				if primary != (pass == 0) {
-					continue
-				}
-				if k, ok := index[a.counter.Name]; ok {
-					// Same name, same rule and scope value: same parameters.
-					counters[k].Cost = addCost(counters[k].Cost, a.counter.Cost)
-					at[i][j] = k
-					continue
-				}
-				index[a.counter.Name] = len(counters)
-				at[i][j] = len(counters)
-				counters = append(counters, a.counter)
-				ruleOf = append(ruleOf, a.rule)
-			}
+			index[a.counter.Name] = len(counters)
+			at[i][j] = len(counters)
+			counters = append(counters, a.counter)
+			ruleOf = append(ruleOf, a.rule)
 		}
 	}
 	// A summed cost above an enforced limit can never pass (the requests'
@@ -146,11 +144,7 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 	}
 
 	res := make([]CounterResult, len(counters))
-	var now int64
-	if g.decClock != nil {
-		now = g.decClock()
-	}
-	now, err := g.store.Do(ctx, OpCheck, now, counters, res)
+	now, err := g.store.Do(ctx, OpCheck, 0, counters, res)
 	degraded := false
 	if err != nil {
 		g.degraded(err)

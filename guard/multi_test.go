@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 )
@@ -42,7 +43,7 @@ const multiStart = 1_763_000_040_000_000
 func newMultiGuard(t *testing.T) *guard.Guard {
 	t.Helper()
 	clock := func() int64 { return multiStart }
-	return mustGuard(t, memstore.New(), mustRules(t, multiRules), guard.WithDecisionClock(clock), guard.WithClock(clock))
+	return mustGuard(t, memstore.New(memstore.WithClock(clock)), mustRules(t, multiRules), guard.WithClock(clock))
 }
 
 func checkMany(t *testing.T, g *guard.Guard, reqs ...*guard.Request) []*guard.Decision {
@@ -321,9 +322,9 @@ func TestCheckManyOneRequestIsCheckInto(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock(1_763_000_000_000_000)
 	rs := mustRules(t, fmt.Sprintf(propertyRules, 10, 40))
-	opts := []guard.Option{guard.WithDecisionClock(clock.now), guard.WithClock(clock.now)}
-	g1 := mustGuard(t, memstore.New(), rs, opts...)
-	g2 := mustGuard(t, memstore.New(), rs, append(opts, guard.WithControls(g1.Controls()))...)
+	opts := []guard.Option{guard.WithClock(clock.now)}
+	g1 := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
+	g2 := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, append(opts, guard.WithControls(g1.Controls()))...)
 	g1.Controls().SetPenalty(g1.KeyID("k_free_b"), guard.Penalty{Level: 1, Until: clock.now() + 2_000_000})
 	rng := rand.New(rand.NewPCG(7, 7))
 	keys := []string{"k_acme_1", "k_acme_2", "k_vip", "k_free_a", "k_free_b", "other", "", "bad key"}
@@ -406,9 +407,9 @@ func TestCheckManyAllOrNothing(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock(1_763_000_000_000_000)
 	rs := mustRules(t, multiModelRules)
-	opts := []guard.Option{guard.WithDecisionClock(clock.now), guard.WithClock(clock.now)}
-	gm := mustGuard(t, memstore.New(), rs, opts...)
-	gr := mustGuard(t, memstore.New(), rs, opts...)
+	opts := []guard.Option{guard.WithClock(clock.now)}
+	gm := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
+	gr := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
 	rng := rand.New(rand.NewPCG(3, 9))
 	calls := map[bool]int{}
 	for step := range 3000 {
@@ -467,9 +468,9 @@ func TestCheckManyRedis(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock(1_763_000_000_000_000)
 	rs := mustRules(t, multiModelRules)
-	opts := []guard.Option{guard.WithDecisionClock(clock.now), guard.WithClock(clock.now)}
-	gr := mustGuard(t, store, rs, opts...)
-	gm := mustGuard(t, memstore.New(), rs, opts...)
+	opts := []guard.Option{guard.WithClock(clock.now)}
+	gr := mustGuard(t, guardtest.Clocked(store, clock.now), rs, opts...)
+	gm := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
 	rng := rand.New(rand.NewPCG(5, 1))
 	calls := map[bool]int{}
 	for step := range 800 {

@@ -2,6 +2,8 @@ package guard
 
 import (
 	"context"
+	"net/netip"
+	"strconv"
 
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -31,6 +33,10 @@ const (
 	// cost, as the counters are now: nothing is charged, not even
 	// hypothetically (unlike OpPeek, whose figures are after the cost).
 	OpState
+	// OpReturn gives back Counter.Return units of the lease charged by the
+	// OpCheck whose token is Counter.Token (none when the token's window
+	// has passed), for a local fast path returning what it did not use.
+	OpReturn
 )
 
 func (o Op) String() string {
@@ -49,22 +55,103 @@ func (o Op) String() string {
 		return "refund"
 	case OpState:
 		return "state"
+	case OpReturn:
+		return "return"
 	}
 	return "unknown"
 }
 
 // Counter is one rule's counter as a Store sees it.
 type Counter struct {
-	// Name is the counter's storage key (for Redis: prefix, hash tag with the
-	// scope value, rule tag; see Namer). Counters sharing a hash tag are
-	// decided atomically together.
+	// Name is the counter's storage key, given by the store's Namer (for
+	// Redis: prefix, hash tag with the scope value, rule tag). A store may
+	// decide counters whose names it groups together (redisstore: one
+	// Cluster hash tag) atomically in one call.
 	Name      string
 	Algorithm rules.Algorithm
 	Params    rules.Params
 	Cost      int64
 	Shadow    bool
-	// Token identifies an earlier charge to undo (OpRefund only).
+	// Strict: the rule is `strict: true`; a caching store decorator
+	// (guard/lease) must send the counter to the store it wraps on every
+	// call, never answer it from local state.
+	Strict bool
+	// Token identifies an earlier charge: the one to undo (OpRefund), or
+	// the lease whose units Return gives back (OpCheck, OpReturn).
 	Token string
+	// Lease asks OpCheck to charge up to Lease units beyond Cost when the
+	// request is admitted, for a local fast path to admit later requests
+	// from (guard/lease). The store grants at most a fixed share of what
+	// is free after the cost, so leases shrink to nothing near the limit,
+	// and never on a shadow counter nor a sliding_window_log (whose
+	// charges cannot be given back in part); CounterResult.Leased says how
+	// many. 0 for none.
+	Lease int64
+	// Return gives back, first, that many units of the lease charged with
+	// Token (OpCheck, OpReturn): a local fast path returning what it did
+	// not use. 0 for none.
+	Return int64
+}
+
+// CounterID is a counter's identity (SPEC §2): the rule's part (its tag)
+// and the scope value. A Namer turns it into a Counter.Name.
+type CounterID struct {
+	// Rule is the rule's tag (rules.Rule.Tag): short, base64url, stable
+	// across reorderings and limit changes.
+	Rule string
+	// Scope is the scope the counter is kept under: the rule's, except that
+	// an anonymous request counts key- and tenant-scope rules per client IP
+	// (ScopeIP).
+	Scope rules.Scope
+	// Tenant is the tenant (a key without one is its own tenant: its
+	// key_id), for ScopeKey and ScopeTenant.
+	Tenant string
+	// KeyID is the key's key_id, for ScopeKey.
+	KeyID string
+	// IP is the client address, for ScopeIP: IPv4 (an IPv4-mapped address
+	// unmapped), or an IPv6 address masked to its /64, by which it counts.
+	// The zero Addr for a request without one.
+	IP netip.Addr
+	// Endpoint is the normalised endpoint of a by_endpoint rule, else "".
+	Endpoint string
+}
+
+// Namer names counters. A Store that implements it names the counters the
+// guard sends it (redisstore: Cluster hash tags, SPEC §2 Redis layout); a
+// store decorator forwards to the store it wraps. For a store that does
+// not, the guard uses PlainName. A name must be a pure function of the
+// identity, and distinct identities must get distinct names.
+type Namer interface {
+	CounterName(id *CounterID) string
+}
+
+// PlainName is the name of a counter in a store without a Namer: the
+// identity's parts separated by '|', which none of them holds except the
+// endpoint, which comes last (a tenant holding '|' is written with its
+// length first).
+func PlainName(id *CounterID) string {
+	b := make([]byte, 0, 64)
+	b = append(b, id.Rule...)
+	b = append(b, '|')
+	b = append(b, id.Scope...)
+	b = append(b, '|')
+	switch id.Scope {
+	case rules.ScopeKey, rules.ScopeTenant:
+		b = strconv.AppendInt(b, int64(len(id.Tenant)), 10)
+		b = append(b, ':')
+		b = append(b, id.Tenant...)
+		if id.Scope == rules.ScopeKey {
+			b = append(b, '|')
+			b = append(b, id.KeyID...)
+		}
+	case rules.ScopeIP:
+		b = id.IP.AppendTo(b)
+	}
+	if id.Endpoint != "" {
+		b = append(b, '|')
+		b = append(b, id.Endpoint...)
+	}
+	return string(b)
 }
 
 // CounterResult is a Store's answer for one counter. Times are microseconds
@@ -73,7 +160,10 @@ type CounterResult struct {
 	// Allowed: the counter could take the cost (for OpCheck/OpPeek). Shadow
 	// counters report whether they would have admitted the request.
 	Allowed bool
-	// Charged: the counter's state was changed by the call.
+	// Charged: the call charged the counter its cost (and lease), or for
+	// OpReport, OpAddQuota, OpRefund and OpReturn changed it. A check
+	// that was rejected after giving back units of a lease (Return) is
+	// not Charged.
 	Charged bool
 	// Remaining is the floor of the units available after the call; it may
 	// be negative when a counter is in debt.
@@ -87,9 +177,13 @@ type CounterResult struct {
 	// RetryAfter is the time until the cost would be admitted (0 when it is
 	// admitted now).
 	RetryAfter int64
-	// Token identifies this call's charge for a later OpRefund ("" when
-	// nothing was charged).
+	// Token identifies this call's charge for a later OpRefund, or the
+	// lease for a later Return ("" when nothing was charged).
 	Token string
+	// Leased is the number of units charged beyond the cost for a lease
+	// (Counter.Lease); Remaining, ResetAfter and the other figures count
+	// them as consumed.
+	Leased int64
 }
 
 // Store decides counters atomically. Implementations: redisstore (the
@@ -101,4 +195,15 @@ type Store interface {
 	// microseconds; 0 asks the store to use its own clock (Redis TIME). It
 	// returns the time the decision was made at.
 	Do(ctx context.Context, op Op, now int64, counters []Counter, res []CounterResult) (int64, error)
+}
+
+// An Invalidator is a Store that keeps local state derived from the
+// counters it saw (guard/lease: leases and the negative cache). The guard
+// calls Invalidate after every SetRules, and a store decorator forwards
+// it, so that local state never outlives the ruleset it was built under
+// (SPEC §2: local caches are dropped when the ruleset changes).
+// Invalidate must not block: state that needs I/O to drop (units to give
+// back to Redis) is dropped in the background.
+type Invalidator interface {
+	Invalidate()
 }

@@ -77,7 +77,9 @@ type Config struct {
 	// appended when it has no path). Empty: DefaultProxyURL or
 	// DefaultCheckURL.
 	URL string
-	// Addr is the gRPC target's host:port. Empty: DefaultGRPCAddr.
+	// Addr is the gRPC target's host:port, or several separated by commas
+	// (a fleet of gateways: requests go to them in turn, GRPCConns
+	// connections each). Empty: DefaultGRPCAddr.
 	Addr string
 	// Method is the proxy's request method, and the method the check body
 	// names. Default GET.
@@ -121,6 +123,14 @@ type Config struct {
 	Cost int
 	// Seed fixes the keys and paths drawn. Default 1.
 	Seed uint64
+
+	// OnAnswer, when set, is called for every answered request with its
+	// key and the name of its outcome (an HTTP class such as "2xx" or
+	// "429", or an RLS code such as "OK" or "OVER_LIMIT"), from the
+	// goroutine that sent it: scenarios count per key with it (accuracy
+	// against an exact oracle). It must be quick and safe for concurrent
+	// use.
+	OnAnswer func(key, outcome string)
 
 	// PID, when positive, is the target process: its CPU time during the
 	// run is reported per decision (Linux only).

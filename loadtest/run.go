@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,9 +49,24 @@ func newTarget(cfg Config) (closingTarget, error) {
 		return target.NewCheck(hc), nil
 	default:
 		return target.NewRLS(target.RLSConfig{
-			Addr: cfg.Endpoint(), Domain: cfg.Domain, Cost: cfg.Cost, Conns: cfg.GRPCConns,
+			Addrs: strings.Split(cfg.Endpoint(), ","), Domain: cfg.Domain, Cost: cfg.Cost, Conns: cfg.GRPCConns,
 		})
 	}
+}
+
+// observed is a target that reports every answer to a callback.
+type observed struct {
+	closingTarget
+	names []string
+	fn    func(key, outcome string)
+}
+
+func (o *observed) Do(ctx context.Context, req gen.Request) (int, error) {
+	i, err := o.closingTarget.Do(ctx, req)
+	if err == nil && i >= 0 && i < len(o.names) {
+		o.fn(req.Key, o.names[i])
+	}
+	return i, err
 }
 
 // Run validates cfg, sends its load and returns the summary. It returns
@@ -75,6 +91,13 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Summary, error) 
 		return nil, err
 	}
 	defer tgt.Close()
+	if cfg.OnAnswer != nil {
+		ob := &observed{closingTarget: tgt, fn: cfg.OnAnswer}
+		for _, o := range tgt.Outcomes() {
+			ob.names = append(ob.names, o.Name)
+		}
+		tgt = ob
+	}
 
 	var cpuBefore time.Duration
 	if cfg.PID > 0 {

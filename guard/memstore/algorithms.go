@@ -62,8 +62,8 @@ func (g gcraAlg) sub(w *work, n int64) {
 	g.round(w)
 }
 
-func (g gcraAlg) refund(w *work, token string) {
-	g.bucket.refund(w, token)
+func (g gcraAlg) refund(w *work, token string, lim int64) {
+	g.bucket.refund(w, token, lim)
 	g.round(w)
 }
 
@@ -90,11 +90,16 @@ func (bucket) add(w *work, cost int64, capped bool, _ int64) string {
 
 func (bucket) sub(w *work, n int64) { w.z = max(w.z-n*w.a, 0) }
 
-func (b bucket) refund(w *work, token string) {
+func (b bucket) refund(w *work, token string, lim int64) {
 	if n, err := strconv.ParseInt(token, 10, 64); err == nil && n > 0 {
+		if lim > 0 {
+			n = min(n, lim)
+		}
 		b.sub(w, n)
 	}
 }
+
+func (bucket) free(w *work) int64 { return fdiv(w.L*w.a-w.z, w.a) }
 
 func (bucket) until(w *work, now, target int64) int64 {
 	need := w.z - target*w.a
@@ -140,12 +145,17 @@ func (fixedWindow) add(w *work, cost int64, capped bool, _ int64) string {
 
 func (fixedWindow) sub(w *work, n int64) { w.n = max(w.n-n, 0) }
 
-func (f fixedWindow) refund(w *work, token string) {
+func (f fixedWindow) refund(w *work, token string, lim int64) {
 	ws, n, ok := splitToken(token)
 	if ok && ws == w.ws {
+		if lim > 0 {
+			n = min(n, lim)
+		}
 		f.sub(w, n)
 	}
 }
+
+func (fixedWindow) free(w *work) int64 { return w.L - w.n }
 
 func (fixedWindow) stats(w *work, now, cost int64) (rem, reset, next, retry int64) {
 	rem = w.L - w.n
@@ -223,10 +233,13 @@ func (slidingCounter) sub(w *work, n int64) {
 	}
 }
 
-func (slidingCounter) refund(w *work, token string) {
+func (slidingCounter) refund(w *work, token string, lim int64) {
 	j, n, ok := splitToken(token)
 	if !ok || j < w.i-w.P || j > w.i {
 		return
+	}
+	if lim > 0 {
+		n = min(n, lim)
 	}
 	if n = min(n, w.cnt[j]); n > 0 {
 		w.cnt[j] -= n
@@ -274,6 +287,8 @@ func (sc slidingCounter) until(w *work, now, target int64) int64 {
 	}
 	return 0
 }
+
+func (sc slidingCounter) free(w *work) int64 { return fdiv(w.L*w.sw-sc.est(w, w.t), w.sw) }
 
 func (sc slidingCounter) stats(w *work, now, cost int64) (rem, reset, next, retry int64) {
 	rem = fdiv(w.L*w.sw-sc.est(w, w.t), w.sw)
@@ -355,7 +370,11 @@ func (sl slidingLog) sub(w *work, n int64) {
 	}
 }
 
-func (sl slidingLog) refund(w *work, token string) {
+// free is 0: a log's charges are refunded whole, so no lease (which gives
+// back part of a charge) is granted on it.
+func (slidingLog) free(*work) int64 { return 0 }
+
+func (sl slidingLog) refund(w *work, token string, _ int64) {
 	for i, e := range w.log {
 		if e.m == token {
 			sl.remove(w, i)

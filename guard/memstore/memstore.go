@@ -123,10 +123,18 @@ type algorithm interface {
 	fits(w *work, cost int64) bool
 	add(w *work, cost int64, capped bool, now int64) string
 	sub(w *work, n int64)
-	refund(w *work, token string)
+	// refund gives back the charge named by token, at most lim units of
+	// it when lim > 0.
+	refund(w *work, token string, lim int64)
+	// free is the whole units available now (0 for a log: no leases).
+	free(w *work) int64
 	save(w *work, now int64) *state // nil: delete
 	stats(w *work, now, cost int64) (rem, reset, next, retry int64)
 }
+
+// leaseShare: a lease takes at most 1/leaseShare of the units free after
+// the request's cost (lua/decide.lua's LEASE_SHARE).
+const leaseShare = 4
 
 func algorithmOf(a rules.Algorithm) algorithm {
 	switch a {
@@ -169,6 +177,16 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 		res[i] = guard.CounterResult{}
 	}
 
+	dirty := make([]bool, len(ws))
+	if op == guard.OpCheck || op == guard.OpReturn {
+		for i := range ws {
+			if c := ws[i].c; c.Return > 0 && c.Token != "" {
+				ws[i].alg.refund(&ws[i], c.Token, c.Return)
+				dirty[i] = true
+			}
+		}
+	}
+
 	admitted := true
 	switch op {
 	case guard.OpCheck, guard.OpPeek:
@@ -181,7 +199,15 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 		if admitted {
 			for i := range ws {
 				if res[i].Allowed {
-					res[i].Token = ws[i].alg.add(&ws[i], ws[i].c.Cost, false, now)
+					w := &ws[i]
+					n := w.c.Cost
+					if op == guard.OpCheck && w.c.Lease > 0 && !w.c.Shadow {
+						if g := min(fdiv(w.alg.free(w)-w.c.Cost, leaseShare), w.c.Lease); g > 0 {
+							res[i].Leased = g
+							n += g
+						}
+					}
+					res[i].Token = w.alg.add(w, n, false, now)
 					res[i].Charged = op == guard.OpCheck
 				}
 			}
@@ -199,7 +225,11 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 	case guard.OpRefund:
 		for i := range ws {
 			res[i].Allowed, res[i].Charged = true, true
-			ws[i].alg.refund(&ws[i], ws[i].c.Token)
+			ws[i].alg.refund(&ws[i], ws[i].c.Token, 0)
+		}
+	case guard.OpReturn:
+		for i := range ws {
+			res[i].Allowed, res[i].Charged = true, true
 		}
 	case guard.OpState:
 		for i := range ws {
@@ -213,7 +243,7 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 
 	for i := range ws {
 		w := &ws[i]
-		if res[i].Charged {
+		if res[i].Charged || dirty[i] {
 			if st := w.alg.save(w, now); st != nil {
 				st.alg = w.c.Algorithm
 				s.put(w.name, st, now)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -73,8 +74,8 @@ func TestCluster(t *testing.T) {
 	}
 	var now int64 = 1_763_000_000_000_000
 	clock := func() int64 { return now }
-	gr, _ := guard.New(store, []byte("test-secret-0123456789"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
-	gm, _ := guard.New(memstore.New(), []byte("test-secret-0123456789"), rs, guard.WithDecisionClock(clock), guard.WithClock(clock))
+	gr, _ := guard.New(guardtest.Clocked(store, clock), []byte("test-secret-0123456789"), rs, guard.WithClock(clock))
+	gm, _ := guard.New(memstore.New(memstore.WithClock(clock)), []byte("test-secret-0123456789"), rs, guard.WithClock(clock))
 
 	// The counters really are spread over several slots and nodes.
 	slots := map[int]bool{}

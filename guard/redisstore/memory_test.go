@@ -32,9 +32,9 @@ rules:
 var stateBudget = map[string]int64{"tb": 120, "gcra": 88}
 
 // recordStore passes calls to a Store and keeps the last call's time,
-// counters and results.
+// counters and results. It names counters as the Store does.
 type recordStore struct {
-	guard.Store
+	*redisstore.Store
 
 	mu       sync.Mutex
 	now      int64

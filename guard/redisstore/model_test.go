@@ -68,7 +68,9 @@ func gcd(a, b int64) int64 {
 // TestScriptsMatchModel runs random sequences of operations through the
 // Redis script and the memstore reference model, with the same explicit
 // times, and requires identical answers for every counter: admitted,
-// charged, remaining, reset, next (`t`), retry-after and refund token.
+// charged, remaining, reset, next (`t`), retry-after, refund token and
+// lease granted. Checks ask for leases and give back parts of earlier ones;
+// OpReturn gives back parts of leases on its own.
 // Limits, rates and overrides change between steps (same counter names) to
 // check that consumed units carry over the same way in both.
 func TestScriptsMatchModel(t *testing.T) {
@@ -88,6 +90,12 @@ func TestScriptsMatchModel(t *testing.T) {
 type modelCounter struct {
 	c      guard.Counter
 	tokens []string // refund tokens of earlier charges
+	leases []lease  // leases granted by earlier charges
+}
+
+type lease struct {
+	token string
+	units int64
 }
 
 func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
@@ -111,6 +119,12 @@ func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
 		}}
 	}
 
+	leased := 0
+	defer func() {
+		if !t.Failed() && leased == 0 {
+			t.Errorf("no lease was granted in %d steps: the sequence does not test leases", steps)
+		}
+	}()
 	for step := 0; step < steps; step++ {
 		// Time moves: often not at all or by microseconds, sometimes by a
 		// large part of a window.
@@ -138,7 +152,9 @@ func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
 		picked := rng.Perm(len(pool))[:n]
 		counters := make([]guard.Counter, n)
 		var op guard.Op
-		switch r := rng.IntN(20); {
+		switch r := rng.IntN(21); {
+		case r == 20:
+			op = guard.OpReturn
 		case r < 13:
 			op = guard.OpCheck
 		case r < 15:
@@ -162,6 +178,15 @@ func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
 				c.Cost = 1
 			}
 			c.Shadow = op == guard.OpCheck && rng.IntN(5) == 0
+			if op == guard.OpCheck && !c.Shadow && rng.IntN(3) == 0 {
+				c.Lease = 1 + rng.Int64N(c.Params.Limit)
+			}
+			if (op == guard.OpCheck && rng.IntN(4) == 0 || op == guard.OpReturn) && len(mc.leases) > 0 {
+				k := rng.IntN(len(mc.leases))
+				l := mc.leases[k]
+				mc.leases = append(mc.leases[:k], mc.leases[k+1:]...)
+				c.Token, c.Return = l.token, 1+rng.Int64N(l.units)
+			}
 			if op == guard.OpRefund {
 				if len(mc.tokens) > 0 {
 					k := rng.IntN(len(mc.tokens))
@@ -195,6 +220,10 @@ func runModelSequence(t *testing.T, store guard.Store, seed uint64, steps int) {
 				mc.tokens = append(mc.tokens, got[j].Token)
 				if len(mc.tokens) > 4 {
 					mc.tokens = mc.tokens[1:]
+				}
+				if got[j].Leased > 0 {
+					mc.leases = append(mc.leases, lease{got[j].Token, got[j].Leased})
+					leased++
 				}
 			}
 		}

@@ -45,7 +45,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,7 +54,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/breaker"
-	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 )
 
 // Errors.
@@ -77,6 +76,7 @@ var (
 // Close stops them and waits for them.
 type Store struct {
 	client  redis.UniversalClient
+	prefix  string
 	script  Script
 	cluster bool
 	cc      *redis.ClusterClient // when cluster
@@ -100,6 +100,10 @@ var _ guard.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store)
+
+// WithKeyPrefix sets the prefix of every counter's key (default "tg";
+// redis.key_prefix), which must not hold '{' or '}'.
+func WithKeyPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
 // WithTimeout sets the deadline of one Redis call (default 50 ms). It holds
 // when Redis hangs as well as when it refuses.
@@ -144,6 +148,7 @@ func WithOnBreakerChange(fn func(node string, from, to breaker.State)) Option {
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
 		client:  client,
+		prefix:  "tg",
 		script:  decideScript,
 		timeout: 50 * time.Millisecond,
 		margin:  1000,
@@ -230,17 +235,30 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 	return s.doCluster(ctx, op, now, counters, res)
 }
 
-// doCluster decides counters slot by slot: other slots first, the first
-// counter's slot (the request's key and tenant) last; a rejection refunds
-// what earlier slots charged.
+// doCluster decides counters slot by slot: other slots (ip and global
+// counters) first, the request's own slot (its key and tenant counters,
+// see primary) last; a rejection refunds what earlier slots charged.
 func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	groups := groupBySlot(counters)
 	if len(groups) == 1 {
 		t, _, err := s.eval(ctx, op, now, counters, res)
 		return t, err
 	}
-	// groups[0] is the first counter's slot: decide it last.
-	order := append(groups[1:len(groups):len(groups)], groups[0])
+	// Decide the request's own slot last.
+	own := 0
+find:
+	for g := range groups {
+		for _, i := range groups[g].idx {
+			if primary(counters[i].Name) {
+				own = g
+				break find
+			}
+		}
+	}
+	order := make([]slotGroup, 0, len(groups))
+	order = append(order, groups[:own]...)
+	order = append(order, groups[own+1:]...)
+	order = append(order, groups[own])
 	var t int64
 	done := make([]slotGroup, 0, len(order))
 	for gi, g := range order {
@@ -339,7 +357,7 @@ func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []gua
 	if !n.b.Allow() {
 		return 0, false, ErrBreakerOpen
 	}
-	keys, args := buildArgs(op, now, s.margin, counters)
+	keys, args := scriptargs.Build(op, now, s.margin, counters)
 	var reply any
 	var err error
 	if s.queue != nil {
@@ -578,60 +596,9 @@ func retriable(err error) bool {
 
 func isNoScript(err error) bool { return strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
-var algoCodes = map[rules.Algorithm]int64{
-	rules.TokenBucket:          1,
-	rules.GCRA:                 2,
-	rules.FixedWindow:          3,
-	rules.SlidingWindowCounter: 4,
-	rules.SlidingWindowLog:     5,
-}
-
-var opCodes = map[guard.Op]int64{
-	guard.OpCheck:    1,
-	guard.OpPeek:     2,
-	guard.OpReport:   3,
-	guard.OpReset:    4,
-	guard.OpAddQuota: 5,
-	guard.OpRefund:   6,
-	guard.OpState:    7,
-}
-
-// buildArgs lays out KEYS and ARGV as lua/decide.lua reads them.
-func buildArgs(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, []any) {
-	keys := make([]string, len(counters))
-	args := make([]any, 0, 3+8*len(counters))
-	args = append(args, opCodes[op], now, margin)
-	for i := range counters {
-		c := &counters[i]
-		keys[i] = c.Name
-		a, b, cc, d := ScriptParams(c.Algorithm, c.Params)
-		shadow := int64(0)
-		if c.Shadow {
-			shadow = 1
-		}
-		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d)
-	}
-	return keys, args
-}
-
-// ScriptParams returns the four algorithm parameters (a, b, c, d) the script
-// takes for a counter; see each algorithm's file.
-func ScriptParams(alg rules.Algorithm, p rules.Params) (a, b, c, d int64) {
-	switch alg {
-	case rules.FixedWindow, rules.SlidingWindowLog:
-		return p.Limit, p.Window, 0, 0
-	case rules.SlidingWindowCounter:
-		s, q := guard.WindowScale(p)
-		return p.Limit, s, max(p.Precision, 1), q
-	default:
-		a, b, k := guard.BucketScale(p)
-		return p.Limit, a, b, k
-	}
-}
-
 func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 2+7*len(res) {
+	if !ok || len(arr) != 2+8*len(res) {
 		return 0, false, ErrReply
 	}
 	now, ok1 := arr[0].(int64)
@@ -640,7 +607,7 @@ func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 		return 0, false, ErrReply
 	}
 	for i := range res {
-		b := 2 + 7*i
+		b := 2 + 8*i
 		var n [6]int64
 		for j := range n {
 			x, ok := arr[b+j].(int64)
@@ -650,13 +617,15 @@ func parseReply(v any, res []guard.CounterResult) (int64, bool, error) {
 			n[j] = x
 		}
 		tok, _ := arr[b+6].(string)
+		leased, ok := arr[b+7].(int64)
+		if !ok {
+			return 0, false, ErrReply
+		}
 		res[i] = guard.CounterResult{
 			Allowed: n[0] == 1, Charged: n[1] == 1, Remaining: n[2],
 			ResetAfter: n[3], NextAfter: n[4], RetryAfter: n[5], Token: tok,
+			Leased: leased,
 		}
 	}
 	return now, adm == 1, nil
 }
-
-// itoa is strconv.FormatInt in base 10.
-func itoa(x int64) string { return strconv.FormatInt(x, 10) }

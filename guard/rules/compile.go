@@ -52,6 +52,10 @@ func Compile(doc *Document) (*Ruleset, error) {
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
 	}
+	for _, r := range c.rs.rules {
+		c.rs.descriptors = c.rs.descriptors || r.match.descriptor != nil
+		c.rs.byIP = c.rs.byIP || r.match.ipScope
+	}
 	return c.rs, nil
 }
 
@@ -599,6 +603,7 @@ func (c *compiler) finish(name string, alg Algorithm, v paramVals, block bool, p
 		} else {
 			// capacity × period ÷ N
 			f = new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(p.Limit), big.NewInt(v.ratePeriod)), big.NewInt(v.rateN))
+			p.RatePeriod = v.ratePeriod
 		}
 		return full(v.rateField(), f)
 	case GCRA:

@@ -17,14 +17,14 @@ func TestParams(t *testing.T) {
 		policy int64 // PolicyWindow
 	}{
 		{"token bucket rate 30/1m", "capacity: 30, rate: 30/1m",
-			Params{Limit: 30, Precision: 1, FullNum: 60_000_000, FullDen: 1}, 60},
+			Params{Limit: 30, Precision: 1, FullNum: 60_000_000, FullDen: 1, RatePeriod: 60_000_000}, 60},
 		{"token bucket rate 100/1m", "algorithm: token_bucket, capacity: 100, rate: 100/1m",
-			Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1}, 60},
+			Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1, RatePeriod: 60_000_000}, 60},
 		{"token bucket refill_rate 0.5", "capacity: 30, refill_rate: 0.5",
 			Params{Limit: 30, Precision: 1, FullNum: 60_000_000, FullDen: 1}, 60},
 		// 10 units at 7 per 3 s refill in 30/7 s: not a whole number of µs.
 		{"token bucket rate 7/3s", "capacity: 10, rate: 7/3s",
-			Params{Limit: 10, Precision: 1, FullNum: 30_000_000, FullDen: 7}, 5},
+			Params{Limit: 10, Precision: 1, FullNum: 30_000_000, FullDen: 7, RatePeriod: 3_000_000}, 5},
 		// 0.3 is 3/10 exactly, never 0.29999999999999998.
 		{"token bucket refill_rate 0.3", "capacity: 7, refill_rate: 0.3",
 			Params{Limit: 7, Precision: 1, FullNum: 70_000_000, FullDen: 3}, 24},
@@ -33,9 +33,9 @@ func TestParams(t *testing.T) {
 		{"token bucket refill_rate integer", "capacity: 4, refill_rate: 2",
 			Params{Limit: 4, Precision: 1, FullNum: 2_000_000, FullDen: 1}, 2},
 		{"token bucket fast", "capacity: 3, rate: 1000/1ms",
-			Params{Limit: 3, Precision: 1, FullNum: 3, FullDen: 1}, 1},
+			Params{Limit: 3, Precision: 1, FullNum: 3, FullDen: 1, RatePeriod: 1000}, 1},
 		{"token bucket bare unit", "capacity: 100, rate: 100/s",
-			Params{Limit: 100, Precision: 1, FullNum: 1_000_000, FullDen: 1}, 1},
+			Params{Limit: 100, Precision: 1, FullNum: 1_000_000, FullDen: 1, RatePeriod: 1_000_000}, 1},
 		{"fixed window", "algorithm: fixed_window, limit: 20, window: 1s",
 			Params{Limit: 20, Window: 1_000_000, Precision: 1, FullDen: 1}, 1},
 		{"sliding window log", "algorithm: sliding_window_log, limit: 60, window: 1m30s",
@@ -169,15 +169,15 @@ func TestOverrides(t *testing.T) {
 		want           Params
 		override       bool
 	}{
-		{"tb", "sk_capacity", "", Params{Limit: 1000, Precision: 1, FullNum: 600_000_000, FullDen: 1}, true},
-		{"tb", "sk_rate", "", Params{Limit: 100, Precision: 1, FullNum: 2_000_000, FullDen: 1}, true},
+		{"tb", "sk_capacity", "", Params{Limit: 1000, Precision: 1, FullNum: 600_000_000, FullDen: 1, RatePeriod: 60_000_000}, true},
+		{"tb", "sk_rate", "", Params{Limit: 100, Precision: 1, FullNum: 2_000_000, FullDen: 1, RatePeriod: 1_000_000}, true},
 		{"tb", "sk_refill", "", Params{Limit: 100, Precision: 1, FullNum: 200_000_000, FullDen: 1}, true},
-		{"tb", "sk_both", "", Params{Limit: 1000, Precision: 1, FullNum: 60_000_000, FullDen: 1}, true},
-		{"tb", "sk_other", "AAAAAAAAAAAAAAAAAAAAAA", Params{Limit: 7, Precision: 1, FullNum: 4_200_000, FullDen: 1}, true},
-		{"tb", "sk_capacity", "AAAAAAAAAAAAAAAAAAAAAA", Params{Limit: 1000, Precision: 1, FullNum: 600_000_000, FullDen: 1}, true},
-		{"tb", "sk_other", "BBBB", Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1}, false},
-		{"tb", "", "", Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1}, false},
-		{"tb-refill", "sk_rate", "", Params{Limit: 10, Precision: 1, FullNum: 10_000_000, FullDen: 1}, true},
+		{"tb", "sk_both", "", Params{Limit: 1000, Precision: 1, FullNum: 60_000_000, FullDen: 1, RatePeriod: 60_000_000}, true},
+		{"tb", "sk_other", "AAAAAAAAAAAAAAAAAAAAAA", Params{Limit: 7, Precision: 1, FullNum: 4_200_000, FullDen: 1, RatePeriod: 60_000_000}, true},
+		{"tb", "sk_capacity", "AAAAAAAAAAAAAAAAAAAAAA", Params{Limit: 1000, Precision: 1, FullNum: 600_000_000, FullDen: 1, RatePeriod: 60_000_000}, true},
+		{"tb", "sk_other", "BBBB", Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1, RatePeriod: 60_000_000}, false},
+		{"tb", "", "", Params{Limit: 100, Precision: 1, FullNum: 60_000_000, FullDen: 1, RatePeriod: 60_000_000}, false},
+		{"tb-refill", "sk_rate", "", Params{Limit: 10, Precision: 1, FullNum: 10_000_000, FullDen: 1, RatePeriod: 1_000_000}, true},
 		{"gcra", "sk_limit", "", Params{Limit: 1200, Window: 60_000_000, Precision: 1, FullNum: 60_000_000, FullDen: 1}, true},
 		{"gcra", "sk_burst", "", Params{Limit: 50, Window: 60_000_000, Precision: 1, FullNum: 5_000_000, FullDen: 1}, true},
 		{"gcra-burst", "sk_limit", "", Params{Limit: 20, Window: 60_000_000, Precision: 1, FullNum: 1_000_000, FullDen: 1}, true},

@@ -75,7 +75,20 @@ type Ruleset struct {
 	displacedBy [][]int
 	// replacing reports whether any rule lists another in `replaces`.
 	replacing bool
+	// descriptors: some rule matches descriptor entries; byIP: some rule
+	// counts by client IP (scope ip).
+	descriptors, byIP bool
 }
+
+// MatchesDescriptors reports whether some rule selects by Envoy descriptor
+// entries (`match: {descriptor: …}`): only then does a request's
+// Descriptor change which rules it matches.
+func (rs *Ruleset) MatchesDescriptors() bool { return rs.descriptors }
+
+// CountsByIP reports whether some rule has scope ip: only then (and for
+// anonymous requests, which count every rule per IP) do a keyed request's
+// matches and counters depend on its client IP.
+func (rs *Ruleset) CountsByIP() bool { return rs.byIP }
 
 // KeyInfo is a key registry entry.
 type KeyInfo struct {

@@ -60,6 +60,11 @@ type Params struct {
 	Precision int64
 	FullNum   int64
 	FullDen   int64
+	// RatePeriod is, for a token_bucket given as `rate: N/period`, the
+	// period in µs (0 for refill_rate and the other algorithms): only for
+	// display (Envoy's current_limit in the rule's own unit), never part
+	// of the counter.
+	RatePeriod int64
 }
 
 // PolicyWindow is the `w` of the RateLimit-Policy header (SPEC §3): the

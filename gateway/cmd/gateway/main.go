@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -81,6 +82,7 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 		return 2
 	}
 	log := cfg.Log.NewLogger(stderr)
+	applyRuntime(cfg.Runtime, lookup)
 	// go-redis logs every failed dial through its own process-wide logger:
 	// route it into ours at debug level (the gateway logs the outage once
 	// and counts the errors in tollgate_redis_errors_total).
@@ -97,6 +99,17 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 		return 1
 	}
 	return 0
+}
+
+// applyRuntime sets the garbage collector from the runtime section,
+// unless GOGC or GOMEMLIMIT say otherwise (the runtime read them at start).
+func applyRuntime(rc gateway.RuntimeConfig, lookup configs.LookupFunc) {
+	if _, ok := lookup("GOGC"); !ok {
+		debug.SetGCPercent(rc.GCPercent)
+	}
+	if _, ok := lookup("GOMEMLIMIT"); !ok {
+		debug.SetMemoryLimit(int64(rc.MemoryLimitMB) << 20)
+	}
 }
 
 func help(stdout, stderr io.Writer) int {

@@ -144,10 +144,20 @@ func hex4(b []byte) rune {
 // documented fields, nothing after it. The returned request's Cost is 0 for
 // a peek (peek true), else at least 1.
 func decodeCheck(data []byte) (req guard.Request, peek bool, err error) {
+	var b checkBody
+	if fastBody(data, &b) {
+		return b.request()
+	}
+	return decodeStrict(data)
+}
+
+// decodeStrict is decodeCheck through encoding/json: every body, with the
+// error messages.
+func decodeStrict(data []byte) (req guard.Request, peek bool, err error) {
+	var b checkBody
 	if !startsWith(data, '{') {
 		return req, false, bodyErrorf("the body must be a JSON object")
 	}
-	var b checkBody
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {

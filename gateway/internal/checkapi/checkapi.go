@@ -15,17 +15,17 @@
 package checkapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
@@ -116,7 +116,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		httpguard.WriteError(w, r, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Use POST.")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
+	buf := bufPool.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledBody {
+			buf.Reset()
+			bufPool.Put(buf)
+		}
+	}()
+	buf.Reset()
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
+	body := buf.Bytes()
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -129,6 +138,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	serve(w, r, body)
 }
+
+// bufPool holds request body buffers: a body is read, decoded (the
+// request's strings are copies) and dropped within one request.
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody is the largest buffer kept for reuse (a batch may be
+// large; a check body is small).
+const maxPooledBody = 4 << 10
+
+// outPool holds the buffers single checks encode their answers in.
+var outPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// decisionPool holds the decisions of single checks, their Rules reused.
+var decisionPool = sync.Pool{New: func() any { return new(guard.Decision) }}
 
 // authorized checks the bearer token in constant time.
 func (h *handler) authorized(r *http.Request) bool {
@@ -146,8 +169,15 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
 		return
 	}
+	pd := decisionPool.Get().(*guard.Decision)
+	defer func() {
+		rules := pd.Rules[:0]
+		clear(pd.Rules)
+		*pd = guard.Decision{Rules: rules}
+		decisionPool.Put(pd)
+	}()
 	req.Surface = "check"
-	d, err := h.decide(r.Context(), &req, peek)
+	d, err := h.decideInto(r.Context(), &req, peek, pd)
 	if err != nil {
 		h.unavailable(w, r, err)
 		return
@@ -157,7 +187,12 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, appendDecision(nil, d, status))
+	out := outPool.Get().(*[]byte)
+	*out = appendDecision((*out)[:0], d, status)
+	writeJSON(w, status, *out)
+	if cap(*out) <= maxPooledBody {
+		outPool.Put(out)
+	}
 }
 
 func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -224,10 +259,6 @@ func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (h *handler) decide(ctx context.Context, req *guard.Request, peek bool) (*guard.Decision, error) {
-	return h.decideInto(ctx, req, peek, new(guard.Decision))
-}
-
 // decideInto decides req, into d for a check; a peek returns a new
 // decision.
 func (h *handler) decideInto(ctx context.Context, req *guard.Request, peek bool, d *guard.Decision) (*guard.Decision, error) {
@@ -285,50 +316,6 @@ type detailsJSON struct {
 	WindowSeconds     int64  `json:"window_seconds"`
 	RetryAfterSeconds int64  `json:"retry_after_seconds"`
 	ResetAt           string `json:"reset_at"`
-}
-
-// appendDecision appends d as JSON. Without a deciding rule (allowlisted,
-// no rule matched, blocked) rule and algorithm are empty and limit,
-// remaining and reset 0; while the deciding rule fails open remaining is
-// -1, as in X-RateLimit-Remaining.
-func appendDecision(b []byte, d *guard.Decision, status int) []byte {
-	j := decisionJSON{
-		Allowed:    d.Allowed,
-		Status:     status,
-		RetryAfter: d.RetryAfter,
-		Degraded:   d.Degraded,
-		Reason:     string(d.Reason),
-	}
-	dr := d.DecidingRule()
-	if dr != nil {
-		j.Limit, j.Remaining, j.Reset = dr.Limit, max(dr.Remaining, 0), dr.Reset
-		if dr.FailOpen {
-			j.Remaining = -1
-		}
-		j.Rule, j.Algorithm = dr.ID, string(dr.Algorithm)
-	}
-	if !d.Allowed {
-		code := d.Code
-		if code == "" {
-			code = guard.CodeRateLimitExceeded
-		}
-		j.Error = &errorJSON{Code: code, Message: httpguard.Message(d)}
-		if status == http.StatusTooManyRequests && dr != nil {
-			j.Error.Details = &detailsJSON{
-				Rule:              dr.ID,
-				Limit:             dr.Limit,
-				Remaining:         0,
-				WindowSeconds:     dr.Window,
-				RetryAfterSeconds: d.RetryAfter,
-				ResetAt:           time.Unix(dr.Reset, 0).UTC().Format(time.RFC3339),
-			}
-		}
-	}
-	out, err := json.Marshal(&j)
-	if err != nil { // cannot happen: strings, numbers and bools only
-		return append(b, `{"error":{"code":"UNAVAILABLE","message":"encoding failed"}}`...)
-	}
-	return append(b, out...)
 }
 
 // appendItemError appends a batch item that got no decision from the guard.

@@ -228,16 +228,31 @@ func decisionLabel(d *guard.Decision) string {
 	return DecisionRejected
 }
 
-// Store returns s wrapped so that every call is counted and timed.
-func (m *Metrics) Store(s guard.Store) guard.Store { return &store{s: s, m: m} }
+// Store returns s wrapped so that every call is counted and timed. The
+// result names counters as s does (guard.Namer), so s must implement it
+// when the guard is to use s's names: redisstore does.
+func (m *Metrics) Store(s guard.Store) guard.Store {
+	st := &store{s: s, m: m, namer: guard.PlainName}
+	if n, ok := s.(guard.Namer); ok {
+		st.namer = n.CounterName
+	}
+	return st
+}
 
 // store is a guard.Store decorator recording Redis metrics.
 type store struct {
-	s guard.Store
-	m *Metrics
+	s     guard.Store
+	m     *Metrics
+	namer func(*guard.CounterID) string
 }
 
-var _ guard.Store = (*store)(nil)
+var (
+	_ guard.Store = (*store)(nil)
+	_ guard.Namer = (*store)(nil)
+)
+
+// CounterName implements guard.Namer with the wrapped store's names.
+func (s *store) CounterName(id *guard.CounterID) string { return s.namer(id) }
 
 // Do implements guard.Store.
 func (s *store) Do(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {

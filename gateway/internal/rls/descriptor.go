@@ -40,40 +40,42 @@ func invalidf(format string, args ...any) error {
 	return &invalidError{msg: fmt.Sprintf(format, args...)}
 }
 
-// convert turns a call into one guard request per descriptor; peek[i]
-// reports that descriptor i is a peek (hits_addend present and 0). The
-// requests' Descriptor maps are new; the strings are the call's.
-func (l limits) convert(req *rlsv3.RateLimitRequest) (reqs []guard.Request, peek []bool, err error) {
+// convert turns a call into one guard request per descriptor, in c's
+// storage (c.reqs, c.peek; c.peek[i] reports that descriptor i is a peek:
+// hits_addend present and 0). The requests' Descriptor maps are c's,
+// reused from call to call; the strings are the call's.
+func (l limits) convert(req *rlsv3.RateLimitRequest, c *call) error {
 	if req == nil {
-		return nil, nil, invalidf("empty request")
+		return invalidf("empty request")
 	}
 	switch {
 	case req.Domain == "":
-		return nil, nil, invalidf("domain is empty")
+		return invalidf("domain is empty")
 	case len(req.Domain) > l.valueLen:
-		return nil, nil, invalidf("domain is longer than %d bytes", l.valueLen)
+		return invalidf("domain is longer than %d bytes", l.valueLen)
 	case len(req.Descriptors) == 0:
-		return nil, nil, invalidf("no descriptors")
+		return invalidf("no descriptors")
 	case len(req.Descriptors) > l.descriptors:
-		return nil, nil, invalidf("%d descriptors, at most %d allowed", len(req.Descriptors), l.descriptors)
+		return invalidf("%d descriptors, at most %d allowed", len(req.Descriptors), l.descriptors)
 	}
-	reqs = make([]guard.Request, len(req.Descriptors))
-	peek = make([]bool, len(req.Descriptors))
+	c.size(len(req.Descriptors))
 	for i, d := range req.Descriptors {
-		if peek[i], err = l.descriptor(req.Domain, d, req.HitsAddend, &reqs[i]); err != nil {
+		var err error
+		if c.peek[i], err = l.descriptor(req.Domain, d, req.HitsAddend, &c.reqs[i], c.maps[i]); err != nil {
 			var inv *invalidError
 			if errors.As(err, &inv) {
 				inv.msg = fmt.Sprintf("descriptor %d: %s", i, inv.msg)
 			}
-			return nil, nil, err
+			return err
 		}
 	}
-	return reqs, peek, nil
+	return nil
 }
 
 // descriptor fills r from one descriptor of a call in domain whose
-// request-level hits_addend is hits, and reports whether it is a peek.
-func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hits uint32, r *guard.Request) (peek bool, err error) {
+// request-level hits_addend is hits, with m (emptied first) as its
+// Descriptor, and reports whether it is a peek.
+func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hits uint32, r *guard.Request, m map[string]string) (peek bool, err error) {
 	switch {
 	case d == nil || len(d.Entries) == 0:
 		return false, invalidf("no entries")
@@ -82,7 +84,8 @@ func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hi
 	case d.IsNegativeHits:
 		return false, invalidf("is_negative_hits is not supported")
 	}
-	*r = guard.Request{Domain: domain, Descriptor: make(map[string]string, len(d.Entries)), Surface: "rls"}
+	clear(m)
+	*r = guard.Request{Domain: domain, Descriptor: m, Surface: "rls"}
 	for j, e := range d.Entries {
 		switch {
 		case e == nil || e.Key == "":
@@ -97,7 +100,6 @@ func (l limits) descriptor(domain string, d *ratelimitv3.RateLimitDescriptor, hi
 		}
 		r.Descriptor[e.Key] = e.Value
 	}
-	m := r.Descriptor
 	if v, ok := m[entryAPIKey]; ok {
 		r.Key = v
 	} else {

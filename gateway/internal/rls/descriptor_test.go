@@ -93,7 +93,7 @@ func TestConvert(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			reqs, peek, err := defaultLimits.convert(&rlsv3.RateLimitRequest{Domain: "dom", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.d}, HitsAddend: tt.reqHits})
+			reqs, peek, err := convertCall(defaultLimits, &rlsv3.RateLimitRequest{Domain: "dom", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.d}, HitsAddend: tt.reqHits})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +157,7 @@ func FuzzDescriptor(f *testing.F) {
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}, HitsAddend: reqHits}
 
-		reqs, peek, err := s.limits.convert(req)
+		reqs, peek, err := convertCall(s.limits, req)
 		if err != nil {
 			var inv *invalidError
 			if !errors.As(err, &inv) {
@@ -197,4 +197,11 @@ func FuzzDescriptor(f *testing.F) {
 			t.Fatalf("response %v", resp)
 		}
 	})
+}
+
+// convertCall converts req in a call of its own.
+func convertCall(l limits, req *rlsv3.RateLimitRequest) ([]guard.Request, []bool, error) {
+	c := new(call)
+	err := l.convert(req, c)
+	return c.reqs, c.peek, err
 }

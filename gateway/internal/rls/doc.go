@@ -59,10 +59,14 @@
 // another descriptor refused the call (its figures are then the counters'
 // state without any charge); UNKNOWN when it was not decided because the
 // call was refused before its counters were consulted. The status carries,
-// from the descriptor's deciding rule (SPEC §3), current_limit (the rule's
-// rate as floor(rate × unit) in the smallest of SECOND, MINUTE, HOUR and
-// DAY where that is at least 1; slower rates continue into WEEK, MONTH
-// (30 days) and YEAR (365 days)), limit_remaining and
+// from the descriptor's deciding rule (SPEC §3), current_limit (in the
+// rule's own unit where it has one: a window, or a token bucket's `rate:
+// N/period`, of exactly one SECOND, MINUTE, HOUR or DAY is its limit — for
+// gcra its limit, not its burst — or N per that unit, so 100 per 1m is 100
+// per MINUTE; otherwise the rule's rate as floor(rate × unit) in the
+// smallest of SECOND, MINUTE, HOUR and DAY where that is at least 1;
+// slower rates continue into WEEK, MONTH (30 days) and YEAR (365 days);
+// temporary overrides scale it), limit_remaining and
 // duration_until_reset. A descriptor without an applicable rule
 // (allowlisted, no rule matched) has no current_limit, nor has one whose
 // deciding rule failed open while Redis is unavailable (nothing is known

@@ -30,10 +30,12 @@ var units = [...]struct {
 // period returns the time, in microseconds as the fraction num/den, in
 // which rr's rule grants rr.Limit units: the window of a windowed rule, the
 // full-refill time of a bucket rule for the key (per-key overrides of the
-// rules file included; temporary overrides keep it). rs may be a newer
-// ruleset than the one that decided: when the rule is gone or changed
-// algorithm, the RateLimit-Policy `w` stands in.
-func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, den uint64) {
+// rules file included; temporary overrides keep it). own is the rule's own
+// period when it states one: the window of a windowed or gcra rule, the
+// period of a token bucket's `rate: N/period` (0 otherwise). rs may be a
+// newer ruleset than the one that decided: when the rule is gone or
+// changed algorithm, the RateLimit-Policy `w` stands in.
+func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, den, own uint64) {
 	var r *rules.Rule
 	if rs != nil {
 		r = rs.Rule(rr.ID)
@@ -41,23 +43,39 @@ func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, de
 	if r != nil && r.Algorithm == rr.Algorithm {
 		p, _ := r.ParamsFor(key, keyID)
 		switch {
-		case rr.Algorithm.Bucket() && p.FullNum > 0 && p.FullDen > 0:
-			return uint64(p.FullNum), uint64(p.FullDen)
+		case rr.Algorithm == rules.TokenBucket && p.FullNum > 0 && p.FullDen > 0:
+			return uint64(p.FullNum), uint64(p.FullDen), uint64(max(p.RatePeriod, 0))
+		case rr.Algorithm == rules.GCRA && p.FullNum > 0 && p.FullDen > 0:
+			return uint64(p.FullNum), uint64(p.FullDen), uint64(max(p.Window, 0))
 		case !rr.Algorithm.Bucket() && p.Window > 0:
-			return uint64(p.Window), 1
+			return uint64(p.Window), 1, uint64(p.Window)
 		}
 	}
-	return uint64(max(rr.Window, 1)) * 1_000_000, 1
+	return uint64(max(rr.Window, 1)) * 1_000_000, 1, 0
 }
 
-// currentLimit expresses limit units per num/den µs as Envoy's
-// current_limit: floor(rate × unit) in the smallest unit where that is at
-// least 1 (YEAR, possibly with 0, below one a year), at most MaxUint32.
-func currentLimit(name string, limit int64, num, den uint64) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name}
+// currentLimit sets rl to limit units per num/den µs as Envoy's
+// current_limit (SPEC §4). A rule whose own period (own µs, see period) is
+// exactly one SECOND, MINUTE, HOUR or DAY is reported in that unit, as its
+// rate over it: a window's limit (100 per 1m is 100 per MINUTE), a gcra
+// rule's limit rather than its burst, a token bucket's N of `rate:
+// N/period`. Otherwise it is floor(rate × unit) in the smallest unit where
+// that is at least 1 (YEAR, possibly with 0, below one a year), at most
+// MaxUint32.
+func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, name string, limit int64, num, den, own uint64) {
+	rl.Name, rl.RequestsPerUnit = name, 0
 	if limit <= 0 || num == 0 {
 		rl.Unit = units[0].unit
-		return rl
+		return
+	}
+	for _, u := range units[:4] {
+		if own == u.us {
+			// rate × own = limit × den × own / num.
+			if n := mulDiv(uint64(limit), den, u.us, num); n >= 1 {
+				rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(n, math.MaxUint32))
+				return
+			}
+		}
 	}
 	for _, u := range units {
 		// rate × unit = limit × den × unit / num.
@@ -67,7 +85,6 @@ func currentLimit(name string, limit int64, num, den uint64) *rlsv3.RateLimitRes
 			break
 		}
 	}
-	return rl
 }
 
 // mulDiv returns floor(a × b × c / d) for d > 0, saturating at MaxUint64.

@@ -18,6 +18,7 @@ func TestCurrentLimit(t *testing.T) {
 		second = rlsv3.RateLimitResponse_RateLimit_SECOND
 		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
 		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
+		day    = rlsv3.RateLimitResponse_RateLimit_DAY
 		week   = rlsv3.RateLimitResponse_RateLimit_WEEK
 		month  = rlsv3.RateLimitResponse_RateLimit_MONTH
 		year   = rlsv3.RateLimitResponse_RateLimit_YEAR
@@ -38,6 +39,9 @@ rules:
   - {id: one-a-fortnight, match: {}, algorithm: fixed_window, limit: 1, window: 14d}
   - {id: one-a-quarter, match: {}, algorithm: fixed_window, limit: 1, window: 90d}
   - {id: once-in-366-days, match: {}, algorithm: fixed_window, limit: 1, window: 366d}
+  - {id: bucket-per-minute, match: {}, algorithm: token_bucket, capacity: 500, rate: 100/1m}
+  - {id: gcra-per-minute, match: {}, algorithm: gcra, limit: 600, window: 1m, burst: 20}
+  - {id: bucket-per-90s, match: {}, algorithm: token_bucket, capacity: 10, rate: 90/90s}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -48,13 +52,19 @@ rules:
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
 		{"half", 30, minute},
-		// SPEC §4: the smallest unit where floor(rate × unit) ≥ 1. At
-		// 1.67/s that is 1 per SECOND, not 100 per MINUTE.
-		{"hundred-per-minute", 1, second},
+		// SPEC §4: a window of exactly one unit is the rule's limit per
+		// that unit: 100 per 1m is 100 per MINUTE, not 1 per SECOND.
+		{"hundred-per-minute", 100, minute},
 		{"ten-per-second", 10, second},
-		{"thousand-a-day", 41, hour},
-		{"sixty-per-minute", 1, second},
+		{"thousand-a-day", 1000, day},
+		{"sixty-per-minute", 60, minute},
 		{"fifty-ninety-per-minute", 59, minute},
+		// rate: N/period of exactly one unit: N per that unit, whatever
+		// the capacity; gcra: its limit, not its burst.
+		{"bucket-per-minute", 100, minute},
+		{"gcra-per-minute", 600, minute},
+		// Otherwise the smallest unit where floor(rate × unit) ≥ 1.
+		{"bucket-per-90s", 1, second},
 		{"tenth", 6, minute},
 		{"gcra", 7, hour},
 		{"subsecond", 6, second},
@@ -67,8 +77,8 @@ rules:
 		t.Run(tt.id, func(t *testing.T) {
 			r := rs.Rule(tt.id)
 			rr := guard.RuleResult{ID: r.ID, Algorithm: r.Algorithm, Limit: r.Params.Limit, Window: r.Params.PolicyWindow(r.Algorithm)}
-			num, den := period(rs, &rr, "", "")
-			cl := currentLimit(rr.ID, rr.Limit, num, den)
+			num, den, own := period(rs, &rr, "", "")
+			cl := limitOf(rr.ID, rr.Limit, num, den, own)
 			if cl.Name != tt.id || cl.RequestsPerUnit != tt.n || cl.Unit != tt.unit {
 				t.Errorf("current_limit %v, want %d per %v", cl, tt.n, tt.unit)
 			}
@@ -78,13 +88,13 @@ rules:
 	// A rule that is gone (the ruleset changed since the decision):
 	// limit ÷ RateLimit-Policy w.
 	rr := guard.RuleResult{ID: "gone", Algorithm: rules.FixedWindow, Limit: 120, Window: 60}
-	num, den := period(rs, &rr, "", "")
-	if cl := currentLimit(rr.ID, rr.Limit, num, den); cl.RequestsPerUnit != 2 || cl.Unit != second {
+	num, den, own := period(rs, &rr, "", "")
+	if cl := limitOf(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 2 || cl.Unit != second {
 		t.Errorf("gone rule: %v, want 2 per SECOND", cl)
 	}
 	rr = guard.RuleResult{ID: "half", Algorithm: rules.FixedWindow, Limit: 1, Window: 2}
-	num, den = period(rs, &rr, "", "")
-	if cl := currentLimit(rr.ID, rr.Limit, num, den); cl.RequestsPerUnit != 30 || cl.Unit != minute {
+	num, den, own = period(rs, &rr, "", "")
+	if cl := limitOf(rr.ID, rr.Limit, num, den, own); cl.RequestsPerUnit != 30 || cl.Unit != minute {
 		t.Errorf("rule whose algorithm changed: %v, want 30 per MINUTE", cl)
 	}
 }
@@ -118,4 +128,11 @@ func TestMulDiv(t *testing.T) {
 			t.Fatalf("mulDiv(%d, %d, %d, %d) = %d, want %d", a, b, c, d, got, want)
 		}
 	}
+}
+
+// limitOf returns currentLimit's answer.
+func limitOf(name string, limit int64, num, den, own uint64) *rlsv3.RateLimitResponse_RateLimit {
+	rl := new(rlsv3.RateLimitResponse_RateLimit)
+	currentLimit(rl, name, limit, num, den, own)
+	return rl
 }

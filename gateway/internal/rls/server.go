@@ -4,7 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"time"
+	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -113,8 +113,9 @@ func (s *Server) Register(gs *grpc.Server) { rlsv3.RegisterRateLimitServiceServe
 // InvalidArgument; calls that cannot be decided at all get Unavailable (or
 // the context's code when the caller gave up).
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	reqs, peek, err := s.limits.convert(req)
-	if err != nil {
+	c := callPool.Get().(*call)
+	defer c.release()
+	if err := s.limits.convert(req, c); err != nil {
 		s.log.Debug("rls: malformed call", "error", err)
 		return nil, status.Error(codes.InvalidArgument, "tollgate: "+err.Error())
 	}
@@ -123,7 +124,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	// Per-descriptor side effects (metrics, decision events) are the
 	// guard's observers: they see every descriptor decided.
-	ds, err := s.decide(ctx, reqs, peek)
+	ds, err := s.decide(ctx, c)
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()
@@ -139,21 +140,73 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, status.Error(codes.Internal, "tollgate: "+guard.CodeTooManyRules+": a descriptor matches more rules than max_rules_per_request")
 		}
 	}
-	return s.answer(reqs, ds), nil
+	return s.answer(c.reqs, ds), nil
+}
+
+// call is the storage of one call, pooled: its requests (with their
+// Descriptor maps) and decisions (with their Rules) are reused, so a call
+// allocates little of its own beyond its response.
+type call struct {
+	reqs   []guard.Request
+	peek   []bool
+	maps   []map[string]string
+	store  []guard.Decision
+	ds     []*guard.Decision
+	check  []*guard.Request
+	checkD []*guard.Decision
+}
+
+var callPool = sync.Pool{New: func() any { return new(call) }}
+
+// maxPooledDescriptors is the largest call whose storage goes back to the
+// pool: a rare call of many descriptors does not keep its storage alive.
+const maxPooledDescriptors = 8
+
+// size makes c hold n requests, peeks, maps and decisions.
+func (c *call) size(n int) {
+	for len(c.maps) < n {
+		c.maps = append(c.maps, make(map[string]string, 4))
+	}
+	if cap(c.reqs) < n {
+		c.reqs = make([]guard.Request, n)
+		c.peek = make([]bool, n)
+		c.store = make([]guard.Decision, n)
+		c.ds = make([]*guard.Decision, n)
+	}
+	c.reqs, c.peek, c.store, c.ds = c.reqs[:n], c.peek[:n], c.store[:n], c.ds[:n]
+}
+
+// release empties c of the call's data (keys among it) and pools it.
+func (c *call) release() {
+	clear(c.reqs)
+	for i := range c.store {
+		d := &c.store[i]
+		rules := d.Rules[:0]
+		clear(d.Rules)
+		*d = guard.Decision{Rules: rules}
+	}
+	for _, m := range c.maps {
+		clear(m)
+	}
+	clear(c.ds)
+	clear(c.check)
+	clear(c.checkD)
+	if len(c.maps) > maxPooledDescriptors {
+		return
+	}
+	callPool.Put(c)
 }
 
 // decide decides the call's requests: peeks first, one by one, then, if
 // none of them would be rejected, the others together with CheckMany.
 // ds[i] is nil for a request not decided.
-func (s *Server) decide(ctx context.Context, reqs []guard.Request, peek []bool) ([]*guard.Decision, error) {
-	ds := make([]*guard.Decision, len(reqs))
-	var (
-		check  []*guard.Request
-		checkD []*guard.Decision
-	)
+func (s *Server) decide(ctx context.Context, c *call) ([]*guard.Decision, error) {
+	reqs, ds := c.reqs, c.ds
+	check, checkD := c.check[:0], c.checkD[:0]
+	defer func() { c.check, c.checkD = check, checkD }()
 	for i := range reqs {
-		if !peek[i] {
-			ds[i] = new(guard.Decision)
+		if !c.peek[i] {
+			ds[i] = &c.store[i]
 			check = append(check, &reqs[i])
 			checkD = append(checkD, ds[i])
 			continue
@@ -166,7 +219,7 @@ func (s *Server) decide(ctx context.Context, reqs []guard.Request, peek []bool) 
 		if !d.Allowed {
 			// The call is refused: decide nothing more, charge nothing.
 			for j := range reqs {
-				if !peek[j] || j > i {
+				if !c.peek[j] || j > i {
 					ds[j] = nil
 				}
 			}
@@ -181,16 +234,37 @@ func (s *Server) decide(ctx context.Context, reqs []guard.Request, peek []bool) 
 	return ds, nil
 }
 
+// response is the storage of a one-descriptor answer, allocated at once
+// (gRPC marshals it after the handler returns, so it cannot be pooled).
+type response struct {
+	resp    rlsv3.RateLimitResponse
+	ptrs    [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	status  rlsv3.RateLimitResponse_DescriptorStatus
+	limit   rlsv3.RateLimitResponse_RateLimit
+	reset   durationpb.Duration
+	hdrPtrs [12]*corev3.HeaderValue
+	hdrs    [12]corev3.HeaderValue
+}
+
 // answer builds the response for decisions ds of reqs.
 func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds)),
+	ar := new(response)
+	resp := &ar.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	if len(ds) == 1 {
+		ar.ptrs[0] = &ar.status
+		resp.Statuses = ar.ptrs[:]
+	} else {
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))
 	}
 	rs := s.g.Rules()
 	for i, d := range ds {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_UNKNOWN}
-		resp.Statuses[i] = st
+		st := resp.Statuses[i]
+		if st == nil {
+			st = new(rlsv3.RateLimitResponse_DescriptorStatus)
+			resp.Statuses[i] = st
+		}
+		st.Code = rlsv3.RateLimitResponse_UNKNOWN
 		if d == nil || !d.Allowed {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -211,18 +285,35 @@ func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateL
 		if rr == nil || rr.FailOpen {
 			continue
 		}
-		num, den := period(rs, rr, reqs[i].Key, d.KeyID)
-		st.CurrentLimit = currentLimit(rr.ID, rr.Limit, num, den)
+		num, den, own := period(rs, rr, reqs[i].Key, d.KeyID)
+		var cl *rlsv3.RateLimitResponse_RateLimit
+		var reset *durationpb.Duration
+		if i == 0 {
+			cl, reset = &ar.limit, &ar.reset
+		} else {
+			cl, reset = new(rlsv3.RateLimitResponse_RateLimit), new(durationpb.Duration)
+		}
+		currentLimit(cl, rr.ID, rr.Limit, num, den, own)
+		st.CurrentLimit = cl
 		st.LimitRemaining = uint32(min(max(rr.Remaining, 0), math.MaxUint32))
-		st.DurationUntilReset = untilReset(rr.Reset, d.Time)
+		untilReset(reset, rr.Reset, d.Time)
+		st.DurationUntilReset = reset
 	}
 	if k := guard.CallDeciding(ds); k >= 0 {
 		var buf [12][2]string
 		pairs := httpguard.HeaderPairs(ds[k], buf[:0])
-		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(pairs))
+		hdrs := ar.hdrPtrs[:0]
 		for j, p := range pairs {
-			resp.ResponseHeadersToAdd[j] = &corev3.HeaderValue{Key: p[0], Value: p[1]}
+			var h *corev3.HeaderValue
+			if j < len(ar.hdrs) {
+				h = &ar.hdrs[j]
+			} else {
+				h = new(corev3.HeaderValue)
+			}
+			h.Key, h.Value = p[0], p[1]
+			hdrs = append(hdrs, h)
 		}
+		resp.ResponseHeadersToAdd = hdrs
 	}
 	return resp
 }
@@ -231,12 +322,12 @@ func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateL
 // oddity overflows time.Duration.
 const maxResetUS = 100 * 365 * 86400 * 1_000_000
 
-// untilReset returns the time from the decision time now (Unix µs) to
+// untilReset sets into the time from the decision time now (Unix µs) to
 // reset (Unix seconds, rounded up), at least 0.
-func untilReset(reset, now int64) *durationpb.Duration {
+func untilReset(into *durationpb.Duration, reset, now int64) {
 	us := int64(0)
 	if reset > 0 && reset < math.MaxInt64/1_000_000 {
 		us = min(max(reset*1_000_000-now, 0), maxResetUS)
 	}
-	return durationpb.New(time.Duration(us) * time.Microsecond)
+	into.Seconds, into.Nanos = us/1_000_000, int32(us%1_000_000)*1000
 }

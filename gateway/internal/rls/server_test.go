@@ -46,7 +46,7 @@ func storeOn(t *testing.T, addr string, timeout time.Duration) *redisstore.Store
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := redisstore.New(c, redisstore.WithTimeout(timeout))
+	s := redisstore.New(c, redisstore.WithTimeout(timeout), redisstore.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))
 	t.Cleanup(func() {
 		s.Close()
 		c.Close()
@@ -56,8 +56,9 @@ func storeOn(t *testing.T, addr string, timeout time.Duration) *redisstore.Store
 
 var prefixes atomic.Int64
 
-// newGuard returns a guard on store enforcing src, with a key prefix of its
-// own so that tests sharing a Redis never share counters. Time is Redis's.
+// newGuard returns a guard on store enforcing src. Time is Redis's; every
+// store has a key prefix of its own, so tests sharing a Redis never share
+// counters.
 func newGuard(t *testing.T, store guard.Store, src string, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	var rs *rules.Ruleset
@@ -67,7 +68,7 @@ func newGuard(t *testing.T, store guard.Store, src string, opts ...guard.Option)
 			t.Fatalf("rules: %v", err)
 		}
 	}
-	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, append(opts, guard.WithKeyPrefix(fmt.Sprintf("rls%d", prefixes.Add(1))))...)
+	g, err := guard.New(store, []byte("rls-test-secret-0123456789"), rs, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,6 +432,7 @@ rules:
 		second = rlsv3.RateLimitResponse_RateLimit_SECOND
 		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
 		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
+		day    = rlsv3.RateLimitResponse_RateLimit_DAY
 		week   = rlsv3.RateLimitResponse_RateLimit_WEEK
 	)
 	for _, tt := range []struct {
@@ -438,11 +440,12 @@ rules:
 		n      uint32
 		unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
-		{"half", "sk_u", 30, minute},   // 0.5/s
-		{"hundred", "sk_u", 1, second}, // 100/1m is 1.67/s: floor 1 per SECOND (SPEC §4)
+		{"half", "sk_u", 30, minute},       // 0.5/s: floor(rate × unit) in the smallest unit where ≥ 1
+		{"hundred", "sk_u", 100, minute},   // a window of one unit: 100 per 1m is 100 per MINUTE (SPEC §4)
+		{"hundred", "sk_half", 50, minute}, // factor 0.5
 		{"ten", "sk_u", 10, second},
-		{"day", "sk_u", 41, hour},   // 1000/1d is 41.67 per hour
-		{"gcra", "sk_u", 1, minute}, // the rate is limit/window: 1.5 per minute
+		{"day", "sk_u", 1000, day}, // 1000 per DAY, not 41 per HOUR
+		{"gcra", "sk_u", 90, hour}, // its limit per its window, not its burst
 		{"third", "sk_u", 20, minute},
 		{"weekly", "sk_u", 3, week},   // below one a day
 		{"vip", "sk_u", 10, minute},   // 10/1m

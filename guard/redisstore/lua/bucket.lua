@@ -22,7 +22,7 @@
 -- A missing key is a full bucket; a bucket that refills completely is deleted.
 --
 -- make_bucket() returns the token_bucket and gcra implementations (tables
--- of load, save, fits, add, sub, refund, stats). Lua creates a function
+-- of load, save, fits, add, sub, refund, stats, free). Lua creates a function
 -- value every time a script runs its definition, so a call creates the
 -- algorithms only when one of its counters uses them (measured: ~10 % more
 -- calls/s for one token-bucket counter, docs/benchmarks.md).
@@ -100,8 +100,13 @@ local function make_bucket()
     end
   end
 
-  local function bucket_refund(c, token)
+  -- refund: give back the units of the charge named by token (the units
+  -- charged), at most lim of them when lim > 0.
+  local function bucket_refund(c, token, lim)
     local n = tonumber(token)
+    if n and lim > 0 and lim < n then
+      n = lim
+    end
     if n and n > 0 then
       bucket_sub(c, n)
     end
@@ -124,8 +129,8 @@ local function make_bucket()
     gcra_round(c)
   end
 
-  local function gcra_refund(c, token)
-    bucket_refund(c, token)
+  local function gcra_refund(c, token, lim)
+    bucket_refund(c, token, lim)
     gcra_round(c)
   end
 
@@ -142,6 +147,11 @@ local function make_bucket()
     return t
   end
 
+  -- whole units available now.
+  local function bucket_free(c)
+    return fdiv(c.a * c.b - c.z, c.b)
+  end
+
   -- remaining, reset after, next after, retry after (for cost).
   local function bucket_stats(c, now, cost)
     local L = c.a
@@ -155,8 +165,8 @@ local function make_bucket()
 
   return {
     { load = tb_load, save = tb_save, fits = bucket_fits, add = bucket_add,
-      sub = bucket_sub, refund = bucket_refund, stats = bucket_stats },
+      sub = bucket_sub, refund = bucket_refund, stats = bucket_stats, free = bucket_free },
     { load = gcra_load, save = gcra_save, fits = bucket_fits, add = gcra_add,
-      sub = gcra_sub, refund = gcra_refund, stats = bucket_stats },
+      sub = gcra_sub, refund = gcra_refund, stats = bucket_stats, free = bucket_free },
   }
 end

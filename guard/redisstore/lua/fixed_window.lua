@@ -48,11 +48,19 @@ local function make_fixed_window()
     end
   end
 
-  local function fw_refund(c, token)
+  local function fw_refund(c, token, lim)
     local w, n = string.match(token, '^(%-?%d+):(%d+)$')
     if w and tonumber(w) == c.ws then
-      fw_sub(c, tonumber(n))
+      n = tonumber(n)
+      if lim > 0 and lim < n then
+        n = lim
+      end
+      fw_sub(c, n)
     end
+  end
+
+  local function fw_free(c)
+    return c.a - c.n
   end
 
   local function fw_stats(c, now, cost)
@@ -69,5 +77,5 @@ local function make_fixed_window()
   end
 
   return { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
-    sub = fw_sub, refund = fw_refund, stats = fw_stats }
+    sub = fw_sub, refund = fw_refund, stats = fw_stats, free = fw_free }
 end

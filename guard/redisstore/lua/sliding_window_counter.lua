@@ -85,9 +85,12 @@ local function make_sliding_window_counter()
     end
   end
 
-  local function swc_refund(c, token)
+  local function swc_refund(c, token, lim)
     local j, n = string.match(token, '^(%-?%d+):(%d+)$')
     j, n = tonumber(j), tonumber(n)
+    if n and lim > 0 and lim < n then
+      n = lim
+    end
     if j and j >= c.i - c.c and j <= c.i then
       local have = c.cnt[j] or 0
       if n > have then
@@ -164,6 +167,10 @@ local function make_sliding_window_counter()
     return 0
   end
 
+  local function swc_free(c)
+    return fdiv(c.a * c.b - swc_est(c, c.t), c.b)
+  end
+
   local function swc_stats(c, now, cost)
     local L, s = c.a, c.b
     local rem = fdiv(L * s - swc_est(c, c.t), s)
@@ -183,5 +190,5 @@ local function make_sliding_window_counter()
   end
 
   return { load = swc_load, save = swc_save, fits = swc_fits, add = swc_add,
-    sub = swc_sub, refund = swc_refund, stats = swc_stats }
+    sub = swc_sub, refund = swc_refund, stats = swc_stats, free = swc_free }
 end

@@ -94,7 +94,9 @@ local function make_sliding_window_log()
     end
   end
 
-  local function swl_refund(c, token)
+  -- a member is refunded whole: leases, which return part of a charge,
+  -- are never granted on a log (free is 0).
+  local function swl_refund(c, token, lim)
     for i = 1, #c.es do
       if c.es[i].m == token then
         swl_remove(c, i)
@@ -149,6 +151,10 @@ local function make_sliding_window_log()
     return rem, swl_until(c, now, 0), nxt, swl_until(c, now, L - cost)
   end
 
+  local function swl_free(c)
+    return 0
+  end
+
   return { load = swl_load, save = swl_save, fits = swl_fits, add = swl_add,
-    sub = swl_sub, refund = swl_refund, stats = swl_stats }
+    sub = swl_sub, refund = swl_refund, stats = swl_stats, free = swl_free }
 end

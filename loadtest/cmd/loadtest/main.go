@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	fs.StringVar(&cfg.Target, "target", cfg.Target, "`target`: proxy (HTTP through the gateway), check (POST /v1/check) or grpc (Envoy RLS)")
 	fs.StringVar(&cfg.URL, "url", "", "URL of an HTTP target (default "+loadtest.DefaultProxyURL+" for proxy, "+loadtest.DefaultCheckURL+" for check)")
-	fs.StringVar(&cfg.Addr, "addr", "", "host:port of the grpc target (default "+loadtest.DefaultGRPCAddr+")")
+	fs.StringVar(&cfg.Addr, "addr", "", "host:port of the grpc target, or several comma-separated used in turn (default "+loadtest.DefaultGRPCAddr+")")
 	fs.StringVar(&cfg.Method, "method", cfg.Method, "HTTP `method` of proxy requests; the method named in check bodies")
 	fs.StringVar(&cfg.Body, "body", "", "body of every proxy request (e.g. with -method POST)")
 	fs.StringVar(&cfg.Token, "token", "", "bearer token for the check API (default $TOLLGATE_API_TOKEN, which keeps it out of ps)")

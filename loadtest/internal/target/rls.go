@@ -38,16 +38,18 @@ const (
 
 // RLSConfig configures [NewRLS].
 type RLSConfig struct {
-	// Addr is the service's host:port, dialled without TLS.
-	Addr string
+	// Addrs are the service's host:ports, dialled without TLS; requests
+	// go to them in turn.
+	Addrs []string
 	// Domain is every request's domain.
 	Domain string
 	// Cost is the hits of each request. 1 is sent as Envoy sends it by
 	// default (hits_addend unset); 0 is sent as a descriptor hits_addend of
 	// 0, a peek; any other value as the request's hits_addend.
 	Cost int
-	// Conns is the number of gRPC connections, used round-robin; at least
-	// 1. One HTTP/2 connection carries many concurrent calls.
+	// Conns is the number of gRPC connections per address, used
+	// round-robin; at least 1. One HTTP/2 connection carries many
+	// concurrent calls.
 	Conns int
 }
 
@@ -70,14 +72,19 @@ func NewRLS(cfg RLSConfig) (*RLS, error) {
 		return nil, fmt.Errorf("target: rls cost %d out of range [0, 2^32)", cfg.Cost)
 	}
 	r := &RLS{domain: cfg.Domain, cost: cfg.Cost}
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("target: rls: no address")
+	}
 	for range max(cfg.Conns, 1) {
-		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			_ = r.Close()
-			return nil, fmt.Errorf("target: rls client for %s: %w", cfg.Addr, err)
+		for _, addr := range cfg.Addrs {
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				_ = r.Close()
+				return nil, fmt.Errorf("target: rls client for %s: %w", addr, err)
+			}
+			r.conns = append(r.conns, cc)
+			r.clients = append(r.clients, rlsv3.NewRateLimitServiceClient(cc))
 		}
-		r.conns = append(r.conns, cc)
-		r.clients = append(r.clients, rlsv3.NewRateLimitServiceClient(cc))
 	}
 	return r, nil
 }

@@ -179,7 +179,7 @@ func TestRLS(t *testing.T) {
 			hits     uint32
 			descHits *uint64
 		}{{1, 0, nil}, {5, 5, nil}, {0, 0, new(uint64(0))}} {
-			r, err := target.NewRLS(target.RLSConfig{Addr: srv.Addr, Domain: "edge", Cost: tt.cost, Conns: 2})
+			r, err := target.NewRLS(target.RLSConfig{Addrs: []string{srv.Addr}, Domain: "edge", Cost: tt.cost, Conns: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,7 +202,7 @@ func TestRLS(t *testing.T) {
 	})
 
 	t.Run("load", func(t *testing.T) {
-		r, err := target.NewRLS(target.RLSConfig{Addr: srv.Addr, Domain: "edge", Cost: 1, Conns: 2})
+		r, err := target.NewRLS(target.RLSConfig{Addrs: []string{srv.Addr}, Domain: "edge", Cost: 1, Conns: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,7 @@
 // pipelines, against `redis-benchmark -P 16 -c 50` running EVALSHA of the
 // guard's own script with the KEYS and ARGV the guard sends for the same
 // single token-bucket rule (taken from a real Guard through
-// redisstore.Store.ScriptCall; only the hash tag varies, with -r).
+// scriptargs.Strings; only the hash tag varies, with -r).
 //
 // Both run against one redis-server it starts, in one run: on a small
 // machine the load generator competes with Redis for the CPUs (DEPENDENCIES
@@ -59,6 +59,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -237,7 +238,8 @@ func run(ctx context.Context, cfg config) error {
 	if len(capture.counters) != 1 {
 		return fmt.Errorf("guard sent %d counters, want 1", len(capture.counters))
 	}
-	keys, args := store.ScriptCall(guard.OpCheck, capture.counters)
+	// The store's TTL margin is its default, 1000 ms.
+	keys, args := scriptargs.Strings(guard.OpCheck, 0, 1000, capture.counters)
 	sha := redisstore.DecideScript().SHA
 	loaded, err := admin.ScriptLoad(ctx, redisstore.DecideScript().Source).Result()
 	if err != nil {
@@ -336,9 +338,10 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// captureStore records the counters of the last call it forwards.
+// captureStore records the counters of the last call it forwards; it
+// names counters as the Redis store does.
 type captureStore struct {
-	guard.Store
+	*redisstore.Store
 	counters []guard.Counter
 }
 
@@ -368,7 +371,7 @@ func checkReplay(ctx context.Context, c *redis.Client, sha, pattern string, args
 	if err != nil {
 		return fmt.Errorf("replayed EVALSHA: %w", err)
 	}
-	if len(v) != 9 || v[1] != int64(1) || v[3] != int64(1) || v[4] != int64(benchLimit-1) {
+	if len(v) != 10 || v[1] != int64(1) || v[3] != int64(1) || v[4] != int64(benchLimit-1) {
 		return fmt.Errorf("replayed EVALSHA answered %v, want an admission charging 1 of %d", v, benchLimit)
 	}
 	return nil
@@ -385,7 +388,7 @@ func checkAdmits(ctx context.Context, c *redis.Client, sha, pattern string, args
 		if err != nil {
 			return fmt.Errorf("peek: %w", err)
 		}
-		if len(v) != 9 || v[1] != int64(1) {
+		if len(v) != 10 || v[1] != int64(1) {
 			return fmt.Errorf("redis-benchmark counter %s no longer admits: %v", key, v)
 		}
 	}

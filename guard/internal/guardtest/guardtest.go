@@ -1,0 +1,42 @@
+// Package guardtest holds what tests of the guard and its stores share:
+// a store decorator that drives the decision time from a test's clock, so
+// that Redis and the reference model (memstore) decide at the same
+// explicit times.
+package guardtest
+
+import (
+	"context"
+
+	"github.com/tollgate/tollgate/guard"
+)
+
+// Clocked returns s deciding at clock's time (Unix µs) whenever the caller
+// leaves the time to the store (now == 0): Redis then uses that time
+// instead of TIME. Only tests do this; gateways with skewed clocks would
+// disagree. The result forwards guard.Namer to s.
+func Clocked(s guard.Store, clock func() int64) guard.Store {
+	c := &clocked{s: s, clock: clock}
+	if n, ok := s.(guard.Namer); ok {
+		return &clockedNamer{clocked: c, n: n}
+	}
+	return c
+}
+
+type clocked struct {
+	s     guard.Store
+	clock func() int64
+}
+
+func (c *clocked) Do(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	if now == 0 {
+		now = c.clock()
+	}
+	return c.s.Do(ctx, op, now, counters, res)
+}
+
+type clockedNamer struct {
+	*clocked
+	n guard.Namer
+}
+
+func (c *clockedNamer) CounterName(id *guard.CounterID) string { return c.n.CounterName(id) }

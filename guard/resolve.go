@@ -1,0 +1,219 @@
+package guard
+
+import (
+	"hash/maphash"
+	"math"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
+)
+
+// DefaultResolutionCache is the default number of resolutions the guard
+// caches (WithResolutionCache).
+const DefaultResolutionCache = 1 << 16
+
+// resolution is what a request resolves to before any counter is
+// consulted, under one ruleset and one state of the controls: its key_id,
+// tenant and tier, its list status and penalty, the rules it matches with
+// their parameters (overrides applied) and counter names. It depends on
+// the request's key, tenant, tier, endpoint, method, domain and (where
+// rules count by IP) client address only, so it is computed once per such
+// combination and cached (resolutionCache) until the ruleset, the key
+// registry (part of the ruleset) or the controls change, or a control it
+// used expires. A cached resolution is shared and never modified.
+type resolution struct {
+	// The cache key: what the resolution was computed from.
+	hash                                         uint64
+	key, tenantIn, tierIn, endpoint, method, dom string
+	ip                                           netip.Addr
+
+	// Valid for rs at controls generation gen, before until (Unix µs: the
+	// earliest expiry of a control it applied).
+	rs    *rules.Ruleset
+	gen   uint64
+	until int64
+
+	keyID, keyPrefix, tenant, tier string
+	status                         rules.ListStatus
+	penalised                      bool
+	penalty                        Penalty
+	matched                        int // rules matched (before TOO_MANY_RULES)
+	rules                          []resolvedRule
+}
+
+// resolvedRule is one matched rule: its parameters for this key and its
+// counter's name (empty for a block rule).
+type resolvedRule struct {
+	rule   *rules.Rule
+	params rules.Params
+	window int64 // params.PolicyWindow
+	name   string
+}
+
+// cacheIP is the client address a resolution depends on: the request's
+// when it is anonymous (every rule then counts per IP) or some rule counts
+// by IP; none otherwise, so that one key's requests from many addresses
+// share one resolution.
+func cacheIP(rs *rules.Ruleset, req *Request) netip.Addr {
+	if req.Key == "" || rs.CountsByIP() {
+		return req.IP
+	}
+	return netip.Addr{}
+}
+
+// matches reports whether r was computed for this request.
+func (r *resolution) matches(req *Request, endpoint string, ip netip.Addr) bool {
+	return r.key == req.Key && r.endpoint == endpoint && r.method == req.Method && r.dom == req.Domain &&
+		r.tenantIn == req.Tenant && r.tierIn == req.Tier && r.ip == ip
+}
+
+// current reports whether r still holds for rs, the controls at
+// generation gen, at time now.
+func (r *resolution) current(rs *rules.Ruleset, gen uint64, now int64) bool {
+	return r.rs == rs && r.gen == gen && now < r.until
+}
+
+// resolve computes r for req (whose key is valid) under rs and the
+// controls ctl at time now. It allocates: the key_id, names and the rules'
+// slice.
+func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, req *Request, endpoint string, ip netip.Addr, now int64) {
+	*r = resolution{
+		key: req.Key, tenantIn: req.Tenant, tierIn: req.Tier, endpoint: endpoint,
+		method: req.Method, dom: req.Domain, ip: ip,
+		rs: rs, gen: ctl.Generation(), until: math.MaxInt64,
+	}
+	mreq := rules.Request{
+		Key:        req.Key,
+		Method:     req.Method,
+		Domain:     req.Domain,
+		Descriptor: req.Descriptor,
+		IP:         req.IP,
+		Endpoint:   endpoint,
+	}
+	if req.Key != "" {
+		mreq.KeyID = g.hasher.ID(req.Key)
+		r.keyID, r.keyPrefix = mreq.KeyID, keyid.Prefix(req.Key)
+		// Identity before the lists, so blocked, allowlisted and penalised
+		// decisions carry the key's tenant too: their events go to the
+		// tenant's decisions partition, where the aggregator keeps the
+		// key's penalty state (SPEC §6).
+		info, registered := rs.Identify(req.Key)
+		switch {
+		case registered:
+			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
+		default:
+			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
+			if mreq.Tier == "" {
+				mreq.Tier = info.Tier
+			}
+		}
+		if mreq.Tenant == "" {
+			mreq.Tenant = mreq.KeyID
+		}
+		r.tenant, r.tier = mreq.Tenant, mreq.Tier
+
+		// Precedence: blocklist > allowlist > penalty > rules.
+		st := rs.Listed(req.Key)
+		if st == rules.Unlisted {
+			var exp int64
+			st, exp = ctl.statusExpiry(mreq.KeyID, now)
+			r.expires(exp)
+		} else if st == rules.Allowlisted {
+			if cst, exp := ctl.statusExpiry(mreq.KeyID, now); cst == rules.Blocklisted {
+				st = rules.Blocklisted
+				r.expires(exp)
+			}
+		}
+		r.status = st
+		if st != rules.Unlisted {
+			return
+		}
+		if p, ok := ctl.penalty(mreq.KeyID, now); ok {
+			r.penalised, r.penalty = true, p
+			r.expires(p.Until)
+		}
+	}
+	r.tenant, r.tier = mreq.Tenant, mreq.Tier
+
+	var buf [8]*rules.Rule
+	matched := rs.Match(&mreq, buf[:0])
+	r.matched = len(matched)
+	if len(matched) == 0 || len(matched) > g.maxRules {
+		return
+	}
+	r.rules = make([]resolvedRule, 0, len(matched))
+	for _, rule := range matched {
+		rr := resolvedRule{rule: rule}
+		if !rule.Block {
+			rr.params, _ = rule.ParamsFor(req.Key, mreq.KeyID)
+			if o, exp, ok := ctl.overrideExpiry(rule, mreq.KeyID, mreq.Tenant, now); ok {
+				rr.params = o.Apply(rr.params)
+				r.expires(exp)
+			}
+			rr.window = rr.params.PolicyWindow(rule.Algorithm)
+			rr.name = g.counterName(rule, &mreq)
+		}
+		r.rules = append(r.rules, rr)
+	}
+}
+
+// expires makes r valid no later than exp (Unix µs; 0: never expires).
+func (r *resolution) expires(exp int64) {
+	if exp > 0 {
+		r.until = min(r.until, exp)
+	}
+}
+
+// resolutionProbe is how many slots a resolution may occupy from its hash.
+const resolutionProbe = 4
+
+// resolutionCache holds resolutions: open addressing over a fixed array of
+// atomic pointers, so that a hit takes no lock, writes nothing and
+// allocates nothing, and memory stays bounded (a resolution takes the
+// first free or stale slot of its neighbourhood, else replaces its home
+// slot's).
+type resolutionCache struct {
+	slots []atomic.Pointer[resolution]
+	mask  uint64
+	seed  maphash.Seed
+}
+
+func newResolutionCache(n int) *resolutionCache {
+	size := resolutionProbe
+	for size < n {
+		size <<= 1
+	}
+	return &resolutionCache{slots: make([]atomic.Pointer[resolution], size), mask: uint64(size - 1), seed: maphash.MakeSeed()}
+}
+
+// hash hashes the key and endpoint of a request: most requests of one key
+// and endpoint share the rest (method, domain, tenant, tier, address),
+// which get compares.
+func (c *resolutionCache) hash(req *Request, endpoint string) uint64 {
+	return maphash.String(c.seed, req.Key) ^ maphash.String(c.seed, endpoint)*0x9e3779b97f4a7c15
+}
+
+// get returns the cached resolution of a request, current or not, or nil.
+func (c *resolutionCache) get(h uint64, req *Request, endpoint string, ip netip.Addr) *resolution {
+	for i := uint64(0); i < resolutionProbe; i++ {
+		if r := c.slots[(h+i)&c.mask].Load(); r != nil && r.hash == h && r.matches(req, endpoint, ip) {
+			return r
+		}
+	}
+	return nil
+}
+
+// put caches r (whose hash is set) for rs at generation gen and time now.
+func (c *resolutionCache) put(r *resolution, rs *rules.Ruleset, gen uint64, now int64) {
+	for i := uint64(0); i < resolutionProbe; i++ {
+		p := &c.slots[(r.hash+i)&c.mask]
+		old := p.Load()
+		if old == nil || !old.current(rs, gen, now) || (old.hash == r.hash && old.key == r.key && old.endpoint == r.endpoint) {
+			p.Store(r)
+			return
+		}
+	}
+	c.slots[r.hash&c.mask].Store(r)
+}
