@@ -360,6 +360,10 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		switch st {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
+			if e, ok := ctl.Blocked[mreq.KeyID]; ok && live(e.Expiry, now) {
+				// A block the penalty ladder imposed: its top level.
+				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
+			}
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted

@@ -20,8 +20,10 @@
 // operator API assigned (RulesEntry.Version), not the document's own.
 // A blocklist entry maps to guard.Controls by its action: block → Block
 // (403 KEY_BLOCKED), penalty → a guard.Penalty (429 PENALTY, Retry-After
-// the time left; Close, the connection-level answer, only for the ladder's
-// level 3 and up with close set), allow → Allow. An override maps to a key
+// the time left), allow → Allow. The ladder's level travels with its
+// entries (the reduced limit's override too), and close, the
+// connection-level answer, is honoured only for the ladder's level 3 and
+// up (its top, a block). An override maps to a key
 // override (key.<key_id>) or a tenant override (tenant.<base64url>): limit
 // is absolute, factor multiplicative (rules.Override). Entries are named by
 // key_id, so decisions on blocked keys need no Redis round trip. An entry

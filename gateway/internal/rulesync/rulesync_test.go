@@ -228,10 +228,12 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	b.put(b.lists, "kidBlocked", &tollgatev1.ListEntry{KeyID: "kidBlocked", Action: "block", Reason: "abuse", ExpiresAt: exp})
 	b.put(b.lists, "kidPen2", &tollgatev1.ListEntry{KeyID: "kidPen2", Action: "penalty", Level: 2, Close: true, ExpiresAt: exp})
 	b.put(b.lists, "kidPen3", &tollgatev1.ListEntry{KeyID: "kidPen3", Action: "penalty", Level: 3, Close: true})
+	b.put(b.lists, "kidTop", &tollgatev1.ListEntry{KeyID: "kidTop", Action: "block", Level: 3, Close: true, ExpiresAt: exp})
 	b.put(b.lists, "allow.kidAllowed", &tollgatev1.ListEntry{KeyID: "kidAllowed", Action: "allow"})
 	b.put(b.lists, "kidMisplaced", &tollgatev1.ListEntry{KeyID: "kidOther", Action: "block"})
 	b.put(b.lists, "kidGarbage", []byte("{not json"))
 	b.put(b.overrides, "key.kidOv", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidOv", Limit: 50, Rule: "default"})
+	b.put(b.overrides, "key.kidLadder1", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidLadder1", Factor: 0.5, Level: 1, ExpiresAt: exp})
 	b.put(b.overrides, tollgatev1.OverrideKey("tenant", "acme corp"), &tollgatev1.OverrideEntry{Scope: "tenant", Subject: "acme corp", Factor: 0.5})
 
 	dir := t.TempDir()
@@ -246,8 +248,14 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 		t.Fatalf("version %d applied, want 7 (the operator API's, not the document's)", v)
 	}
 	c := sy.controls.Snapshot()
-	if e := c.Blocked["kidBlocked"]; e.Expiry != exp.UnixMicro() || e.Reason != "abuse" {
+	if e := c.Blocked["kidBlocked"]; e.Expiry != exp.UnixMicro() || e.Reason != "abuse" || e.Level != 0 || e.Close {
 		t.Errorf("blocked entry %+v", e)
+	}
+	if e := c.Blocked["kidTop"]; e.Level != 3 || !e.Close || e.Expiry != exp.UnixMicro() {
+		t.Errorf("the ladder's top level %+v: want a level 3 block with the connection-level answer", e)
+	}
+	if o := c.KeyOverrides["kidLadder1"]; o.Level != 1 || o.Factor != 0.5 {
+		t.Errorf("the ladder's reduced limit %+v: want level 1", o)
 	}
 	if p := c.Penalties["kidPen2"]; p.Level != 2 || p.Close || p.Until != exp.UnixMicro() {
 		t.Errorf("level 2 penalty %+v: want no connection-level answer below level 3", p)
@@ -258,7 +266,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	if _, ok := c.Allowed["kidAllowed"]; !ok || len(c.Allowed) != 1 {
 		t.Errorf("allowlist %+v", c.Allowed)
 	}
-	if len(c.Blocked) != 1 {
+	if len(c.Blocked) != 2 {
 		t.Errorf("blocklist %+v: the misplaced and undecodable entries must be ignored", c.Blocked)
 	}
 	if o := c.KeyOverrides["kidOv"]; o.Limit != 50 || o.Rule != "default" {
@@ -286,7 +294,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	b.del(b.lists, "allow.kidAllowed")
 	b.del(b.overrides, "key.kidOv")
 	sy.waitControls(t, func(c *guard.ControlSet) error {
-		if len(c.Allowed) != 0 || len(c.KeyOverrides) != 0 {
+		if len(c.Allowed) != 0 || len(c.KeyOverrides) != 1 {
 			return fmt.Errorf("allowlist %v, key overrides %v after their deletion", c.Allowed, c.KeyOverrides)
 		}
 		return nil
@@ -311,7 +319,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 		if err := json.Unmarshal(b, &f); err != nil {
 			return err
 		}
-		if f.Rules.Version != 8 || f.Blocklist["kidBlocked"].Action != "penalty" || len(f.Overrides) != 1 {
+		if f.Rules.Version != 8 || f.Blocklist["kidBlocked"].Action != "penalty" || len(f.Overrides) != 2 {
 			return fmt.Errorf("copy holds version %d, kidBlocked %q, %d overrides", f.Rules.Version, f.Blocklist["kidBlocked"].Action, len(f.Overrides))
 		}
 		return nil
@@ -529,7 +537,7 @@ func TestStartFromLKG(t *testing.T) {
 	first := newSyncer(t, ns.ClientURL(), dir)
 	first.start(t)
 	first.waitControls(t, func(c *guard.ControlSet) error {
-		if len(c.Blocked) != 1 {
+		if len(c.Blocked) != 2 {
 			return errors.New("kidA not blocked yet")
 		}
 		return nil
