@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway/internal/tarpit"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
@@ -64,6 +65,8 @@ type Config struct {
 
 	Limits LimitsConfig `yaml:"limits"`
 
+	Offenders OffendersConfig `yaml:"offenders"`
+
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
 
 	// Log is used by bin/gateway to build its logger (New takes a
@@ -101,6 +104,25 @@ type LimitsConfig struct {
 	IdleTimeout       time.Duration `yaml:"idle_timeout" doc:"How long an idle keep-alive connection stays open."`
 }
 
+// OffendersConfig is the `offenders` section: the proxy's connection-level
+// answer to keys at the top of the penalty ladder (SPEC §6), for clients
+// connected directly, never for identity.trusted_proxies, whose connections
+// other clients share.
+type OffendersConfig struct {
+	CloseAfter    int           `yaml:"close_after" doc:"Answers to a key at the top of the penalty ladder (or on the blocklist) one client connection gets before the proxy adds Connection: close and closes it: a client that stops when told keeps its connection, one that keeps sending pays a new handshake. 1 closes at the first."`
+	Throttle      string        `yaml:"throttle" doc:"on: a client address whose connection was closed for a key at the top of the ladder is throttled at accept for throttle_for (each new connection held for throttle_delay, then served, and closed at its first such answer); off: never."`
+	ThrottleFor   time.Duration `yaml:"throttle_for" doc:"How long a client address stays throttled after its last connection closed for the top of the ladder."`
+	ThrottleDelay time.Duration `yaml:"throttle_delay" doc:"How long a new connection from a throttled address is held before the proxy reads it."`
+	MaxHeld       int           `yaml:"max_held" doc:"Most connections held at once; past it a throttled address's new connection is closed at once."`
+	MaxAddresses  int           `yaml:"max_addresses" doc:"Client addresses (IPv6 by /64) remembered for throttling: fixed memory, about 32 bytes each; when full, the address whose cooldown ends soonest gives way."`
+}
+
+// Throttle modes of the offenders section.
+const (
+	ThrottleOn  = "on"
+	ThrottleOff = "off"
+)
+
 // Defaults of Config's fields.
 const (
 	DefaultListen          = "127.0.0.1:8080"
@@ -118,6 +140,12 @@ const (
 	DefaultSpoolMaxBytes      = 1 << 30
 	DefaultEventMemoryBytes   = 8 << 20
 	DefaultEventFlushInterval = 100 * time.Millisecond
+
+	DefaultCloseAfter    = httpguard.DefaultCloseAfter
+	DefaultThrottleFor   = time.Minute
+	DefaultThrottleDelay = tarpit.DefaultDelay
+	DefaultMaxHeld       = tarpit.DefaultMaxHeld
+	DefaultMaxAddresses  = tarpit.DefaultAddresses
 
 	DefaultMaxBodyBytes      = 64 << 10
 	DefaultMaxHeaderBytes    = 16 << 10
@@ -168,6 +196,12 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	setDefault(&c.Limits.ReadTimeout, DefaultReadTimeout)
 	setDefault(&c.Limits.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&c.Offenders.CloseAfter, DefaultCloseAfter)
+	setDefault(&c.Offenders.Throttle, ThrottleOn)
+	setDefault(&c.Offenders.ThrottleFor, DefaultThrottleFor)
+	setDefault(&c.Offenders.ThrottleDelay, DefaultThrottleDelay)
+	setDefault(&c.Offenders.MaxHeld, DefaultMaxHeld)
+	setDefault(&c.Offenders.MaxAddresses, DefaultMaxAddresses)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.Log.SetDefaults()
 	c.Kafka.SetDefaults()
@@ -266,6 +300,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxHeaderBytes < 1 {
 		bad("limits.max_header_bytes", "must be positive")
+	}
+	if c.Offenders.CloseAfter < 1 {
+		bad("offenders.close_after", "must be at least 1")
+	}
+	if c.Offenders.Throttle != ThrottleOn && c.Offenders.Throttle != ThrottleOff {
+		bad("offenders.throttle", "%q is not on or off", c.Offenders.Throttle)
+	}
+	if c.Offenders.ThrottleFor <= 0 || c.Offenders.ThrottleDelay <= 0 {
+		bad("offenders.throttle_for", "throttle_for and throttle_delay (%s) must be positive", configs.EnvName("offenders.throttle_delay"))
+	}
+	if c.Offenders.MaxHeld < 1 || c.Offenders.MaxAddresses < 1 {
+		bad("offenders.max_held", "max_held and max_addresses (%s) must be at least 1", configs.EnvName("offenders.max_addresses"))
 	}
 	for _, d := range []struct {
 		path string

@@ -152,6 +152,7 @@ type Syncer struct {
 	applied *rulefile.Ruleset // the ruleset of state.rules
 	refused string            // identity of the last refused ruleset
 	failing string            // the session problem last logged
+	ladder  ladderLog         // the penalty ladder's moves last logged
 	toSave  chan []byte       // to the saver: the newest copy not written yet
 }
 
@@ -511,6 +512,7 @@ func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
 	s.state = next
 	s.cfg.Controls.Replace(buildControls(next.lists, next.overrides))
 	s.changed()
+	s.noteLadderAll()
 	if !s.syncedFlag.Swap(true) {
 		close(s.synced)
 	}
@@ -625,6 +627,11 @@ func (s *Syncer) changeList(kve jetstream.KeyValueEntry) {
 		}
 	})
 	s.changed()
+	for _, x := range []*tollgatev1.ListEntry{old, e} {
+		if x != nil && x.Action != tollgatev1.ActionAllow {
+			s.noteLadder(x.KeyID)
+		}
+	}
 }
 
 // changeOverride applies a change of one overrides bucket key.
@@ -643,6 +650,11 @@ func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
 		}
 	})
 	s.changed()
+	for _, x := range []*tollgatev1.OverrideEntry{old, e} {
+		if x != nil && x.Scope == tollgatev1.ScopeKey {
+			s.noteLadder(x.Subject)
+		}
+	}
 }
 
 // putList records a blocklist bucket entry (or its deletion) in st. It

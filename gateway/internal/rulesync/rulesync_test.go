@@ -537,7 +537,7 @@ func TestStartFromLKG(t *testing.T) {
 	first := newSyncer(t, ns.ClientURL(), dir)
 	first.start(t)
 	first.waitControls(t, func(c *guard.ControlSet) error {
-		if len(c.Blocked) != 2 {
+		if len(c.Blocked) != 1 {
 			return errors.New("kidA not blocked yet")
 		}
 		return nil
@@ -606,5 +606,74 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 	_, err := rulesync.New(rulesync.Config{URL: "nats://127.0.0.1:4222"})
 	if !errors.Is(err, rulesync.ErrConfig) || !strings.Contains(err.Error(), "Dir, Controls, Apply") {
 		t.Fatalf("New: %v", err)
+	}
+}
+
+// TestLadderLoggedOncePerKeyAndLevel: the log says once per key and level
+// where the penalty ladder put a key (key_id and prefix, never the key),
+// however often its entries are rewritten and across a resync.
+func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	exp := time.Now().Add(time.Hour).UTC()
+	b.put(b.overrides, "key.kidLad", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidLad", KeyPrefix: "sk_ci_st…", Factor: 0.5, Level: 1, ExpiresAt: exp})
+	// An operator's block is not the ladder's.
+	b.put(b.lists, "kidOp", &tollgatev1.ListEntry{KeyID: "kidOp", Action: "block"})
+	p := startProxy(t, ns.Addr())
+	sy := newSyncer(t, p.url(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+
+	lines := func() []string {
+		var out []string
+		for l := range strings.Lines(sy.logs.String()) {
+			if strings.Contains(l, "msg=\"key penal") {
+				out = append(out, strings.TrimSpace(l[strings.Index(l, "msg="):]))
+			}
+		}
+		return out
+	}
+	waitLines := func(want ...string) {
+		t.Helper()
+		testwait.Eventually(t, 5*time.Second, func() error {
+			got := lines()
+			if len(got) != len(want) {
+				return fmt.Errorf("ladder lines %q, want %d", got, len(want))
+			}
+			for i, w := range want {
+				if !strings.Contains(got[i], w) {
+					return fmt.Errorf("line %d %q, want it to contain %q", i, got[i], w)
+				}
+			}
+			return nil
+		})
+	}
+	waitLines(`msg="key penalised" key_id=kidLad level=1 previous_level=0 key_prefix=sk_ci_st… action=reduced_limit`)
+
+	// Level 2 replaces level 1; the same level rewritten says nothing.
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp})
+	b.del(b.overrides, "key.kidLad")
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp.Add(time.Minute)})
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "block", Level: 3, Close: true, ExpiresAt: exp})
+	waitLines(`level=1`, `msg="key penalised" key_id=kidLad level=2 previous_level=1 key_prefix=sk_ci_st… action=cooldown`,
+		`msg="key penalised" key_id=kidLad level=3 previous_level=2 key_prefix=sk_ci_st… action=blocklist`)
+
+	// A resync with nothing new says nothing; one that finds the key gone
+	// says it once.
+	p.cut.Store(true)
+	p.drop()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.s.Status().Connected {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+	b.del(b.lists, "kidLad")
+	p.cut.Store(false)
+	waitLines(`level=1`, `level=2`, `level=3`, `msg="key penalty ended" key_id=kidLad level=0 previous_level=3`)
+	if strings.Contains(sy.logs.String(), "kidOp") {
+		t.Error("an operator's block was logged as a ladder move")
 	}
 }
