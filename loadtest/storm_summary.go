@@ -1,0 +1,305 @@
+package loadtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/loadtest/internal/procstat"
+	"github.com/tollgate/tollgate/loadtest/internal/report"
+)
+
+// procstatTick is the resolution of a process's CPU time.
+var procstatTick = procstat.TicksToDuration(1)
+
+// levelNames name the ladder's levels (SPEC §6, docs/aggregator.md).
+var levelNames = [TopLevel + 1]string{"before any penalty", "reduced limit", "cooldown, 429 PENALTY", "blocklist, connection level"}
+
+// summarize builds the summary from the run's samples.
+func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
+	cfg := r.cfg
+	src, _ := netip.ParseAddr(cfg.Source)
+	s := &StormSummary{
+		URL: strings.TrimSuffix(cfg.URL, "/") + cfg.Path, Key: keyPrefix(cfg.Key), PoliteKey: keyPrefix(cfg.PoliteKey),
+		Clients: cfg.Clients, Sources: src.String() + "–" + lastSource(src, cfg.Clients).String(),
+		PollRate: cfg.Limit * cfg.Factor, PoliteSource: cfg.PoliteSource,
+		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1,
+		recorder: r.rec,
+	}
+	r.mu.Lock()
+	samples := append([]stormSample(nil), r.samples...)
+	r.mu.Unlock()
+	s.samples = samples
+
+	c := &r.storm
+	s.Storm = StormCounts{Answers: c.answers(), OK: c.ok.Load(), RateLimited: c.limited.Load(), Penalty: c.penalty.Load(),
+		Blocked: c.blocked.Load(), Other: c.other.Load(), Errors: c.errs.Load(), Closed: c.closed.Load()}
+	p := &r.polite
+	s.Polite = PoliteResult{Requests: p.req.Load(), OK: p.ok.Load(), RateLimited: p.limited.Load(), Penalised: p.penalised.Load(),
+		Errors: p.errs.Load(), Closed: p.closed.Load(), WaitedOut: time.Duration(p.waited.Load()).Seconds(),
+		MaxLatency: float64(p.maxLatency.Load()) / 1e6}
+	if n := len(samples); n > 0 {
+		last := samples[n-1]
+		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused = last.closed, last.delayed, last.refused
+	}
+
+	// When the key reached each level.
+	start := make([]int, TopLevel+2) // first sample index at each level; -1: never
+	for level := 1; level <= TopLevel; level++ {
+		lt := LevelTime{Level: level, Aggregator: -1, Gateway: -1}
+		start[level] = -1
+		for i, sm := range samples {
+			if lt.Aggregator < 0 && sm.level >= level {
+				lt.Aggregator = sm.at.Seconds()
+			}
+			if lt.Gateway < 0 && sm.gwLevel >= level {
+				lt.Gateway = sm.at.Seconds()
+			}
+			if start[level] < 0 && sm.levelNow() >= level {
+				start[level] = i
+			}
+		}
+		s.Levels = append(s.Levels, lt)
+	}
+	start[TopLevel+1] = -1
+
+	// The phases: each level from its first sample to the next level's.
+	if len(samples) < 2 {
+		return s
+	}
+	var before, top *StormPhase
+	for level := 0; level <= TopLevel; level++ {
+		from := start[level]
+		if from < 0 {
+			continue
+		}
+		to := len(samples) - 1
+		for next := level + 1; next <= TopLevel; next++ {
+			if start[next] >= 0 {
+				to = start[next]
+				break
+			}
+		}
+		ph, ok := phase(samples[from], samples[to])
+		if !ok {
+			continue
+		}
+		ph.Name, ph.Level = fmt.Sprintf("level %d (%s)", level, levelNames[level]), level
+		s.Phases = append(s.Phases, ph)
+		if level == 0 {
+			before = &s.Phases[len(s.Phases)-1]
+		}
+	}
+	if r.topSince >= 0 {
+		from := -1
+		for i, sm := range samples {
+			if sm.at >= r.topSince+cfg.Settle {
+				from = i
+				break
+			}
+		}
+		if from >= 0 {
+			if ph, ok := phase(samples[from], samples[len(samples)-1]); ok {
+				ph.Name, ph.Level = fmt.Sprintf("level %d, steady (after %v there)", TopLevel, cfg.Settle), TopLevel
+				s.Phases = append(s.Phases, ph)
+				top = &s.Phases[len(s.Phases)-1]
+			}
+		}
+	}
+	if before != nil && top != nil && before.CPUPerSecond > 0 && top.CPUPerSecond >= 0 {
+		// A top that used less than one clock tick (10 ms) counts as one.
+		tick := procstatTick.Seconds() / (top.ToSeconds - top.FromSeconds)
+		s.CPURatio = before.CPUPerSecond / max(top.CPUPerSecond, tick)
+	}
+	// Once penalised: from the first interval that starts with the gateway
+	// enforcing level 2 or more (where its metrics are read), so that no
+	// decision made before it learned of the step counts.
+	if from := penalisedFrom(samples, start[2]); from >= 0 {
+		if ph, ok := phase(samples[from], samples[len(samples)-1]); ok {
+			s.RedisPerRejectionPenalised = ph.RedisPerRejection
+		}
+	}
+	return s
+}
+
+// penalisedFrom returns the index of the first sample after which the
+// gateway enforces level 2 or more: the sample after the first showing
+// it, or after levelAt (the first at level 2 by any account) when the
+// gateway's levels are unknown; -1 when there is none.
+func penalisedFrom(samples []stormSample, levelAt int) int {
+	if levelAt < 0 {
+		return -1
+	}
+	for i := levelAt; i < len(samples); i++ {
+		if samples[i].gwLevel >= 2 || (samples[i].gwLevel < 0 && i == levelAt) {
+			if i+1 < len(samples) {
+				return i + 1
+			}
+			return -1
+		}
+	}
+	return -1
+}
+
+// phase measures the storm between two samples.
+func phase(a, b stormSample) (StormPhase, bool) {
+	dt := (b.at - a.at).Seconds()
+	if dt <= 0 {
+		return StormPhase{}, false
+	}
+	ph := StormPhase{
+		FromSeconds: a.at.Seconds(), ToSeconds: b.at.Seconds(),
+		Answers: b.answers - a.answers, Rejections: b.rejections - a.rejections,
+		CPUPerSecond: -1, CPUPerRejection: -1, RedisPerRejection: -1, EvalSHAPerRejection: -1,
+	}
+	ph.AnswersPerSecond = float64(ph.Answers) / dt
+	if a.cpuOK && b.cpuOK {
+		cpu := (b.cpu - a.cpu).Seconds()
+		ph.CPUPerSecond = cpu / dt
+		if ph.Rejections > 0 {
+			ph.CPUPerRejection = cpu * 1e6 / float64(ph.Rejections)
+		}
+	}
+	polite := float64(b.politeReq - a.politeReq) // one Redis call each
+	if a.redisOK && b.redisOK && ph.Rejections > 0 {
+		ph.RedisPerRejection = max(b.redis-a.redis-polite, 0) / float64(ph.Rejections)
+	}
+	if a.evalOK && b.evalOK && ph.Rejections > 0 {
+		ph.EvalSHAPerRejection = max(b.evalsha-a.evalsha-polite, 0) / float64(ph.Rejections)
+	}
+	return ph, true
+}
+
+// Untouched reports whether the polite key was never penalised nor
+// throttled: no penalty answer, no closed connection, no wait as long as a
+// throttled connection's (offenders.throttle_delay, 1 s by default: 500 ms
+// is the bound used), and, where the operator API was read, level 0 with
+// an empty history.
+func (p PoliteResult) Untouched() bool {
+	return p.Requests > 0 && p.Penalised == 0 && p.Closed == 0 && p.MaxLatency < 500 && p.Level <= 0 && p.History <= 0
+}
+
+// WriteJSON writes s as indented JSON followed by a newline.
+func (s *StormSummary) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(s)
+}
+
+func na(v float64, format string) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// WriteText writes s as the table `loadtest storm` prints.
+func (s *StormSummary) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "storm      %d clients from %s -> %s, key %s, polling %.1f/s together, every rejection retried at once\n",
+		s.Clients, s.Sources, s.URL, s.Key, s.PollRate)
+	fmt.Fprintf(&b, "polite     1 client from %s, key %s, waiting out every Retry-After\n", s.PoliteSource, s.PoliteKey)
+	fmt.Fprintf(&b, "elapsed    %.1fs (stopped by %s)\n", s.ElapsedSeconds, s.StoppedBy)
+	var lv []string
+	for _, l := range s.Levels {
+		lv = append(lv, fmt.Sprintf("level %d at %s (gateway %s)", l.Level, na(l.Aggregator, "%.1fs"), na(l.Gateway, "%.1fs")))
+	}
+	fmt.Fprintf(&b, "ladder     %s since the storm started\n\n", strings.Join(lv, ", "))
+	fmt.Fprintf(&b, "%-42s %6s %6s %9s %10s %10s %10s %10s\n", "phase", "from s", "to s", "answers/s",
+		"gateway", "CPU µs per", "Redis per", "EVALSHA")
+	fmt.Fprintf(&b, "%-42s %6s %6s %9s %10s %10s %10s %10s\n", "", "", "", "", "CPU s/s", "rejection", "rejection", "per rej.")
+	for _, ph := range s.Phases {
+		fmt.Fprintf(&b, "%-42s %6.1f %6.1f %9.0f %10s %10s %10s %10s\n", ph.Name, ph.FromSeconds, ph.ToSeconds, ph.AnswersPerSecond,
+			na(ph.CPUPerSecond, "%.3f"), na(ph.CPUPerRejection, "%.1f"), na(ph.RedisPerRejection, "%.3f"), na(ph.EvalSHAPerRejection, "%.3f"))
+	}
+	b.WriteString("\n")
+	if s.CPURatio > 0 {
+		verdict := "met"
+		if s.CPURatio < 10 {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(&b, "result     at the top the storm costs 1/%.1f of the gateway CPU per second it cost before any penalty (target ≤ 1/10: %s)\n", s.CPURatio, verdict)
+	}
+	if s.RedisPerRejectionPenalised >= 0 {
+		verdict := "met"
+		if s.RedisPerRejectionPenalised > 0 {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(&b, "           %.3f Redis calls per rejection once penalised, level 2 and up (target 0: %s)\n", s.RedisPerRejectionPenalised, verdict)
+	}
+	st := s.Storm
+	fmt.Fprintf(&b, "storm      %d answers: 2xx=%d 429=%d 429 PENALTY=%d 403=%d other=%d; errors=%d; Connection: close on %d\n",
+		st.Answers, st.OK, st.RateLimited, st.Penalty, st.Blocked, st.Other, st.Errors, st.Closed)
+	fmt.Fprintf(&b, "gateway    connections closed for the top level %.0f; new connections held at accept %.0f, refused %.0f\n",
+		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused)
+	p := s.Polite
+	state := "penalty state unknown (no operator API)"
+	if p.Level >= 0 {
+		state = fmt.Sprintf("penalty level %d, %d steps in its history", p.Level, p.History)
+	}
+	verdict := "never penalised, never throttled"
+	if !p.Untouched() {
+		verdict = "TOUCHED by the storm's penalty"
+	}
+	fmt.Fprintf(&b, "polite     %d requests: 2xx=%d 429=%d (%.0fs of Retry-After waited out) penalised=%d errors=%d; Connection: close %d; max latency %.1fms; %s: %s\n",
+		p.Requests, p.OK, p.RateLimited, p.WaitedOut, p.Penalised, p.Errors, p.Closed, p.MaxLatency, state, verdict)
+	fmt.Fprintf(&b, "loadtest   %.1fs CPU\n", s.LoadtestCPUSeconds)
+	for _, n := range s.Notes {
+		fmt.Fprintf(&b, "note       %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteHTML writes the run as loadtest's HTML page: the storm clients'
+// answers second by second (throughput, latency, outcomes), then the
+// gateway's CPU per second, the level and the Redis calls per rejection
+// over the run.
+func (s *StormSummary) WriteHTML(w io.Writer) error {
+	rec := s.recorder
+	snap := rec.Snapshot()
+	sum := &report.Summary{
+		Target: "storm", Endpoint: s.URL, Mode: "closed", Workers: s.Clients, Keys: 1, Dist: "one key", Paths: 1, Cost: 1,
+		StoppedBy: s.StoppedBy, ElapsedSeconds: s.ElapsedSeconds, Sent: s.Storm.Answers + s.Storm.Errors,
+		Answered: snap.Answered(), Decisions: rec.Decisions(), Errors: snap.Errors, Statuses: rec.Counts(),
+		LatencyFrom: "sent", LatencyUS: rec.Latency(), ErrorSamples: rec.ErrorSamples(), Seconds: rec.Seconds(),
+	}
+	if s.ElapsedSeconds > 0 {
+		sum.ThroughputRPS = float64(sum.Answered) / s.ElapsedSeconds
+	}
+	for _, o := range rec.Outcomes() {
+		sum.Order = append(sum.Order, o.Name)
+	}
+	if len(s.samples) >= 3 {
+		var x, cpu, agg, gw, redis []float64
+		for i := 1; i < len(s.samples); i++ {
+			a, b := s.samples[i-1], s.samples[i]
+			dt := (b.at - a.at).Seconds()
+			x = append(x, math.Round(b.at.Seconds()*100)/100)
+			cpu = append(cpu, nanUnless(a.cpuOK && b.cpuOK, (b.cpu-a.cpu).Seconds()/dt))
+			agg = append(agg, nanUnless(b.level >= 0, float64(b.level)))
+			gw = append(gw, nanUnless(b.gwLevel >= 0, float64(b.gwLevel)))
+			rej := float64(b.rejections - a.rejections)
+			redis = append(redis, nanUnless(a.redisOK && b.redisOK && rej > 0,
+				max(b.redis-a.redis-float64(b.politeReq-a.politeReq), 0)/rej))
+		}
+		sum.AddChart(report.Chart{Title: "Gateway CPU", YTitle: "CPU seconds per second", X: x,
+			Series: []report.Series{{Name: "gateway CPU", Values: cpu}}})
+		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x,
+			Series: []report.Series{{Name: "aggregator", Values: agg}, {Name: "gateway", Values: gw}}})
+		sum.AddChart(report.Chart{Title: "Redis calls per storm rejection", YTitle: "calls per rejection", X: x,
+			Series: []report.Series{{Name: "redis calls", Values: redis}}})
+	}
+	return sum.WriteHTML(w)
+}
+
+func nanUnless(ok bool, v float64) float64 {
+	if !ok {
+		return math.NaN()
+	}
+	return v
+}
