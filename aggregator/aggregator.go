@@ -1,7 +1,8 @@
 // Package aggregator is Tollgate's control-plane process as a library: the
 // exactly-once consumer of the decision stream, the per-tenant usage
-// windows in Pebble, the usage reports, and its metrics and health
-// endpoints (SPEC §6). bin/aggregator (aggregator/cmd/aggregator) loads a
+// windows in Pebble, abuse detection and the penalty ladder (applied to
+// NATS KV through an outbox), the usage reports, the operator API, and its
+// metrics and health endpoints (SPEC §6). bin/aggregator (aggregator/cmd/aggregator) loads a
 // Config and calls New and Run; tests and `make run` start instances in
 // process the same way.
 //
@@ -36,10 +37,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
+	"github.com/tollgate/tollgate/aggregator/internal/outbox"
 	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
@@ -62,8 +65,11 @@ type Server struct {
 	db    *state.DB
 	proc  *consume.Processor
 	audit *audit.Store
-	kafka *kgo.Client // producer of audit entries
+	kafka *kgo.Client // producer of audit entries and lift commands
 	kv    atomic.Pointer[publish.KV]
+	// outbox applies committed penalty steps to NATS KV (nil without
+	// NATS).
+	outbox *outbox.Reconciler
 
 	redis   redis.UniversalClient
 	store   *redisstore.Store
@@ -128,14 +134,16 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 				windows.Day:    cfg.Usage.RetentionDay,
 			},
 		},
-		Log: log.With(slog.String("component", "consume")),
+		Abuse: cfg.Penalty.abuse(),
+		Log:   log.With(slog.String("component", "consume")),
 	}, db, labelled)
 
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	mux := http.NewServeMux()
 	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
 	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(log)),
-		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second))
+		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second),
+		kgo.RecordPartitioner(commandPartitioner(cfg.Kafka.DecisionsTopic)))
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("aggregator: kafka client: %w", err)
@@ -148,9 +156,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.store = redisstore.New(s.redis, redisstore.WithTimeout(cfg.Redis.Timeout),
 		redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
 	acfg := adminapi.Config{Audit: s.audit, Hasher: hasher, Auditor: audit.NewWriter(s.kafka, cfg.Kafka.AuditTopic),
+		Penalties: db, Commands: commander{cl: s.kafka, topic: cfg.Kafka.DecisionsTopic},
 		Log: log.With(slog.String("component", "adminapi")), Guard: s.keyGuard}
 	if cfg.NATS.URL != "" {
 		acfg.KV = s.kv.Load
+		s.outbox = outbox.New(outbox.Config{Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.PenaltiesTopic,
+			SessionTimeout: cfg.SessionTimeout, KV: s.kv.Load, States: db, Log: log.With(slog.String("component", "outbox")),
+			KafkaLog: kafkalog.Slog(log)}, labelled)
 	}
 	adminapi.Register(mux, acfg)
 	s.api = &http.Server{Handler: s.authorize(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
@@ -246,6 +258,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.tailAudit(gctx) })
 	if s.cfg.NATS.URL != "" {
 		g.Go(func() error { return s.connectNATS(gctx) })
+		g.Go(func() error { return s.outbox.Run(gctx) })
 	}
 	if s.cfg.Audit.SnapshotInterval > 0 {
 		g.Go(func() error { s.snapshots(gctx); return nil })
@@ -418,6 +431,36 @@ func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	s.log.Info("rules bucket seeded", slog.String("rules_file", s.cfg.RulesFile))
 	return audit.NewWriter(s.kafka, s.cfg.Kafka.AuditTopic).Write(ctx, &tollgatev1.AuditEntry{Actor: e.Actor, Kind: audit.KindRules,
 		Subject: "rules", Reason: e.Reason, Version: 1, Before: []byte(`{"version":0}`), After: mustJSON(map[string]any{"version": 1})})
+}
+
+// commandPartitioner sends records of the decisions topic (lift commands)
+// to the partition they name, and hashes the others' keys.
+func commandPartitioner(decisions string) kgo.Partitioner {
+	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
+		if topic == decisions {
+			return func(r *kgo.Record, n int) int { return int(r.Partition) % n }
+		}
+		return kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition
+	})
+}
+
+// commander writes lift commands into the decisions topic.
+type commander struct {
+	cl    *kgo.Client
+	topic string
+}
+
+// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q.
+func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reason string, at time.Time) error {
+	v, err := proto.Marshal(&tollgatev1.DecisionEvent{Partition: q, TimeUnixMicros: at.UnixMicro(),
+		Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyId: keyID, Tenant: tenant, CommandActor: actor, CommandReason: reason})
+	if err != nil {
+		return fmt.Errorf("aggregator: encode lift: %w", err)
+	}
+	if err := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: q, Key: []byte(tenant), Value: v}).FirstErr(); err != nil {
+		return fmt.Errorf("aggregator: produce lift: %w", err)
+	}
+	return nil
 }
 
 func mustJSON(v any) []byte {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net/http"
@@ -112,28 +111,34 @@ func newGateway(t testing.TB, brokers []string, id string, epoch uint64) *gatewa
 	return &gateway{cl: cl, id: id, epoch: epoch, seq: map[int32]uint64{}}
 }
 
-func partitionOf(tenant string) int32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(tenant))
-	return int32(h.Sum32() % partitions)
-}
+func partitionOf(tenant string) int32 { return tollgatev1.PartitionOf(tenant, partitions) }
 
 func (g *gateway) emit(t testing.TB, tenant, key string, allowed bool, at time.Time) {
-	p := partitionOf(tenant)
+	g.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+		KeyId: key, KeyPrefix: "sk_…", Tenant: tenant, Endpoint: "/v1/x", Method: "GET", Cost: 1, RuleId: "r", Allowed: allowed})
+}
+
+// send numbers ev as the gateway's next event of its tenant's partition
+// and produces it. Safe for concurrent use.
+func (g *gateway) send(t testing.TB, ev *tollgatev1.DecisionEvent) {
+	p := partitionOf(ev.Tenant)
+	g.mu.Lock()
 	g.seq[p]++
-	ev := &tollgatev1.DecisionEvent{GatewayId: g.id, Epoch: g.epoch, Partition: p, Seq: g.seq[p],
-		TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION, KeyId: key, KeyPrefix: "sk_…",
-		Tenant: tenant, Endpoint: "/v1/x", Method: "GET", Cost: 1, RuleId: "r", Allowed: allowed}
+	ev.GatewayId, ev.Epoch, ev.Partition, ev.Seq = g.id, g.epoch, p, g.seq[p]
 	v, err := proto.Marshal(ev)
 	if err != nil {
-		t.Fatal(err)
+		g.mu.Unlock()
+		t.Error(err)
+		return
 	}
-	r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(tenant), Value: v}
-	g.mu.Lock()
+	r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(ev.Tenant), Value: v}
 	g.sent = append(g.sent, r)
+	// Produced under the lock, so each partition's sequence reaches Kafka
+	// in order, as a gateway's producer guarantees.
+	err = g.cl.ProduceSync(context.Background(), r).FirstErr()
 	g.mu.Unlock()
-	if err := g.cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
-		t.Fatal(err)
+	if err != nil {
+		t.Error(err)
 	}
 }
 

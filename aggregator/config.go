@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -35,8 +36,9 @@ type Config struct {
 	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers."`
 	CommitInterval     time.Duration `yaml:"aggregator_commit_interval" doc:"Longest time one Kafka transaction folds in a backlog before it commits: a row many events touch is written once per transaction. Longer: less CPU per event under load, later report rows. A lull commits at once."`
 
-	Usage UsageConfig `yaml:"usage"`
-	Audit AuditConfig `yaml:"audit"`
+	Usage   UsageConfig   `yaml:"usage"`
+	Audit   AuditConfig   `yaml:"audit"`
+	Penalty PenaltyConfig `yaml:"penalty"`
 
 	ShutdownTimeout time.Duration `yaml:"aggregator_shutdown_timeout" doc:"How long a shutdown waits for in-flight HTTP requests."`
 
@@ -57,10 +59,10 @@ type KafkaConfig struct {
 // SetDefaults fills zero fields with the schemas' topic names.
 func (c *KafkaConfig) SetDefaults() {
 	c.Kafka.SetDefaults()
-	set(&c.UsageTopic, tollgatev1.TopicUsage)
-	set(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
-	set(&c.AuditTopic, tollgatev1.TopicAudit)
-	set(&c.ChangelogTopic, tollgatev1.TopicChangelog)
+	configs.Default(&c.UsageTopic, tollgatev1.TopicUsage)
+	configs.Default(&c.PenaltiesTopic, tollgatev1.TopicPenalties)
+	configs.Default(&c.AuditTopic, tollgatev1.TopicAudit)
+	configs.Default(&c.ChangelogTopic, tollgatev1.TopicChangelog)
 }
 
 // UsageConfig is the `usage` section: windows and reports.
@@ -78,6 +80,87 @@ type AuditConfig struct {
 	SnapshotKeep     int           `yaml:"snapshot_keep" doc:"How many snapshots are kept; older ones are deleted."`
 }
 
+// PenaltyConfig is the `penalty` section: the abuse detectors and the
+// penalty ladder (SPEC §6, docs/aggregator.md).
+type PenaltyConfig struct {
+	Mode                 string        `yaml:"mode" doc:"on: detect abuse and move keys up the penalty ladder; off: detect nothing (penalties in force still step down, and can be lifted)."`
+	Detectors            []string      `yaml:"detectors" doc:"Detectors enabled, comma-separated: backoff_ignored (requests while a Retry-After sent to the key runs), sustained_rejection (rejection ratio), volume_ceiling (requests per second)."`
+	Window               time.Duration `yaml:"window" doc:"Window of event time every detector measures over (sliding, in 6 steps)."`
+	BackoffMinIgnored    int64         `yaml:"backoff_min_ignored" doc:"backoff_ignored fires with at least this many requests in the window that arrived while a Retry-After sent to the key was running..."`
+	BackoffMinShare      float64       `yaml:"backoff_min_share" doc:"...making at least this share of the key's requests in the window."`
+	RejectionMinRequests int64         `yaml:"rejection_min_requests" doc:"sustained_rejection fires with at least this many requests in the window..."`
+	RejectionRatio       float64       `yaml:"rejection_ratio" doc:"...of which at least this share was rejected (429 or 403)."`
+	VolumeCeiling        float64       `yaml:"volume_ceiling" doc:"volume_ceiling fires when one key sends more than this many requests per second over the window."`
+	Factor               float64       `yaml:"factor" doc:"Level 1 (reduced limit): the factor applied to the key's key-scope limits."`
+	ReducedFor           time.Duration `yaml:"reduced_for" doc:"How long level 1 (reduced limit) is enforced."`
+	CooldownFor          time.Duration `yaml:"cooldown_for" doc:"How long level 2 (cooldown: every request 429 PENALTY, Retry-After the remaining cooldown) is enforced."`
+	BlockFor             time.Duration `yaml:"block_for" doc:"How long level 3 (blocklist: every request 403, connection closed) is enforced."`
+	QuietPeriod          time.Duration `yaml:"quiet_period" doc:"A penalised key no detector fired on for this long steps down one level (enforcing the lower level for at most what remained of the higher one)."`
+	Grace                time.Duration `yaml:"grace" doc:"After a step, the key's decisions up to this long after its newest one do not count towards the next (the time gateways take to learn of the step)."`
+}
+
+// Penalty modes.
+const (
+	PenaltyOn  = "on"
+	PenaltyOff = "off"
+)
+
+// abuse returns the detectors' and ladder's configuration.
+func (c *PenaltyConfig) abuse() abuse.Config {
+	return abuse.Config{Off: c.Mode == PenaltyOff, Detectors: c.Detectors, Window: c.Window,
+		BackoffMinIgnored: c.BackoffMinIgnored, BackoffMinShare: c.BackoffMinShare,
+		RejectionMinRequests: c.RejectionMinRequests, RejectionRatio: c.RejectionRatio, VolumeCeiling: c.VolumeCeiling,
+		Factor: c.Factor, ReducedFor: c.ReducedFor, CooldownFor: c.CooldownFor, BlockFor: c.BlockFor,
+		QuietPeriod: c.QuietPeriod, Grace: c.Grace}
+}
+
+// SetDefaults fills zero fields with package abuse's defaults.
+func (c *PenaltyConfig) SetDefaults() {
+	configs.Default(&c.Mode, PenaltyOn)
+	a := c.abuse()
+	a.SetDefaults()
+	if c.Detectors == nil {
+		c.Detectors = a.Detectors
+	}
+	configs.Default(&c.Window, a.Window)
+	configs.Default(&c.BackoffMinIgnored, a.BackoffMinIgnored)
+	configs.Default(&c.BackoffMinShare, a.BackoffMinShare)
+	configs.Default(&c.RejectionMinRequests, a.RejectionMinRequests)
+	configs.Default(&c.RejectionRatio, a.RejectionRatio)
+	configs.Default(&c.VolumeCeiling, a.VolumeCeiling)
+	configs.Default(&c.Factor, a.Factor)
+	configs.Default(&c.ReducedFor, a.ReducedFor)
+	configs.Default(&c.CooldownFor, a.CooldownFor)
+	configs.Default(&c.BlockFor, a.BlockFor)
+	configs.Default(&c.QuietPeriod, a.QuietPeriod)
+	configs.Default(&c.Grace, a.Grace)
+}
+
+// Validate reports the section's problems, each naming its field.
+func (c *PenaltyConfig) Validate(prefix string) []error {
+	var errs []error
+	if c.Mode != PenaltyOn && c.Mode != PenaltyOff {
+		errs = append(errs, fmt.Errorf("%s.mode (%s): %q is not on or off", prefix, configs.EnvName(prefix+".mode"), c.Mode))
+	}
+	a := c.abuse()
+	for _, err := range a.Validate() {
+		var fe *abuse.FieldError
+		if errors.As(err, &fe) {
+			path := prefix + "." + fe.Field
+			err = fmt.Errorf("%s (%s): %s", path, configs.EnvName(path), fe.Msg)
+		}
+		errs = append(errs, err)
+	}
+	for name, v := range map[string]float64{"backoff_min_ignored": float64(c.BackoffMinIgnored), "backoff_min_share": c.BackoffMinShare,
+		"rejection_min_requests": float64(c.RejectionMinRequests), "rejection_ratio": c.RejectionRatio, "volume_ceiling": c.VolumeCeiling,
+		"factor": c.Factor} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s.%s (%s): negative", prefix, name, configs.EnvName(prefix+"."+name)))
+		}
+	}
+	return errs
+}
+
 // Defaults.
 const (
 	DefaultListen        = "127.0.0.1:8081"
@@ -90,34 +173,28 @@ const Off = "off"
 
 // SetDefaults fills zero fields.
 func (c *Config) SetDefaults() {
-	set(&c.Listen, DefaultListen)
-	set(&c.MetricsListen, DefaultMetricsListen)
+	configs.Default(&c.Listen, DefaultListen)
+	configs.Default(&c.MetricsListen, DefaultMetricsListen)
 	if c.ID == "" {
 		c.ID = configs.HostID("aggregator")
 	}
-	set(&c.DataDir, DefaultDataDir)
+	configs.Default(&c.DataDir, DefaultDataDir)
 	c.Kafka.SetDefaults()
 	c.Redis.SetDefaults()
-	set(&c.ConsumerGroup, "tollgate-aggregator")
-	set(&c.SessionTimeout, 10*time.Second)
-	set(&c.TransactionTimeout, 10*time.Second)
-	set(&c.CommitInterval, 500*time.Millisecond)
-	set(&c.Usage.Lateness, 10*time.Second)
-	set(&c.Usage.RetentionMinute, 48*time.Hour)
-	set(&c.Usage.RetentionHour, 90*24*time.Hour)
-	set(&c.Usage.RetentionDay, 2*365*24*time.Hour)
-	set(&c.Usage.MaxRows, 10_000)
-	set(&c.Audit.SnapshotInterval, time.Hour)
-	set(&c.Audit.SnapshotKeep, 24)
-	set(&c.ShutdownTimeout, 10*time.Second)
+	configs.Default(&c.ConsumerGroup, "tollgate-aggregator")
+	configs.Default(&c.SessionTimeout, 10*time.Second)
+	configs.Default(&c.TransactionTimeout, 10*time.Second)
+	configs.Default(&c.CommitInterval, 500*time.Millisecond)
+	configs.Default(&c.Usage.Lateness, 10*time.Second)
+	configs.Default(&c.Usage.RetentionMinute, 48*time.Hour)
+	configs.Default(&c.Usage.RetentionHour, 90*24*time.Hour)
+	configs.Default(&c.Usage.RetentionDay, 2*365*24*time.Hour)
+	configs.Default(&c.Usage.MaxRows, 10_000)
+	configs.Default(&c.Audit.SnapshotInterval, time.Hour)
+	configs.Default(&c.Audit.SnapshotKeep, 24)
+	c.Penalty.SetDefaults()
+	configs.Default(&c.ShutdownTimeout, 10*time.Second)
 	c.Log.SetDefaults()
-}
-
-func set[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
 }
 
 // Validate reports every problem at once, each naming the field and its
@@ -152,6 +229,7 @@ func (c *Config) Validate() error {
 	if c.Usage.MaxRows < 1 {
 		bad("usage.max_rows", "at least 1")
 	}
+	errs = append(errs, c.Penalty.Validate("penalty")...)
 	errs = append(errs, c.Kafka.Validate("kafka")...)
 	errs = append(errs, c.Redis.Validate("redis")...)
 	errs = append(errs, c.Log.Validate("log")...)

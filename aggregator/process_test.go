@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // processEnv makes the test binary run one aggregator instance as a child
@@ -66,7 +68,7 @@ func (c *child) owns() error {
 	return nil
 }
 
-func startChild(t *testing.T, brokers []string, id, dir string) *child {
+func startChild(t *testing.T, brokers []string, id, dir string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestAggregatorProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), processEnv+"=1",
@@ -82,6 +84,7 @@ func startChild(t *testing.T, brokers []string, id, dir string) *child {
 		"TOLLGATE_AGGREGATOR_TRANSACTION_TIMEOUT=3s",
 		"TOLLGATE_USAGE_LATENESS=1s",
 	)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -197,4 +200,111 @@ func TestSIGKILLForGood(t *testing.T) {
 	start := time.Now()
 	waitTotals(t, b.api, want)
 	t.Logf("survivor exact %v after the last decision", time.Since(start))
+}
+
+// penaltyEnv is a ladder for the SIGKILL tests: level 1 after 20 ignored
+// Retry-Afters in 2s, the next level no sooner than 2s later, no step
+// down within the test.
+var penaltyEnv = []string{"TOLLGATE_PENALTY_WINDOW=2s", "TOLLGATE_PENALTY_BACKOFF_MIN_IGNORED=20",
+	"TOLLGATE_PENALTY_GRACE=2s", "TOLLGATE_PENALTY_QUIET_PERIOD=1h", "TOLLGATE_PENALTY_REDUCED_FOR=1h",
+	"TOLLGATE_PENALTY_COOLDOWN_FOR=1h", "TOLLGATE_PENALTY_BLOCK_FOR=1h"}
+
+// storm emits, from a background goroutine until stopped, 100 rejections
+// a second of one key that ignores their Retry-After, and normal traffic
+// of other tenants besides.
+func storm(t *testing.T, gw *gateway, keyID string) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+				KeyId: keyID, KeyPrefix: "sk_…", Tenant: keyID, Endpoint: "/v1/x", Allowed: false, Reason: "rate_limited",
+				Status: 429, RetryAfterSeconds: 5})
+			gw.emit(t, fmt.Sprint("tenant-", i%5), fmt.Sprint("key-", i%7), true, time.Now())
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(quit); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestPenaltySurvivesSIGKILL kills an aggregator process while a key
+// climbs the ladder and starts it again on its data directory: the key
+// keeps its level and goes on climbing from it — its history is 1, 2, 3
+// with no step lost, repeated or reset.
+func TestPenaltySurvivesSIGKILL(t *testing.T) {
+	brokers := startKafka(t)
+	dir := t.TempDir()
+	a := startChild(t, brokers, "a", dir, penaltyEnv...)
+	testwait.Eventually(t, 30*time.Second, a.owns)
+	gw := newGateway(t, brokers, "gw-1", 11)
+	const key = "kid:stormstormstormstorm00"
+	id := strings.TrimPrefix(key, "kid:")
+	stop := storm(t, gw, id)
+	waitChanges(t, a.api, key, 30*time.Second, "reduced_limit→1")
+	a.kill()
+	a = startChild(t, brokers, "a", dir, penaltyEnv...)
+	testwait.Eventually(t, 30*time.Second, func() error {
+		p, err := getPenalty(t, a.api, key)
+		if err != nil {
+			return err
+		}
+		if p.Level < 1 || p.Step < 1 {
+			return fmt.Errorf("after the restart: level %d step %d", p.Level, p.Step)
+		}
+		return nil
+	})
+	p := waitChanges(t, a.api, key, 60*time.Second, "reduced_limit→1", "cooldown→2", "blocklist→3")
+	stop()
+	if p.Level != 3 || p.Step != 3 {
+		t.Fatalf("after the restart: %+v", p)
+	}
+}
+
+// TestPenaltySurvivesLostInstance runs two aggregator processes and
+// SIGKILLs for good the one that owns a climbing key's partition: the
+// survivor takes the partition over with the key's level and evidence,
+// and the key goes on climbing from its level.
+func TestPenaltySurvivesLostInstance(t *testing.T) {
+	brokers := startKafka(t)
+	a := startChild(t, brokers, "a", t.TempDir(), penaltyEnv...)
+	b := startChild(t, brokers, "b", t.TempDir(), penaltyEnv...)
+	testwait.Eventually(t, 30*time.Second, a.owns)
+	testwait.Eventually(t, 30*time.Second, b.owns)
+	gw := newGateway(t, brokers, "gw-1", 12)
+	const key = "kid:lostlostlostlostlost00"
+	id := strings.TrimPrefix(key, "kid:")
+	stop := storm(t, gw, id)
+	waitChanges(t, b.api, key, 30*time.Second, "reduced_limit→1")
+	// Kill the owner of the key's partition; the other survives.
+	owner, survivor := a, b
+	if b.ownsPartition(t, partitionOf(id)) {
+		owner, survivor = b, a
+	}
+	owner.kill()
+	p := waitChanges(t, survivor.api, key, 60*time.Second, "reduced_limit→1", "cooldown→2", "blocklist→3")
+	stop()
+	if p.Level != 3 || p.Step != 3 {
+		t.Fatalf("on the survivor: %+v", p)
+	}
+}
+
+// ownsPartition reports whether the child processes decisions partition q.
+func (c *child) ownsPartition(t *testing.T, q int32) bool {
+	resp, err := http.Get("http://" + c.metrics + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	_, owned, _ := strings.Cut(string(b), "owned: [")
+	owned, _, _ = strings.Cut(owned, "]")
+	return slices.Contains(strings.Fields(owned), fmt.Sprint(q))
 }

@@ -69,8 +69,8 @@ type Kafka struct {
 
 // SetDefaults fills zero fields: the schemas' topic name, 6 partitions.
 func (c *Kafka) SetDefaults() {
-	setIfZero(&c.DecisionsTopic, tollgatev1.TopicDecisions)
-	setIfZero(&c.Partitions, 6)
+	Default(&c.DecisionsTopic, tollgatev1.TopicDecisions)
+	Default(&c.Partitions, 6)
 }
 
 // Validate checks the section (prefix is its YAML path, "kafka").
@@ -96,7 +96,9 @@ func HostID(fallback string) string {
 	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
-func setIfZero[T comparable](p *T, v T) {
+// Default sets *p to v when *p is the zero value: the one helper every
+// Config's SetDefaults uses.
+func Default[T comparable](p *T, v T) {
 	var zero T
 	if *p == zero {
 		*p = v

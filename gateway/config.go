@@ -167,16 +167,16 @@ const minKeySecret = keyid.MinSecretLen
 // SetDefaults fills zero fields with their defaults. GatewayID defaults to
 // the host name and process id.
 func (c *Config) SetDefaults() {
-	setDefault(&c.Listen, DefaultListen)
-	setDefault(&c.APIListen, DefaultAPIListen)
-	setDefault(&c.MetricsListen, DefaultMetricsListen)
-	setDefault(&c.GRPCListen, DefaultGRPCListen)
-	setDefault(&c.RulesFile, DefaultRulesFile)
-	setDefault(&c.DataDir, DefaultDataDir)
+	configs.Default(&c.Listen, DefaultListen)
+	configs.Default(&c.APIListen, DefaultAPIListen)
+	configs.Default(&c.MetricsListen, DefaultMetricsListen)
+	configs.Default(&c.GRPCListen, DefaultGRPCListen)
+	configs.Default(&c.RulesFile, DefaultRulesFile)
+	configs.Default(&c.DataDir, DefaultDataDir)
 	c.Redis.SetDefaults()
-	setDefault(&c.Events.SpoolMaxBytes, DefaultSpoolMaxBytes)
-	setDefault(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
-	setDefault(&c.Events.FlushInterval, DefaultEventFlushInterval)
+	configs.Default(&c.Events.SpoolMaxBytes, DefaultSpoolMaxBytes)
+	configs.Default(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
+	configs.Default(&c.Events.FlushInterval, DefaultEventFlushInterval)
 	if c.GatewayID == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -184,34 +184,27 @@ func (c *Config) SetDefaults() {
 		}
 		c.GatewayID = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	setDefault(&c.MaxCost, DefaultMaxCost)
-	setDefault(&c.MaxBatch, DefaultMaxBatch)
-	setDefault(&c.MaxRulesPerRequest, DefaultMaxRules)
-	setDefault(&c.FailureShare, DefaultFailureShare)
+	configs.Default(&c.MaxCost, DefaultMaxCost)
+	configs.Default(&c.MaxBatch, DefaultMaxBatch)
+	configs.Default(&c.MaxRulesPerRequest, DefaultMaxRules)
+	configs.Default(&c.FailureShare, DefaultFailureShare)
 	if len(c.Identity.KeySources) == 0 {
 		c.Identity.KeySources = append([]string(nil), defaultKeySources...)
 	}
-	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
-	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
-	setDefault(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
-	setDefault(&c.Limits.ReadTimeout, DefaultReadTimeout)
-	setDefault(&c.Limits.IdleTimeout, DefaultIdleTimeout)
-	setDefault(&c.Offenders.CloseAfter, DefaultCloseAfter)
-	setDefault(&c.Offenders.Throttle, ThrottleOn)
-	setDefault(&c.Offenders.ThrottleFor, DefaultThrottleFor)
-	setDefault(&c.Offenders.ThrottleDelay, DefaultThrottleDelay)
-	setDefault(&c.Offenders.MaxHeld, DefaultMaxHeld)
-	setDefault(&c.Offenders.MaxAddresses, DefaultMaxAddresses)
-	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	configs.Default(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
+	configs.Default(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	configs.Default(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	configs.Default(&c.Limits.ReadTimeout, DefaultReadTimeout)
+	configs.Default(&c.Limits.IdleTimeout, DefaultIdleTimeout)
+	configs.Default(&c.Offenders.CloseAfter, DefaultCloseAfter)
+	configs.Default(&c.Offenders.Throttle, ThrottleOn)
+	configs.Default(&c.Offenders.ThrottleFor, DefaultThrottleFor)
+	configs.Default(&c.Offenders.ThrottleDelay, DefaultThrottleDelay)
+	configs.Default(&c.Offenders.MaxHeld, DefaultMaxHeld)
+	configs.Default(&c.Offenders.MaxAddresses, DefaultMaxAddresses)
+	configs.Default(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.Log.SetDefaults()
 	c.Kafka.SetDefaults()
-}
-
-func setDefault[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
 }
 
 // Validate reports every problem of a configuration with its defaults

@@ -349,6 +349,24 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	if req.Key != "" {
 		mreq.KeyID = g.hasher.ID(req.Key)
 		d.KeyID, d.KeyPrefix = mreq.KeyID, keyid.Prefix(req.Key)
+		// Identity before the lists, so blocked, allowlisted and penalised
+		// decisions carry the key's tenant too: their events go to the
+		// tenant's decisions partition, where the aggregator keeps the
+		// key's penalty state (SPEC §6).
+		info, registered := rs.Identify(req.Key)
+		switch {
+		case registered:
+			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
+		default:
+			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
+			if mreq.Tier == "" {
+				mreq.Tier = info.Tier
+			}
+		}
+		if mreq.Tenant == "" {
+			mreq.Tenant = mreq.KeyID
+		}
+		d.Tenant, d.Tier = mreq.Tenant, mreq.Tier
 
 		// Precedence: blocklist > allowlist > penalty > rules.
 		st := rs.Listed(req.Key)
@@ -376,22 +394,8 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			d.Time = now
 			return apps, false
 		}
-		info, registered := rs.Identify(req.Key)
-		switch {
-		case registered:
-			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
-		default:
-			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
-			if mreq.Tier == "" {
-				mreq.Tier = info.Tier
-			}
-		}
-		if mreq.Tenant == "" {
-			mreq.Tenant = mreq.KeyID
-		}
 	}
 	mreq.Endpoint = d.Endpoint
-	d.Tenant, d.Tier = mreq.Tenant, mreq.Tier
 
 	var buf [8]*rules.Rule
 	matched := rs.Match(&mreq, buf[:0])

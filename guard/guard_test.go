@@ -421,6 +421,12 @@ rules:
 			if d.Status != tc.status || d.Code != tc.code || d.Reason != tc.reason || d.HasHeaders() != tc.headers || d.RetryAfter != tc.retryAfter {
 				t.Fatalf("got status %d code %q reason %q headers %v retry %d", d.Status, d.Code, d.Reason, d.HasHeaders(), d.RetryAfter)
 			}
+			// Every decision about a valid key names its tenant (here the
+			// key's own key_id), blocked and penalised ones too: their
+			// events must reach the partition of the key's other events.
+			if d.Status != 400 && d.Tenant != g.KeyID(tc.key) {
+				t.Fatalf("tenant %q, want the key's key_id %q", d.Tenant, g.KeyID(tc.key))
+			}
 		})
 	}
 	// The ladder's top level is a block that asks for the connection-level

@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -1037,44 +1037,16 @@ func TestStopIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
-// recorder is a slog handler that keeps every record's level and message.
-type recorder struct {
-	mu   sync.Mutex
-	recs []string
-}
-
-func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *recorder) WithGroup(string) slog.Handler            { return r }
-func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec.Level.String()+" "+rec.Message)
-	return nil
-}
-
-func (r *recorder) count(prefix string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, l := range r.recs {
-		if strings.HasPrefix(l, prefix) {
-			n++
-		}
-	}
-	return n
-}
-
 func TestLogger(t *testing.T) {
 	t.Parallel()
-	rec := &recorder{}
+	rec := &logtest.Recorder{}
 	b := kafkatest.StartTB(t, kafkabroker.WithLogger(slog.New(rec)))
 	createTopic(t, newAdmin(t, b), "logged", 1, nil)
 	if err := b.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	for _, prefix := range []string{"INFO kafka broker started", "INFO kafka broker restarted", "DEBUG "} {
-		if rec.count(prefix) == 0 {
+		if rec.Count(prefix) == 0 {
 			t.Errorf("no log line starting %q", prefix)
 		}
 	}

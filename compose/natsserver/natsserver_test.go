@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/natsserver"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -379,43 +379,19 @@ func TestStopIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
-// recorder is a slog handler that keeps every record's level and message.
-type recorder struct {
-	mu   sync.Mutex
-	recs []string
-}
-
-func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *recorder) WithGroup(string) slog.Handler            { return r }
-func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec.Level.String()+" "+rec.Message)
-	return nil
-}
-
-func (r *recorder) has(line string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Contains(r.recs, line)
-}
-
 func TestLogger(t *testing.T) {
 	t.Parallel()
-	rec := &recorder{}
+	rec := &logtest.Recorder{}
 	s := natstest.StartTB(t, natsserver.WithLogger(slog.New(rec)))
 	connect(t, s)
 	for _, line := range []string{"INFO nats-server started", "INFO Server is ready"} {
-		if !rec.has(line) {
+		if !rec.Has(line) {
 			t.Errorf("no log line %q", line)
 		}
 	}
 	// Debug and trace lines reach the handler when it enables them.
 	testwait.Eventually(t, waitTimeout, func() error {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		if !slices.ContainsFunc(rec.recs, func(l string) bool { return strings.HasPrefix(l, "DEBUG-4 ") }) {
+		if rec.Count("DEBUG-4 ") == 0 {
 			return errors.New("no trace line yet")
 		}
 		return nil

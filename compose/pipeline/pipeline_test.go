@@ -307,7 +307,7 @@ func TestGatewayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("api %s\n", srv.Addrs().API)
+	fmt.Printf("api %s %s\n", srv.Addrs().API, srv.Addrs().Metrics)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	if err := srv.Run(ctx); err != nil {
@@ -315,11 +315,36 @@ func TestGatewayProcess(t *testing.T) {
 	}
 }
 
-func (e *env) startChild(id, dataDir string) (api string, kill func()) {
+// child is a gateway process.
+type child struct {
+	api, metrics string
+	kill         func()
+}
+
+// metric returns the value of an unlabelled-but-gateway metric of the
+// child's /metrics.
+func (c *child) metric(name string) (float64, error) {
+	resp, err := http.Get("http://" + c.metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			var v float64
+			_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			return v, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /metrics", name)
+}
+
+func (e *env) startChild(id, dataDir string) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestGatewayProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"=1",
-		"TOLLGATE_API_LISTEN=127.0.0.1:0", "TOLLGATE_METRICS_LISTEN=off", "TOLLGATE_GRPC_LISTEN=off",
+		"TOLLGATE_API_LISTEN=127.0.0.1:0", "TOLLGATE_METRICS_LISTEN=127.0.0.1:0", "TOLLGATE_GRPC_LISTEN=off",
 		"TOLLGATE_RULES_FILE="+e.rules, "TOLLGATE_KEY_SECRET="+secret, "TOLLGATE_GATEWAY_ID="+id,
 		"TOLLGATE_DATA_DIR="+dataDir, "TOLLGATE_REDIS_ADDRS="+e.redis, "TOLLGATE_REDIS_TIMEOUT=2s",
 		"TOLLGATE_KAFKA_BROKERS="+strings.Join(e.broker.Addrs(), ","))
@@ -333,19 +358,21 @@ func (e *env) startChild(id, dataDir string) (api string, kill func()) {
 		e.t.Fatal(err)
 	}
 	var once sync.Once
-	kill = func() {
+	c := &child{kill: func() {
 		once.Do(func() {
 			_ = cmd.Process.Signal(syscall.SIGKILL)
 			_ = cmd.Wait()
 		})
-	}
-	e.t.Cleanup(kill)
+	}}
+	e.t.Cleanup(c.kill)
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if !strings.HasPrefix(line, "api ") {
-		kill()
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "api" {
+		c.kill()
 		e.t.Fatalf("gateway child printed %q: %v", line, err)
 	}
-	return strings.TrimSpace(strings.TrimPrefix(line, "api ")), kill
+	c.api, c.metrics = f[1], f[2]
+	return c
 }
 
 // TestGatewayKilledWithSpool: Kafka is down, a gateway process decides
@@ -356,29 +383,38 @@ func (e *env) startChild(id, dataDir string) (api string, kill func()) {
 func TestGatewayKilledWithSpool(t *testing.T) {
 	e := newEnv(t)
 	dataDir := t.TempDir()
-	api, _ := e.startChild("gw-child", dataDir)
+	c := e.startChild("gw-child", dataDir)
 	made := counts{}
-	send(t, 30, made, api)
+	send(t, 30, made, c.api)
 	e.waitExact(made, 30*time.Second)
 	if err := e.broker.Down(); err != nil {
 		t.Fatal(err)
 	}
-	api, kill := e.startChild("gw-child-2", dataDir)
-	send(t, 60, made, api)
-	// Past the flush interval (100 ms), what Kafka did not take is on disk.
-	testwait.Eventually(t, 10*time.Second, func() error {
-		segs, _ := filepath.Glob(filepath.Join(dataDir, "spool", "gw-child-2", "*.seg"))
-		if len(segs) == 0 {
-			return fmt.Errorf("nothing spooled yet")
+	c = e.startChild("gw-child-2", dataDir)
+	send(t, 60, made, c.api)
+	// Once the flush interval has passed, what Kafka did not take is on
+	// disk: every event recorded is spooled (some stay in memory too,
+	// waiting for Kafka, but a kill no longer loses them).
+	testwait.Eventually(t, 20*time.Second, func() error {
+		rec, err := c.metric("tollgate_events_recorded_total")
+		if err != nil {
+			return err
+		}
+		spooled, err := c.metric("tollgate_events_spooled_total")
+		if err != nil {
+			return err
+		}
+		if rec < 60 || spooled < rec {
+			return fmt.Errorf("%v events recorded, %v spooled", rec, spooled)
 		}
 		return nil
 	})
-	kill()
+	c.kill()
 	if err := e.broker.Up(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	api, _ = e.startChild("gw-child-2", dataDir)
-	send(t, 15, made, api)
+	c = e.startChild("gw-child-2", dataDir)
+	send(t, 15, made, c.api)
 	took := e.waitExact(made, 60*time.Second)
 	t.Logf("after a SIGKILL with a spool, reports exact %v after the restart", took)
 }

@@ -63,25 +63,19 @@ type Config struct {
 // SetDefaults fills zero fields with their defaults (SPEC §9's addresses).
 // It leaves KeySecret and AdminToken empty: New generates them.
 func (c *Config) SetDefaults() {
-	setDefault(&c.Listen, gateway.DefaultListen)
-	setDefault(&c.APIListen, gateway.DefaultAPIListen)
-	setDefault(&c.MetricsListen, gateway.DefaultMetricsListen)
-	setDefault(&c.GRPCListen, gateway.DefaultGRPCListen)
-	setDefault(&c.DemoListen, DefaultDemoListen)
-	setDefault(&c.RulesFile, gateway.DefaultRulesFile)
-	setDefault(&c.Redis, DefaultRedis)
-	setDefault(&c.KafkaListen, DefaultKafkaListen)
-	setDefault(&c.NATSListen, DefaultNATSListen)
-	setDefault(&c.AggregatorListen, aggregator.DefaultListen)
-	setDefault(&c.AggregatorMetricsListen, aggregator.DefaultMetricsListen)
-	setDefault(&c.EnvFile, DefaultEnvFile)
+	configs.Default(&c.Listen, gateway.DefaultListen)
+	configs.Default(&c.APIListen, gateway.DefaultAPIListen)
+	configs.Default(&c.MetricsListen, gateway.DefaultMetricsListen)
+	configs.Default(&c.GRPCListen, gateway.DefaultGRPCListen)
+	configs.Default(&c.DemoListen, DefaultDemoListen)
+	configs.Default(&c.RulesFile, gateway.DefaultRulesFile)
+	configs.Default(&c.Redis, DefaultRedis)
+	configs.Default(&c.KafkaListen, DefaultKafkaListen)
+	configs.Default(&c.NATSListen, DefaultNATSListen)
+	configs.Default(&c.AggregatorListen, aggregator.DefaultListen)
+	configs.Default(&c.AggregatorMetricsListen, aggregator.DefaultMetricsListen)
+	configs.Default(&c.EnvFile, DefaultEnvFile)
 	c.Log.SetDefaults()
-}
-
-func setDefault(p *string, v string) {
-	if *p == "" {
-		*p = v
-	}
 }
 
 // Validate reports every problem of a configuration with its defaults

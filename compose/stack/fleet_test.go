@@ -233,4 +233,37 @@ func TestFleetJourney(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The decision stream: decisions on both gateways show up, exactly, in
+	// tenant acme's usage report within seconds (the README's report curl).
+	acme := func() (int64, error) {
+		code, b := operator(t, r, token, "GET", "/v1/usage/tenants/acme?granularity=minute", nil)
+		var out struct {
+			Totals struct{ Allowed, Rejected int64 } `json:"totals"`
+		}
+		if code != 200 || json.Unmarshal(b, &out) != nil {
+			return 0, fmt.Errorf("report: %d %s", code, b)
+		}
+		return out.Totals.Allowed + out.Totals.Rejected, nil
+	}
+	before, err := acme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{proxy, proxy2, proxy, proxy2, proxy, proxy2} {
+		if resp, body := get(t, p+"/v1/users/42", "sk_prod_acme_1"); resp.StatusCode != 200 {
+			t.Fatalf("sk_prod_acme_1 on %s: %d %s", p, resp.StatusCode, body)
+		}
+	}
+	took = testwait.Eventually(t, 10*time.Second, func() error {
+		n, err := acme()
+		if err != nil {
+			return err
+		}
+		if n != before+6 {
+			return fmt.Errorf("tenant acme's report holds %d decisions, want %d + the 6 made on two gateways", n, before)
+		}
+		return nil
+	})
+	t.Logf("decisions of two gateways in the usage report %v after they were made", took)
 }

@@ -50,6 +50,17 @@ const (
 	// passes the high-water-mark deduplication like any record; a marker
 	// replayed twice is a duplicate. No record of that epoch follows it.
 	DecisionEvent_KIND_EPOCH_CLOSED DecisionEvent_Kind = 3
+	// A command, not a decision: lift the penalty of key_id (an operator's
+	// DELETE /admin/v1/penalties/{key}). Written by the aggregator's
+	// operator API into the partition that holds the key's penalty state,
+	// so the partition's owner applies it in order with the key's
+	// decisions, exactly once. Only partition, time_unix_micros (when the
+	// lift was asked for: decisions made before it never count towards a
+	// new penalty), kind, key_id, tenant, command_actor and command_reason
+	// are set; gateway_id and seq are empty (commands are not deduplicated
+	// by sequence: applying a lift twice changes nothing). Gateways never
+	// write it; other consumers skip it.
+	DecisionEvent_KIND_PENALTY_LIFT DecisionEvent_Kind = 4
 )
 
 // Enum value maps for DecisionEvent_Kind.
@@ -59,12 +70,14 @@ var (
 		1: "KIND_DECISION",
 		2: "KIND_REPORT",
 		3: "KIND_EPOCH_CLOSED",
+		4: "KIND_PENALTY_LIFT",
 	}
 	DecisionEvent_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":  0,
 		"KIND_DECISION":     1,
 		"KIND_REPORT":       2,
 		"KIND_EPOCH_CLOSED": 3,
+		"KIND_PENALTY_LIFT": 4,
 	}
 )
 
@@ -106,8 +119,9 @@ func (DecisionEvent_Kind) EnumDescriptor() ([]byte, []int) {
 // record whose seq is not above that mark is a duplicate, and a jump in seq
 // is a gap (decisions lost, or reserved numbers never used).
 //
-// Numbers 100 and above are reserved for command records the aggregator may
-// add to its own topics later; do not use them for decision fields.
+// Numbers 100 and above are the fields of command records the aggregator
+// writes into this topic (KIND_PENALTY_LIFT); do not use them for decision
+// fields.
 type DecisionEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gateway that made the decision: its configured id (hostname by
@@ -192,7 +206,12 @@ type DecisionEvent struct {
 	// this one were lost (or reserved and never used).
 	LastSeq uint64 `protobuf:"varint,25,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// The key's penalty level when the decision was made (0 = none).
-	PenaltyLevel  int32 `protobuf:"varint,26,opt,name=penalty_level,json=penaltyLevel,proto3" json:"penalty_level,omitempty"`
+	PenaltyLevel int32 `protobuf:"varint,26,opt,name=penalty_level,json=penaltyLevel,proto3" json:"penalty_level,omitempty"`
+	// Command records only (KIND_PENALTY_LIFT): who asked for the command (the
+	// operator's name, or "operator").
+	CommandActor string `protobuf:"bytes,100,opt,name=command_actor,json=commandActor,proto3" json:"command_actor,omitempty"`
+	// Command records only: why, in the actor's words.
+	CommandReason string `protobuf:"bytes,101,opt,name=command_reason,json=commandReason,proto3" json:"command_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -409,11 +428,25 @@ func (x *DecisionEvent) GetPenaltyLevel() int32 {
 	return 0
 }
 
+func (x *DecisionEvent) GetCommandActor() string {
+	if x != nil {
+		return x.CommandActor
+	}
+	return ""
+}
+
+func (x *DecisionEvent) GetCommandReason() string {
+	if x != nil {
+		return x.CommandReason
+	}
+	return ""
+}
+
 var File_tollgate_v1_decision_proto protoreflect.FileDescriptor
 
 const file_tollgate_v1_decision_proto_rawDesc = "" +
 	"\n" +
-	"\x1atollgate/v1/decision.proto\x12\vtollgate.v1\"\xe8\x06\n" +
+	"\x1atollgate/v1/decision.proto\x12\vtollgate.v1\"\xcb\a\n" +
 	"\rDecisionEvent\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x01 \x01(\tR\tgatewayId\x12\x14\n" +
@@ -443,12 +476,15 @@ const file_tollgate_v1_decision_proto_rawDesc = "" +
 	"\tclient_ip\x18\x17 \x01(\tR\bclientIp\x12\x18\n" +
 	"\asurface\x18\x18 \x01(\tR\asurface\x12\x19\n" +
 	"\blast_seq\x18\x19 \x01(\x04R\alastSeq\x12#\n" +
-	"\rpenalty_level\x18\x1a \x01(\x05R\fpenaltyLevel\"W\n" +
+	"\rpenalty_level\x18\x1a \x01(\x05R\fpenaltyLevel\x12#\n" +
+	"\rcommand_actor\x18d \x01(\tR\fcommandActor\x12%\n" +
+	"\x0ecommand_reason\x18e \x01(\tR\rcommandReason\"n\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKIND_DECISION\x10\x01\x12\x0f\n" +
 	"\vKIND_REPORT\x10\x02\x12\x15\n" +
-	"\x11KIND_EPOCH_CLOSED\x10\x03B<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
+	"\x11KIND_EPOCH_CLOSED\x10\x03\x12\x15\n" +
+	"\x11KIND_PENALTY_LIFT\x10\x04B<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
 
 var (
 	file_tollgate_v1_decision_proto_rawDescOnce sync.Once

@@ -34,8 +34,13 @@ type ListEntry struct {
 	// Retry-After until ExpiresAt; the penalty ladder's level 2 and up) or
 	// "allow" (bypass every limit).
 	Action string `json:"action"`
-	// Level is the penalty ladder's level (0 for operator entries).
+	// Level is the penalty ladder's level (0 for operator entries, which
+	// the ladder never replaces or deletes).
 	Level int `json:"level,omitempty"`
+	// Step is the ladder's step counter of the key when the ladder wrote
+	// the entry (PenaltyEvent.step): a write of a lower step never replaces
+	// it. 0 for operator entries.
+	Step uint64 `json:"step,omitempty"`
 	// Close asks gateways to answer at the connection level (Connection:
 	// close) where the peer is the client itself.
 	Close     bool      `json:"close,omitempty"`
@@ -66,6 +71,7 @@ type OverrideEntry struct {
 	Limit     int64     `json:"limit,omitempty"`
 	Factor    float64   `json:"factor,omitempty"`
 	Level     int       `json:"level,omitempty"` // set by the penalty ladder
+	Step      uint64    `json:"step,omitempty"`  // the ladder's step counter of the key (see ListEntry.Step)
 	Reason    string    `json:"reason,omitempty"`
 	Actor     string    `json:"actor,omitempty"`
 	CreatedAt time.Time `json:"created_at"`

@@ -1,11 +1,12 @@
 package tollgatev1
 
-// PartitionOf is the partition of a tenant's decision events among n
-// partitions of TopicDecisions: fnv32a(tenant) mod n. Gateways partition
-// by it, and the aggregator's operator API sends a key's commands (a
-// penalty lift) to the same partition, so the one owner of the tenant's
-// state applies them in order. Anonymous requests (tenant "") all go to
-// PartitionOf("", n). n must be positive. It does not allocate.
+// PartitionOf is the partition of TopicDecisions that carries a tenant's
+// records, among n partitions: fnv32a(tenant) mod n (FNV-1a, 32 bits, of the
+// tenant's bytes). Gateways write a tenant's decisions there, and the
+// aggregator writes its command records (KIND_PENALTY_LIFT) there, so one
+// owner sees them in order. A key without a tenant is its own tenant (its
+// key_id); anonymous requests (tenant "") all go to PartitionOf("", n). n
+// must be positive.
 func PartitionOf(tenant string, n int32) int32 {
 	const (
 		offset32 = 2166136261

@@ -67,7 +67,14 @@ type PenaltyEvent struct {
 	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
 	// A unique id for this step; the matching AuditEntry has the same id, and
 	// consumers deduplicate by it.
-	EventId       string `protobuf:"bytes,13,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	EventId string `protobuf:"bytes,13,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// The key's step counter after this step: it grows by one with every step
+	// of the key (up, down or lifted), so of two events of one key the one
+	// with the higher step is the newer. Whoever applies events (the
+	// aggregator's KV reconciler) never lets a lower step overwrite a higher
+	// one. The aggregator keeps a key's counter for 7 days after its last
+	// step; a key that returns later starts again from 1.
+	Step          uint64 `protobuf:"varint,14,opt,name=step,proto3" json:"step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,11 +200,18 @@ func (x *PenaltyEvent) GetEventId() string {
 	return ""
 }
 
+func (x *PenaltyEvent) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
 var File_tollgate_v1_penalty_proto protoreflect.FileDescriptor
 
 const file_tollgate_v1_penalty_proto_rawDesc = "" +
 	"\n" +
-	"\x19tollgate/v1/penalty.proto\x12\vtollgate.v1\x1a\x1atollgate/v1/evidence.proto\"\xb4\x03\n" +
+	"\x19tollgate/v1/penalty.proto\x12\vtollgate.v1\x1a\x1atollgate/v1/evidence.proto\"\xc8\x03\n" +
 	"\fPenaltyEvent\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x1d\n" +
 	"\n" +
@@ -213,7 +227,8 @@ const file_tollgate_v1_penalty_proto_rawDesc = "" +
 	" \x03(\v2\x15.tollgate.v1.EvidenceR\bevidence\x12\x1b\n" +
 	"\tissued_by\x18\v \x01(\tR\bissuedBy\x12\x16\n" +
 	"\x06reason\x18\f \x01(\tR\x06reason\x12\x19\n" +
-	"\bevent_id\x18\r \x01(\tR\aeventIdB<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
+	"\bevent_id\x18\r \x01(\tR\aeventId\x12\x12\n" +
+	"\x04step\x18\x0e \x01(\x04R\x04stepB<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
 
 var (
 	file_tollgate_v1_penalty_proto_rawDescOnce sync.Once

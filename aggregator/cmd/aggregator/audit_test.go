@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
@@ -125,5 +126,101 @@ func TestAuditEverywhereAndSnapshot(t *testing.T) {
 	run([]string{"audit", "--snapshot", snap, "--kind", "blocklist", "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut)
 	if !strings.Contains(out.String(), `"reason":"abuse"`) || strings.Count(out.String(), "\n") != 1 {
 		t.Fatalf("kind filter on the snapshot: %s", out.String())
+	}
+}
+
+// TestPenaltyStepsInSnapshot: a key ignoring Retry-After climbs the
+// ladder; a snapshot holds each step's audit entry with its evidence, and
+// the offline reader shows them.
+func TestPenaltyStepsInSnapshot(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond),
+		kfake.SeedTopics(3, tollgatev1.TopicDecisions))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "a", DataDir: t.TempDir(),
+		AdminToken: token, KeySecret: "0123456789abcdef-secret", SessionTimeout: 2 * time.Second,
+		Penalty: aggregator.PenaltyConfig{Window: 2 * time.Second, BackoffMinIgnored: 20, Grace: 100 * time.Millisecond}}
+	cfg.Kafka.Brokers = brokers
+	srv, err := aggregator.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const id = "snapsnapsnapsnapsnap00"
+	q := tollgatev1.PartitionOf(id, 3)
+	var seq uint64
+	count := func() int {
+		req, _ := http.NewRequest("GET", "http://"+srv.Addrs().API+"/admin/v1/audit?kind=penalty&key=kid:"+id, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		var out struct{ Entries []json.RawMessage }
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return len(out.Entries)
+	}
+	testwait.Eventually(t, 60*time.Second, func() error {
+		// A burst of rejections whose Retry-After the key ignores.
+		for range 30 {
+			seq++
+			v, _ := proto.Marshal(&tollgatev1.DecisionEvent{GatewayId: "gw", Epoch: 1, Partition: q, Seq: seq,
+				TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION, KeyId: id, Tenant: id,
+				Endpoint: "/v1/x", Reason: "rate_limited", Status: 429, RetryAfterSeconds: 5})
+			if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: q, Key: []byte(id), Value: v}).FirstErr(); err != nil {
+				return err
+			}
+		}
+		if n := count(); n < 3 {
+			return fmt.Errorf("%d penalty steps audited, want 3", n)
+		}
+		return nil
+	})
+	snap, err := srv.Snapshot(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"audit", "--snapshot", snap, "--kind", "penalty", "--key", "kid:" + id, "--no-usage"},
+		func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+		t.Fatalf("audit exit %d: %s", code, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("snapshot holds %d penalty entries, want 3:\n%s", len(lines), out.String())
+	}
+	for i, l := range lines {
+		var e struct {
+			Actor    string
+			Subject  string
+			After    struct{ Level int }
+			Evidence []struct {
+				Detector       string
+				IgnoredBackoff int64 `json:"ignored_backoff"`
+			}
+		}
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.After.Level != i+1 || e.Subject != id || e.Actor == "" || len(e.Evidence) == 0 || e.Evidence[0].IgnoredBackoff < 20 {
+			t.Errorf("entry %d: %s", i, l)
+		}
 	}
 }

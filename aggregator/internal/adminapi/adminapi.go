@@ -29,7 +29,11 @@ type Config struct {
 	Auditor Auditor
 	// Guard serves keys/{key} (nil: those routes answer 503).
 	Guard GuardFunc
-	Log   *slog.Logger
+	// Penalties reads keys' penalty state and Commands sends lifts to the
+	// partitions' owners (penalties/{key}); nil: those routes answer 503.
+	Penalties Penalties
+	Commands  Commander
+	Log       *slog.Logger
 }
 
 // Register adds the routes to mux.
@@ -53,6 +57,8 @@ func Register(mux *http.ServeMux, cfg Config) {
 	mux.HandleFunc("GET /admin/v1/keys/{key}", a.getKey)
 	mux.HandleFunc("POST /admin/v1/keys/{key}/reset", a.resetKey)
 	mux.HandleFunc("POST /admin/v1/keys/{key}/quota", a.addQuota)
+	mux.HandleFunc("GET /admin/v1/penalties/{key}", a.getPenalty)
+	mux.HandleFunc("DELETE /admin/v1/penalties/{key}", a.deletePenalty)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
 		Error(w, http.StatusNotFound, "NOT_FOUND", "no such operator API route: "+r.Method+" "+r.URL.Path)
 	})

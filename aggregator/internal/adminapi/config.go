@@ -376,6 +376,9 @@ func (a *api) putList(action string) http.HandlerFunc {
 			Before: mustJSON(cur), After: mustJSON(e)}) {
 			return
 		}
+		if action == tollgatev1.ActionAllow {
+			a.liftAllowlisted(r.Context(), id, actor(r))
+		}
 		writeJSON(w, http.StatusOK, e)
 	}
 }

@@ -41,6 +41,20 @@ const (
 	KindQuota     = "quota"
 )
 
+// PenaltyState is the JSON of a key's ladder state in the before and after
+// of a penalty step's entry (kind "penalty", subject the key_id).
+type PenaltyState struct {
+	Level  int    `json:"level"`
+	Action string `json:"action"` // what the level enforces: none, reduced_limit, cooldown, blocklist
+	// Change is the step (after only): reduced_limit, cooldown, blocklist,
+	// step_down or lifted.
+	Change    string  `json:"change,omitempty"`
+	Step      uint64  `json:"step,omitempty"`
+	Factor    float64 `json:"factor,omitempty"`
+	Enforced  bool    `json:"enforced,omitempty"`
+	ExpiresAt string  `json:"expires_at,omitempty"` // RFC 3339
+}
+
 // Key spaces in the aggregator's Pebble (see package state).
 const (
 	spaceByTime    = 'a' // a time(8) id → entry

@@ -1,13 +1,17 @@
 package consume
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -29,15 +33,37 @@ const (
 	fCost      = 13
 	fRuleID    = 14
 	fAllowed   = 16
+	fReason    = 17
+	fRetry     = 20
 	fLastSeq   = 25
+	fCmdActor  = 100
+	fCmdReason = 101
 )
 
-// decodeEvent reads the fields of a DecisionEvent the usage windows need,
-// skipping the rest, without building the whole message (checked against
-// the generated code in the tests). An event whose kind this aggregator
-// does not know decodes with Kind 0 and is skipped by the caller.
-func decodeEvent(b []byte, ev *windows.Event) error {
-	*ev = windows.Event{}
+// event is a decoded DecisionEvent: what the usage windows count, and what
+// the abuse detectors and commands read besides.
+type event struct {
+	windows.Event
+	// RetryAfter is the Retry-After sent, in seconds.
+	RetryAfter int64
+	// Allowlisted: the guard's reason was "allowlisted".
+	Allowlisted bool
+	// Lift: a KIND_PENALTY_LIFT command (Kind is 0), with its actor and
+	// reason.
+	Lift      bool
+	Actor     string
+	CmdReason string
+}
+
+const reasonAllowlisted = "allowlisted"
+
+// decodeEvent reads the fields of a DecisionEvent the usage windows and the
+// abuse detectors need, skipping the rest, without building the whole
+// message (checked against the generated code in the tests). An event
+// whose kind this aggregator does not know decodes with Kind 0 and Lift
+// false, and is skipped by the caller.
+func decodeEvent(b []byte, ev *event) error {
+	*ev = event{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -45,13 +71,24 @@ func decodeEvent(b []byte, ev *windows.Event) error {
 		}
 		b = b[n:]
 		switch {
-		case typ == protowire.BytesType && (num == fGatewayID || num == fKeyID || num == fKeyPrefix || num == fTenant || num == fEndpoint || num == fRuleID):
+		case typ == protowire.BytesType && num == fReason:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errBadEvent
+			}
+			ev.Allowlisted = string(v) == reasonAllowlisted // no allocation
+			b = b[n:]
+		case typ == protowire.BytesType && (num == fGatewayID || num == fKeyID || num == fKeyPrefix || num == fTenant || num == fEndpoint || num == fRuleID || num == fCmdActor || num == fCmdReason):
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return errBadEvent
 			}
 			s := string(v)
 			switch num {
+			case fCmdActor:
+				ev.Actor = s
+			case fCmdReason:
+				ev.CmdReason = s
 			case fGatewayID:
 				ev.Gateway = s
 			case fKeyID:
@@ -66,7 +103,7 @@ func decodeEvent(b []byte, ev *windows.Event) error {
 				ev.Rule = s
 			}
 			b = b[n:]
-		case typ == protowire.VarintType && (num == fEpoch || num == fPartition || num == fSeq || num == fTime || num == fKind || num == fCost || num == fAllowed || num == fLastSeq):
+		case typ == protowire.VarintType && (num == fEpoch || num == fPartition || num == fSeq || num == fTime || num == fKind || num == fCost || num == fAllowed || num == fLastSeq || num == fRetry):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return errBadEvent
@@ -88,8 +125,10 @@ func decodeEvent(b []byte, ev *windows.Event) error {
 					ev.Kind = windows.KindReport
 				case tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED:
 					ev.Kind = windows.KindEpochClosed
+				case tollgatev1.DecisionEvent_KIND_PENALTY_LIFT:
+					ev.Kind, ev.Lift = 0, true
 				default:
-					ev.Kind = 0
+					ev.Kind, ev.Lift = 0, false
 				}
 			case fCost:
 				ev.Cost = int64(v)
@@ -97,6 +136,8 @@ func decodeEvent(b []byte, ev *windows.Event) error {
 				ev.Allowed = v != 0
 			case fLastSeq:
 				ev.LastSeq = v
+			case fRetry:
+				ev.RetryAfter = int64(v)
 			}
 			b = b[n:]
 		default:
@@ -153,4 +194,32 @@ func rollupValue(k windows.RowKey, r *windows.Row, closedAt int64) ([]byte, erro
 		Revision:        r.Revision,
 		ClosedAtUnix:    closedAt,
 	})
+}
+
+// stepRecords turns a ladder step into its PenaltyEvent and its AuditEntry
+// (same id), produced in the transaction that takes the step.
+func stepRecords(st abuse.Step, now time.Time) (*tollgatev1.PenaltyEvent, *tollgatev1.AuditEntry) {
+	id := audit.NewID(now)
+	ev := &tollgatev1.PenaltyEvent{KeyId: st.KeyID, KeyPrefix: st.KeyPrefix, Tenant: st.Tenant, Level: int32(st.Level),
+		PreviousLevel: int32(st.Previous), Action: st.Action, Factor: st.Factor, StartsAtUnixMicros: st.StartsAt,
+		ExpiresAtUnixMicros: st.ExpiresAt, IssuedBy: st.IssuedBy, Reason: st.Reason, EventId: id, Step: st.Step}
+	for _, e := range st.Evidence {
+		ev.Evidence = append(ev.Evidence, &tollgatev1.Evidence{Detector: e.Detector, WindowSeconds: e.WindowSeconds,
+			Requests: e.Requests, Rejected: e.Rejected, IgnoredBackoff: e.Ignored, Ratio: e.Ratio, RatePerSecond: e.RatePerSecond,
+			FirstSeenUnixMicros: e.First, LastSeenUnixMicros: e.Last})
+	}
+	after := audit.PenaltyState{Level: st.Level, Action: abuse.LevelAction(st.Level), Change: st.Action, Step: st.Step, Factor: st.Factor}
+	if st.ExpiresAt > 0 {
+		after.ExpiresAt = time.UnixMicro(st.ExpiresAt).UTC().Format(time.RFC3339Nano)
+		after.Enforced = st.ExpiresAt > st.StartsAt
+	}
+	before, _ := json.Marshal(audit.PenaltyState{Level: st.Previous, Action: abuse.LevelAction(st.Previous)})
+	afterJSON, _ := json.Marshal(after)
+	ae := &tollgatev1.AuditEntry{Id: id, TimeUnixMicros: st.StartsAt, Actor: st.IssuedBy, Kind: audit.KindPenalty,
+		Subject: st.KeyID, Reason: st.Reason, Before: before, After: afterJSON, Evidence: ev.Evidence,
+		KeyPrefix: st.KeyPrefix}
+	if st.Reason == "" {
+		ae.Reason = st.Action
+	}
+	return ev, ae
 }

@@ -4,14 +4,20 @@
 //
 // Shape (Kafka Streams' state store, built on franz-go): a
 // GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.
-// Each poll is one Kafka transaction: the events update the usage rows of
-// their partition's windows.Table inside a windows.Txn; the rows and marks
-// the transaction changed are produced, as absolute values, to the
-// compacted changelog partition with the same number as the decisions
-// partition, closed windows to tollgate.usage.v1, and the consumed offsets
-// are committed in the same transaction. Only once it commits do the
-// changes reach the Table (an abort — a rebalance — discards them and the
-// session rewinds to the committed offsets).
+// Each transaction (a poll, or the polls of a backlog up to CommitInterval)
+// is one Kafka transaction: the events update the usage rows of
+// their partition's windows.Table inside a windows.Txn, and the decisions
+// counted (never duplicates) feed the partition's abuse.Table inside an
+// abuse.Txn, as do the lift commands the operator API writes into the
+// topic; the rows, marks and penalty states the transaction changed are
+// produced, as absolute values, to the compacted changelog partition with
+// the same number as the decisions partition, closed windows to
+// tollgate.usage.v1, the ladder's steps to tollgate.penalties.v1 and
+// tollgate.audit.v1, and the consumed offsets are committed in the same
+// transaction. Only once it commits do the changes reach the tables (an
+// abort — a rebalance — discards them and the session rewinds to the
+// committed offsets). The steps reach NATS KV through the outbox (package
+// outbox), which reads the penalties topic read_committed.
 //
 // The materializer is a plain read_committed consumer of every changelog
 // partition; it is the only writer of Pebble and writes each batch with its
@@ -30,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,7 +44,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/internal/kafkalog"
@@ -84,7 +94,9 @@ type Config struct {
 	// (default 1s); expired rows are deleted every 60 CloseEvery.
 	CloseEvery time.Duration
 	Windows    windows.Config
-	Log        *slog.Logger
+	// Abuse configures the detectors and the penalty ladder.
+	Abuse abuse.Config
+	Log   *slog.Logger
 	// Now is the wall clock (default time.Now).
 	Now func() time.Time
 }
@@ -121,7 +133,23 @@ func (c *Config) setDefaults() {
 		c.Now = time.Now
 	}
 	c.Windows.SetDefaults()
+	c.Abuse.SetDefaults()
 }
+
+// part is the state of one decisions partition the loop owns: its usage
+// windows and its keys' penalty state.
+type part struct {
+	win *windows.Table
+	pen *abuse.Table
+}
+
+// txn is one poll's changes to a part.
+type txn struct {
+	win *windows.Txn
+	pen *abuse.Txn
+}
+
+func (x txn) empty() bool { return x.win.Empty() && x.pen.Empty() && len(x.pen.Steps()) == 0 }
 
 // Processor runs the aggregation. Create it with New, then call Run once.
 type Processor struct {
@@ -482,22 +510,24 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 		sess.Close()
 	}()
 
-	usageParts := int32(p.cfg.Partitions)
-	if meta, err := adm.Metadata(ctx, t.Usage); err == nil {
-		if n := len(meta.Topics[t.Usage].Partitions); n > 0 {
-			usageParts = int32(n)
+	out := outParts{usage: p.cfg.Partitions, penalties: p.cfg.Partitions, audit: p.cfg.Partitions}
+	if meta, err := adm.Metadata(ctx, t.Usage, t.Penalties, t.Audit); err == nil {
+		for topic, dst := range map[string]*int32{t.Usage: &out.usage, t.Penalties: &out.penalties, t.Audit: &out.audit} {
+			if n := len(meta.Topics[topic].Partitions); n > 0 {
+				*dst = int32(n)
+			}
 		}
 	}
 
-	tables := map[int32]*windows.Table{}
+	tables := map[int32]*part{}
 	lastClose := p.cfg.Now()
 	ticks := 0
-	var ev windows.Event
+	var ev event
 	// One Kafka transaction spans the polls of up to CommitInterval (or
 	// MaxTxnRecords events): a row that many events touch is written to
 	// the changelog once per transaction, not once per poll (Kafka
 	// Streams' commit interval). A lull commits at once.
-	txns := map[int32]*windows.Txn{}
+	txns := map[int32]txn{}
 	var txnStart time.Time
 	pending := 0
 	for ctx.Err() == nil {
@@ -523,7 +553,7 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 		if len(txns) == 0 {
 			txnStart = now
 		}
-		txnOf := func(q int32) (*windows.Txn, error) {
+		txnOf := func(q int32) (txn, error) {
 			if x, ok := txns[q]; ok {
 				return x, nil
 			}
@@ -531,11 +561,11 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			if !ok {
 				var err error
 				if tab, err = p.restore(ctx, adm, q); err != nil {
-					return nil, err
+					return txn{}, err
 				}
 				tables[q] = tab
 			}
-			x := tab.Begin()
+			x := txn{win: tab.win.Begin(), pen: tab.pen.Begin()}
 			txns[q] = x
 			return x, nil
 		}
@@ -554,13 +584,30 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			p.m.lag.WithLabelValues(fmt.Sprint(fp.Partition)).Set(float64(max(0, fp.HighWatermark-last.Offset-1)))
 			for _, r := range fp.Records {
 				polled++
-				if err := decodeEvent(r.Value, &ev); err != nil || ev.Kind == 0 {
+				if err := decodeEvent(r.Value, &ev); err != nil || (ev.Kind == 0 && !ev.Lift) {
 					p.m.events.WithLabelValues("malformed").Inc()
 					continue
 				}
-				if _, err := x.Apply(&ev, nowSec); err != nil {
+				if ev.Lift {
+					// A command: applying it twice changes nothing, so it
+					// needs no sequence number (docs/aggregator.md).
+					p.m.events.WithLabelValues("command").Inc()
+					x.pen.Lift(abuse.Lift{KeyID: ev.KeyID, Tenant: ev.Tenant, TimeMicros: ev.TimeMicros,
+						Actor: ev.Actor, Reason: ev.CmdReason}, now)
+					continue
+				}
+				applied, err := x.win.Apply(&ev.Event, nowSec)
+				if err != nil {
 					ferr = err
 					return
+				}
+				if applied && ev.Kind == windows.KindDecision {
+					d := abuse.Decision{KeyID: ev.KeyID, KeyPrefix: ev.KeyPrefix, Tenant: ev.Tenant, TimeMicros: ev.TimeMicros,
+						Allowed: ev.Allowed, RetryAfter: ev.RetryAfter}
+					if ev.Allowlisted {
+						d.Reason = abuse.ReasonAllowlisted
+					}
+					x.pen.Observe(&d, now)
 				}
 			}
 		})
@@ -571,27 +618,42 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			return ferr
 		}
 		pending += polled
+		for _, x := range txns {
+			x.pen.Evaluate(now)
+		}
 		if now.Sub(lastClose) >= p.cfg.CloseEvery {
 			lastClose = now
 			ticks++
+			// Every partition owned ticks, idle or not: windows close
+			// and penalties step down without new decisions.
+			for _, q := range p.Owned() {
+				if _, err := txnOf(q); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+			}
 			for q := range tables {
 				x, err := txnOf(q)
 				if err != nil {
 					return err
 				}
-				if err := x.CloseDue(nowSec); err != nil {
+				if err := x.win.CloseDue(nowSec); err != nil {
 					return err
 				}
+				x.pen.Tick(now)
 				if ticks%60 == 1 {
-					if err := p.expire(q, tables[q], x, nowSec); err != nil {
+					if err := p.expire(q, tables[q].win, x.win, nowSec); err != nil {
 						return err
 					}
 				}
 			}
+			p.gaugePenalties(tables, now)
 		}
 		changed := false
 		for _, x := range txns {
-			if !x.Empty() {
+			if !x.empty() {
 				changed = true
 			}
 		}
@@ -605,7 +667,7 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 		if backlog && now.Sub(txnStart) < p.cfg.CommitInterval && pending < p.cfg.MaxTxnRecords {
 			continue
 		}
-		committed, err := p.commit(ctx, sess, txns, usageParts, now)
+		committed, err := p.commit(ctx, sess, txns, out, now)
 		clear(txns)
 		pending = 0
 		if err != nil {
@@ -627,13 +689,15 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 				p.mu.Lock()
 				off := p.materialized[q]
 				p.mu.Unlock()
-				tab.Evict(off - 1)
+				tab.win.Evict(off - 1)
 			}
-			var n int
+			var n, keys int
 			for _, tab := range tables {
-				n += tab.Len()
+				n += tab.win.Len()
+				keys += tab.pen.Len()
 			}
 			p.m.rows.Set(float64(n))
+			p.m.penaltyKeys.Set(float64(keys))
 		}
 	}
 	return nil
@@ -641,7 +705,11 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 
 // commit produces the transactions' changes and commits them with the
 // consumed offsets. Tables change only when it reports committed.
-func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, txns map[int32]*windows.Txn, usageParts int32, now time.Time) (bool, error) {
+// outParts are the partition counts of the topics the loop produces to
+// besides the changelog (co-partitioned with the decisions topic).
+type outParts struct{ usage, penalties, audit int32 }
+
+func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, txns map[int32]txn, out outParts, now time.Time) (bool, error) {
 	if err := sess.Begin(); err != nil {
 		return false, fmt.Errorf("consume: begin transaction: %w", err)
 	}
@@ -662,7 +730,10 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 	}
 	stats := windows.Stats{}
 	published := 0
-	for q, x := range txns {
+	var steps []abuse.Step
+	firings := map[string]int{}
+	for q, tx := range txns {
+		x := tx.win
 		s := x.Stats()
 		stats.Applied += s.Applied
 		stats.Duplicates += s.Duplicates
@@ -689,9 +760,34 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 				if err != nil {
 					return false, err
 				}
-				sess.Produce(ctx, &kgo.Record{Topic: t.Usage, Partition: q % usageParts, Key: rollupKey(*c.Row), Value: v}, promise)
+				sess.Produce(ctx, &kgo.Record{Topic: t.Usage, Partition: q % out.usage, Key: rollupKey(*c.Row), Value: v}, promise)
 				published++
 			}
+		}
+		for _, c := range tx.pen.Changes() {
+			rec := &kgo.Record{Topic: t.Changelog, Partition: q, Key: state.PenaltyKey(q, c.KeyID)}
+			if !c.Deleted {
+				rec.Value = state.PenaltyValue(c.State)
+			}
+			sess.Produce(ctx, rec, promise)
+		}
+		for _, st := range tx.pen.Steps() {
+			pe, ae := stepRecords(st, now)
+			pv, err := proto.Marshal(pe)
+			if err != nil {
+				return false, fmt.Errorf("consume: encode penalty event: %w", err)
+			}
+			sess.Produce(ctx, &kgo.Record{Topic: t.Penalties, Partition: q % out.penalties, Key: []byte(st.KeyID), Value: pv}, promise)
+			ar, err := audit.Record(t.Audit, ae)
+			if err != nil {
+				return false, err
+			}
+			ar.Partition = q % out.audit
+			sess.Produce(ctx, ar, promise)
+			steps = append(steps, st)
+		}
+		for d, n := range tx.pen.Firings() {
+			firings[d] += n
 		}
 	}
 	if err := sess.Client().Flush(ctx); err != nil {
@@ -711,7 +807,17 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 		return false, nil
 	}
 	for q, x := range txns {
-		x.Commit(written[q])
+		x.win.Commit(written[q])
+		x.pen.Commit()
+	}
+	for _, st := range steps {
+		p.m.penalties.WithLabelValues(strconv.Itoa(st.Level), st.Action).Inc()
+		p.log.Info("penalty step", slog.String("key_id", st.KeyID), slog.String("key_prefix", st.KeyPrefix),
+			slog.Int("level", st.Level), slog.Int("previous_level", st.Previous), slog.String("action", st.Action),
+			slog.String("issued_by", st.IssuedBy), slog.String("reason", st.Reason))
+	}
+	for d, n := range firings {
+		p.m.firings.WithLabelValues(d).Add(float64(n))
 	}
 	p.m.events.WithLabelValues("applied").Add(float64(stats.Applied))
 	p.m.events.WithLabelValues("duplicate").Add(float64(stats.Duplicates))
@@ -765,7 +871,7 @@ func (p *Processor) member(parts []int32, assigned bool) {
 // applyMembership drops the tables of revoked partitions, so a partition
 // assigned again is rebuilt from what its owner in between committed. It
 // reports whether anything was revoked.
-func (p *Processor) applyMembership(tables map[int32]*windows.Table) (revoked bool) {
+func (p *Processor) applyMembership(tables map[int32]*part) (revoked bool) {
 	p.mu.Lock()
 	evs := p.memberEvents
 	p.memberEvents = nil
@@ -786,7 +892,7 @@ func (p *Processor) applyMembership(tables map[int32]*windows.Table) (revoked bo
 
 // restore builds partition q's table from Pebble once the materializer
 // holds the changelog up to its last stable offset.
-func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*windows.Table, error) {
+func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*part, error) {
 	start := time.Now()
 	listed, err := adm.ListCommittedOffsets(ctx, p.cfg.Topics.Changelog)
 	if err != nil {
@@ -803,10 +909,15 @@ func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*wi
 	if err != nil {
 		return nil, err
 	}
+	pens, err := p.db.LoadPenalties(q)
+	if err != nil {
+		return nil, err
+	}
 	p.log.Info("partition state restored", slog.Int("partition", int(q)), slog.Int("open_rows", len(open)),
-		slog.Int("sources", len(marks)), slog.Int64("changelog_offset", o.Offset), slog.Duration("took", time.Since(start)))
+		slog.Int("sources", len(marks)), slog.Int("penalty_keys", len(pens)), slog.Int64("changelog_offset", o.Offset),
+		slog.Duration("took", time.Since(start)))
 	p.m.restores.Inc()
-	return windows.NewTable(p.cfg.Windows, q, p.db, open, marks), nil
+	return &part{win: windows.NewTable(p.cfg.Windows, q, p.db, open, marks), pen: abuse.NewTable(p.cfg.Abuse, q, pens)}, nil
 }
 
 // metrics are the processor's collectors.
@@ -822,13 +933,18 @@ type metrics struct {
 	owned        prometheus.Gauge
 	rows         prometheus.Gauge
 	lag          *prometheus.GaugeVec
+	penalties    *prometheus.CounterVec
+	penalized    *prometheus.GaugeVec
+	firings      *prometheus.CounterVec
+	volumeKeys   prometheus.Gauge
+	penaltyKeys  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_total",
-			Help: "Decision events consumed, by result: applied (counted, exactly once), duplicate (at or below its source's high-water mark: a replay), malformed (not a decision event this aggregator reads).",
+			Help: "Decision events consumed, by result: applied (counted, exactly once), duplicate (at or below its source's high-water mark: a replay), malformed (not a decision event this aggregator reads), command (a penalty lift).",
 		}, []string{"result"}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_late_total",
@@ -871,8 +987,52 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Decision events behind the partition's high watermark at the last poll, by partition.",
 		}, []string{"partition"}),
 	}
+	m.penalties = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_aggregator_penalties_total",
+		Help: "Penalty ladder steps taken by the partitions this instance owns, by level after the step and action (reduced_limit, cooldown, blocklist, step_down, lifted).",
+	}, []string{"level", "action"})
+	m.penalized = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tollgate_aggregator_penalized_keys",
+		Help: "Keys whose penalty is enforced now, by level, in the partitions this instance owns (sum over instances for the fleet).",
+	}, []string{"level"})
+	m.firings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_aggregator_detector_firings_total",
+		Help: "Times an abuse detector fired on a key (its evidence then starts again), by detector: backoff_ignored, sustained_rejection, volume_ceiling.",
+	}, []string{"detector"})
+	m.volumeKeys = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tollgate_aggregator_volume_ceiling_keys",
+		Help: "Keys the volume_ceiling detector fired on within the last detection window, in the partitions this instance owns.",
+	})
+	m.penaltyKeys = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tollgate_aggregator_penalty_state_keys",
+		Help: "Keys whose detector and ladder state this instance holds in memory (seen within the idle time, or penalised).",
+	})
+	for l := 1; l <= abuse.MaxLevel; l++ {
+		m.penalized.WithLabelValues(strconv.Itoa(l))
+	}
+	for _, d := range abuse.Detectors {
+		m.firings.WithLabelValues(d)
+	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.late, m.missing, m.expired, m.published, m.materialized, m.txns, m.restores, m.owned, m.rows, m.lag)
+		reg.MustRegister(m.events, m.late, m.missing, m.expired, m.published, m.materialized, m.txns, m.restores, m.owned, m.rows, m.lag,
+			m.penalties, m.penalized, m.firings, m.volumeKeys, m.penaltyKeys)
 	}
 	return m
+}
+
+// gaugePenalties sets the gauges of penalised keys from the tables owned.
+func (p *Processor) gaugePenalties(tables map[int32]*part, now time.Time) {
+	var levels [abuse.MaxLevel + 1]int
+	volume := 0
+	for _, tab := range tables {
+		l := tab.pen.Levels(now)
+		for i := range levels {
+			levels[i] += l[i]
+		}
+		volume += tab.pen.VolumeKeys(now)
+	}
+	for l := 1; l <= abuse.MaxLevel; l++ {
+		p.m.penalized.WithLabelValues(strconv.Itoa(l)).Set(float64(levels[l]))
+	}
+	p.m.volumeKeys.Set(float64(volume))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 )
 
@@ -18,6 +19,10 @@ const (
 	spaceExpiry = 'e' // e partition gran end | row key → (rows by window end)
 	spaceOffset = 'c' // c topic partition → next offset to read of a materialized topic
 	spaceMeta   = 'm' // m name → value
+	// Penalty (abuse detector and ladder) state of a key, by the decisions
+	// partition that owns it, and an index to find it by key_id alone.
+	spacePenalty      = 'p' // p partition key_id → abuse.State
+	spacePenaltyByKey = 'q' // q key_id partition → (index)
 	// 'a' and 'A' belong to package audit (the audit log, by time and by
 	// subject).
 )
@@ -296,4 +301,118 @@ func prefixEnd(p []byte) []byte {
 		}
 	}
 	return nil
+}
+
+// PenaltyKey encodes the key of a key's penalty state in partition p (and
+// its changelog record key).
+func PenaltyKey(p int32, keyID string) []byte {
+	b := make([]byte, 0, 6+len(keyID))
+	b = appendPartition(append(b, spacePenalty), p)
+	return appendString(b, keyID)
+}
+
+func penaltyPrefix(p int32) []byte { return appendPartition([]byte{spacePenalty}, p) }
+
+// DecodePenaltyKey is the inverse of PenaltyKey.
+func DecodePenaltyKey(b []byte) (int32, string, error) {
+	if len(b) < 1 || b[0] != spacePenalty {
+		return 0, "", errCorrupt
+	}
+	p, b, err := readPartition(b[1:])
+	if err != nil {
+		return 0, "", err
+	}
+	id, b, err := readString(b)
+	if err != nil || len(b) != 0 {
+		return 0, "", errCorrupt
+	}
+	return p, id, nil
+}
+
+func penaltyByKeyKey(keyID string, p int32) []byte {
+	return appendPartition(appendString([]byte{spacePenaltyByKey}, keyID), p)
+}
+
+const penaltyVersion = 1
+
+// PenaltyValue encodes a key's penalty state.
+func PenaltyValue(s abuse.State) []byte {
+	b := make([]byte, 0, 96+len(s.Tenant)+len(s.KeyPrefix))
+	b = append(b, penaltyVersion)
+	b = appendString(b, s.Tenant)
+	b = appendString(b, s.KeyPrefix)
+	b = binary.AppendUvarint(b, uint64(s.Level))
+	b = binary.AppendUvarint(b, s.Step)
+	for _, v := range []int64{s.Since, s.Until, s.LastFiring, s.VolumeAt, s.Floor, s.LiftedAt, s.RetryFrom, s.RetryUntil, s.Touched} {
+		b = binary.AppendVarint(b, v)
+	}
+	n := 0
+	for _, k := range s.Ring {
+		if k.Requests > 0 {
+			n++
+		}
+	}
+	b = append(b, byte(n))
+	for i, k := range s.Ring {
+		if k.Requests == 0 {
+			continue
+		}
+		b = append(b, byte(i))
+		for _, v := range []int64{k.Start, k.Requests, k.Rejected, k.Ignored, k.First, k.Last} {
+			b = binary.AppendVarint(b, v)
+		}
+	}
+	return b
+}
+
+// DecodePenaltyValue is the inverse of PenaltyValue.
+func DecodePenaltyValue(b []byte) (abuse.State, error) {
+	var s abuse.State
+	if len(b) < 1 || b[0] != penaltyVersion {
+		return s, fmt.Errorf("%w: penalty version", errCorrupt)
+	}
+	var err error
+	if s.Tenant, b, err = readString(b[1:]); err != nil {
+		return s, err
+	}
+	if s.KeyPrefix, b, err = readString(b); err != nil {
+		return s, err
+	}
+	level, n := binary.Uvarint(b)
+	if n <= 0 || level > abuse.MaxLevel {
+		return s, errCorrupt
+	}
+	s.Level, b = int(level), b[n:]
+	if s.Step, n = binary.Uvarint(b); n <= 0 {
+		return s, errCorrupt
+	}
+	b = b[n:]
+	for _, p := range []*int64{&s.Since, &s.Until, &s.LastFiring, &s.VolumeAt, &s.Floor, &s.LiftedAt, &s.RetryFrom, &s.RetryUntil, &s.Touched} {
+		if *p, n = binary.Varint(b); n <= 0 {
+			return s, errCorrupt
+		}
+		b = b[n:]
+	}
+	if len(b) < 1 || int(b[0]) > abuse.Buckets {
+		return s, errCorrupt
+	}
+	cnt := int(b[0])
+	b = b[1:]
+	for range cnt {
+		if len(b) < 1 || int(b[0]) >= abuse.Buckets {
+			return s, errCorrupt
+		}
+		k := &s.Ring[b[0]]
+		b = b[1:]
+		for _, p := range []*int64{&k.Start, &k.Requests, &k.Rejected, &k.Ignored, &k.First, &k.Last} {
+			if *p, n = binary.Varint(b); n <= 0 {
+				return s, errCorrupt
+			}
+			b = b[n:]
+		}
+	}
+	if len(b) != 0 {
+		return s, errCorrupt
+	}
+	return s, nil
 }

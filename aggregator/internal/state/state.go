@@ -1,6 +1,6 @@
 // Package state is the aggregator's Pebble store: each instance's local
-// materialization of the changelog topic (usage rows and deduplication
-// marks of every partition), with the changelog offsets written in the
+// materialization of the changelog topic (usage rows, deduplication marks
+// and the penalty state of keys, of every partition), with the changelog offsets written in the
 // same Pebble batch as the state they reflect, the indexes reports need,
 // and consistent checkpoints (SPEC §6).
 //
@@ -30,6 +30,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 )
 
@@ -240,6 +241,24 @@ func applyRecord(b *pebble.Batch, r *Record) error {
 			return err
 		}
 		return b.Set(r.Key, r.Value, nil)
+	case spacePenalty:
+		p, id, err := DecodePenaltyKey(r.Key)
+		if err != nil {
+			return err
+		}
+		if r.Value == nil {
+			if err := b.Delete(r.Key, nil); err != nil {
+				return err
+			}
+			return b.Delete(penaltyByKeyKey(id, p), nil)
+		}
+		if _, err := DecodePenaltyValue(r.Value); err != nil {
+			return err
+		}
+		if err := b.Set(r.Key, r.Value, nil); err != nil {
+			return err
+		}
+		return b.Set(penaltyByKeyKey(id, p), nil, nil)
 	}
 	return fmt.Errorf("%w: unknown key space %q", errCorrupt, r.Key[0])
 }
@@ -313,6 +332,62 @@ func (d *DB) LoadPartition(p int32) (map[windows.RowKey]windows.Row, map[windows
 		return nil
 	})
 	return open, marks, err
+}
+
+// LoadPenalties returns the penalty state of every key of partition p:
+// what a new owner of p needs in memory (package abuse keeps every key's
+// state it holds in memory; quiet keys are dropped with a tombstone).
+func (d *DB) LoadPenalties(p int32) (map[string]abuse.State, error) {
+	out := map[string]abuse.State{}
+	prefix := penaltyPrefix(p)
+	err := d.scan(prefix, prefixEnd(prefix), func(k, v []byte) error {
+		_, id, err := DecodePenaltyKey(k)
+		if err != nil {
+			return err
+		}
+		s, err := DecodePenaltyValue(v)
+		if err != nil {
+			return err
+		}
+		out[id] = s
+		return nil
+	})
+	return out, err
+}
+
+// PenaltyState is a key's penalty state in one decisions partition.
+type PenaltyState struct {
+	Partition int32
+	abuse.State
+}
+
+// Penalties returns a key's penalty states, one per decisions partition
+// holding one (normally one: the partition of the key's tenant), as the
+// materialized changelog holds them.
+func (d *DB) Penalties(keyID string) ([]PenaltyState, error) {
+	var out []PenaltyState
+	prefix := appendString([]byte{spacePenaltyByKey}, keyID)
+	err := d.scan(prefix, prefixEnd(prefix), func(k, _ []byte) error {
+		p, rest, err := readPartition(k[len(prefix):])
+		if err != nil || len(rest) != 0 {
+			return errCorrupt
+		}
+		v, closer, err := d.db.Get(PenaltyKey(p, keyID))
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("state: read penalty: %w", err)
+		}
+		s, err := DecodePenaltyValue(v)
+		_ = closer.Close()
+		if err != nil {
+			return err
+		}
+		out = append(out, PenaltyState{Partition: p, State: s})
+		return nil
+	})
+	return out, err
 }
 
 // ExpiredRows calls fn with every row key of partition p and granularity g

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 )
 
@@ -184,5 +185,58 @@ func TestIdentityAndCheckpoint(t *testing.T) {
 	defer snap.Close()
 	if r, ok, _ := snap.Row(k); !ok || r.Allowed != 1 {
 		t.Fatal("checkpoint lost the row")
+	}
+}
+
+func TestPenaltyCodecAndMaterialize(t *testing.T) {
+	s := abuse.State{Tenant: "acme", KeyPrefix: "sk_…", Level: 2, Step: 7, Since: 1, Until: -2, LastFiring: 3, VolumeAt: 4,
+		Floor: 5, LiftedAt: 6, RetryFrom: 7, RetryUntil: 1 << 60, Touched: 9}
+	s.Ring[1] = abuse.Bucket{Start: 10, Requests: 11, Rejected: 12, Ignored: 13, First: 14, Last: 15}
+	s.Ring[5] = abuse.Bucket{Start: -10, Requests: 1}
+	got, err := DecodePenaltyValue(PenaltyValue(s))
+	if err != nil || got != s {
+		t.Fatalf("penalty: %+v %v", got, err)
+	}
+	p, id, err := DecodePenaltyKey(PenaltyKey(4, "kid\x00"))
+	if err != nil || p != 4 || id != "kid\x00" {
+		t.Fatalf("penalty key: %d %q %v", p, id, err)
+	}
+	v := PenaltyValue(s)
+	for i := range v {
+		if _, err := DecodePenaltyValue(v[:i]); err == nil {
+			t.Fatalf("truncated value (%d of %d bytes) decoded", i, len(v))
+		}
+	}
+
+	db := open(t)
+	other := s
+	other.Level = 1
+	err = db.Materialize([]Record{
+		{Partition: 4, Offset: 0, Key: PenaltyKey(4, "k1"), Value: PenaltyValue(s)},
+		{Partition: 4, Offset: 1, Key: PenaltyKey(4, "k2"), Value: PenaltyValue(s)},
+		{Partition: 1, Offset: 0, Key: PenaltyKey(1, "k1"), Value: PenaltyValue(other)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states, err := db.LoadPenalties(4)
+	if err != nil || len(states) != 2 || states["k1"] != s {
+		t.Fatalf("LoadPenalties: %v %v", states, err)
+	}
+	byKey, err := db.Penalties("k1")
+	if err != nil || len(byKey) != 2 || byKey[0].Partition != 1 || byKey[0].State != other || byKey[1].Partition != 4 {
+		t.Fatalf("Penalties(k1): %+v %v", byKey, err)
+	}
+	// A tombstone removes the state and its index entry.
+	if err := db.Materialize([]Record{{Partition: 4, Offset: 2, Key: PenaltyKey(4, "k1")}}); err != nil {
+		t.Fatal(err)
+	}
+	byKey, _ = db.Penalties("k1")
+	states, _ = db.LoadPenalties(4)
+	if len(byKey) != 1 || byKey[0].Partition != 1 || len(states) != 1 {
+		t.Fatalf("after a tombstone: %+v %v", byKey, states)
+	}
+	if got, _ := db.Penalties("k"); len(got) != 0 {
+		t.Fatalf("Penalties(k) matched another key: %+v", got)
 	}
 }

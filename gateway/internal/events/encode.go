@@ -38,11 +38,16 @@ const (
 	fSurface           protowire.Number = 24
 	fLastSeq           protowire.Number = 25
 	fPenaltyLevel      protowire.Number = 26
+	// Command fields (100+) belong to the aggregator's command records
+	// (KIND_PENALTY_LIFT), never to a gateway's events.
+	fCommandActor  protowire.Number = 100
+	fCommandReason protowire.Number = 101
 )
 
 // fieldUse says, for every DecisionEvent field, which records the encoder
 // writes it in: decision and report events ("event"), reports too but not
-// meaningful there ("decision"), or EpochClosed markers only ("marker").
+// meaningful there ("decision"), EpochClosed markers only ("marker"), or
+// none: the aggregator's command records ("command").
 // Adding a field to the schema fails TestEncoderKnowsEveryField until it is
 // listed here and encoded (or deliberately left out, with the reason).
 var fieldUse = map[protowire.Number]string{
@@ -55,6 +60,8 @@ var fieldUse = map[protowire.Number]string{
 	fAllowed: "decision", fReason: "decision", fStatus: "decision",
 	fRemaining: "decision", fRetryAfterSeconds: "decision",
 	fLastSeq: "marker",
+	// Written by the aggregator's operator API only (penalty lifts).
+	fCommandActor: "command", fCommandReason: "command",
 }
 
 // kind is a DecisionEvent kind the producer writes.
