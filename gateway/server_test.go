@@ -169,6 +169,8 @@ rules:
 		"gateway":  regexp.MustCompile(`^test-gw$`),
 		"node":     regexp.MustCompile(`^redis$`),
 		"kind":     regexp.MustCompile(`^(blocked|allowed|penalty|key_override|tenant_override)$`),
+		"level":    regexp.MustCompile(`^[1-3]$`),
+		"outcome":  regexp.MustCompile(`^(delayed|refused)$`),
 	}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "tollgate_") {

@@ -175,12 +175,12 @@ func phase(a, b stormSample) (StormPhase, bool) {
 }
 
 // Untouched reports whether the polite key was never penalised nor
-// throttled: no penalty answer, no closed connection, no wait as long as a
-// throttled connection's (offenders.throttle_delay, 1 s by default: 500 ms
-// is the bound used), and, where the operator API was read, level 0 with
-// an empty history.
+// throttled: no penalty answer, no closed connection (the gateway
+// throttles only an address one of whose connections it closed for the
+// top of the ladder, and the polite client keeps its one connection), and,
+// where the operator API was read, level 0 with an empty history.
 func (p PoliteResult) Untouched() bool {
-	return p.Requests > 0 && p.Penalised == 0 && p.Closed == 0 && p.MaxLatency < 500 && p.Level <= 0 && p.History <= 0
+	return p.Requests > 0 && p.Penalised == 0 && p.Closed == 0 && p.Level <= 0 && p.History <= 0
 }
 
 // WriteJSON writes s as indented JSON followed by a newline.

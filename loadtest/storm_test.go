@@ -112,7 +112,7 @@ func TestStormScenario(t *testing.T) {
 
 	cfg := DefaultStormConfig()
 	cfg.URL, cfg.Metrics, cfg.Admin, cfg.AdminToken = srv.URL, srv.URL+"/metrics", srv.URL, "tok"
-	cfg.Clients, cfg.Hold, cfg.Settle, cfg.Interval = 5, time.Second, 200*time.Millisecond, 50*time.Millisecond
+	cfg.Clients, cfg.Hold, cfg.Settle, cfg.Interval = 5, 2*time.Second, 200*time.Millisecond, 50*time.Millisecond
 	cfg.Duration = 30 * time.Second
 	cfg.PID = os.Getpid()
 	var progress bytes.Buffer
