@@ -117,6 +117,16 @@ type OffendersConfig struct {
 	MaxAddresses  int           `yaml:"max_addresses" doc:"Client addresses (IPv6 by /64) remembered for throttling: fixed memory, about 32 bytes each; when full, the address whose cooldown ends soonest gives way."`
 }
 
+// SetDefaults fills the section's zero fields with their defaults.
+func (c *OffendersConfig) SetDefaults() {
+	configs.Default(&c.CloseAfter, DefaultCloseAfter)
+	configs.Default(&c.Throttle, ThrottleOn)
+	configs.Default(&c.ThrottleFor, DefaultThrottleFor)
+	configs.Default(&c.ThrottleDelay, DefaultThrottleDelay)
+	configs.Default(&c.MaxHeld, DefaultMaxHeld)
+	configs.Default(&c.MaxAddresses, DefaultMaxAddresses)
+}
+
 // Throttle modes of the offenders section.
 const (
 	ThrottleOn  = "on"
@@ -196,12 +206,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	configs.Default(&c.Limits.ReadTimeout, DefaultReadTimeout)
 	configs.Default(&c.Limits.IdleTimeout, DefaultIdleTimeout)
-	configs.Default(&c.Offenders.CloseAfter, DefaultCloseAfter)
-	configs.Default(&c.Offenders.Throttle, ThrottleOn)
-	configs.Default(&c.Offenders.ThrottleFor, DefaultThrottleFor)
-	configs.Default(&c.Offenders.ThrottleDelay, DefaultThrottleDelay)
-	configs.Default(&c.Offenders.MaxHeld, DefaultMaxHeld)
-	configs.Default(&c.Offenders.MaxAddresses, DefaultMaxAddresses)
+	c.Offenders.SetDefaults()
 	configs.Default(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.Log.SetDefaults()
 	c.Kafka.SetDefaults()
