@@ -187,6 +187,10 @@ type StormSummary struct {
 	PoliteSource   string  `json:"polite_source"`
 	StoppedBy      string  `json:"stopped_by"` // "top level held", "duration" or "interrupted"
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	// FirstRejection is when the storm got its first rejection, in
+	// seconds since the clients started (-1: never): the clients poll
+	// within the key's limit until then.
+	FirstRejection float64 `json:"first_rejection_seconds"`
 
 	// Levels lists when the key reached each level, in seconds since the
 	// storm started: as the operator API reported it (aggregator) and as
@@ -343,6 +347,8 @@ type stormRun struct {
 	mu       sync.Mutex
 	samples  []stormSample
 	topSince time.Duration // -1 until the top level is seen
+
+	firstRejection atomic.Int64 // ns since start; 0: none yet
 }
 
 // prepare checks what the run measures and clears what an earlier run
@@ -488,6 +494,10 @@ func (r *stormRun) run(ctx context.Context, progress io.Writer) (*StormSummary, 
 			s.Polite.Level, s.Polite.History = level, hist
 		}
 		if cfg.Lift {
+			// Connections the gateway still holds at accept carry requests
+			// it will decide once it releases them: a lift before that would
+			// have them count towards a new penalty.
+			r.waitHeld(actx)
 			if err := r.lift(actx, cfg.Key); err != nil {
 				s.Notes = append(s.Notes, "lifting the storm key's penalty: "+err.Error())
 			} else {
@@ -583,6 +593,11 @@ func (r *stormRun) countStorm(status int, closed, penalty bool, err error) {
 	}
 	if closed {
 		c.closed.Add(1)
+	}
+	if status == http.StatusTooManyRequests || status == http.StatusForbidden {
+		if r.firstRejection.Load() == 0 {
+			r.firstRejection.CompareAndSwap(0, int64(max(time.Since(r.start), 1)))
+		}
 	}
 }
 
@@ -758,6 +773,28 @@ func levelText(s stormSample) string {
 		return fmt.Sprintf("gateway %d", s.gwLevel)
 	}
 	return "?"
+}
+
+// waitHeld waits until the gateway holds no connection at accept, and one
+// sampling interval more for the last released ones to be decided.
+func (r *stormRun) waitHeld(ctx context.Context) {
+	if r.cfg.Metrics == "" {
+		return
+	}
+	for ctx.Err() == nil {
+		ss, err := promtext.Get(ctx, r.http, r.cfg.Metrics)
+		if err != nil || ss.Sum("tollgate_accept_held_connections") == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.cfg.Interval):
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(r.cfg.Interval):
+	}
 }
 
 // errNoPenaltyAPI: the operator API answered 404 for the penalties path

@@ -17,7 +17,7 @@ import (
 var procstatTick = procstat.TicksToDuration(1)
 
 // levelNames name the ladder's levels (SPEC §6, docs/aggregator.md).
-var levelNames = [TopLevel + 1]string{"before any penalty", "reduced limit", "cooldown, 429 PENALTY", "blocklist, connection level"}
+var levelNames = [TopLevel + 1]string{"storm, before any penalty", "reduced limit", "cooldown, 429 PENALTY", "blocklist, connection level"}
 
 // summarize builds the summary from the run's samples.
 func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
@@ -27,7 +27,7 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		URL: strings.TrimSuffix(cfg.URL, "/") + cfg.Path, Key: keyPrefix(cfg.Key), PoliteKey: keyPrefix(cfg.PoliteKey),
 		Clients: cfg.Clients, Sources: src.String() + "–" + lastSource(src, cfg.Clients).String(),
 		PollRate: cfg.Limit * cfg.Factor, PoliteSource: cfg.PoliteSource,
-		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1,
+		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1, FirstRejection: -1,
 		recorder: r.rec,
 	}
 	r.mu.Lock()
@@ -42,6 +42,9 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 	s.Polite = PoliteResult{Requests: p.req.Load(), OK: p.ok.Load(), RateLimited: p.limited.Load(), Penalised: p.penalised.Load(),
 		Errors: p.errs.Load(), Closed: p.closed.Load(), WaitedOut: time.Duration(p.waited.Load()).Seconds(),
 		MaxLatency: float64(p.maxLatency.Load()) / 1e6}
+	if ns := r.firstRejection.Load(); ns > 0 {
+		s.FirstRejection = time.Duration(ns).Seconds()
+	}
 	if n := len(samples); n > 0 {
 		last := samples[n-1]
 		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused = last.closed, last.delayed, last.refused
@@ -71,9 +74,28 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 	if len(samples) < 2 {
 		return s
 	}
-	var before, top *StormPhase
+	before, top := -1, -1 // indexes into s.Phases
+	firstRej := -1        // the first sample taken after a rejection
+	for i, sm := range samples {
+		if sm.rejections > 0 {
+			firstRej = i
+			break
+		}
+	}
+	add := func(from, to int, name string, level int) int {
+		ph, ok := phase(samples[from], samples[to])
+		if !ok {
+			return -1
+		}
+		ph.Name, ph.Level = name, level
+		s.Phases = append(s.Phases, ph)
+		return len(s.Phases) - 1
+	}
 	for level := 0; level <= TopLevel; level++ {
 		from := start[level]
+		if level == 0 {
+			from = 0
+		}
 		if from < 0 {
 			continue
 		}
@@ -84,36 +106,30 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 				break
 			}
 		}
-		ph, ok := phase(samples[from], samples[to])
-		if !ok {
-			continue
+		if level == 0 && firstRej > 1 && firstRej < to {
+			// The clients polled within the limit until the first 429: not
+			// a storm yet. The interval the first 429 came in is neither.
+			add(0, firstRej-1, "level 0, within the limit", 0)
+			from = firstRej
 		}
-		ph.Name, ph.Level = fmt.Sprintf("level %d (%s)", level, levelNames[level]), level
-		s.Phases = append(s.Phases, ph)
+		i := add(from, to, fmt.Sprintf("level %d (%s)", level, levelNames[level]), level)
 		if level == 0 {
-			before = &s.Phases[len(s.Phases)-1]
+			before = i
 		}
 	}
 	if r.topSince >= 0 {
-		from := -1
 		for i, sm := range samples {
 			if sm.at >= r.topSince+cfg.Settle {
-				from = i
+				top = add(i, len(samples)-1, fmt.Sprintf("level %d, steady (after %v there)", TopLevel, cfg.Settle), TopLevel)
 				break
 			}
 		}
-		if from >= 0 {
-			if ph, ok := phase(samples[from], samples[len(samples)-1]); ok {
-				ph.Name, ph.Level = fmt.Sprintf("level %d, steady (after %v there)", TopLevel, cfg.Settle), TopLevel
-				s.Phases = append(s.Phases, ph)
-				top = &s.Phases[len(s.Phases)-1]
-			}
-		}
 	}
-	if before != nil && top != nil && before.CPUPerSecond > 0 && top.CPUPerSecond >= 0 {
+	if before >= 0 && top >= 0 && s.Phases[before].CPUPerSecond > 0 && s.Phases[top].CPUPerSecond >= 0 {
+		b, t := s.Phases[before], s.Phases[top]
 		// A top that used less than one clock tick (10 ms) counts as one.
-		tick := procstatTick.Seconds() / (top.ToSeconds - top.FromSeconds)
-		s.CPURatio = before.CPUPerSecond / max(top.CPUPerSecond, tick)
+		tick := procstatTick.Seconds() / (t.ToSeconds - t.FromSeconds)
+		s.CPURatio = b.CPUPerSecond / max(t.CPUPerSecond, tick)
 	}
 	// Once penalised: from the first interval that starts with the gateway
 	// enforcing level 2 or more (where its metrics are read), so that no
@@ -208,7 +224,11 @@ func (s *StormSummary) WriteText(w io.Writer) error {
 	for _, l := range s.Levels {
 		lv = append(lv, fmt.Sprintf("level %d at %s (gateway %s)", l.Level, na(l.Aggregator, "%.1fs"), na(l.Gateway, "%.1fs")))
 	}
-	fmt.Fprintf(&b, "ladder     %s since the storm started\n\n", strings.Join(lv, ", "))
+	fmt.Fprintf(&b, "ladder     %s since the clients started", strings.Join(lv, ", "))
+	if s.FirstRejection >= 0 {
+		fmt.Fprintf(&b, "; the first 429 came at %.1fs", s.FirstRejection)
+	}
+	b.WriteString("\n\n")
 	fmt.Fprintf(&b, "%-42s %6s %6s %9s %10s %10s %10s %10s\n", "phase", "from s", "to s", "answers/s",
 		"gateway", "CPU µs per", "Redis per", "EVALSHA")
 	fmt.Fprintf(&b, "%-42s %6s %6s %9s %10s %10s %10s %10s\n", "", "", "", "", "CPU s/s", "rejection", "rejection", "per rej.")

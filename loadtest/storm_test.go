@@ -150,16 +150,22 @@ func TestStormScenario(t *testing.T) {
 			t.Errorf("level times %+v", s.Levels)
 		}
 	}
-	if len(s.Phases) != TopLevel+2 {
+	// The fake rejects from the first request; a first answer slower than
+	// the first sampling interval still shows a phase "within the limit".
+	phases := s.Phases
+	if len(phases) > 0 && strings.Contains(phases[0].Name, "within the limit") {
+		phases = phases[1:]
+	}
+	if len(phases) != TopLevel+2 {
 		t.Fatalf("phases %+v, want one per level and the steady top", s.Phases)
 	}
-	if got := s.Phases[0].RedisPerRejection; got < 0.99 || got > 1.01 {
+	if got := phases[0].RedisPerRejection; got < 0.99 || got > 1.01 {
 		t.Errorf("before any penalty: %v Redis calls per rejection, want 1", got)
 	}
 	if s.RedisPerRejectionPenalised != 0 {
 		t.Errorf("%v Redis calls per rejection once penalised, want 0", s.RedisPerRejectionPenalised)
 	}
-	if s.Phases[0].CPUPerSecond < 0 || s.Storm.Closed == 0 || s.Storm.Blocked == 0 || s.Storm.Penalty == 0 {
+	if phases[0].CPUPerSecond < 0 || s.Storm.Closed == 0 || s.Storm.Blocked == 0 || s.Storm.Penalty == 0 {
 		t.Errorf("phases %+v, storm %+v", s.Phases, s.Storm)
 	}
 	if !s.Polite.Untouched() || s.Polite.Level != 0 {

@@ -16,10 +16,17 @@ import (
 // stepping down together) is rate-limited: at most ladderLogBurst lines at
 // once, ladderLogRate a second after that, and the next line says how
 // many were left out.
+//
+// A step replaces one ladder entry with another (level 1's override by
+// level 2's blocklist entry), which the gateway sees as two changes; when
+// the old entry goes first, the key is at level 0 for a moment. So the end
+// of a key's penalty is logged only once it has lasted ladderEndDelay:
+// an entry that arrives sooner is one move, from the level before.
 
 const (
 	ladderLogBurst = 20
 	ladderLogRate  = 10 // lines per second
+	ladderEndDelay = time.Second
 )
 
 // Ladder actions as logged.
@@ -32,10 +39,17 @@ const (
 // ladderLog is what the Syncer last logged of the ladder. Owned by Run's
 // goroutine.
 type ladderLog struct {
-	levels     map[string]int // key_id -> level last logged (absent: 0)
+	levels     map[string]int        // key_id -> level last logged (absent: 0)
+	ending     map[string]ladderGone // key_id -> the end of its penalty, not logged yet
 	tokens     float64
 	refilled   time.Time
 	suppressed int
+}
+
+// ladderGone is a key whose last ladder entry went.
+type ladderGone struct {
+	prev int // the level it left
+	at   time.Time
 }
 
 // ladderState is a key's place on the ladder in the Syncer's state.
@@ -66,19 +80,48 @@ func (s *Syncer) ladderOf(keyID string, now time.Time) ladderState {
 // line about it.
 func (s *Syncer) noteLadder(keyID string) {
 	now := time.Now()
+	s.flushLadderEnds(now)
+	l := &s.ladder
 	st := s.ladderOf(keyID, now)
-	prev := s.ladder.levels[keyID]
-	if st.level == prev {
+	prev := l.levels[keyID]
+	if g, ok := l.ending[keyID]; ok && st.level > 0 {
+		// The old entry went first, the new one came: one move.
+		delete(l.ending, keyID)
+		prev = g.prev
+	}
+	if st.level > 0 {
+		if l.levels == nil {
+			l.levels = map[string]int{}
+		}
+		l.levels[keyID] = st.level
+	}
+	switch {
+	case st.level == prev:
+		return
+	case st.level == 0:
+		delete(l.levels, keyID)
+		if l.ending == nil {
+			l.ending = map[string]ladderGone{}
+		}
+		l.ending[keyID] = ladderGone{prev: prev, at: now}
 		return
 	}
-	if st.level == 0 {
-		delete(s.ladder.levels, keyID)
-	} else {
-		if s.ladder.levels == nil {
-			s.ladder.levels = map[string]int{}
+	s.logLadder(keyID, st, prev, now)
+}
+
+// flushLadderEnds logs the ends of penalties that have lasted
+// ladderEndDelay. Run's session calls it every ladderEndDelay too.
+func (s *Syncer) flushLadderEnds(now time.Time) {
+	for keyID, g := range s.ladder.ending {
+		if now.Sub(g.at) >= ladderEndDelay {
+			delete(s.ladder.ending, keyID)
+			s.logLadder(keyID, ladderState{}, g.prev, now)
 		}
-		s.ladder.levels[keyID] = st.level
 	}
+}
+
+// logLadder writes the line of one move, within the rate limit.
+func (s *Syncer) logLadder(keyID string, st ladderState, prev int, now time.Time) {
 	if !s.ladderBudget(now) {
 		return
 	}
@@ -135,6 +178,9 @@ func (s *Syncer) noteLadderAll() {
 		}
 	}
 	for keyID := range s.ladder.levels {
+		note(keyID)
+	}
+	for keyID := range s.ladder.ending {
 		note(keyID)
 	}
 	for _, e := range s.state.lists {

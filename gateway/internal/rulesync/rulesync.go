@@ -372,14 +372,19 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 		s.log.Info("control plane reachable again")
 	}
 
+	ends := time.NewTicker(ladderEndDelay) // the ladder's log: ends of penalties
+	defer ends.Stop()
 	for {
 		var e jetstream.KeyValueEntry
-		var ok bool
+		ok := true
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-signal:
 			return errResync
+		case now := <-ends.C:
+			s.flushLadderEnds(now)
+			continue
 		case e, ok = <-w.rules.Updates():
 			if ok && e != nil {
 				s.changeRules(e)

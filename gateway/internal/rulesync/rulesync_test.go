@@ -660,6 +660,17 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	waitLines(`level=1`, `msg="key penalised" key_id=kidLad level=2 previous_level=1 key_prefix=sk_ci_st… action=cooldown`,
 		`msg="key penalised" key_id=kidLad level=3 previous_level=2 key_prefix=sk_ci_st… action=blocklist`)
 
+	// The outbox's order: the old level's entry goes, then the new one
+	// comes. One move, no end in between.
+	b.put(b.overrides, "key.kidTwo", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidTwo", Factor: 0.5, Level: 1, ExpiresAt: exp})
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1 previous_level=0`)
+	b.del(b.overrides, "key.kidTwo")
+	b.put(b.lists, "kidTwo", &tollgatev1.ListEntry{KeyID: "kidTwo", Action: "penalty", Level: 2, ExpiresAt: exp})
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `msg="key penalised" key_id=kidTwo level=2 previous_level=1`)
+	b.del(b.lists, "kidTwo")
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `key_id=kidTwo level=2`,
+		`msg="key penalty ended" key_id=kidTwo level=0 previous_level=2`)
+
 	// A resync with nothing new says nothing; one that finds the key gone
 	// says it once.
 	p.cut.Store(true)
@@ -672,7 +683,8 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	})
 	b.del(b.lists, "kidLad")
 	p.cut.Store(false)
-	waitLines(`level=1`, `level=2`, `level=3`, `msg="key penalty ended" key_id=kidLad level=0 previous_level=3`)
+	waitLines(`level=1`, `level=2`, `level=3`, `kidTwo level=1`, `kidTwo level=2`, `kidTwo level=0`,
+		`msg="key penalty ended" key_id=kidLad level=0 previous_level=3`)
 	if strings.Contains(sy.logs.String(), "kidOp") {
 		t.Error("an operator's block was logged as a ladder move")
 	}
