@@ -159,7 +159,7 @@ func TestStormScenario(t *testing.T) {
 	if len(phases) != TopLevel+2 {
 		t.Fatalf("phases %+v, want one per level and the steady top", s.Phases)
 	}
-	if got := phases[0].RedisPerRejection; got < 0.99 || got > 1.01 {
+	if got := phases[0].RedisPerRejection; got < 0.95 || got > 1.05 { // counters and metrics are read a moment apart
 		t.Errorf("before any penalty: %v Redis calls per rejection, want 1", got)
 	}
 	if s.RedisPerRejectionPenalised != 0 {
