@@ -102,7 +102,8 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		to := len(samples) - 1
 		for next := level + 1; next <= TopLevel; next++ {
 			if start[next] >= 0 {
-				to = start[next]
+				// The interval the key moved up in belongs to neither level.
+				to = max(start[next]-1, from)
 				break
 			}
 		}
@@ -294,27 +295,39 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 	for _, o := range rec.Outcomes() {
 		sum.Order = append(sum.Order, o.Name)
 	}
-	if len(s.samples) >= 3 {
+	if pts := secondly(s.samples); len(pts) >= 3 {
 		var x, cpu, agg, gw, redis []float64
-		for i := 1; i < len(s.samples); i++ {
-			a, b := s.samples[i-1], s.samples[i]
+		for i := 1; i < len(pts); i++ {
+			a, b := pts[i-1], pts[i]
 			dt := (b.at - a.at).Seconds()
-			x = append(x, math.Round(b.at.Seconds()*100)/100)
+			x = append(x, math.Round(b.at.Seconds()*10)/10)
 			cpu = append(cpu, nanUnless(a.cpuOK && b.cpuOK, (b.cpu-a.cpu).Seconds()/dt))
 			agg = append(agg, nanUnless(b.level >= 0, float64(b.level)))
 			gw = append(gw, nanUnless(b.gwLevel >= 0, float64(b.gwLevel)))
-			rej := float64(b.rejections - a.rejections)
-			redis = append(redis, nanUnless(a.redisOK && b.redisOK && rej > 0,
-				max(b.redis-a.redis-float64(b.politeReq-a.politeReq), 0)/rej))
+			n := float64(b.answers - a.answers)
+			redis = append(redis, nanUnless(a.redisOK && b.redisOK && n > 0,
+				max(b.redis-a.redis-float64(b.politeReq-a.politeReq), 0)/n))
 		}
 		sum.AddChart(report.Chart{Title: "Gateway CPU", YTitle: "CPU seconds per second", X: x,
 			Series: []report.Series{{Name: "gateway CPU", Values: cpu}}})
 		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x,
 			Series: []report.Series{{Name: "aggregator", Values: agg}, {Name: "gateway", Values: gw}}})
-		sum.AddChart(report.Chart{Title: "Redis calls per storm rejection", YTitle: "calls per rejection", X: x,
+		sum.AddChart(report.Chart{Title: "Redis calls per storm request", YTitle: "calls per request", X: x,
 			Series: []report.Series{{Name: "redis calls", Values: redis}}})
 	}
 	return sum.WriteHTML(w)
+}
+
+// secondly thins samples to about one a second, for charts: the CPU time's
+// 10 ms resolution makes shorter intervals noise.
+func secondly(samples []stormSample) []stormSample {
+	var out []stormSample
+	for _, sm := range samples {
+		if len(out) == 0 || sm.at-out[len(out)-1].at >= time.Second {
+			out = append(out, sm)
+		}
+	}
+	return out
 }
 
 func nanUnless(ok bool, v float64) float64 {
