@@ -46,8 +46,8 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		s.FirstRejection = time.Duration(ns).Seconds()
 	}
 	if n := len(samples); n > 0 {
-		last := samples[n-1]
-		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused = last.closed, last.delayed, last.refused
+		first, last := samples[0], samples[n-1]
+		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused = last.closed-first.closed, last.delayed-first.delayed, last.refused-first.refused
 	}
 
 	// When the key reached each level.
@@ -83,7 +83,7 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		}
 	}
 	add := func(from, to int, name string, level int) int {
-		ph, ok := phase(samples[from], samples[to])
+		ph, ok := phase(samples, from, to)
 		if !ok {
 			return -1
 		}
@@ -136,7 +136,7 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 	// enforcing level 2 or more (where its metrics are read), so that no
 	// decision made before it learned of the step counts.
 	if from := penalisedFrom(samples, start[2]); from >= 0 {
-		if ph, ok := phase(samples[from], samples[len(samples)-1]); ok {
+		if ph, ok := phase(samples, from, len(samples)-1); ok {
 			s.RedisPerRejectionPenalised = ph.RedisPerRejection
 		}
 	}
@@ -162,8 +162,12 @@ func penalisedFrom(samples []stormSample, levelAt int) int {
 	return -1
 }
 
-// phase measures the storm between two samples.
-func phase(a, b stormSample) (StormPhase, bool) {
+// phase measures the storm from samples[from] to samples[to]. The
+// gateway's metrics are not read at every sample (see metricsEvery): its
+// Redis calls are measured between the first and the last samples of the
+// range that read them.
+func phase(samples []stormSample, from, to int) (StormPhase, bool) {
+	a, b := samples[from], samples[to]
 	dt := (b.at - a.at).Seconds()
 	if dt <= 0 {
 		return StormPhase{}, false
@@ -181,12 +185,26 @@ func phase(a, b stormSample) (StormPhase, bool) {
 			ph.CPUPerRejection = cpu * 1e6 / float64(ph.Rejections)
 		}
 	}
-	polite := float64(b.politeReq - a.politeReq) // one Redis call each
-	if a.redisOK && b.redisOK && ph.Rejections > 0 {
-		ph.RedisPerRejection = max(b.redis-a.redis-polite, 0) / float64(ph.Rejections)
+	// Each polite request costs one Redis call; the storm's are the rest.
+	perRejection := func(x, y stormSample, calls func(stormSample) float64) float64 {
+		rej := y.rejections - x.rejections
+		if rej <= 0 {
+			return -1
+		}
+		return max(calls(y)-calls(x)-float64(y.politeReq-x.politeReq), 0) / float64(rej)
 	}
-	if a.evalOK && b.evalOK && ph.Rejections > 0 {
-		ph.EvalSHAPerRejection = max(b.evalsha-a.evalsha-polite, 0) / float64(ph.Rejections)
+	rf, rt := from, to
+	for rf < to && !samples[rf].redisOK {
+		rf++
+	}
+	for rt > rf && !samples[rt].redisOK {
+		rt--
+	}
+	if rt > rf && samples[rf].redisOK && samples[rt].redisOK {
+		ph.RedisPerRejection = perRejection(samples[rf], samples[rt], func(s stormSample) float64 { return s.redis })
+	}
+	if a.evalOK && b.evalOK {
+		ph.EvalSHAPerRejection = perRejection(a, b, func(s stormSample) float64 { return s.evalsha })
 	}
 	return ph, true
 }
