@@ -201,7 +201,10 @@ type StormSummary struct {
 	Phases []StormPhase `json:"phases"`
 	// CPURatio is the gateway CPU per second before the first penalty
 	// divided by that at the top (steady); 0 when either is unknown.
-	CPURatio float64 `json:"cpu_ratio"`
+	// CPURatioAgainst names the phase it divides: the storm before any
+	// penalty, or level 1 when the first step came too soon to measure it.
+	CPURatio        float64 `json:"cpu_ratio"`
+	CPURatioAgainst string  `json:"cpu_ratio_against"`
 	// RedisPerRejectionPenalised is the Redis calls per storm rejection
 	// once the key was answered from memory (levels 2 and up); -1 when
 	// unknown.

@@ -153,7 +153,7 @@ func TestStormScenario(t *testing.T) {
 	// The fake rejects from the first request; a first answer slower than
 	// the first sampling interval still shows a phase "within the limit".
 	phases := s.Phases
-	if len(phases) > 0 && strings.Contains(phases[0].Name, "within the limit") {
+	if len(phases) > 0 && phases[0].Name == withinLimit {
 		phases = phases[1:]
 	}
 	if len(phases) != TopLevel+2 {
