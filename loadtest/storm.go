@@ -737,7 +737,8 @@ func (r *stormRun) takeSample(ctx context.Context, cpu0 time.Duration) stormSamp
 			s.cpu, s.cpuOK = c-cpu0, true
 		}
 	}
-	scrape := r.cfg.Metrics != "" && (r.lastScrape < 0 || s.at-r.lastScrape >= r.metricsEvery())
+	// Half an interval's slack: the ticker does not wait to the nanosecond.
+	scrape := r.cfg.Metrics != "" && (r.lastScrape < 0 || s.at-r.lastScrape >= r.metricsEvery()-r.cfg.Interval/2)
 	if !scrape && len(r.samples) > 0 {
 		prev := r.samples[len(r.samples)-1]
 		s.gwLevel, s.closed, s.delayed, s.refused = prev.gwLevel, prev.closed, prev.delayed, prev.refused

@@ -360,11 +360,20 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 }
 
 // secondly thins samples to about one a second, for charts: the CPU time's
-// 10 ms resolution makes shorter intervals noise.
+// 10 ms resolution makes shorter intervals noise. Where the gateway's
+// metrics were read, only samples that read them are kept (every 2 s at
+// the top).
 func secondly(samples []stormSample) []stormSample {
+	metrics := false
+	for _, sm := range samples {
+		metrics = metrics || sm.redisOK
+	}
 	var out []stormSample
 	for _, sm := range samples {
-		if len(out) == 0 || sm.at-out[len(out)-1].at >= time.Second {
+		if metrics && !sm.redisOK {
+			continue
+		}
+		if len(out) == 0 || sm.at-out[len(out)-1].at >= time.Second-50*time.Millisecond {
 			out = append(out, sm)
 		}
 	}
