@@ -333,6 +333,9 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 	if s.ElapsedSeconds > 0 {
 		sum.ThroughputRPS = float64(sum.Answered) / s.ElapsedSeconds
 	}
+	if sum.Sent > 0 {
+		sum.LoadtestCPUMicrosPerRequest = s.LoadtestCPUSeconds * 1e6 / float64(sum.Sent)
+	}
 	for _, o := range rec.Outcomes() {
 		sum.Order = append(sum.Order, o.Name)
 	}
