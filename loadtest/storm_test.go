@@ -106,7 +106,7 @@ func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the run stopped by itself once the top was held.
 func TestStormScenario(t *testing.T) {
 	t.Parallel()
-	f := &fakeLadder{step: 400 * time.Millisecond, sources: map[string]int{}, polite: map[string]int{}}
+	f := &fakeLadder{step: time.Second, sources: map[string]int{}, polite: map[string]int{}}
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
 
