@@ -378,10 +378,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		switch st {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
-			if e, ok := ctl.Blocked[mreq.KeyID]; ok && live(e.Expiry, now) {
-				// A block the penalty ladder imposed: its top level.
-				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
-			}
+			d.PenaltyLevel, d.CloseConnection = g.controls.Snapshot().ladderBlock(d.KeyID, now)
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted
