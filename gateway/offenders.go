@@ -63,7 +63,7 @@ func (s *Server) onClose(r *http.Request, d *guard.Decision) {
 	}
 }
 
-// wrap returns the proxy's listener, throttling at accept when
+// wrapProxyListener returns the proxy's listener, throttling at accept when
 // offenders.throttle is on.
 func (s *Server) wrapProxyListener(ln net.Listener) net.Listener {
 	o := s.offenders
