@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway/internal/tarpit"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
@@ -66,6 +67,8 @@ type Config struct {
 	CostResponseHeader string `yaml:"cost_response_header" doc:"Upstream response header whose value (a positive integer, e.g. tokens of an LLM answer) the proxy charges after the response, like POST /v1/report, in addition to the request's own cost; at most max_cost. Empty: none."`
 
 	Limits LimitsConfig `yaml:"limits"`
+
+	Offenders OffendersConfig `yaml:"offenders"`
 
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" doc:"How long a shutdown waits for in-flight requests to finish before closing their connections."`
 
@@ -129,6 +132,35 @@ type LimitsConfig struct {
 	IdleTimeout       time.Duration `yaml:"idle_timeout" doc:"How long an idle keep-alive connection stays open."`
 }
 
+// OffendersConfig is the `offenders` section: the proxy's connection-level
+// answer to keys at the top of the penalty ladder (SPEC §6), for clients
+// connected directly, never for identity.trusted_proxies, whose connections
+// other clients share.
+type OffendersConfig struct {
+	CloseAfter    int           `yaml:"close_after" doc:"Answers to a key at the top of the penalty ladder (or on the blocklist) one client connection gets before the proxy adds Connection: close and closes it: a client that stops when told keeps its connection, one that keeps sending pays a new handshake. 1 closes at the first."`
+	Throttle      string        `yaml:"throttle" doc:"on: a client address whose connection was closed for a key at the top of the ladder is throttled at accept for throttle_for (each new connection held for throttle_delay, then served, and closed at its first such answer); off: never."`
+	ThrottleFor   time.Duration `yaml:"throttle_for" doc:"How long a client address stays throttled after its last connection closed for the top of the ladder."`
+	ThrottleDelay time.Duration `yaml:"throttle_delay" doc:"How long a new connection from a throttled address is held before the proxy reads it."`
+	MaxHeld       int           `yaml:"max_held" doc:"Most connections held at once; past it a throttled address's new connection is closed at once."`
+	MaxAddresses  int           `yaml:"max_addresses" doc:"Client addresses (IPv6 by /64) remembered for throttling: fixed memory, about 32 bytes each; when full, the address whose cooldown ends soonest gives way."`
+}
+
+// SetDefaults fills the section's zero fields with their defaults.
+func (c *OffendersConfig) SetDefaults() {
+	configs.Default(&c.CloseAfter, DefaultCloseAfter)
+	configs.Default(&c.Throttle, ThrottleOn)
+	configs.Default(&c.ThrottleFor, DefaultThrottleFor)
+	configs.Default(&c.ThrottleDelay, DefaultThrottleDelay)
+	configs.Default(&c.MaxHeld, DefaultMaxHeld)
+	configs.Default(&c.MaxAddresses, DefaultMaxAddresses)
+}
+
+// Throttle modes of the offenders section.
+const (
+	ThrottleOn  = "on"
+	ThrottleOff = "off"
+)
+
 // Defaults of Config's fields.
 const (
 	DefaultListen          = "127.0.0.1:8080"
@@ -151,6 +183,12 @@ const (
 	DefaultSpoolMaxBytes      = 1 << 30
 	DefaultEventMemoryBytes   = 8 << 20
 	DefaultEventFlushInterval = 100 * time.Millisecond
+
+	DefaultCloseAfter    = httpguard.DefaultCloseAfter
+	DefaultThrottleFor   = time.Minute
+	DefaultThrottleDelay = tarpit.DefaultDelay
+	DefaultMaxHeld       = tarpit.DefaultMaxHeld
+	DefaultMaxAddresses  = tarpit.DefaultAddresses
 
 	DefaultMaxBodyBytes      = 64 << 10
 	DefaultMaxHeaderBytes    = 16 << 10
@@ -206,6 +244,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Limits.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	configs.Default(&c.Limits.ReadTimeout, DefaultReadTimeout)
 	configs.Default(&c.Limits.IdleTimeout, DefaultIdleTimeout)
+	c.Offenders.SetDefaults()
 	configs.Default(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.Log.SetDefaults()
 	c.Kafka.SetDefaults()
@@ -312,6 +351,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxHeaderBytes < 1 {
 		bad("limits.max_header_bytes", "must be positive")
+	}
+	if c.Offenders.CloseAfter < 1 {
+		bad("offenders.close_after", "must be at least 1")
+	}
+	if c.Offenders.Throttle != ThrottleOn && c.Offenders.Throttle != ThrottleOff {
+		bad("offenders.throttle", "%q is not on or off", c.Offenders.Throttle)
+	}
+	if c.Offenders.ThrottleFor <= 0 || c.Offenders.ThrottleDelay <= 0 {
+		bad("offenders.throttle_for", "throttle_for and throttle_delay (%s) must be positive", configs.EnvName("offenders.throttle_delay"))
+	}
+	if c.Offenders.MaxHeld < 1 || c.Offenders.MaxAddresses < 1 {
+		bad("offenders.max_held", "max_held and max_addresses (%s) must be at least 1", configs.EnvName("offenders.max_addresses"))
 	}
 	for _, d := range []struct {
 		path string

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,8 +119,8 @@ func (s *Server) waitForNATS(ctx context.Context) {
 // kind is one of blocked, allowed, penalty, key_override, tenant_override.
 // Expired entries count until the sweep (every 5 s) drops them.
 type controlsCollector struct {
-	controls *guard.Controls
-	desc     *prometheus.Desc
+	controls     *guard.Controls
+	desc, levels *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*controlsCollector)(nil)
@@ -127,11 +128,15 @@ var _ prometheus.Collector = (*controlsCollector)(nil)
 func newControlsCollector(c *guard.Controls) *controlsCollector {
 	return &controlsCollector{controls: c, desc: prometheus.NewDesc("tollgate_controls_entries",
 		"Controls in force (blocklist, allowlist, penalties, overrides; in fleet mode from NATS), by kind: blocked, allowed, penalty, key_override or tenant_override.",
-		[]string{"kind"}, nil)}
+		[]string{"kind"}, nil),
+		levels: prometheus.NewDesc("tollgate_penalized_keys",
+			"Keys the penalty ladder holds at each level now, as this gateway enforces them: 1 (reduced limit: an override), 2 (cooldown: 429 PENALTY), 3 (blocklist: 403, connection closed). Expired entries do not count.",
+			[]string{"level"}, nil),
+	}
 }
 
 // Describe implements prometheus.Collector.
-func (c *controlsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *controlsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.levels }
 
 // Collect implements prometheus.Collector.
 func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -143,7 +148,29 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 		{"key_override", len(s.KeyOverrides)}, {"tenant_override", len(s.TenantOverrides)}} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k.n), k.kind)
 	}
+	var levels [maxLadderLevel + 1]int
+	now := time.Now().UnixMicro()
+	count := func(level int, expiry int64) {
+		if level > 0 && level <= maxLadderLevel && (expiry == 0 || expiry > now) {
+			levels[level]++
+		}
+	}
+	for _, o := range s.KeyOverrides {
+		count(o.Level, o.Expiry)
+	}
+	for _, p := range s.Penalties {
+		count(p.Level, p.Until)
+	}
+	for _, e := range s.Blocked {
+		count(e.Level, e.Expiry)
+	}
+	for level := 1; level <= maxLadderLevel; level++ {
+		ch <- prometheus.MustNewConstMetric(c.levels, prometheus.GaugeValue, float64(levels[level]), strconv.Itoa(level))
+	}
 }
+
+// maxLadderLevel is the penalty ladder's top level (SPEC §6).
+const maxLadderLevel = 3
 
 // fleetCollectors are the fleet mode's gauges, read from the Syncer at
 // scrape time.

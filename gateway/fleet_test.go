@@ -63,6 +63,14 @@ type fleet struct {
 	admin     string // operator API address
 	client    *http.Client
 	gws       []*fleetGateway
+
+	// For the penalty ladder's tests: the aggregator's ladder, and
+	// gateways that stream their decisions to it through Kafka (brokers).
+	penalty aggregator.PenaltyConfig
+	brokers []string
+	events  bool
+	// gwConfig, when set, changes each gateway's configuration.
+	gwConfig func(*gateway.Config)
 }
 
 // fleetGateway is a gateway of the fleet, with its log.
@@ -94,7 +102,15 @@ func (l *lockedBuffer) String() string {
 // 5).
 func newFleet(t testing.TB, n int) *fleet {
 	t.Helper()
+	return newFleetWith(t, n, func(*fleet) {})
+}
+
+// newFleetWith is newFleet with the fleet's settings changed by mutate
+// before anything starts.
+func newFleetWith(t testing.TB, n int, mutate func(*fleet)) *fleet {
+	t.Helper()
 	f := &fleet{t: t, client: &http.Client{Timeout: 10 * time.Second}, dataDir: t.TempDir()}
+	mutate(f)
 	t.Cleanup(f.client.CloseIdleConnections)
 	f.redisAddr = redistest.StartTB(t).Addr()
 	f.ns = natstest.StartTB(t)
@@ -115,8 +131,9 @@ func (f *fleet) startAggregator() {
 	t := f.t
 	kb := kafkatest.StartTB(t)
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "agg", DataDir: t.TempDir(),
-		AdminToken: adminToken, KeySecret: testSecret, SessionTimeout: 2 * time.Second}
+		AdminToken: adminToken, KeySecret: testSecret, SessionTimeout: 2 * time.Second, Penalty: f.penalty}
 	cfg.Kafka.Brokers = kb.Addrs()
+	f.brokers = kb.Addrs()
 	cfg.NATS.URL = f.ns.ClientURL()
 	srv, err := aggregator.New(cfg, testLogger(t).With("part", "aggregator"))
 	if err != nil {
@@ -159,6 +176,12 @@ func (f *fleet) gatewayConfig(id string) gateway.Config {
 		Redis:         redisConfig(f.redisAddr),
 	}
 	c.NATS.URL = f.ns.ClientURL()
+	if f.events {
+		c.Kafka.Brokers = f.brokers
+	}
+	if f.gwConfig != nil {
+		f.gwConfig(&c)
+	}
 	return c
 }
 

@@ -83,11 +83,12 @@ type Server struct {
 	store  *redisstore.Store
 	lease  *lease.Store // nil when fast_path.disabled
 
-	rules    rulesSource
-	sync     *rulesync.Syncer // fleet mode; nil in static mode
-	events   *events.Producer // nil without kafka.brokers
-	reporter *proxy.Reporter
-	upstream *http.Transport
+	rules     rulesSource
+	sync      *rulesync.Syncer // fleet mode; nil in static mode
+	events    *events.Producer // nil without kafka.brokers
+	reporter  *proxy.Reporter
+	upstream  *http.Transport
+	offenders *offenders
 
 	servers   []*httpServer // proxy, check API (draining first), metrics last
 	grpc      *grpcServer   // nil without the Envoy RLS listener
@@ -159,7 +160,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 
-	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), offenders: newOffenders(cfg.Offenders, id)}
 	s.registerProcessMetrics()
 	s.m = metrics.New(prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg))
 
@@ -214,6 +215,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("gateway: rules_file %s: %w", cfg.RulesFile, err)
 	}
 	labelled.MustRegister(newControlsCollector(s.guard.Controls()))
+	labelled.MustRegister(s.offenderCollectors()...)
 	if s.sync != nil {
 		labelled.MustRegister(s.fleetCollectors()...)
 	}
@@ -227,6 +229,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			Checker:   checker,
 			Identity:  id,
 			Transport: s.upstream,
+			OnClose:   s.onClose,
 			Log:       log.With(slog.String("component", "proxy")),
 		}
 		if cfg.CostResponseHeader != "" {
@@ -237,6 +240,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 			pcfg.CostHeader, pcfg.Reporter = cfg.CostResponseHeader, s.reporter
 		}
 		s.addServer("proxy", cfg.Listen, proxy.New(pcfg), cfg.Limits.WriteTimeout)
+		s.servers[len(s.servers)-1].srv.ConnContext = s.offenders.connContext
 	}
 	if cfg.APIListen != Off {
 		s.addServer("api", cfg.APIListen, checkapi.New(checkapi.Config{
@@ -292,6 +296,7 @@ func (s *Server) listen() error {
 		switch hs.name {
 		case "proxy":
 			s.addrs.Proxy = ln.Addr().String()
+			hs.ln = s.wrapProxyListener(ln)
 		case "api":
 			s.addrs.API = ln.Addr().String()
 		case "metrics":

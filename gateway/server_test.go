@@ -172,6 +172,8 @@ rules:
 		"node":     regexp.MustCompile(`^redis$`),
 		"kind":     regexp.MustCompile(`^(blocked|allowed|penalty|key_override|tenant_override)$`),
 		"result":   regexp.MustCompile(`^(lease|negative|miss|bypass)$`),
+		"level":    regexp.MustCompile(`^[1-3]$`),
+		"outcome":  regexp.MustCompile(`^(delayed|refused)$`),
 	}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "tollgate_") {

@@ -124,9 +124,11 @@ type Decision struct {
 	// Peek: the request was only peeked (cost 0); nothing was charged.
 	Peek bool
 	// PenaltyLevel is the key's penalty ladder level when Reason is
-	// ReasonPenalty; CloseConnection asks the HTTP layer to answer with
-	// Connection: close where the peer is the client itself (the top of
-	// the ladder).
+	// ReasonPenalty, or ReasonBlocklisted for a block the ladder imposed
+	// (0 for an operator's block); CloseConnection asks the HTTP layer to
+	// answer with Connection: close where the peer is the client itself
+	// (the top of the ladder). Both are decided from memory, without the
+	// store.
 	PenaltyLevel    int
 	CloseConnection bool
 

@@ -412,6 +412,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
+			d.PenaltyLevel, d.CloseConnection = g.controls.Snapshot().ladderBlock(d.KeyID, now)
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted

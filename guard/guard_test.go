@@ -444,6 +444,24 @@ rules:
 			}
 		})
 	}
+	// The ladder's top level is a block that asks for the connection-level
+	// answer; an operator's block carries no level, and neither does the
+	// rules file's blocklist.
+	g.Controls().Block(g.KeyID("sk_ladder_top"), guard.Entry{Level: 3, Close: true, Expiry: clock.now() + 60_000_000})
+	g.Controls().SetPenalty(g.KeyID("sk_ladder_2"), guard.Penalty{Level: 2, Until: clock.now() + 60_000_000})
+	for _, tc := range []struct {
+		key   string
+		level int
+		close bool
+	}{{"sk_ladder_top", 3, true}, {"sk_ladder_2", 2, false}, {"sk_dyn_blocked", 0, false}, {"sk_revoked_1", 0, false}} {
+		d, err := g.Check(ctx, &guard.Request{Key: tc.key, Path: "/small"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.PenaltyLevel != tc.level || d.CloseConnection != tc.close {
+			t.Errorf("%s: level %d close %v, want %d %v", tc.key, d.PenaltyLevel, d.CloseConnection, tc.level, tc.close)
+		}
+	}
 	d, _ := g.Check(ctx, &guard.Request{Key: "k3", Path: "/orders", Cost: 1})
 	if r := d.DecidingRule(); r == nil || r.Remaining != 95 {
 		t.Fatalf("rule cost 5 not charged: %+v", d.Rules)

@@ -57,6 +57,13 @@ type Config struct {
 	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET and TOLLGATE_ADMIN_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a."`
 	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
 
+	// The aggregator's penalty ladder and the gateway's connection-level
+	// answer to its top, as bin/aggregator and bin/gateway read them
+	// (TOLLGATE_PENALTY_*, TOLLGATE_OFFENDERS_*): a short ladder makes
+	// `loadtest storm` climb and step down in minutes.
+	Penalty   aggregator.PenaltyConfig `yaml:"penalty"`
+	Offenders gateway.OffendersConfig  `yaml:"offenders"`
+
 	Log configs.Log `yaml:"log"`
 }
 
@@ -75,6 +82,8 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.AggregatorListen, aggregator.DefaultListen)
 	configs.Default(&c.AggregatorMetricsListen, aggregator.DefaultMetricsListen)
 	configs.Default(&c.EnvFile, DefaultEnvFile)
+	c.Penalty.SetDefaults()
+	c.Offenders.SetDefaults()
 	c.Log.SetDefaults()
 }
 

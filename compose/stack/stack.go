@@ -411,6 +411,7 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir stri
 		GatewayID:       gatewayID,
 		DataDir:         dataDir,
 		ShutdownTimeout: shutdownTimeout,
+		Offenders:       s.cfg.Offenders,
 		Log:             s.cfg.Log,
 	}
 	c.NATS.URL = natsURL
@@ -546,6 +547,7 @@ func (s *Stack) aggregatorConfig(dataDir string, brokers []string, natsURL strin
 		RulesFile:       s.cfg.RulesFile,
 		SessionTimeout:  6 * time.Second,
 		ShutdownTimeout: shutdownTimeout,
+		Penalty:         s.cfg.Penalty,
 		Log:             s.cfg.Log,
 	}
 	c.Kafka.Brokers = brokers

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -460,15 +461,21 @@ func TestDefaultsAreSpecAddresses(t *testing.T) {
 		AggregatorMetricsListen: "127.0.0.1:9093", EnvFile: "bin/stack.env",
 	}
 	want.Log.Level, want.Log.Format = "info", "text"
-	if c != want {
+	// The ladder's and the offenders' defaults are the aggregator's and
+	// the gateway's own.
+	want.Penalty.SetDefaults()
+	want.Offenders.SetDefaults()
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults %+v, want %+v", c, want)
 	}
-	env := map[string]string{"TOLLGATE_LISTEN": "127.0.0.1:18080", "TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_STACK_REDIS": "embedded"}
+	env := map[string]string{"TOLLGATE_LISTEN": "127.0.0.1:18080", "TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_STACK_REDIS": "embedded",
+		"TOLLGATE_PENALTY_BLOCK_FOR": "2m", "TOLLGATE_OFFENDERS_CLOSE_AFTER": "5"}
 	c, err = stack.LoadConfig(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Listen != "127.0.0.1:18080" || c.KeySecret != "0123456789abcdef" || c.Redis != "embedded" {
+	if c.Listen != "127.0.0.1:18080" || c.KeySecret != "0123456789abcdef" || c.Redis != "embedded" ||
+		c.Penalty.BlockFor != 2*time.Minute || c.Offenders.CloseAfter != 5 {
 		t.Errorf("variables not applied: %+v", c)
 	}
 }

@@ -40,4 +40,15 @@
 // itself and otherwise calls the next handler with the headers set, replacing
 // any same-named headers the handler sets. When the Checker cannot decide at
 // all it fails open by default ([WithErrorHandler] changes that).
+//
+// # Repeat offenders
+//
+// Keys at the top of the penalty ladder and blocklisted keys are decided
+// from the guard's memory; the middleware answers them with prebuilt
+// bodies (no rendering, no allocation), and with Connection: close where
+// the client is connected directly, never through a trusted proxy, whose
+// connection other clients share. On a connection tracked with
+// [TrackConn] (http.Server.ConnContext) the close comes at the n-th such
+// answer, so that only a client that keeps sending after being told pays
+// a new handshake; [WithOnClose] hears of each close.
 package httpguard

@@ -233,6 +233,13 @@ func (id *Identity) Trusted(r *http.Request) bool {
 	return id != nil && id.trusted(peerAddr(r.RemoteAddr))
 }
 
+// TrustedAddr reports whether a is one of TrustedProxies (an IPv4-mapped
+// address as its IPv4 form), as Trusted does for a request's peer. A nil
+// *Identity trusts nobody.
+func (id *Identity) TrustedAddr(a netip.Addr) bool {
+	return id != nil && id.trusted(normalizeAddr(a))
+}
+
 // WriteIdentityError answers a request whose identity Extract refused:
 // 400 INVALID_KEY for an error wrapping ErrInvalidKey, else 400
 // INVALID_REQUEST (a cost header that is not a positive integer), written

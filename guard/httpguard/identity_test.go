@@ -437,6 +437,10 @@ func TestTrusted(t *testing.T) {
 		if got := tt.id.Trusted(&http.Request{RemoteAddr: tt.remote}); got != tt.want {
 			t.Errorf("Trusted(%s) with %v = %v, want %v", tt.remote, tt.id, got, tt.want)
 		}
+		ap, _ := netip.ParseAddrPort(tt.remote)
+		if got := tt.id.TrustedAddr(ap.Addr()); got != tt.want {
+			t.Errorf("TrustedAddr(%s) with %v = %v, want %v", tt.remote, tt.id, got, tt.want)
+		}
 	}
 }
 

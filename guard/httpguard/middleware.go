@@ -37,7 +37,17 @@ type config struct {
 	id      *Identity
 	log     *slog.Logger
 	onError ErrorHandler
+	onClose func(*http.Request, *guard.Decision)
 	surface string
+}
+
+// WithOnClose sets a function called each time the middleware answers
+// Connection: close to a rejection (see [TrackConn]), with the request and
+// its decision (default: none), for metrics and for throttling the
+// client's address. It runs on the request's goroutine before the answer
+// is written, must be quick, and must not keep d: decisions are pooled.
+func WithOnClose(fn func(r *http.Request, d *guard.Decision)) Option {
+	return optionFunc(func(c *config) { c.onClose = fn })
 }
 
 // WithSurface names the surface the middleware's decisions come from, in
@@ -89,11 +99,16 @@ func WithErrorHandler(h ErrorHandler) Option {
 //     ErrorHandler runs (WithErrorHandler; default FailOpen);
 //   - answers every decision that is not an admission itself with
 //     WriteDecision (429, 403, 400 such as INVALID_PATH, 500
-//     TOO_MANY_RULES), adding Connection: close to penalty
-//     and blocklist answers when the client is connected directly
-//     (Identity.Direct), so that a repeat offender pays a new handshake
-//     while clients behind a shared proxy keep their connection (over
-//     HTTP/2 net/http turns the header into a graceful GOAWAY);
+//     TOO_MANY_RULES), adding Connection: close to answers for keys at the
+//     top of the penalty ladder and on the blocklist when the client is
+//     connected directly (Identity.Direct) — at once, or on a connection
+//     tracked with TrackConn at its closeAfter-th such answer — so that a
+//     repeat offender pays a new handshake while clients behind a shared
+//     proxy keep their connection (over HTTP/2 net/http turns the header
+//     into a graceful GOAWAY; WithOnClose hears of each close). The
+//     answers the guard makes from its controls alone, 429 PENALTY and 403
+//     KEY_BLOCKED for a blocklisted key, are prebuilt per code, body
+//     format and Retry-After and written as they are, allocating nothing;
 //   - otherwise sets the SPEC §3 headers and calls the handler with a
 //     ResponseWriter that sets them again right before the status is
 //     written, so they replace same-named headers the handler set (or
@@ -124,8 +139,9 @@ func Middleware(c guard.Checker, opts ...Option) func(http.Handler) http.Handler
 		st.d.Deciding = -1
 		return st
 	}}
+	ans := &answers{}
 	return func(next http.Handler) http.Handler {
-		return &handler{checker: c, cfg: cfg, pool: pool, next: next}
+		return &handler{checker: c, cfg: cfg, pool: pool, answers: ans, next: next}
 	}
 }
 
@@ -139,6 +155,7 @@ type handler struct {
 	checker guard.Checker
 	cfg     config
 	pool    *sync.Pool
+	answers *answers
 	next    http.Handler
 }
 
@@ -177,10 +194,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if decisionStatus(d) != http.StatusOK {
-		if (d.CloseConnection || d.Reason == guard.ReasonBlocklisted) && h.cfg.id.Direct(r) {
-			w.Header().Set("Connection", "close")
+		if (d.CloseConnection || d.Reason == guard.ReasonBlocklisted) && h.cfg.id.Direct(r) && closeNow(ctx) {
+			w.Header()["Connection"] = valueClose
+			if h.cfg.onClose != nil {
+				h.cfg.onClose(r, d)
+			}
 		}
-		WriteDecision(w, r, d)
+		if a := h.answers.get(r, d); a != nil {
+			a.write(w)
+		} else {
+			WriteDecision(w, r, d)
+		}
 		h.release(st)
 		return
 	}

@@ -450,6 +450,9 @@ func BenchmarkMiddleware(b *testing.B) {
 	}{
 		{"allowed", allowedDecision()},
 		{"rejected", rejectedDecision()},
+		// Answered from the controls: prebuilt.
+		{"penalty", guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: 900}},
+		{"blocked", guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			h := Middleware(decide(bc.d))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -466,7 +469,7 @@ func BenchmarkMiddleware(b *testing.B) {
 					h.ServeHTTP(w, r)
 					n++
 				}
-				if want := map[bool]int{true: 204, false: 429}[bc.d.Allowed]; n > 0 && w.code != want {
+				if want := map[bool]int{true: 204, false: bc.d.Status}[bc.d.Allowed]; n > 0 && w.code != want {
 					b.Fatalf("status %d", w.code)
 				}
 			})

@@ -58,6 +58,12 @@ type Metrics struct {
 	rlsCalls      *prometheus.CounterVec
 	tooManyRules  prometheus.Counter
 
+	connsClosed     *prometheus.CounterVec
+	closedPenalty   prometheus.Counter
+	closedBlocklist prometheus.Counter
+	acceptDelayed   prometheus.Counter
+	acceptRefused   prometheus.Counter
+
 	routes atomic.Pointer[map[string]struct{}]
 }
 
@@ -124,10 +130,22 @@ func New(reg prometheus.Registerer) *Metrics {
 		Name: "tollgate_too_many_rules_total",
 		Help: "Requests answered 500 TOO_MANY_RULES without a Redis call: they matched more rules than max_rules_per_request (the guard logs them, at most every 10 s).",
 	})
+	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_penalty_connections_closed_total",
+		Help: "Client connections the proxy answered with Connection: close after offenders.close_after rejections, by reason: penalty (a key at the top of the penalty ladder; its address is then throttled at accept) or blocklist (an operator's block). Never for trusted proxies.",
+	}, []string{"reason"})
+	m.closedPenalty = m.connsClosed.WithLabelValues(ClosePenalty)
+	m.closedBlocklist = m.connsClosed.WithLabelValues(CloseBlocklist)
+	accept := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_accept_throttled_total",
+		Help: "New proxy connections from client addresses throttled at accept (offenders.throttle), by outcome: delayed (held for offenders.throttle_delay, then served) or refused (closed at once: offenders.max_held were held).",
+	}, []string{"outcome"})
+	m.acceptDelayed = accept.WithLabelValues("delayed")
+	m.acceptRefused = accept.WithLabelValues("refused")
 	m.costsReported = m.reports.WithLabelValues(DecisionAllowed)
 	reg.MustRegister(m.checks, m.checkDuration, m.shadow, m.reports, m.redisCalls, m.redisErrors,
 		m.redisDuration, m.rulesVersion, m.rulesLoaded, m.reloads, m.reloadErrors, m.costsDropped, m.rlsCalls,
-		m.tooManyRules)
+		m.tooManyRules, m.connsClosed, accept)
 	empty := map[string]struct{}{}
 	m.routes.Store(&empty)
 	return m
@@ -155,6 +173,33 @@ func (m *Metrics) ReloadError() { m.reloadErrors.Inc() }
 // TooManyRules counts a request refused for matching too many rules
 // (guard.WithOnTooManyRules).
 func (m *Metrics) TooManyRules(int) { m.tooManyRules.Inc() }
+
+// Reasons of tollgate_penalty_connections_closed_total.
+const (
+	ClosePenalty   = "penalty"
+	CloseBlocklist = "blocklist"
+)
+
+// ConnectionClosed counts a client connection answered with Connection:
+// close; penalty says it was for the top of the penalty ladder (else an
+// operator's block).
+func (m *Metrics) ConnectionClosed(penalty bool) {
+	if penalty {
+		m.closedPenalty.Inc()
+	} else {
+		m.closedBlocklist.Inc()
+	}
+}
+
+// AcceptThrottled counts a new connection from a throttled address:
+// held, or refused at once.
+func (m *Metrics) AcceptThrottled(refused bool) {
+	if refused {
+		m.acceptRefused.Inc()
+	} else {
+		m.acceptDelayed.Inc()
+	}
+}
 
 // CostDropped counts a cost report the queue had no room for.
 func (m *Metrics) CostDropped() { m.costsDropped.Inc() }

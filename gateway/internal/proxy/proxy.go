@@ -49,6 +49,11 @@ type Config struct {
 	Reporter   *Reporter
 	// Transport sends requests upstream (nil: NewTransport()).
 	Transport http.RoundTripper
+	// OnClose is told of every connection the proxy answers with
+	// Connection: close (httpguard.WithOnClose); nil: nobody. Track the
+	// connections with httpguard.TrackConn (http.Server.ConnContext) so
+	// that a client is closed only after several such answers.
+	OnClose func(*http.Request, *guard.Decision)
 	// Log receives upstream errors (nil: discard). API keys are never
 	// logged.
 	Log *slog.Logger
@@ -109,6 +114,7 @@ func New(cfg Config) http.Handler {
 		httpguard.WithIdentity(cfg.Identity),
 		httpguard.WithLogger(log),
 		httpguard.WithSurface("proxy"),
+		httpguard.WithOnClose(cfg.OnClose),
 	)(next)
 }
 

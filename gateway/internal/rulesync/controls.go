@@ -61,7 +61,8 @@ func checkOverrideKey(kvKey string, e *tollgatev1.OverrideEntry) error {
 func addList(c *guard.ControlSet, e *tollgatev1.ListEntry) {
 	switch e.Action {
 	case tollgatev1.ActionBlock:
-		c.Blocked[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason}
+		c.Blocked[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason, Level: e.Level,
+			Close: e.Close && e.Level >= closeLevel}
 	case tollgatev1.ActionAllow:
 		c.Allowed[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason}
 	case tollgatev1.ActionPenalty:
@@ -88,6 +89,7 @@ func override(e *tollgatev1.OverrideEntry) guard.Override {
 	return guard.Override{
 		Override: rules.Override{Limit: e.Limit, Factor: e.Factor, Expiry: micros(e.ExpiresAt), Reason: e.Reason},
 		Rule:     e.Rule,
+		Level:    e.Level,
 	}
 }
 

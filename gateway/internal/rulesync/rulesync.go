@@ -20,8 +20,10 @@
 // operator API assigned (RulesEntry.Version), not the document's own.
 // A blocklist entry maps to guard.Controls by its action: block → Block
 // (403 KEY_BLOCKED), penalty → a guard.Penalty (429 PENALTY, Retry-After
-// the time left; Close, the connection-level answer, only for the ladder's
-// level 3 and up with close set), allow → Allow. An override maps to a key
+// the time left), allow → Allow. The ladder's level travels with its
+// entries (the reduced limit's override too), and close, the
+// connection-level answer, is honoured only for the ladder's level 3 and
+// up (its top, a block). An override maps to a key
 // override (key.<key_id>) or a tenant override (tenant.<base64url>): limit
 // is absolute, factor multiplicative (rules.Override). Entries are named by
 // key_id, so decisions on blocked keys need no Redis round trip. An entry
@@ -150,6 +152,7 @@ type Syncer struct {
 	applied *rulefile.Ruleset // the ruleset of state.rules
 	refused string            // identity of the last refused ruleset
 	failing string            // the session problem last logged
+	ladder  ladderLog         // the penalty ladder's moves last logged
 	toSave  chan []byte       // to the saver: the newest copy not written yet
 }
 
@@ -369,14 +372,19 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 		s.log.Info("control plane reachable again")
 	}
 
+	ends := time.NewTicker(ladderEndDelay) // the ladder's log: ends of penalties
+	defer ends.Stop()
 	for {
 		var e jetstream.KeyValueEntry
-		var ok bool
+		ok := true
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-signal:
 			return errResync
+		case now := <-ends.C:
+			s.flushLadderEnds(now)
+			continue
 		case e, ok = <-w.rules.Updates():
 			if ok && e != nil {
 				s.changeRules(e)
@@ -509,6 +517,7 @@ func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
 	s.state = next
 	s.cfg.Controls.Replace(buildControls(next.lists, next.overrides))
 	s.changed()
+	s.noteLadderAll()
 	if !s.syncedFlag.Swap(true) {
 		close(s.synced)
 	}
@@ -623,6 +632,11 @@ func (s *Syncer) changeList(kve jetstream.KeyValueEntry) {
 		}
 	})
 	s.changed()
+	for _, x := range []*tollgatev1.ListEntry{old, e} {
+		if x != nil && x.Action != tollgatev1.ActionAllow {
+			s.noteLadder(x.KeyID)
+		}
+	}
 }
 
 // changeOverride applies a change of one overrides bucket key.
@@ -641,6 +655,11 @@ func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
 		}
 	})
 	s.changed()
+	for _, x := range []*tollgatev1.OverrideEntry{old, e} {
+		if x != nil && x.Scope == tollgatev1.ScopeKey {
+			s.noteLadder(x.Subject)
+		}
+	}
 }
 
 // putList records a blocklist bucket entry (or its deletion) in st. It

@@ -228,10 +228,12 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	b.put(b.lists, "kidBlocked", &tollgatev1.ListEntry{KeyID: "kidBlocked", Action: "block", Reason: "abuse", ExpiresAt: exp})
 	b.put(b.lists, "kidPen2", &tollgatev1.ListEntry{KeyID: "kidPen2", Action: "penalty", Level: 2, Close: true, ExpiresAt: exp})
 	b.put(b.lists, "kidPen3", &tollgatev1.ListEntry{KeyID: "kidPen3", Action: "penalty", Level: 3, Close: true})
+	b.put(b.lists, "kidTop", &tollgatev1.ListEntry{KeyID: "kidTop", Action: "block", Level: 3, Close: true, ExpiresAt: exp})
 	b.put(b.lists, "allow.kidAllowed", &tollgatev1.ListEntry{KeyID: "kidAllowed", Action: "allow"})
 	b.put(b.lists, "kidMisplaced", &tollgatev1.ListEntry{KeyID: "kidOther", Action: "block"})
 	b.put(b.lists, "kidGarbage", []byte("{not json"))
 	b.put(b.overrides, "key.kidOv", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidOv", Limit: 50, Rule: "default"})
+	b.put(b.overrides, "key.kidLadder1", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidLadder1", Factor: 0.5, Level: 1, ExpiresAt: exp})
 	b.put(b.overrides, tollgatev1.OverrideKey("tenant", "acme corp"), &tollgatev1.OverrideEntry{Scope: "tenant", Subject: "acme corp", Factor: 0.5})
 
 	dir := t.TempDir()
@@ -246,8 +248,14 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 		t.Fatalf("version %d applied, want 7 (the operator API's, not the document's)", v)
 	}
 	c := sy.controls.Snapshot()
-	if e := c.Blocked["kidBlocked"]; e.Expiry != exp.UnixMicro() || e.Reason != "abuse" {
+	if e := c.Blocked["kidBlocked"]; e.Expiry != exp.UnixMicro() || e.Reason != "abuse" || e.Level != 0 || e.Close {
 		t.Errorf("blocked entry %+v", e)
+	}
+	if e := c.Blocked["kidTop"]; e.Level != 3 || !e.Close || e.Expiry != exp.UnixMicro() {
+		t.Errorf("the ladder's top level %+v: want a level 3 block with the connection-level answer", e)
+	}
+	if o := c.KeyOverrides["kidLadder1"]; o.Level != 1 || o.Factor != 0.5 {
+		t.Errorf("the ladder's reduced limit %+v: want level 1", o)
 	}
 	if p := c.Penalties["kidPen2"]; p.Level != 2 || p.Close || p.Until != exp.UnixMicro() {
 		t.Errorf("level 2 penalty %+v: want no connection-level answer below level 3", p)
@@ -258,7 +266,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	if _, ok := c.Allowed["kidAllowed"]; !ok || len(c.Allowed) != 1 {
 		t.Errorf("allowlist %+v", c.Allowed)
 	}
-	if len(c.Blocked) != 1 {
+	if len(c.Blocked) != 2 {
 		t.Errorf("blocklist %+v: the misplaced and undecodable entries must be ignored", c.Blocked)
 	}
 	if o := c.KeyOverrides["kidOv"]; o.Limit != 50 || o.Rule != "default" {
@@ -286,7 +294,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 	b.del(b.lists, "allow.kidAllowed")
 	b.del(b.overrides, "key.kidOv")
 	sy.waitControls(t, func(c *guard.ControlSet) error {
-		if len(c.Allowed) != 0 || len(c.KeyOverrides) != 0 {
+		if len(c.Allowed) != 0 || len(c.KeyOverrides) != 1 {
 			return fmt.Errorf("allowlist %v, key overrides %v after their deletion", c.Allowed, c.KeyOverrides)
 		}
 		return nil
@@ -311,7 +319,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 		if err := json.Unmarshal(b, &f); err != nil {
 			return err
 		}
-		if f.Rules.Version != 8 || f.Blocklist["kidBlocked"].Action != "penalty" || len(f.Overrides) != 1 {
+		if f.Rules.Version != 8 || f.Blocklist["kidBlocked"].Action != "penalty" || len(f.Overrides) != 2 {
 			return fmt.Errorf("copy holds version %d, kidBlocked %q, %d overrides", f.Rules.Version, f.Blocklist["kidBlocked"].Action, len(f.Overrides))
 		}
 		return nil
@@ -598,5 +606,86 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 	_, err := rulesync.New(rulesync.Config{URL: "nats://127.0.0.1:4222"})
 	if !errors.Is(err, rulesync.ErrConfig) || !strings.Contains(err.Error(), "Dir, Controls, Apply") {
 		t.Fatalf("New: %v", err)
+	}
+}
+
+// TestLadderLoggedOncePerKeyAndLevel: the log says once per key and level
+// where the penalty ladder put a key (key_id and prefix, never the key),
+// however often its entries are rewritten and across a resync.
+func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	exp := time.Now().Add(time.Hour).UTC()
+	b.put(b.overrides, "key.kidLad", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidLad", KeyPrefix: "sk_ci_st…", Factor: 0.5, Level: 1, ExpiresAt: exp})
+	// An operator's block is not the ladder's.
+	b.put(b.lists, "kidOp", &tollgatev1.ListEntry{KeyID: "kidOp", Action: "block"})
+	p := startProxy(t, ns.Addr())
+	sy := newSyncer(t, p.url(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+
+	lines := func() []string {
+		var out []string
+		for l := range strings.Lines(sy.logs.String()) {
+			if strings.Contains(l, "msg=\"key penal") {
+				out = append(out, strings.TrimSpace(l[strings.Index(l, "msg="):]))
+			}
+		}
+		return out
+	}
+	waitLines := func(want ...string) {
+		t.Helper()
+		testwait.Eventually(t, 5*time.Second, func() error {
+			got := lines()
+			if len(got) != len(want) {
+				return fmt.Errorf("ladder lines %q, want %d", got, len(want))
+			}
+			for i, w := range want {
+				if !strings.Contains(got[i], w) {
+					return fmt.Errorf("line %d %q, want it to contain %q", i, got[i], w)
+				}
+			}
+			return nil
+		})
+	}
+	waitLines(`msg="key penalised" key_id=kidLad level=1 previous_level=0 key_prefix=sk_ci_st… action=reduced_limit`)
+
+	// Level 2 replaces level 1; the same level rewritten says nothing.
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp})
+	b.del(b.overrides, "key.kidLad")
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp.Add(time.Minute)})
+	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "block", Level: 3, Close: true, ExpiresAt: exp})
+	waitLines(`level=1`, `msg="key penalised" key_id=kidLad level=2 previous_level=1 key_prefix=sk_ci_st… action=cooldown`,
+		`msg="key penalised" key_id=kidLad level=3 previous_level=2 key_prefix=sk_ci_st… action=blocklist`)
+
+	// The outbox's order: the old level's entry goes, then the new one
+	// comes. One move, no end in between.
+	b.put(b.overrides, "key.kidTwo", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidTwo", Factor: 0.5, Level: 1, ExpiresAt: exp})
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1 previous_level=0`)
+	b.del(b.overrides, "key.kidTwo")
+	b.put(b.lists, "kidTwo", &tollgatev1.ListEntry{KeyID: "kidTwo", Action: "penalty", Level: 2, ExpiresAt: exp})
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `msg="key penalised" key_id=kidTwo level=2 previous_level=1`)
+	b.del(b.lists, "kidTwo")
+	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `key_id=kidTwo level=2`,
+		`msg="key penalty ended" key_id=kidTwo level=0 previous_level=2`)
+
+	// A resync with nothing new says nothing; one that finds the key gone
+	// says it once.
+	p.cut.Store(true)
+	p.drop()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.s.Status().Connected {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+	b.del(b.lists, "kidLad")
+	p.cut.Store(false)
+	waitLines(`level=1`, `level=2`, `level=3`, `kidTwo level=1`, `kidTwo level=2`, `kidTwo level=0`,
+		`msg="key penalty ended" key_id=kidLad level=0 previous_level=3`)
+	if strings.Contains(sy.logs.String(), "kidOp") {
+		t.Error("an operator's block was logged as a ladder move")
 	}
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/tollgate/tollgate/loadtest"
+)
+
+// runStorm is `loadtest storm`: the retry storm of SPEC §10.2 against a
+// running stack.
+func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg := loadtest.DefaultStormConfig()
+	fs := flag.NewFlagSet("loadtest storm", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: loadtest storm [flags]\n\n"+
+			"The retry storm (SPEC §10.2): -clients clients of one tenant, each from its own loopback address,\n"+
+			"poll at -factor times the key's -limit and retry every rejection at once, beside a polite client of\n"+
+			"the same tenant that waits out Retry-After. It samples the gateway's CPU (-pid), its Redis calls\n"+
+			"(-metrics, -redis) and the key's penalty level (-admin) while the aggregator climbs the ladder, and\n"+
+			"stops once the key has held the top level for -hold (or after -duration). See loadtest/README.md.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	var (
+		redisAddrs, reportFile string
+		jsonOut, quiet         bool
+	)
+	fs.StringVar(&cfg.URL, "url", cfg.URL, "the gateway proxy's base `URL`")
+	fs.StringVar(&cfg.Path, "path", cfg.Path, "request path")
+	fs.StringVar(&cfg.Key, "key", cfg.Key, "the storm's API key (registered to the same tenant as -polite-key)")
+	fs.StringVar(&cfg.PoliteKey, "polite-key", cfg.PoliteKey, "the polite client's API key")
+	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "storm clients, each on its own source address from -source up")
+	fs.StringVar(&cfg.Source, "source", cfg.Source, "first storm source `address` (127.0.0.x: Linux routes 127/8 to loopback)")
+	fs.Float64Var(&cfg.Limit, "limit", cfg.Limit, "the storm key's limit in requests per second (pro-default: 1000/min)")
+	fs.Float64Var(&cfg.Factor, "factor", cfg.Factor, "the clients poll at factor x limit together")
+	fs.StringVar(&cfg.PoliteSource, "polite-source", cfg.PoliteSource, "the polite client's source `address`")
+	fs.Float64Var(&cfg.PoliteRate, "polite-rate", cfg.PoliteRate, "the polite client's requests per second")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "longest run (at most "+loadtest.MaxDuration.String()+")")
+	fs.DurationVar(&cfg.Hold, "hold", cfg.Hold, "stop once the key has been at the top level this long")
+	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "the first part of the top level not measured as its steady state")
+	fs.DurationVar(&cfg.Interval, "interval", cfg.Interval, "sampling interval")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "timeout of each request")
+	fs.IntVar(&cfg.PID, "pid", 0, "`pid` of the gateway process: its CPU per second (Linux /proc)")
+	fs.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "the gateway's /metrics `URL` (Redis calls, levels, closes); empty: none")
+	fs.StringVar(&redisAddrs, "redis", "", "comma-separated Redis `host:port`s: EVALSHA per rejection from INFO commandstats")
+	fs.StringVar(&cfg.Admin, "admin", cfg.Admin, "the aggregator's operator API `URL` (penalty levels; token $TOLLGATE_ADMIN_TOKEN); empty: none")
+	fs.BoolVar(&cfg.Lift, "lift", cfg.Lift, "lift a penalty an earlier run left before the start, and the storm key's at the end")
+	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text goes to stderr)")
+	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&reportFile, "report", "", "also write an HTML page with charts of the run to `file`.html")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "loadtest storm: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	cfg.AdminToken = os.Getenv("TOLLGATE_ADMIN_TOKEN")
+	if cfg.AdminToken == "" {
+		if cfg.Lift {
+			fmt.Fprintln(stderr, "loadtest storm: $TOLLGATE_ADMIN_TOKEN is not set: penalty levels come from the gateway's metrics, nothing is lifted")
+		}
+		cfg.Lift = false
+	}
+	cfg.Redis = splitList(redisAddrs)
+	cfg.RedisUsername = os.Getenv("TOLLGATE_REDIS_USERNAME")
+	cfg.RedisPassword = os.Getenv("TOLLGATE_REDIS_PASSWORD")
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "%v\n\nRun loadtest storm -h for the flags.\n", err)
+		return exitUsage
+	}
+	var reportOut *os.File
+	if reportFile != "" {
+		f, err := os.Create(reportFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadtest storm: report: %v\n", err)
+			return exitFailed
+		}
+		defer f.Close()
+		reportOut = f
+	}
+	var progress io.Writer
+	if !quiet {
+		progress = stderr
+	}
+	start := time.Now()
+	sum, err := loadtest.RunStorm(ctx, cfg, progress)
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		if reportOut != nil {
+			os.Remove(reportFile)
+		}
+		return exitFailed
+	}
+	text := stdout
+	if jsonOut {
+		text = stderr
+		if err := sum.WriteJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
+			return exitFailed
+		}
+	}
+	if err := sum.WriteText(text); err != nil {
+		fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
+		return exitFailed
+	}
+	if reportOut != nil {
+		if err := sum.WriteHTML(reportOut); err != nil {
+			fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
+			return exitFailed
+		}
+		if err := reportOut.Close(); err != nil {
+			fmt.Fprintf(stderr, "loadtest storm: report: %v\n", err)
+			return exitFailed
+		}
+		fmt.Fprintf(stderr, "loadtest storm: report written to %s\n", reportFile)
+	}
+	switch {
+	case sum.StoppedBy == "interrupted":
+		fmt.Fprintf(stderr, "loadtest storm: interrupted after %v\n", time.Since(start).Round(time.Millisecond))
+		return exitInterrupted
+	case sum.Storm.Answers == 0:
+		fmt.Fprintln(stderr, "loadtest storm: no request was answered")
+		return exitFailed
+	}
+	return exitOK
+}

@@ -1,0 +1,211 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeLadder stands in for a gateway and an aggregator: the storm key
+// climbs one level every step after its first request; levels 0 and 1
+// answer 429 with rate-limit headers and cost one "Redis call", level 2
+// 429 PENALTY, level 3 403 with Connection: close. The polite key is
+// always admitted. It records the storm's source addresses.
+type fakeLadder struct {
+	step    time.Duration
+	started atomic.Int64 // Unix ns of the storm's first request
+	redis   atomic.Int64
+	closed  atomic.Int64
+	mu      sync.Mutex
+	sources map[string]int
+	polite  map[string]int
+	lifted  []string
+}
+
+func (f *fakeLadder) level() int {
+	s := f.started.Load()
+	if s == 0 {
+		return 0
+	}
+	return min(int(time.Since(time.Unix(0, s))/f.step), TopLevel)
+}
+
+func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	switch {
+	case r.URL.Path == "/metrics":
+		level := f.level()
+		fmt.Fprintf(w, "tollgate_redis_calls_total{gateway=\"x\"} %d\n", f.redis.Load())
+		for l := 1; l <= TopLevel; l++ {
+			n := 0
+			if l == level {
+				n = 1
+			}
+			fmt.Fprintf(w, "tollgate_penalized_keys{gateway=\"x\",level=\"%d\"} %d\n", l, n)
+		}
+		fmt.Fprintf(w, "tollgate_penalty_connections_closed_total{gateway=\"x\",reason=\"penalty\"} %d\n", f.closed.Load())
+		fmt.Fprintf(w, "tollgate_accept_throttled_addresses{gateway=\"x\"} 0\n")
+	case strings.HasPrefix(r.URL.Path, "/admin/v1/penalties/"):
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		key := strings.TrimPrefix(r.URL.Path, "/admin/v1/penalties/")
+		if r.Method == http.MethodDelete {
+			f.mu.Lock()
+			f.lifted = append(f.lifted, key)
+			f.mu.Unlock()
+			fmt.Fprint(w, `{"level":0,"history":[]}`)
+			return
+		}
+		level := 0
+		if key == DefaultStormKey {
+			level = f.level()
+		}
+		fmt.Fprintf(w, `{"level":%d,"history":[]}`, level)
+	case r.Header.Get("X-API-Key") == DefaultPoliteKey:
+		f.mu.Lock()
+		f.polite[host]++
+		f.mu.Unlock()
+		f.redis.Add(1)
+		fmt.Fprint(w, "ok")
+	default:
+		f.started.CompareAndSwap(0, time.Now().UnixNano())
+		f.mu.Lock()
+		f.sources[host]++
+		f.mu.Unlock()
+		switch level := f.level(); level {
+		case 0, 1:
+			f.redis.Add(1)
+			w.Header().Set("X-RateLimit-Limit", "1000")
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusTooManyRequests)
+		case 2:
+			w.Header().Set("Retry-After", "900")
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			f.closed.Add(1)
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusForbidden)
+		}
+	}
+}
+
+// TestStormScenario runs a small storm against the fake: every client on
+// its own address, the polite client apart and admitted, the levels and
+// phases found, Redis calls per rejection 1 before the penalty and 0 after,
+// the run stopped by itself once the top was held.
+func TestStormScenario(t *testing.T) {
+	t.Parallel()
+	f := &fakeLadder{step: time.Second, sources: map[string]int{}, polite: map[string]int{}}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+
+	cfg := DefaultStormConfig()
+	cfg.URL, cfg.Metrics, cfg.Admin, cfg.AdminToken = srv.URL, srv.URL+"/metrics", srv.URL, "tok"
+	cfg.Clients, cfg.Hold, cfg.Settle, cfg.Interval = 5, 2*time.Second, 200*time.Millisecond, 50*time.Millisecond
+	cfg.Duration = 30 * time.Second
+	cfg.PID = os.Getpid()
+	var progress bytes.Buffer
+	s, err := RunStorm(context.Background(), cfg, &progress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	if err := s.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + text.String())
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sources) != 5 {
+		t.Errorf("storm sources %v, want 5 distinct addresses", f.sources)
+	}
+	for _, a := range []string{"127.0.0.2", "127.0.0.6"} {
+		if f.sources[a] == 0 {
+			t.Errorf("no storm request from %s: %v", a, f.sources)
+		}
+	}
+	if len(f.polite) != 1 || f.polite[DefaultPoliteSource] == 0 {
+		t.Errorf("polite sources %v, want only %s", f.polite, DefaultPoliteSource)
+	}
+	if s.StoppedBy != "top level held" {
+		t.Errorf("stopped by %q", s.StoppedBy)
+	}
+	if len(s.Levels) != TopLevel {
+		t.Fatalf("levels %+v", s.Levels)
+	}
+	for i, l := range s.Levels {
+		if l.Aggregator < 0 || l.Gateway < 0 || (i > 0 && l.Aggregator < s.Levels[i-1].Aggregator) {
+			t.Errorf("level times %+v", s.Levels)
+		}
+	}
+	// The fake rejects from the first request; a first answer slower than
+	// the first sampling interval still shows a phase "within the limit".
+	phases := s.Phases
+	if len(phases) > 0 && phases[0].Name == withinLimit {
+		phases = phases[1:]
+	}
+	if len(phases) != TopLevel+2 {
+		t.Fatalf("phases %+v, want one per level and the steady top", s.Phases)
+	}
+	if got := phases[0].RedisPerRejection; got < 0.95 || got > 1.05 { // counters and metrics are read a moment apart
+		t.Errorf("before any penalty: %v Redis calls per rejection, want 1", got)
+	}
+	if s.RedisPerRejectionPenalised != 0 {
+		t.Errorf("%v Redis calls per rejection once penalised, want 0", s.RedisPerRejectionPenalised)
+	}
+	if phases[0].CPUPerSecond < 0 || s.Storm.Closed == 0 || s.Storm.Blocked == 0 || s.Storm.Penalty == 0 {
+		t.Errorf("phases %+v, storm %+v", s.Phases, s.Storm)
+	}
+	if !s.Polite.Untouched() || s.Polite.Level != 0 {
+		t.Errorf("polite %+v: want untouched", s.Polite)
+	}
+	if len(f.lifted) != 1 || f.lifted[0] != DefaultStormKey {
+		t.Errorf("lifted %v, want the storm key at the end", f.lifted)
+	}
+	if !strings.Contains(progress.String(), "level 3 (gateway ") {
+		t.Errorf("progress lines never showed the top level:\n%s", progress.String())
+	}
+	var page bytes.Buffer
+	if err := s.WriteHTML(&page); err != nil || !strings.Contains(page.String(), "Gateway CPU") {
+		t.Errorf("HTML page: %v", err)
+	}
+}
+
+func TestStormConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := DefaultStormConfig()
+	ok.AdminToken = "tok"
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(*StormConfig)
+		want string
+	}{
+		{"polite among the storm", func(c *StormConfig) { c.PoliteSource = "127.0.0.50" }, "among the storm"},
+		{"source not loopback", func(c *StormConfig) { c.Source = "10.0.0.1" }, "loopback"},
+		{"same keys", func(c *StormConfig) { c.PoliteKey = c.Key }, "differ"},
+		{"unbounded", func(c *StormConfig) { c.Duration = time.Hour }, "duration"},
+		{"lift without token", func(c *StormConfig) { c.AdminToken = "" }, "lifting"},
+		{"settle beyond hold", func(c *StormConfig) { c.Settle = c.Hold }, "hold"},
+	} {
+		c := ok
+		tc.mut(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error about %q", tc.name, err, tc.want)
+		}
+	}
+}
