@@ -267,6 +267,7 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 	}
 	created := time.UnixMicro(ev.StartsAtUnixMicros).UTC()
 	changed, operator := false, false
+	deleteList, deleteOv := false, false
 	switch {
 	case wantList && listOther:
 		operator = true
@@ -283,10 +284,7 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 			changed = true
 		}
 	case listLadder:
-		if err := publish.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
-			return "", err
-		}
-		changed = true
+		deleteList = true
 	}
 	switch {
 	case wantOv && ovOther:
@@ -302,6 +300,18 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 			changed = true
 		}
 	case ovLadder:
+		deleteOv = true
+	}
+	// Deletes after the writes, so that a move between levels (2 → 1: the
+	// penalty goes, the override comes) never leaves a moment in which
+	// gateways enforce neither.
+	if deleteList {
+		if err := publish.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
+			return "", err
+		}
+		changed = true
+	}
+	if deleteOv {
 		if err := publish.Delete(ctx, kv.Overrides, ovKey, orev); err != nil {
 			return "", err
 		}
