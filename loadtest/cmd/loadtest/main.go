@@ -167,24 +167,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitFailed
 	}
-	text := stdout
-	if jsonOut {
-		text = stderr
-		if werr := sum.WriteJSON(stdout); werr != nil {
-			fmt.Fprintf(stderr, "loadtest: %v\n", werr)
-			return exitFailed
-		}
-	}
-	if werr := sum.WriteText(text); werr != nil {
-		fmt.Fprintf(stderr, "loadtest: %v\n", werr)
-		return exitFailed
-	}
-	if reportOut != nil {
-		if werr := writeReport(reportOut, sum); werr != nil {
-			fmt.Fprintf(stderr, "loadtest: %v\n", werr)
-			return exitFailed
-		}
-		fmt.Fprintf(stderr, "loadtest: report written to %s\n", reportFile)
+	if code := writeSummary("loadtest", sum, jsonOut, stdout, stderr, reportOut, reportFile); code != exitOK {
+		return code
 	}
 	switch {
 	case err != nil:
@@ -201,14 +185,43 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // writeReport writes the HTML page of sum to f and closes it.
-func writeReport(f *os.File, sum *loadtest.Summary) error {
-	if err := sum.WriteHTML(f); err != nil {
-		return err
+// summary is what a run's outputs are written from: loadtest.Summary and
+// loadtest.StormSummary.
+type summary interface {
+	WriteText(io.Writer) error
+	WriteJSON(io.Writer) error
+	WriteHTML(io.Writer) error
+}
+
+// writeSummary writes sum as text on stdout (or JSON on stdout and the
+// text on stderr) and, when reportOut is set, the HTML report into it
+// (then closed); it returns exitOK or exitFailed, having said why.
+func writeSummary(name string, sum summary, jsonOut bool, stdout, stderr io.Writer, reportOut *os.File, reportFile string) int {
+	text := stdout
+	if jsonOut {
+		text = stderr
+		if err := sum.WriteJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return exitFailed
+		}
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("report: %w", err)
+	if err := sum.WriteText(text); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return exitFailed
 	}
-	return nil
+	if reportOut == nil {
+		return exitOK
+	}
+	if err := sum.WriteHTML(reportOut); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return exitFailed
+	}
+	if err := reportOut.Close(); err != nil {
+		fmt.Fprintf(stderr, "%s: report: %v\n", name, err)
+		return exitFailed
+	}
+	fmt.Fprintf(stderr, "%s: report written to %s\n", name, reportFile)
+	return exitOK
 }
 
 // splitList splits a comma-separated list, dropping blanks.

@@ -101,28 +101,8 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return exitFailed
 	}
-	text := stdout
-	if jsonOut {
-		text = stderr
-		if err := sum.WriteJSON(stdout); err != nil {
-			fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
-			return exitFailed
-		}
-	}
-	if err := sum.WriteText(text); err != nil {
-		fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
-		return exitFailed
-	}
-	if reportOut != nil {
-		if err := sum.WriteHTML(reportOut); err != nil {
-			fmt.Fprintf(stderr, "loadtest storm: %v\n", err)
-			return exitFailed
-		}
-		if err := reportOut.Close(); err != nil {
-			fmt.Fprintf(stderr, "loadtest storm: report: %v\n", err)
-			return exitFailed
-		}
-		fmt.Fprintf(stderr, "loadtest storm: report written to %s\n", reportFile)
+	if code := writeSummary("loadtest storm", sum, jsonOut, stdout, stderr, reportOut, reportFile); code != exitOK {
+		return code
 	}
 	switch {
 	case sum.StoppedBy == "interrupted":
