@@ -67,10 +67,16 @@ bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio o
 	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
 
 SCENARIO ?= burst
-loadtest: deps ## Replay a SPEC §10 scenario against real processes: SCENARIO=burst|zipf|hotkey (loadtest/cmd/scenario)
+loadtest: deps ## Replay a SPEC §10 scenario: SCENARIO=burst|zipf|hotkey start their own processes; SCENARIO=storm runs against `make run` (bin/stack.env)
 	@mkdir -p $(BIN_DIR)
+ifeq ($(SCENARIO),storm)
+	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest
+	@test -f $(BIN_DIR)/stack.env || { echo "loadtest: SCENARIO=storm needs the local stack: run make run in another shell first (see docs/benchmarks.md, Retry storm)"; exit 2; }
+	set -a; . $(BIN_DIR)/stack.env; set +a; $(BIN_DIR)/loadtest storm -redis "$$TOLLGATE_REDIS_ADDRS" $(SCENARIOFLAGS)
+else
 	$(GO) build -o $(BIN_DIR)/ ./gateway/cmd/gateway ./loadtest/cmd/scenario
 	$(BIN_DIR)/scenario -scenario $(SCENARIO) -gateway $(BIN_DIR)/gateway $(SCENARIOFLAGS)
+endif
 
 sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
 	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
