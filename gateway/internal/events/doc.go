@@ -115,8 +115,10 @@
 //
 // A SIGKILL loses what was only in memory: events recorded less than
 // FlushInterval (plus the time of one spool write) before it that Kafka had
-// not acknowledged, and never more than the memory buffer holds
-// (MemoryBytes, about 8 MiB / 140 bytes ≈ 60,000 events by default). With
+// not acknowledged — at most what the memory buffer holds (MemoryBytes,
+// about 8 MiB / 140 bytes ≈ 60,000 events by default); when the disk is too
+// slow for the spool to keep up, decisions beyond that are dropped, counted
+// and logged (below), and such drops show as missing like the lost tail. With
 // Kafka keeping up that is the events of the last few milliseconds; with
 // Kafka down, at most FlushInterval of recording (TestSIGKILLLosesOnly-
 // TheMemoryTail measures it: ~5–70 ms of recording at 100 ms). The restart's
