@@ -6,7 +6,13 @@
 // Concurrent calls share pipelines: calls arriving together are written to
 // Redis as one pipeline per connection, bounded in size (WithBatch), adding
 // no delay when Redis keeps up (a batch is whatever queued while the previous
-// one was in flight). A call that timed out is never sent again: Redis may
+// one was in flight). On standalone and Sentinel the store speaks RESP
+// itself over connections of its own (conn.go: one deadline per batch,
+// calls serialised by their callers, replies parsed straight into
+// CounterResults; connections dialled through the go-redis client's
+// dialer, which on Sentinel asks the sentinels for the primary); on
+// Cluster it sends through the go-redis client, which follows MOVED and
+// ASK. A call that timed out is never sent again: Redis may
 // have run it, and a retry would charge twice. Only errors where the script
 // surely did not run are retried: NOSCRIPT and TRYAGAIN (MOVED and ASK are
 // followed by the Cluster client). A failed dial is not retried at once
@@ -71,9 +77,10 @@ var (
 
 // Store is a guard.Store backed by Redis. Create it with New; it is safe for
 // concurrent use. New starts the batching goroutines (WithBatch); on
-// Cluster each of them sends the pipelines of a batch's primaries on
-// goroutines of its own and waits for them before taking the next batch.
-// Close stops them and waits for them.
+// standalone and Sentinel each owns one connection, which it closes when
+// it exits; on Cluster each of them sends the pipelines of a batch's
+// primaries on goroutines of its own and waits for them before taking the
+// next batch. Close stops them and waits for them.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
@@ -87,7 +94,11 @@ type Store struct {
 
 	batch   int
 	workers int
-	queue   chan *call
+	queue   chan *call // the go-redis path (Cluster)
+	wire    *wire      // the lean path (conn.go): standalone and Sentinel
+	pq      chan *pcall
+	gen     atomic.Uint64 // bumped when a lean connection fails (conn.go)
+	idle    time.Duration // idleCheck; tests set 0 to check before every batch
 	quit    chan struct{}
 	wg      sync.WaitGroup
 	closed  atomic.Bool
@@ -116,8 +127,10 @@ func WithTTLMargin(d time.Duration) Option {
 }
 
 // WithBatch sets the most calls written in one pipeline (default 64) and the
-// number of pipelines in flight at once (default 8). A batch of 1 disables
-// batching: every call is its own round trip.
+// number of pipelines in flight at once (default 8; on standalone and
+// Sentinel, the number of connections, each owned by one batching
+// goroutine, at least 1). A batch of 1 disables batching: every call is
+// its own round trip.
 func WithBatch(size, inflight int) Option {
 	return func(s *Store) { s.batch, s.workers = size, inflight }
 }
@@ -143,8 +156,13 @@ func WithOnBreakerChange(fn func(node string, from, to breaker.State)) Option {
 }
 
 // New returns a Store using client. A *redis.ClusterClient enables Cluster
-// slot handling. The client should be built with NewClient (or the same
-// settings: no automatic retries, context deadlines honoured).
+// slot handling and sends through go-redis; a *redis.Client (standalone,
+// or NewFailoverClient's) gives the store connections of its own, dialled
+// with the client's dialer, username, password and database (a client
+// with a credentials provider, OnConnect hook or Limiter sends through
+// go-redis instead). The client should be built with NewClient (or the
+// same settings: no automatic retries, context deadlines honoured); the
+// store still uses it to load the script (Load).
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
 		client:  client,
@@ -152,6 +170,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		script:  decideScript,
 		timeout: 50 * time.Millisecond,
 		margin:  1000,
+		idle:    idleCheck,
 		batch:   64,
 		workers: 8,
 		quit:    make(chan struct{}),
@@ -171,7 +190,15 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	}
 	s.nodes.log = s.log
 	s.nodes.init(client)
-	if s.batch > 1 && s.workers > 0 {
+	if w, ok := leanWire(client); ok {
+		s.wire = w
+		s.batch, s.workers = max(s.batch, 1), max(s.workers, 1)
+		s.pq = make(chan *pcall, s.batch*s.workers)
+		for range s.workers {
+			s.wg.Add(1)
+			go s.pipeWorker()
+		}
+	} else if s.batch > 1 && s.workers > 0 {
 		s.queue = make(chan *call, s.batch*s.workers)
 		for range s.workers {
 			s.wg.Add(1)
@@ -192,11 +219,98 @@ func (s *Store) Close() error {
 		close(s.quit)
 	})
 	s.wg.Wait()
+	if s.pq != nil {
+		// A call queued as the goroutines left.
+		s.drainPipe()
+	}
 	return nil
 }
 
-// Calls returns the number of scripts sent to Redis so far (calls refused
-// by an open circuit breaker are not sent).
+var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
+
+// doPipe is Do on the lean path (conn.go): the call is serialised here,
+// on the caller's goroutine, queued for a batching goroutine, and answered
+// by its batch's deadline, without a timer of its own.
+func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
+	n := s.nodes.single
+	if !n.b.Allow() {
+		return 0, ErrBreakerOpen
+	}
+	c := pcallPool.Get().(*pcall)
+	c.ctx, c.err = ctx, nil
+	c.deadline = time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
+		c.deadline = d
+	}
+	c.cmd, c.tail = appendScriptCall(c.cmd[:0], s.script.SHA, op, now, s.margin, counters)
+	if cap(c.out) < len(counters) {
+		c.out = make([]guard.CounterResult, len(counters))
+	}
+	c.out = c.out[:len(counters)]
+	if err := s.enqueuePipe(ctx, c); err != nil {
+		c.ctx = nil
+		pcallPool.Put(c)
+		n.record(err)
+		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		// The batching goroutine still owns c and will signal done into
+		// its buffer; c is not reused (left to the garbage collector).
+		n.record(ctx.Err())
+		return 0, fmt.Errorf("redisstore: %s: %w", op, ctx.Err())
+	case <-s.quit:
+		// Closing: the goroutines answer the calls they hold; one queued
+		// as they left is answered by Close, or never.
+		t := time.NewTimer(time.Until(c.deadline))
+		select {
+		case <-c.done:
+			t.Stop()
+		case <-t.C:
+			return 0, ErrClosed
+		}
+	}
+	err := c.err
+	n.record(err)
+	if err != nil {
+		c.ctx = nil
+		pcallPool.Put(c)
+		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	copy(res, c.out)
+	t := c.now
+	clear(c.out)
+	c.ctx = nil
+	pcallPool.Put(c)
+	return t, nil
+}
+
+// enqueuePipe queues c for a batching goroutine. Only when the queue is
+// full does it wait, on a timer, at most until c's deadline.
+func (s *Store) enqueuePipe(ctx context.Context, c *pcall) error {
+	select {
+	case s.pq <- c:
+		return nil
+	default:
+	}
+	t := time.NewTimer(time.Until(c.deadline))
+	defer t.Stop()
+	select {
+	case s.pq <- c:
+		return nil
+	case <-t.C:
+		return errNoReply
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.quit:
+		return ErrClosed
+	}
+}
+
+// Calls returns the number of script calls sent to Redis so far: calls
+// refused by an open circuit breaker are not sent; a call sent again as
+// EVAL after NOSCRIPT counts once on standalone and Sentinel.
 func (s *Store) Calls() int64 { return s.calls.Load() }
 
 // BreakerStates returns the state of every node's circuit breaker, sorted
@@ -225,6 +339,9 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 	}
 	if s.closed.Load() {
 		return 0, ErrClosed
+	}
+	if s.wire != nil {
+		return s.doPipe(ctx, op, now, counters, res)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -50,6 +50,64 @@ func Build(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, 
 	return keys, args
 }
 
+// Len is the number of values AppendRESP appends for n counters: numkeys,
+// the keys, and ARGV.
+func Len(n int) int { return 1 + n + 3 + 10*n }
+
+// AppendRESP appends numkeys, KEYS and ARGV as Build lays them out, each a
+// RESP bulk string, to b: the tail of an EVAL or EVALSHA command whose
+// array header counts 2 + Len(len(counters)) values. It allocates nothing
+// beyond growing b, so a caller reusing b sends a call with no
+// allocation.
+func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Counter) []byte {
+	b = appendInt(b, int64(len(counters)))
+	for i := range counters {
+		b = appendString(b, counters[i].Name)
+	}
+	b = appendInt(b, opCodes[op])
+	b = appendInt(b, now)
+	b = appendInt(b, margin)
+	for i := range counters {
+		c := &counters[i]
+		a, pb, pc, pd := Params(c.Algorithm, c.Params)
+		shadow := int64(0)
+		if c.Shadow {
+			shadow = 1
+		}
+		b = appendInt(b, algoCodes[c.Algorithm])
+		b = appendInt(b, c.Cost)
+		b = appendInt(b, shadow)
+		b = appendString(b, c.Token)
+		b = appendInt(b, a)
+		b = appendInt(b, pb)
+		b = appendInt(b, pc)
+		b = appendInt(b, pd)
+		b = appendInt(b, c.Lease)
+		b = appendInt(b, c.Return)
+	}
+	return b
+}
+
+// appendString appends s as a RESP bulk string.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, s...)
+	return append(b, '\r', '\n')
+}
+
+// appendInt appends x in decimal as a RESP bulk string.
+func appendInt(b []byte, x int64) []byte {
+	var d [20]byte
+	digits := strconv.AppendInt(d[:0], x, 10)
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(digits)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, digits...)
+	return append(b, '\r', '\n')
+}
+
 // Params returns the four algorithm parameters (a, b, c, d) the script
 // takes for a counter; see each algorithm's file.
 func Params(alg rules.Algorithm, p rules.Params) (a, b, c, d int64) {
