@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +21,8 @@ import (
 )
 
 // Tests of the lean call path (conn.go, resp.go): against real
-// redis-servers where Redis's behaviour is the point, against a scripted
-// fake server where a failure must be produced exactly.
+// redis-servers (paused with SIGSTOP for a hung Redis, restarted, flushed);
+// the reply parser on its own with byte strings and a fuzz target.
 
 func testCounters(name string) []guard.Counter {
 	return []guard.Counter{
@@ -258,122 +256,129 @@ func leanStore(t *testing.T, addr string, timeout time.Duration, opts ...Option)
 	return store, client
 }
 
-// fakeRedis is a server that reads commands and answers each with what
-// answer returns ("" for no answer: a hung Redis).
-type fakeRedis struct {
-	ln       net.Listener
-	answer   func(args []string) string
-	commands atomic.Int64
-	conns    atomic.Int64
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	open     []net.Conn
-}
-
-func startFake(t *testing.T, answer func(args []string) string) *fakeRedis {
+// peekRemaining reads a counter's remaining units through store without
+// charging it.
+func peekRemaining(t *testing.T, store *Store, counters []guard.Counter) int64 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	res := make([]guard.CounterResult, len(counters))
+	if _, err := store.Do(context.Background(), guard.OpPeek, 0, counters, res); err != nil {
+		t.Fatalf("peek: %v", err)
+	}
+	return res[0].Remaining
+}
+
+// windowCount reads the units a fixed-window counter holds straight from
+// Redis (lua/fixed_window.lua: field c), bypassing the store and its
+// circuit breaker.
+func windowCount(t *testing.T, admin redis.UniversalClient, key string) int64 {
+	t.Helper()
+	v, err := admin.HGet(context.Background(), key, "c").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("HGET %s c: %v", key, err)
 	}
-	f := &fakeRedis{ln: ln, answer: answer}
-	f.wg.Add(1)
-	go f.accept()
-	t.Cleanup(func() {
-		ln.Close()
-		f.mu.Lock()
-		for _, c := range f.open {
-			c.Close()
-		}
-		f.mu.Unlock()
-		f.wg.Wait()
-	})
-	return f
+	return v
 }
 
-func (f *fakeRedis) accept() {
-	defer f.wg.Done()
-	for {
-		c, err := f.ln.Accept()
-		if err != nil {
-			return
-		}
-		f.conns.Add(1)
-		f.mu.Lock()
-		f.open = append(f.open, c)
-		f.mu.Unlock()
-		f.wg.Add(1)
-		go f.serve(c)
-	}
-}
-
-func (f *fakeRedis) serve(c net.Conn) {
-	defer f.wg.Done()
-	r := bufio.NewReader(c)
-	for {
-		args, err := readCommand(r)
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				c.Close()
-			}
-			return
-		}
-		f.commands.Add(1)
-		if a := f.answer(args); a != "" {
-			if _, err := c.Write([]byte(a)); err != nil {
-				return
-			}
-		}
-	}
-}
-
-// TestHungRedisNeverRetried: a Redis that reads the call and never
-// answers: the call is answered at its deadline with an error that says so,
-// and it is never sent again, on this connection or another (Redis may
-// have run it: SPEC §7). Later calls each go out once, on a new
-// connection.
+// TestHungRedisNeverRetried: a real Redis, paused (SIGSTOP) after the
+// script is loaded, reads nothing and answers nothing. Each call is
+// answered at its deadline with an error that says so. After the resume,
+// Redis runs whatever was left in its sockets: each timed-out call at most
+// once (never sent again: Redis may have run it, SPEC §7), and the next
+// call reads its own reply, not a late one of a timed-out call (a
+// connection whose reply is lost is never reused).
 func TestHungRedisNeverRetried(t *testing.T) {
 	t.Parallel()
-	fake := startFake(t, func([]string) string { return "" })
-	const deadline = 50 * time.Millisecond
-	store, _ := leanStore(t, fake.ln.Addr().String(), deadline)
+	srv := redistest.StartTB(t)
+	const deadline = 100 * time.Millisecond
+	store, admin := leanStore(t, srv.Addr(), deadline, WithBatch(64, 1))
+	ctx := context.Background()
+	// One connection, the script loaded: the hung calls go out as EVALSHA
+	// on a connection that worked.
+	hung := []guard.Counter{{Name: "tg{hung}", Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 1}}
+	if got := peekRemaining(t, store, hung); got != 9 {
+		t.Fatalf("a peek of cost 1 before any call: remaining %d, want 9", got)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
 	res := make([]guard.CounterResult, 1)
-	for i := range 3 {
+	const calls = 3
+	for i := range calls {
 		t0 := time.Now()
-		_, err := store.Do(context.Background(), guard.OpCheck, 0, oneCounter("tg{hung}"), res)
+		_, err := store.Do(ctx, guard.OpCheck, 0, hung, res)
 		took := time.Since(t0)
 		if !errors.Is(err, context.DeadlineExceeded) {
+			srv.Resume()
 			t.Fatalf("call %d: %v, want a deadline error", i, err)
 		}
-		if took < deadline || took > deadline+500*time.Millisecond {
+		if took < deadline-5*time.Millisecond || took > deadline+500*time.Millisecond {
+			srv.Resume()
 			t.Fatalf("call %d answered after %v, deadline %v", i, took, deadline)
 		}
-		if n := fake.commands.Load(); n != int64(i+1) {
-			t.Fatalf("after call %d the server read %d commands: a call was sent again", i, n)
-		}
 	}
-	if n := fake.conns.Load(); n != 3 {
-		t.Fatalf("%d connections for 3 calls that timed out: a connection whose reply is lost must not be reused", n)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// The next call, on another counter: had a connection been reused,
+	// it would read a hung call's late reply (remaining 9, 8 or 7).
+	other := []guard.Counter{{Name: "tg{other}", Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 4}}
+	if _, err := store.Do(ctx, guard.OpCheck, 0, other, res); err != nil {
+		t.Fatalf("first call after the resume: %v", err)
+	}
+	if res[0].Remaining != 6 {
+		t.Fatalf("first call after the resume read remaining %d, want 6: a late reply was taken for its own", res[0].Remaining)
+	}
+	// Every EVALSHA Redis will ever run has arrived by now (the store
+	// sends nothing more); each hung call ran at most once.
+	if got := windowCount(t, admin, "tg{hung}"); got > calls {
+		t.Fatalf("%d units charged by %d timed-out calls of cost 1: a call was sent again", got, calls)
+	}
+	stats := admin.Info(ctx, "commandstats").Val()
+	if n := commandCalls(stats, "evalsha") + commandCalls(stats, "eval"); n > 3+calls {
+		t.Fatalf("Redis ran %d scripts for %d calls (2 peeks, %d hung, 1 after):\n%s", n, 3+calls, calls, stats)
 	}
 }
 
-// TestBatchDeadlineHoldsForEveryCall: many concurrent calls to a hung
+// commandCalls returns the calls of cmd in INFO commandstats.
+func commandCalls(stats, cmd string) int64 {
+	_, after, ok := strings.Cut(stats, "cmdstat_"+cmd+":calls=")
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.ParseInt(after[:strings.IndexByte(after, ',')], 10, 64)
+	return n
+}
+
+// TestBatchDeadlineHoldsForEveryCall: many concurrent calls to a paused
 // Redis, more than the goroutines' batches hold at once: every call is
-// answered by its deadline plus scheduling slack, none twice.
+// answered by its deadline plus scheduling slack, none decided, and after
+// the resume none has been charged twice.
 func TestBatchDeadlineHoldsForEveryCall(t *testing.T) {
 	t.Parallel()
-	fake := startFake(t, func([]string) string { return "" })
-	const deadline = 50 * time.Millisecond
-	store, _ := leanStore(t, fake.ln.Addr().String(), deadline, WithBatch(4, 2))
+	srv := redistest.StartTB(t)
+	const deadline = 100 * time.Millisecond
+	store, admin := leanStore(t, srv.Addr(), deadline, WithBatch(4, 2))
+	counter := func(i int) []guard.Counter {
+		return []guard.Counter{{Name: fmt.Sprintf("tg{c%d}", i), Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 1}}
+	}
+	peekRemaining(t, store, counter(-1)) // the script loaded
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	const callers = 64
 	var wg sync.WaitGroup
 	var slowest atomic.Int64
-	for i := range 64 {
+	var decided atomic.Int64
+	for i := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			res := make([]guard.CounterResult, 1)
 			t0 := time.Now()
-			_, err := store.Do(context.Background(), guard.OpCheck, 0, oneCounter(fmt.Sprintf("tg{c%d}", i)), res)
+			_, err := store.Do(context.Background(), guard.OpCheck, 0, counter(i), res)
 			took := time.Since(t0)
 			for {
 				s := slowest.Load()
@@ -381,17 +386,50 @@ func TestBatchDeadlineHoldsForEveryCall(t *testing.T) {
 					break
 				}
 			}
-			// A deadline, or a dial that the deadline cut short.
 			if err == nil {
-				t.Errorf("call %d decided by a hung Redis", i)
+				decided.Add(1)
 			}
 		}()
 	}
 	wg.Wait()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if n := decided.Load(); n > 0 {
+		t.Errorf("%d calls decided by a paused Redis", n)
+	}
 	if s := time.Duration(slowest.Load()); s > deadline+500*time.Millisecond {
-		t.Fatalf("slowest call answered after %v, deadline %v", s, deadline)
+		t.Errorf("slowest call answered after %v, deadline %v", s, deadline)
 	}
-	if n := fake.commands.Load(); n > store.Calls() {
-		t.Fatalf("server read %d commands for %d calls sent", n, store.Calls())
+	// Every connection the store opened is closed by now; what Redis runs
+	// after the resume is what was sent, once.
+	sent := int64(0)
+	for i := range callers {
+		n := windowCount(t, admin, fmt.Sprintf("tg{c%d}", i))
+		if n > 1 {
+			t.Fatalf("counter %d: %d units charged by one timed-out call of cost 1: sent again", i, n)
+		}
+		sent += n
 	}
+	t.Logf("%d of %d timed-out calls reached Redis (the rest were refused by the breaker or expired in the queue)", sent, callers)
+}
+
+// FuzzScriptReply: whatever bytes arrive, the reply reader neither panics
+// nor allocates beyond its bulk-string cap; a call error leaves it in step
+// and a connection error ends the reading.
+func FuzzScriptReply(f *testing.F) {
+	good := "*10\r\n:7\r\n:1\r\n:1\r\n:1\r\n:9\r\n:100\r\n:10\r\n:0\r\n$1\r\n1\r\n:0\r\n"
+	for _, s := range []string{good, good + good, "-NOSCRIPT x\r\n", "*1\r\n*1\r\n*1\r\n:1\r\n", "$99999999999\r\n", "*-1\r\n", "$-1\r\n", ":-\r\n", "*3\r\n$2\r\nab\r\n"} {
+		f.Add([]byte(s), uint8(1))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, n uint8) {
+		rr := replyReader{r: bufio.NewReaderSize(strings.NewReader(string(b)), 64)}
+		out := make([]guard.CounterResult, int(n%4))
+		for range 16 {
+			_, _, _, err := rr.scriptReply(out)
+			if err != nil {
+				return
+			}
+		}
+	})
 }

@@ -135,7 +135,9 @@ type value struct {
 
 // elem reads one value. An array's elements are read and dropped (the
 // script's reply holds none nested); n is its length.
-func (rr *replyReader) elem() (value, error) {
+func (rr *replyReader) elem() (value, error) { return rr.elemAt(0) }
+
+func (rr *replyReader) elemAt(depth int) (value, error) {
 	b, err := rr.line()
 	if err != nil {
 		return value{}, err
@@ -159,11 +161,11 @@ func (rr *replyReader) elem() (value, error) {
 		}
 	case '*':
 		var ok bool
-		if v.n, ok = parseInt(b[1:]); !ok {
+		if v.n, ok = parseInt(b[1:]); !ok || depth >= maxDepth {
 			return v, errProtocol
 		}
 		for range v.n {
-			if _, err := rr.elem(); err != nil {
+			if _, err := rr.elemAt(depth + 1); err != nil {
 				return v, err
 			}
 		}
@@ -173,8 +175,19 @@ func (rr *replyReader) elem() (value, error) {
 	return v, err
 }
 
+// maxBulk is the longest bulk string a reply may hold: the script's
+// strings are refund tokens of a few dozen bytes; a longer one is not a
+// reply of this store's, and is not worth reading into memory.
+const maxBulk = 64 << 10
+
+// maxDepth is how deep arrays may nest in a reply the reader skips.
+const maxDepth = 8
+
 // bulk reads a bulk string's n bytes and its "\r\n".
 func (rr *replyReader) bulk(n int) ([]byte, error) {
+	if n > maxBulk {
+		return nil, errProtocol
+	}
 	if n+2 <= rr.r.Size() {
 		b, err := rr.r.Peek(n + 2)
 		if err != nil {
