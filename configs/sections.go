@@ -127,7 +127,7 @@ type Redis struct {
 	TLSCAFile    string        `yaml:"tls_ca_file" doc:"PEM bundle of CAs trusted for Redis TLS. Empty: the system's."`
 	DB           int           `yaml:"db" doc:"Redis database number, standalone and Sentinel."`
 	KeyPrefix    string        `yaml:"key_prefix" doc:"Prefix of every counter's Redis key."`
-	PoolSize     int           `yaml:"pool_size" doc:"Connections per Redis node (0: the client's, 10 per CPU)."`
+	PoolSize     int           `yaml:"pool_size" doc:"go-redis connections per Redis node (0: the client's, 10 per CPU); decisions on standalone and Sentinel use the store's own connections."`
 	Timeout      time.Duration `yaml:"timeout" doc:"Deadline of one Redis call, holding even when Redis hangs; a call that timed out is answered by the failure mode of its rules, never retried."`
 }
 
