@@ -271,9 +271,15 @@ find:
 		t = max(t, tt)
 		if op == guard.OpCheck && !admitted {
 			s.refund(ctx, now, counters, res, done)
-			// Read the slots not decided, so every rule has its state.
+			// Read the slots not decided, so every rule has its state,
+			// after giving back the lease units their counters return: a
+			// check gives them back whatever it decides, and the caller
+			// (guard/lease) has closed those leases.
 			for _, rest := range order[gi+1:] {
 				cs, rs := rest.gather(counters)
+				if err := s.giveBack(ctx, now, cs); err != nil {
+					return 0, err
+				}
 				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
 					return 0, err
 				}
@@ -284,6 +290,22 @@ find:
 		done = append(done, g)
 	}
 	return t, nil
+}
+
+// giveBack sends the returns (Counter.Return with a lease's Token) that
+// counters of one slot carry, as one OpReturn; nothing when none does.
+func (s *Store) giveBack(ctx context.Context, now int64, counters []guard.Counter) error {
+	var cs []guard.Counter
+	for _, c := range counters {
+		if c.Return > 0 && c.Token != "" {
+			cs = append(cs, c)
+		}
+	}
+	if len(cs) == 0 {
+		return nil
+	}
+	_, _, err := s.eval(ctx, guard.OpReturn, now, cs, make([]guard.CounterResult, len(cs)))
+	return err
 }
 
 func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) {
