@@ -71,7 +71,8 @@ func TestCluster(t *testing.T) {
 // tenant counters share the tenant's slot and are decided in one call; IP
 // and global counters live in slots of their own and are decided first,
 // refunded when a later slot rejects. Driven with one explicit clock, the
-// cluster must decide exactly as the single-call reference model.
+// cluster must decide exactly as the single-call reference model, checks
+// and peeks (a rejected peek's figures are before its cost in every slot).
 func testClusterModel(t *testing.T, store *redisstore.Store) {
 	ctx := context.Background()
 	rs, err := rules.Load([]byte(clusterRules))
@@ -102,6 +103,16 @@ func testClusterModel(t *testing.T, store *redisstore.Store) {
 	for step := 0; step < 1200; step++ {
 		now += rng.Int64N(60_000)
 		req := &guard.Request{Key: keys[rng.IntN(len(keys))], IP: ips[rng.IntN(len(ips))], Path: "/", Cost: 1 + rng.Int64N(2)}
+		if step%3 == 0 {
+			pr, err := gr.Peek(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm, _ := gm.Peek(ctx, req)
+			if !reflect.DeepEqual(pr, pm) {
+				t.Fatalf("peek step %d: %+v\ncluster %+v\nmodel   %+v", step, req, pr, pm)
+			}
+		}
 		dr, err := gr.Check(ctx, req)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
@@ -115,7 +126,7 @@ func testClusterModel(t *testing.T, store *redisstore.Store) {
 	if statuses[200] < 200 || statuses[429] < 200 {
 		t.Fatalf("sequence too one-sided: %v", statuses)
 	}
-	t.Log(fmt.Sprintf("statuses %v, %.2f script calls per check", statuses, float64(store.Calls()-calls)/1200))
+	t.Log(fmt.Sprintf("statuses %v, %.2f script calls per decision (1200 checks, 400 peeks)", statuses, float64(store.Calls()-calls)/1600))
 }
 
 // testClusterReturn: a check gives back the lease units it returns

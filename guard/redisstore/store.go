@@ -237,7 +237,10 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 
 // doCluster decides counters slot by slot: other slots (ip and global
 // counters) first, the request's own slot (its key and tenant counters,
-// see primary) last; a rejection refunds what earlier slots charged.
+// see primary) last; a rejection refunds what earlier slots charged (a
+// rejected peek reads them again), gives back the lease units the slots
+// not decided return, and reads those slots: the result is what one script
+// would have answered for the whole request.
 func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	groups := groupBySlot(counters)
 	if len(groups) == 1 {
@@ -269,8 +272,12 @@ find:
 		}
 		g.scatter(rs, res)
 		t = max(t, tt)
-		if op == guard.OpCheck && !admitted {
-			s.refund(ctx, now, counters, res, done)
+		if (op == guard.OpCheck || op == guard.OpPeek) && !admitted {
+			if op == guard.OpCheck {
+				s.refund(ctx, now, counters, res, done)
+			} else if err := s.reread(ctx, now, counters, res, done); err != nil {
+				return 0, err
+			}
 			// Read the slots not decided, so every rule has its state,
 			// after giving back the lease units their counters return: a
 			// check gives them back whatever it decides, and the caller
@@ -290,6 +297,20 @@ find:
 		done = append(done, g)
 	}
 	return t, nil
+}
+
+// reread reads again, with OpState, the slots that admitted a peek that a
+// later slot rejected: a rejected peek's figures are before its cost, as
+// one script answers them (standalone, the reference model), not after it.
+func (s *Store) reread(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) error {
+	for _, g := range groups {
+		cs, rs := g.gather(counters)
+		if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
+			return err
+		}
+		g.scatter(rs, res)
+	}
+	return nil
 }
 
 // giveBack sends the returns (Counter.Return with a lease's Token) that
