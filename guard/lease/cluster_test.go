@@ -9,13 +9,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/compose/redisserver"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 // shared is the package's Redis Cluster: started by the first test that
@@ -210,4 +213,84 @@ func loads(xs []atomic.Int64) []int64 {
 		out[i] = xs[i].Load()
 	}
 	return out
+}
+
+// tenantOn returns a tenant name, from prefix and a number, whose hash tag
+// is in node's third of a 3-primary Cluster's slots (StartCluster assigns
+// them in order).
+func tenantOn(t *testing.T, prefix string, node int) string {
+	t.Helper()
+	for i := range 10_000 {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if min(redisstore.Slot("{"+name+"}")/(16384/3), 2) == node {
+			return name
+		}
+	}
+	t.Fatalf("no tenant %s… on node %d", prefix, node)
+	return ""
+}
+
+// TestReturnsWhileAShardIsDown: leases of counters on several primaries
+// expire while one primary is down. The background sweep gives back their
+// unused units in batches that span slots and primaries; the live
+// primaries' counters get theirs back exactly once, and promptly — neither
+// again at every sweep while the dead shard's return keeps failing (each
+// time would give the same units back again: over-admission), nor only once
+// the dead shard is back.
+func TestReturnsWhileAShardIsDown(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartClusterTB(t, 3)
+	c := newClock(start)
+	r := clusterRig(t, c, cl)
+	// Four keys on the two live primaries, one on the primary to be killed.
+	type key struct {
+		name string
+		node int
+	}
+	keys := []key{{"sk_d0", 2}, {"sk_l0", 0}, {"sk_l1", 1}, {"sk_l2", 0}, {"sk_l3", 1}}
+	src := "keys:\n"
+	for i, k := range keys {
+		src += fmt.Sprintf("  %s: {tenant: %s}\n", k.name, tenantOn(t, fmt.Sprintf("t%d_", i), k.node))
+	}
+	rule := "{id: fw, match: {}, algorithm: fixed_window, limit: 100000, window: 1h}"
+	rs := mustRules(t, src+"rules:\n  - "+rule+"\n")
+	rs1 := mustRules(t, src+"rules:\n  - "+rule+"\n")
+	gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(time.Second))
+	const admitted = 50
+	for range admitted {
+		for _, k := range keys {
+			d, err := gw.guard.Check(context.Background(), &guard.Request{Key: k.name, Path: "/"})
+			if err != nil || !d.Allowed {
+				t.Fatalf("check %s: %v %+v", k.name, err, d)
+			}
+		}
+		c.advance(1000)
+	}
+	for _, k := range keys {
+		if got := r.consumed(t, rs, rs1, &guard.Request{Key: k.name, Path: "/"}); got <= admitted {
+			t.Fatalf("key %s: Redis counts %d units, want the %d admitted and a lease", k.name, got, admitted)
+		}
+	}
+	if err := cl.Nodes()[2].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// The leases expire; the sweep (every 5 ms) gives them back.
+	c.advance(2_000_000)
+	live := func() error {
+		for _, k := range keys {
+			if k.node == 2 {
+				continue
+			}
+			if got := r.consumed(t, rs, rs1, &guard.Request{Key: k.name, Path: "/"}); got != admitted {
+				return fmt.Errorf("key %s: Redis counts %d units, %d were admitted", k.name, got, admitted)
+			}
+		}
+		return nil
+	}
+	testwait.Eventually(t, 3*time.Second, live)
+	// Many sweeps later, still exactly once.
+	time.Sleep(300 * time.Millisecond)
+	if err := live(); err != nil {
+		t.Fatalf("after 300 ms of failing returns for the dead shard: %v", err)
+	}
 }

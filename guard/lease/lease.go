@@ -531,13 +531,20 @@ func (s *Store) miss(ctx context.Context, op guard.Op, counters []guard.Counter,
 		c.Lease = s.want(e, c, send, used)
 	}
 
+	clear(res) // Returned is read after an error
 	t, err := s.inner.Do(ctx, op, 0, cs, res)
 	recv := s.clock()
 	if err != nil {
 		for i := range cs {
 			if refill[i] {
+				// A store deciding in parts may have given back some
+				// returns before it failed: never give those twice.
 				if cs[i].Return > 0 {
-					s.giveBackLater(cs[i])
+					if res[i].Returned {
+						s.returned.Add(cs[i].Return)
+					} else {
+						s.giveBackLater(cs[i])
+					}
 				}
 				ents[i].refilling.Store(false)
 			}
@@ -751,22 +758,32 @@ func (s *Store) sweep(all bool) {
 	}
 }
 
-// giveBack sends one return call; what fails is retried at the next sweep
-// unless the store is closing.
+// giveBack sends one return call; the returns that did not run (all of
+// them when the call failed, unless the store says which ran: Returned)
+// are sent again at the next sweep unless the store is closing.
 func (s *Store) giveBack(cs []guard.Counter) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	res := make([]guard.CounterResult, len(cs))
-	if _, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res); err != nil {
-		s.log.Warn("giving back unused lease units failed", "counters", len(cs), "error", err)
-		if !s.closed.Load() {
-			s.mu.Lock()
-			s.pending = append(s.pending, cs...)
-			s.mu.Unlock()
-		}
-		return
-	}
+	_, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res)
+	failed := 0
 	for i := range cs {
-		s.returned.Add(cs[i].Return)
+		switch {
+		case err == nil || res[i].Returned:
+			s.returned.Add(cs[i].Return)
+		case !s.closed.Load():
+			// Only what did not run is sent again: a store that decides
+			// in parts (Cluster slots) may have given back the others,
+			// and a second return would give their units back twice.
+			failed++
+			s.mu.Lock()
+			s.pending = append(s.pending, cs[i])
+			s.mu.Unlock()
+		default:
+			failed++
+		}
+	}
+	if err != nil {
+		s.log.Warn("giving back unused lease units failed", "counters", failed, "of", len(cs), "error", err)
 	}
 }

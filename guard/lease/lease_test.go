@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/internal/guardtest"
@@ -126,21 +127,29 @@ func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
 // shared Cluster, and a Redis store on it.
 func (b backend) newRig(t *testing.T, c *clock) *rig {
 	t.Helper()
-	cfg := redisstore.Config{Timeout: 2 * time.Second}
-	opts := []redisstore.Option{redisstore.WithTimeout(2 * time.Second), redisstore.WithTTLMargin(time.Hour)}
 	if b.cluster {
-		cl := sharedCluster(t)
-		cfg.Mode, cfg.Addrs = redisstore.ModeCluster, cl.Addrs()
-		opts = append(opts, redisstore.WithKeyPrefix(fmt.Sprintf("lt%d", rigs.Add(1))))
-	} else {
-		cfg.Addrs = []string{redistest.StartTB(t).Addr()}
+		return clusterRig(t, c, sharedCluster(t))
 	}
+	return rigOn(t, c, redisstore.Config{Addrs: []string{redistest.StartTB(t).Addr()}})
+}
+
+// clusterRig is a rig on cl, its counters under a key prefix of their own.
+func clusterRig(t *testing.T, c *clock, cl *redisserver.Cluster) *rig {
+	t.Helper()
+	return rigOn(t, c, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs()},
+		redisstore.WithKeyPrefix(fmt.Sprintf("lt%d", rigs.Add(1))))
+}
+
+// rigOn is a rig on the Redis cfg names.
+func rigOn(t *testing.T, c *clock, cfg redisstore.Config, opts ...redisstore.Option) *rig {
+	t.Helper()
+	cfg.Timeout = 2 * time.Second
 	client, err := redisstore.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	rs := redisstore.New(client, opts...)
+	rs := redisstore.New(client, append([]redisstore.Option{redisstore.WithTimeout(2 * time.Second), redisstore.WithTTLMargin(time.Hour)}, opts...)...)
 	t.Cleanup(func() { rs.Close() })
 	return &rig{client: client, redis: rs, clock: c}
 }

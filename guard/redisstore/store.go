@@ -247,6 +247,9 @@ func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters 
 		t, _, err := s.eval(ctx, op, now, counters, res)
 		return t, err
 	}
+	if op == guard.OpReturn {
+		return s.returnBySlot(ctx, now, counters, res, groups)
+	}
 	// Decide the request's own slot last.
 	own := 0
 find:
@@ -290,6 +293,7 @@ find:
 				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
 					return 0, err
 				}
+				markReturned(cs, rs)
 				rest.scatter(rs, res)
 			}
 			return t, nil
@@ -311,6 +315,32 @@ func (s *Store) reread(ctx context.Context, now int64, counters []guard.Counter,
 		g.scatter(rs, res)
 	}
 	return nil
+}
+
+// returnBySlot gives back lease units slot by slot. Returns of different
+// slots are independent: a slot that fails (its primary down) does not
+// stop the others, and the results of those that ran say Returned, so the
+// caller sends again only what did not run rather than everything (which
+// would give the others' units back a second time). It returns the first
+// error.
+func (s *Store) returnBySlot(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) (int64, error) {
+	var (
+		t     int64
+		first error
+	)
+	for _, g := range groups {
+		cs, rs := g.gather(counters)
+		tt, _, err := s.eval(ctx, guard.OpReturn, now, cs, rs)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		g.scatter(rs, res)
+		t = max(t, tt)
+	}
+	return t, first
 }
 
 // giveBack sends the returns (Counter.Return with a lease's Token) that
@@ -352,8 +382,9 @@ func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter,
 			continue
 		}
 		for j, i := range idx {
+			returned := res[i].Returned
 			res[i] = rs[j]
-			res[i].Allowed, res[i].Charged, res[i].Token = true, false, ""
+			res[i].Allowed, res[i].Charged, res[i].Token, res[i].Returned = true, false, "", returned
 		}
 	}
 }
@@ -416,7 +447,20 @@ func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []gua
 	if err != nil {
 		return 0, false, err
 	}
+	if op == guard.OpCheck || op == guard.OpReturn {
+		markReturned(counters, res)
+	}
 	return t, admitted, nil
+}
+
+// markReturned sets Returned for the counters whose Return the script
+// gave back (it does for OpCheck and OpReturn whatever it decides).
+func markReturned(counters []guard.Counter, res []guard.CounterResult) {
+	for i := range counters {
+		if counters[i].Return > 0 && counters[i].Token != "" {
+			res[i].Returned = true
+		}
+	}
 }
 
 // run sends one script call, retrying only where it surely did not run.
