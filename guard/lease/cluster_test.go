@@ -101,7 +101,7 @@ func (r *rig) consumed(t *testing.T, rs, rs1 *rules.Ruleset, req *guard.Request)
 func TestMultiSlotFleet(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, b backend) {
-		const keyLimit, ipLimit, globalLimit = 80, 100_000, 400
+		const keyLimit, ipLimit, globalLimit = 80, 2_000, 400
 		c := newClock(start)
 		c.step = 3
 		r := b.newRig(t, c)
