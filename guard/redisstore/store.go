@@ -33,7 +33,11 @@
 // On Redis Cluster, counters in other slots than the request's own (IP and
 // global rules) are decided first, slot by slot; when a later slot rejects,
 // what the earlier slots charged is refunded with the tokens their scripts
-// returned. Between the charge and the refund (one round trip) other
+// returned (a rejected peek reads them again), and the slots not decided
+// give back the lease units their counters return before they are read, so
+// the answer is the one a single script would give. Lease returns (OpReturn)
+// are given back slot by slot, independently, and CounterResult.Returned
+// says which ran. Between the charge and the refund (one round trip) other
 // requests see those units as consumed: the refund bound is that concurrent
 // requests may be rejected by up to one request's cost per in-flight
 // multi-slot rejection; the fleet never admits more than the limits.
