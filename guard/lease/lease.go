@@ -309,14 +309,28 @@ func (l *lease) result(now, left int64) guard.CounterResult {
 }
 
 // untake gives back units taken from l for a call that was not answered
-// from leases after all; nothing once l is closed (its rest was claimed
-// without them: they stay consumed, never used twice).
-func (l *lease) untake(units int64) {
+// from leases after all. It reports false, and puts nothing back, once l
+// is closed (its rest was claimed without them): the caller then gives
+// them back to the wrapped store (putBack), or they would stay consumed
+// there without being used.
+func (l *lease) untake(units int64) bool {
 	for {
 		u := l.units.Load()
-		if u < 0 || l.units.CompareAndSwap(u, u+units) {
-			return
+		if u < 0 {
+			return false
 		}
+		if l.units.CompareAndSwap(u, u+units) {
+			return true
+		}
+	}
+}
+
+// putBack gives back units taken from lease l of counter name for a call
+// that was not admitted after all: to the lease, or to the wrapped store
+// once the lease is closed.
+func (s *Store) putBack(name string, l *lease, units int64) {
+	if !l.untake(units) {
+		s.giveBackLater(returnOf(name, l, units))
 	}
 }
 
@@ -427,7 +441,7 @@ func (s *Store) local(op guard.Op, counters []guard.Counter, res []guard.Counter
 	// Give back what was taken: the call is not answered from leases.
 	for i := 0; i < n; i++ {
 		if !peek {
-			leases[i].untake(counters[i].Cost)
+			s.putBack(counters[i].Name, leases[i], counters[i].Cost)
 		}
 	}
 	return s.negative(counters, res, ents[:len(counters)], now, epoch)
@@ -752,10 +766,38 @@ func (s *Store) sweep(all bool) {
 		}
 	})
 	for len(batch) > 0 {
-		n := min(len(batch), returnBatch)
-		s.giveBack(batch[:n])
-		batch = batch[n:]
+		var call []guard.Counter
+		call, batch = nextReturns(batch)
+		s.giveBack(call)
 	}
+}
+
+// nextReturns splits off the returns of one call: at most returnBatch
+// counters, each name once — a script that reads every counter before it
+// writes them would lose all but one update of a name that came twice —
+// with the returns of one lease (same name and token) added up. rest is
+// what is left for the next calls, in order.
+func nextReturns(batch []guard.Counter) (call, rest []guard.Counter) {
+next:
+	for _, c := range batch {
+		for j := range call {
+			if call[j].Name != c.Name {
+				continue
+			}
+			if call[j].Token == c.Token {
+				call[j].Return += c.Return
+				continue next
+			}
+			rest = append(rest, c)
+			continue next
+		}
+		if len(call) == returnBatch {
+			rest = append(rest, c)
+			continue
+		}
+		call = append(call, c)
+	}
+	return call, rest
 }
 
 // giveBack sends one return call; the returns that did not run (all of
