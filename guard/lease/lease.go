@@ -507,18 +507,86 @@ func (s *Store) negative(counters []guard.Counter, res []guard.CounterResult, en
 
 // miss sends a call to the wrapped store, asking for leases for the
 // counters that are hot here and giving back the rest of their expiring
-// leases, and records the reply for the fast path.
+// leases, and records the reply for the fast path. A check's counters
+// whose lease can take their cost take it and stay here: only the others
+// are sent, and the request is admitted when they are (the cost goes back
+// to the lease otherwise). A counter shared by many requests, such as a
+// global one (one hot Cluster slot), is thus sent only to renew its
+// lease, not with every request whose other counters miss.
 func (s *Store) miss(ctx context.Context, op guard.Op, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	s.misses.Add(1)
 	var (
 		cbuf   [maxCounters]guard.Counter
+		rbuf   [maxCounters]guard.CounterResult
 		ents   [maxCounters]*entry
 		refill [maxCounters]bool
+		held   [maxCounters]*lease // per counter: the lease it took its cost from
+		left   [maxCounters]int64
+		idx    [maxCounters]int // per counter sent: its index in counters
 	)
-	cs := cbuf[:len(counters)]
-	copy(cs, counters)
 	send := s.clock()
 	epoch := s.epoch.Load()
+	if op == guard.OpCheck && len(counters) > 1 {
+		for i := range counters {
+			c := &counters[i]
+			e := s.tab.get(c.Name)
+			if e == nil {
+				continue
+			}
+			if l := e.lease.Load(); l.usable(c, send, epoch) {
+				if left[i] = l.take(c.Cost, false); left[i] >= 0 {
+					held[i] = l
+				}
+			}
+		}
+	}
+	cs := cbuf[:0]
+	for i := range counters {
+		if held[i] == nil {
+			idx[len(cs)] = i
+			cs = append(cs, counters[i])
+		}
+	}
+	if len(cs) == 0 {
+		// Every lease could take the cost after all (the others' calls
+		// refilled them meanwhile).
+		for i := range counters {
+			held[i].hits.Add(1)
+			res[i] = held[i].result(send, left[i])
+			res[i].Charged = true
+		}
+		return held[0].t + send - held[0].recv, nil
+	}
+	t, err := s.decide(ctx, op, cs, rbuf[:len(cs)], ents[:len(cs)], refill[:len(cs)], send, epoch)
+	recv := s.clock()
+	admitted := err == nil
+	for j := range cs {
+		res[idx[j]] = rbuf[j]
+		admitted = admitted && rbuf[j].Allowed
+	}
+	for i := range counters {
+		l := held[i]
+		if l == nil {
+			continue
+		}
+		if admitted {
+			l.hits.Add(1)
+			res[i] = l.result(recv, left[i])
+			res[i].Charged = true
+			continue
+		}
+		// Not admitted: the cost goes back, and the figures are before it,
+		// as a rejected check's.
+		s.putBack(counters[i].Name, l, counters[i].Cost)
+		res[i] = l.result(recv, left[i]+counters[i].Cost)
+	}
+	return t, err
+}
+
+// decide sends cs to the wrapped store, asking for leases and giving back
+// expiring ones (see miss), and records the reply in the counters'
+// entries (ents, refill: per counter of cs, filled in here).
+func (s *Store) decide(ctx context.Context, op guard.Op, cs []guard.Counter, res []guard.CounterResult, ents []*entry, refill []bool, send int64, epoch uint64) (int64, error) {
 	for i := range cs {
 		c := &cs[i]
 		e, evicted := s.tab.getOrCreate(c.Name, send)

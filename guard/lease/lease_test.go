@@ -55,17 +55,17 @@ type counting struct {
 	lag   int64
 	mu    sync.Mutex
 	calls map[guard.Op]int
-	names map[string]bool // counter names sent
+	names map[string]int // calls by counter name
 }
 
 func (c *counting) Do(ctx context.Context, op guard.Op, now int64, cs []guard.Counter, res []guard.CounterResult) (int64, error) {
 	c.mu.Lock()
 	c.calls[op]++
 	if c.names == nil {
-		c.names = map[string]bool{}
+		c.names = map[string]int{}
 	}
 	for i := range cs {
-		c.names[cs[i].Name] = true
+		c.names[cs[i].Name]++
 	}
 	c.mu.Unlock()
 	t, err := c.inner.Do(ctx, op, now, cs, res)
@@ -77,13 +77,14 @@ func (c *counting) Do(ctx context.Context, op guard.Op, now int64, cs []guard.Co
 
 func (c *counting) CounterName(id *guard.CounterID) string { return c.namer.CounterName(id) }
 
-// seen returns the counter names sent so far.
-func (c *counting) seen() map[string]bool {
+// seen returns the counter names sent so far, with the calls that held
+// each (all operations).
+func (c *counting) seen() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]bool, len(c.names))
-	for n := range c.names {
-		out[n] = true
+	out := make(map[string]int, len(c.names))
+	for n, k := range c.names {
+		out[n] = k
 	}
 	return out
 }
