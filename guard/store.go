@@ -200,7 +200,8 @@ type Store interface {
 	// Do applies op to counters and writes one result per counter into res
 	// (len(res) == len(counters)). now is the decision time in Unix
 	// microseconds; 0 asks the store to use its own clock (Redis TIME). It
-	// returns the time the decision was made at.
+	// returns the time the decision was made at. The counters of one call
+	// have distinct names (a store may read them all before it writes any).
 	Do(ctx context.Context, op Op, now int64, counters []Counter, res []CounterResult) (int64, error)
 }
 
