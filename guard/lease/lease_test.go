@@ -171,7 +171,10 @@ func (r *rig) gateway(t *testing.T, rs *rules.Ruleset, skew, lag int64, opts ...
 	t.Helper()
 	calls := &counting{inner: guardtest.Clocked(r.redis, r.clock.now), namer: r.redis, clock: r.clock, lag: lag, calls: map[guard.Op]int{}}
 	local := func() int64 { return r.clock.now() - skew }
-	ls := lease.New(calls, append([]lease.Option{lease.WithClock(local), lease.WithSweepInterval(5 * time.Millisecond)}, opts...)...)
+	// A table of 4096 counters (the tests use a few hundred at most): the
+	// sweep, every 5 ms here, walks all of it, and with the default 65536
+	// the sweeps of the package's gateways cost more CPU than the tests.
+	ls := lease.New(calls, append([]lease.Option{lease.WithClock(local), lease.WithSweepInterval(5 * time.Millisecond), lease.WithCounters(4096)}, opts...)...)
 	t.Cleanup(func() { ls.Close() })
 	g, err := guard.New(ls, secret, rs, guard.WithClock(r.clock.now))
 	if err != nil {
