@@ -184,6 +184,13 @@ type CounterResult struct {
 	// (Counter.Lease); Remaining, ResetAfter and the other figures count
 	// them as consumed.
 	Leased int64
+	// Returned: the call gave back the counter's Counter.Return units
+	// (OpCheck, OpReturn), whatever it decided. A store that decides a
+	// call's counters in parts (redisstore on Cluster: slot by slot) may
+	// fail after some parts ran: it still fills in the results of those,
+	// so a caller that gives the units back again after an error can tell
+	// those returns, which must not be sent twice, from the others.
+	Returned bool
 }
 
 // Store decides counters atomically. Implementations: redisstore (the
@@ -193,7 +200,8 @@ type Store interface {
 	// Do applies op to counters and writes one result per counter into res
 	// (len(res) == len(counters)). now is the decision time in Unix
 	// microseconds; 0 asks the store to use its own clock (Redis TIME). It
-	// returns the time the decision was made at.
+	// returns the time the decision was made at. The counters of one call
+	// have distinct names (a store may read them all before it writes any).
 	Do(ctx context.Context, op Op, now int64, counters []Counter, res []CounterResult) (int64, error)
 }
 

@@ -309,14 +309,28 @@ func (l *lease) result(now, left int64) guard.CounterResult {
 }
 
 // untake gives back units taken from l for a call that was not answered
-// from leases after all; nothing once l is closed (its rest was claimed
-// without them: they stay consumed, never used twice).
-func (l *lease) untake(units int64) {
+// from leases after all. It reports false, and puts nothing back, once l
+// is closed (its rest was claimed without them): the caller then gives
+// them back to the wrapped store (putBack), or they would stay consumed
+// there without being used.
+func (l *lease) untake(units int64) bool {
 	for {
 		u := l.units.Load()
-		if u < 0 || l.units.CompareAndSwap(u, u+units) {
-			return
+		if u < 0 {
+			return false
 		}
+		if l.units.CompareAndSwap(u, u+units) {
+			return true
+		}
+	}
+}
+
+// putBack gives back units taken from lease l of counter name for a call
+// that was not admitted after all: to the lease, or to the wrapped store
+// once the lease is closed.
+func (s *Store) putBack(name string, l *lease, units int64) {
+	if !l.untake(units) {
+		s.giveBackLater(returnOf(name, l, units))
 	}
 }
 
@@ -427,7 +441,7 @@ func (s *Store) local(op guard.Op, counters []guard.Counter, res []guard.Counter
 	// Give back what was taken: the call is not answered from leases.
 	for i := 0; i < n; i++ {
 		if !peek {
-			leases[i].untake(counters[i].Cost)
+			s.putBack(counters[i].Name, leases[i], counters[i].Cost)
 		}
 	}
 	return s.negative(counters, res, ents[:len(counters)], now, epoch)
@@ -493,18 +507,86 @@ func (s *Store) negative(counters []guard.Counter, res []guard.CounterResult, en
 
 // miss sends a call to the wrapped store, asking for leases for the
 // counters that are hot here and giving back the rest of their expiring
-// leases, and records the reply for the fast path.
+// leases, and records the reply for the fast path. A check's counters
+// whose lease can take their cost take it and stay here: only the others
+// are sent, and the request is admitted when they are (the cost goes back
+// to the lease otherwise). A counter shared by many requests, such as a
+// global one (one hot Cluster slot), is thus sent only to renew its
+// lease, not with every request whose other counters miss.
 func (s *Store) miss(ctx context.Context, op guard.Op, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	s.misses.Add(1)
 	var (
 		cbuf   [maxCounters]guard.Counter
+		rbuf   [maxCounters]guard.CounterResult
 		ents   [maxCounters]*entry
 		refill [maxCounters]bool
+		held   [maxCounters]*lease // per counter: the lease it took its cost from
+		left   [maxCounters]int64
+		idx    [maxCounters]int // per counter sent: its index in counters
 	)
-	cs := cbuf[:len(counters)]
-	copy(cs, counters)
 	send := s.clock()
 	epoch := s.epoch.Load()
+	if op == guard.OpCheck && len(counters) > 1 {
+		for i := range counters {
+			c := &counters[i]
+			e := s.tab.get(c.Name)
+			if e == nil {
+				continue
+			}
+			if l := e.lease.Load(); l.usable(c, send, epoch) {
+				if left[i] = l.take(c.Cost, false); left[i] >= 0 {
+					held[i] = l
+				}
+			}
+		}
+	}
+	cs := cbuf[:0]
+	for i := range counters {
+		if held[i] == nil {
+			idx[len(cs)] = i
+			cs = append(cs, counters[i])
+		}
+	}
+	if len(cs) == 0 {
+		// Every lease could take the cost after all (the others' calls
+		// refilled them meanwhile).
+		for i := range counters {
+			held[i].hits.Add(1)
+			res[i] = held[i].result(send, left[i])
+			res[i].Charged = true
+		}
+		return held[0].t + send - held[0].recv, nil
+	}
+	t, err := s.decide(ctx, op, cs, rbuf[:len(cs)], ents[:len(cs)], refill[:len(cs)], send, epoch)
+	recv := s.clock()
+	admitted := err == nil
+	for j := range cs {
+		res[idx[j]] = rbuf[j]
+		admitted = admitted && rbuf[j].Allowed
+	}
+	for i := range counters {
+		l := held[i]
+		if l == nil {
+			continue
+		}
+		if admitted {
+			l.hits.Add(1)
+			res[i] = l.result(recv, left[i])
+			res[i].Charged = true
+			continue
+		}
+		// Not admitted: the cost goes back, and the figures are before it,
+		// as a rejected check's.
+		s.putBack(counters[i].Name, l, counters[i].Cost)
+		res[i] = l.result(recv, left[i]+counters[i].Cost)
+	}
+	return t, err
+}
+
+// decide sends cs to the wrapped store, asking for leases and giving back
+// expiring ones (see miss), and records the reply in the counters'
+// entries (ents, refill: per counter of cs, filled in here).
+func (s *Store) decide(ctx context.Context, op guard.Op, cs []guard.Counter, res []guard.CounterResult, ents []*entry, refill []bool, send int64, epoch uint64) (int64, error) {
 	for i := range cs {
 		c := &cs[i]
 		e, evicted := s.tab.getOrCreate(c.Name, send)
@@ -531,13 +613,20 @@ func (s *Store) miss(ctx context.Context, op guard.Op, counters []guard.Counter,
 		c.Lease = s.want(e, c, send, used)
 	}
 
+	clear(res) // Returned is read after an error
 	t, err := s.inner.Do(ctx, op, 0, cs, res)
 	recv := s.clock()
 	if err != nil {
 		for i := range cs {
 			if refill[i] {
+				// A store deciding in parts may have given back some
+				// returns before it failed: never give those twice.
 				if cs[i].Return > 0 {
-					s.giveBackLater(cs[i])
+					if res[i].Returned {
+						s.returned.Add(cs[i].Return)
+					} else {
+						s.giveBackLater(cs[i])
+					}
 				}
 				ents[i].refilling.Store(false)
 			}
@@ -745,28 +834,66 @@ func (s *Store) sweep(all bool) {
 		}
 	})
 	for len(batch) > 0 {
-		n := min(len(batch), returnBatch)
-		s.giveBack(batch[:n])
-		batch = batch[n:]
+		var call []guard.Counter
+		call, batch = nextReturns(batch)
+		s.giveBack(call)
 	}
 }
 
-// giveBack sends one return call; what fails is retried at the next sweep
-// unless the store is closing.
+// nextReturns splits off the returns of one call: at most returnBatch
+// counters, each name once — a script that reads every counter before it
+// writes them would lose all but one update of a name that came twice —
+// with the returns of one lease (same name and token) added up. rest is
+// what is left for the next calls, in order.
+func nextReturns(batch []guard.Counter) (call, rest []guard.Counter) {
+next:
+	for _, c := range batch {
+		for j := range call {
+			if call[j].Name != c.Name {
+				continue
+			}
+			if call[j].Token == c.Token {
+				call[j].Return += c.Return
+				continue next
+			}
+			rest = append(rest, c)
+			continue next
+		}
+		if len(call) == returnBatch {
+			rest = append(rest, c)
+			continue
+		}
+		call = append(call, c)
+	}
+	return call, rest
+}
+
+// giveBack sends one return call; the returns that did not run (all of
+// them when the call failed, unless the store says which ran: Returned)
+// are sent again at the next sweep unless the store is closing.
 func (s *Store) giveBack(cs []guard.Counter) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	res := make([]guard.CounterResult, len(cs))
-	if _, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res); err != nil {
-		s.log.Warn("giving back unused lease units failed", "counters", len(cs), "error", err)
-		if !s.closed.Load() {
-			s.mu.Lock()
-			s.pending = append(s.pending, cs...)
-			s.mu.Unlock()
-		}
-		return
-	}
+	_, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res)
+	failed := 0
 	for i := range cs {
-		s.returned.Add(cs[i].Return)
+		switch {
+		case err == nil || res[i].Returned:
+			s.returned.Add(cs[i].Return)
+		case !s.closed.Load():
+			// Only what did not run is sent again: a store that decides
+			// in parts (Cluster slots) may have given back the others,
+			// and a second return would give their units back twice.
+			failed++
+			s.mu.Lock()
+			s.pending = append(s.pending, cs[i])
+			s.mu.Unlock()
+		default:
+			failed++
+		}
+	}
+	if err != nil {
+		s.log.Warn("giving back unused lease units failed", "counters", failed, "of", len(cs), "error", err)
 	}
 }

@@ -183,6 +183,7 @@ func (s *Store) Do(_ context.Context, op guard.Op, now int64, counters []guard.C
 			if c := ws[i].c; c.Return > 0 && c.Token != "" {
 				ws[i].alg.refund(&ws[i], c.Token, c.Return)
 				dirty[i] = true
+				res[i].Returned = true
 			}
 		}
 	}

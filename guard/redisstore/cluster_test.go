@@ -49,11 +49,8 @@ rules:
     window: 1s
 `
 
-// TestCluster runs multi-rule checks on a real 3-primary Redis Cluster: the
-// key and tenant counters share the tenant's slot and are decided in one
-// call; IP and global counters live in slots of their own and are decided
-// first, refunded when a later slot rejects. Driven with one explicit clock,
-// the cluster must decide exactly as the single-call reference model.
+// TestCluster runs the store on a real 3-primary Redis Cluster, one
+// cluster for its subtests.
 func TestCluster(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
 	client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
@@ -63,11 +60,21 @@ func TestCluster(t *testing.T) {
 	t.Cleanup(func() { client.Close() })
 	store := redisstore.New(client, redisstore.WithTimeout(2*time.Second), redisstore.WithTTLMargin(time.Hour))
 	t.Cleanup(func() { store.Close() })
-	ctx := context.Background()
-	if err := store.Load(ctx); err != nil {
+	if err := store.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	t.Run("model", func(t *testing.T) { testClusterModel(t, store) })
+	t.Run("return when another slot rejects", func(t *testing.T) { testClusterReturn(t, store) })
+}
 
+// testClusterModel runs multi-rule checks on the Cluster: the key and
+// tenant counters share the tenant's slot and are decided in one call; IP
+// and global counters live in slots of their own and are decided first,
+// refunded when a later slot rejects. Driven with one explicit clock, the
+// cluster must decide exactly as the single-call reference model, checks
+// and peeks (a rejected peek's figures are before its cost in every slot).
+func testClusterModel(t *testing.T, store *redisstore.Store) {
+	ctx := context.Background()
 	rs, err := rules.Load([]byte(clusterRules))
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +103,16 @@ func TestCluster(t *testing.T) {
 	for step := 0; step < 1200; step++ {
 		now += rng.Int64N(60_000)
 		req := &guard.Request{Key: keys[rng.IntN(len(keys))], IP: ips[rng.IntN(len(ips))], Path: "/", Cost: 1 + rng.Int64N(2)}
+		if step%3 == 0 {
+			pr, err := gr.Peek(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm, _ := gm.Peek(ctx, req)
+			if !reflect.DeepEqual(pr, pm) {
+				t.Fatalf("peek step %d: %+v\ncluster %+v\nmodel   %+v", step, req, pr, pm)
+			}
+		}
 		dr, err := gr.Check(ctx, req)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
@@ -109,5 +126,46 @@ func TestCluster(t *testing.T) {
 	if statuses[200] < 200 || statuses[429] < 200 {
 		t.Fatalf("sequence too one-sided: %v", statuses)
 	}
-	t.Log(fmt.Sprintf("statuses %v, %.2f script calls per check", statuses, float64(store.Calls()-calls)/1200))
+	t.Log(fmt.Sprintf("statuses %v, %.2f script calls per decision (1200 checks, 400 peeks)", statuses, float64(store.Calls()-calls)/1600))
+}
+
+// testClusterReturn: a check gives back the lease units it returns
+// (Counter.Return) whatever it decides, also when a slot decided before the
+// counter's own rejects it and the own slot is only read. A key counter
+// leases 10 units; the next check returns them while the global counter
+// (another slot, decided first) rejects: the key counter must count the
+// one unit admitted, not 11.
+func testClusterReturn(t *testing.T, store *redisstore.Store) {
+	ctx := context.Background()
+	const now = 1_763_000_000_000_000
+	hour := rules.Params{Limit: 100, Window: 3_600_000_000}
+	key := guard.Counter{Name: "tr{acme}k", Algorithm: rules.FixedWindow, Params: hour, Cost: 1}
+	global := guard.Counter{Name: "tr{g:x}x", Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 1, Window: 3_600_000_000}, Cost: 1}
+	if redisstore.Slot(key.Name) == redisstore.Slot(global.Name) {
+		t.Fatal("the test's counters share a slot")
+	}
+	res := make([]guard.CounterResult, 2)
+	leased := key
+	leased.Lease = 10
+	if _, err := store.Do(ctx, guard.OpCheck, now, []guard.Counter{leased, global}, res); err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Allowed || !res[0].Charged || res[0].Leased != 10 || !res[1].Allowed {
+		t.Fatalf("first check: %+v", res)
+	}
+	returning := key
+	returning.Token, returning.Return = res[0].Token, 10
+	if _, err := store.Do(ctx, guard.OpCheck, now, []guard.Counter{returning, global}, res); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Charged || res[1].Allowed {
+		t.Fatalf("second check: want the global counter to reject it, got %+v", res)
+	}
+	one := make([]guard.CounterResult, 1)
+	if _, err := store.Do(ctx, guard.OpState, now, []guard.Counter{key}, one); err != nil {
+		t.Fatal(err)
+	}
+	if one[0].Remaining != 99 {
+		t.Fatalf("the key counter has %d units left, want 99: the lease's 10 units were not given back", one[0].Remaining)
+	}
 }

@@ -39,7 +39,11 @@
 // On Redis Cluster, counters in other slots than the request's own (IP and
 // global rules) are decided first, slot by slot; when a later slot rejects,
 // what the earlier slots charged is refunded with the tokens their scripts
-// returned. Between the charge and the refund (one round trip) other
+// returned (a rejected peek reads them again), and the slots not decided
+// give back the lease units their counters return before they are read, so
+// the answer is the one a single script would give. Lease returns (OpReturn)
+// are given back slot by slot, independently, and CounterResult.Returned
+// says which ran. Between the charge and the refund (one round trip) other
 // requests see those units as consumed: the refund bound is that concurrent
 // requests may be rejected by up to one request's cost per in-flight
 // multi-slot rejection; the fleet never admits more than the limits.
@@ -354,12 +358,18 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 
 // doCluster decides counters slot by slot: other slots (ip and global
 // counters) first, the request's own slot (its key and tenant counters,
-// see primary) last; a rejection refunds what earlier slots charged.
+// see primary) last; a rejection refunds what earlier slots charged (a
+// rejected peek reads them again), gives back the lease units the slots
+// not decided return, and reads those slots: the result is what one script
+// would have answered for the whole request.
 func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, error) {
 	groups := groupBySlot(counters)
 	if len(groups) == 1 {
 		t, _, err := s.eval(ctx, op, now, counters, res)
 		return t, err
+	}
+	if op == guard.OpReturn {
+		return s.returnBySlot(ctx, now, counters, res, groups)
 	}
 	// Decide the request's own slot last.
 	own := 0
@@ -386,14 +396,25 @@ find:
 		}
 		g.scatter(rs, res)
 		t = max(t, tt)
-		if op == guard.OpCheck && !admitted {
-			s.refund(ctx, now, counters, res, done)
-			// Read the slots not decided, so every rule has its state.
+		if (op == guard.OpCheck || op == guard.OpPeek) && !admitted {
+			if op == guard.OpCheck {
+				s.refund(ctx, now, counters, res, done)
+			} else if err := s.reread(ctx, now, counters, res, done); err != nil {
+				return 0, err
+			}
+			// Read the slots not decided, so every rule has its state,
+			// after giving back the lease units their counters return: a
+			// check gives them back whatever it decides, and the caller
+			// (guard/lease) has closed those leases.
 			for _, rest := range order[gi+1:] {
 				cs, rs := rest.gather(counters)
+				if err := s.giveBack(ctx, now, cs); err != nil {
+					return 0, err
+				}
 				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
 					return 0, err
 				}
+				markReturned(cs, rs)
 				rest.scatter(rs, res)
 			}
 			return t, nil
@@ -401,6 +422,62 @@ find:
 		done = append(done, g)
 	}
 	return t, nil
+}
+
+// reread reads again, with OpState, the slots that admitted a peek that a
+// later slot rejected: a rejected peek's figures are before its cost, as
+// one script answers them (standalone, the reference model), not after it.
+func (s *Store) reread(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) error {
+	for _, g := range groups {
+		cs, rs := g.gather(counters)
+		if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
+			return err
+		}
+		g.scatter(rs, res)
+	}
+	return nil
+}
+
+// returnBySlot gives back lease units slot by slot. Returns of different
+// slots are independent: a slot that fails (its primary down) does not
+// stop the others, and the results of those that ran say Returned, so the
+// caller sends again only what did not run rather than everything (which
+// would give the others' units back a second time). It returns the first
+// error.
+func (s *Store) returnBySlot(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) (int64, error) {
+	var (
+		t     int64
+		first error
+	)
+	for _, g := range groups {
+		cs, rs := g.gather(counters)
+		tt, _, err := s.eval(ctx, guard.OpReturn, now, cs, rs)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		g.scatter(rs, res)
+		t = max(t, tt)
+	}
+	return t, first
+}
+
+// giveBack sends the returns (Counter.Return with a lease's Token) that
+// counters of one slot carry, as one OpReturn; nothing when none does.
+func (s *Store) giveBack(ctx context.Context, now int64, counters []guard.Counter) error {
+	var cs []guard.Counter
+	for _, c := range counters {
+		if c.Return > 0 && c.Token != "" {
+			cs = append(cs, c)
+		}
+	}
+	if len(cs) == 0 {
+		return nil
+	}
+	_, _, err := s.eval(ctx, guard.OpReturn, now, cs, make([]guard.CounterResult, len(cs)))
+	return err
 }
 
 func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, groups []slotGroup) {
@@ -426,8 +503,9 @@ func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter,
 			continue
 		}
 		for j, i := range idx {
+			returned := res[i].Returned
 			res[i] = rs[j]
-			res[i].Allowed, res[i].Charged, res[i].Token = true, false, ""
+			res[i].Allowed, res[i].Charged, res[i].Token, res[i].Returned = true, false, "", returned
 		}
 	}
 }
@@ -490,7 +568,20 @@ func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []gua
 	if err != nil {
 		return 0, false, err
 	}
+	if op == guard.OpCheck || op == guard.OpReturn {
+		markReturned(counters, res)
+	}
 	return t, admitted, nil
+}
+
+// markReturned sets Returned for the counters whose Return the script
+// gave back (it does for OpCheck and OpReturn whatever it decides).
+func markReturned(counters []guard.Counter, res []guard.CounterResult) {
+	for i := range counters {
+		if counters[i].Return > 0 && counters[i].Token != "" {
+			res[i].Returned = true
+		}
+	}
 }
 
 // run sends one script call, retrying only where it surely did not run.
