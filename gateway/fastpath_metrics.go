@@ -12,6 +12,7 @@ type fastPathCollector struct {
 	store          *lease.Store
 	calls, granted *prometheus.Desc
 	returned       *prometheus.Desc
+	dropped        *prometheus.Desc
 }
 
 func newFastPathCollector(store *lease.Store) *fastPathCollector {
@@ -24,6 +25,8 @@ func newFastPathCollector(store *lease.Store) *fastPathCollector {
 			"Units this gateway took from Redis in advance as leases.", nil, nil),
 		returned: prometheus.NewDesc("tollgate_fastpath_returned_units_total",
 			"Units of leases this gateway did not use and gave back to Redis.", nil, nil),
+		dropped: prometheus.NewDesc("tollgate_fastpath_dropped_units_total",
+			"Units of leases this gateway did not use whose return failed with an unknown outcome (a timeout after it was sent): never sent twice, they stay charged in Redis until their window passes or the bucket refills.", nil, nil),
 	}
 }
 
@@ -32,6 +35,7 @@ func (c *fastPathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.calls
 	ch <- c.granted
 	ch <- c.returned
+	ch <- c.dropped
 }
 
 // Collect implements prometheus.Collector.
@@ -45,4 +49,5 @@ func (c *fastPathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.granted, prometheus.CounterValue, float64(st.Granted))
 	ch <- prometheus.MustNewConstMetric(c.returned, prometheus.CounterValue, float64(st.Returned))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.Dropped))
 }

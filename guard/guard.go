@@ -26,6 +26,14 @@ var (
 	// ErrBreakerOpen: an open circuit breaker). Checks then degrade at
 	// once, as after any store error.
 	ErrUnavailable = errors.New("guard: store unavailable")
+	// ErrNotSent is wrapped by a Store's errors that mean the call surely
+	// never reached the store, so nothing of it ran: an open circuit
+	// breaker, a failed dial, a deadline that passed while the call was
+	// queued. Any other error leaves the outcome unknown (a timeout after
+	// the call was sent: the store may have run it). Callers that would
+	// repeat a call whose effect must not happen twice (lease returns)
+	// repeat it only after this error.
+	ErrNotSent = errors.New("guard: call not sent")
 )
 
 // MaxKeyLen is the longest API key accepted, in bytes.

@@ -43,6 +43,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"sync"
@@ -107,6 +108,7 @@ type Store struct {
 	misses, bypass          atomic.Int64
 	retiredLease, retiredNg atomic.Int64
 	granted, returned       atomic.Int64
+	dropped                 atomic.Int64
 }
 
 var (
@@ -212,8 +214,9 @@ type Stats struct {
 	// counters, other operations, explicit times).
 	Miss, Bypass int64
 	// Granted and Returned are lease units taken from and given back to
-	// the wrapped store.
-	Granted, Returned int64
+	// the wrapped store; Dropped, unused units whose return failed with
+	// an unknown outcome (they stay charged: never given back twice).
+	Granted, Returned, Dropped int64
 }
 
 // Stats returns the counts since New. It scans every counter's state:
@@ -226,6 +229,7 @@ func (s *Store) Stats() Stats {
 		Bypass:   s.bypass.Load(),
 		Granted:  s.granted.Load(),
 		Returned: s.returned.Load(),
+		Dropped:  s.dropped.Load(),
 	}
 	s.tab.each(func(e *entry) {
 		st.Lease += e.leaseHits.Load()
@@ -622,11 +626,7 @@ func (s *Store) decide(ctx context.Context, op guard.Op, cs []guard.Counter, res
 				// A store deciding in parts may have given back some
 				// returns before it failed: never give those twice.
 				if cs[i].Return > 0 {
-					if res[i].Returned {
-						s.returned.Add(cs[i].Return)
-					} else {
-						s.giveBackLater(cs[i])
-					}
+					s.afterFailedReturn(cs[i], res[i].Returned, err)
 				}
 				ents[i].refilling.Store(false)
 			}
@@ -878,22 +878,36 @@ func (s *Store) giveBack(cs []guard.Counter) {
 	_, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res)
 	failed := 0
 	for i := range cs {
-		switch {
-		case err == nil || res[i].Returned:
+		if err == nil {
 			s.returned.Add(cs[i].Return)
-		case !s.closed.Load():
-			// Only what did not run is sent again: a store that decides
-			// in parts (Cluster slots) may have given back the others,
-			// and a second return would give their units back twice.
-			failed++
-			s.mu.Lock()
-			s.pending = append(s.pending, cs[i])
-			s.mu.Unlock()
-		default:
+			continue
+		}
+		if !res[i].Returned {
 			failed++
 		}
+		s.afterFailedReturn(cs[i], res[i].Returned, err)
 	}
 	if err != nil {
 		s.log.Warn("giving back unused lease units failed", "counters", failed, "of", len(cs), "error", err)
+	}
+}
+
+// afterFailedReturn settles a return carried by a call that failed with
+// err: counted when the store says it ran (a store deciding in parts,
+// Cluster slots, may have run it before failing), sent again at the next
+// sweep only when the call surely never reached the store
+// (guard.ErrNotSent) and the store is not closing. After any other error
+// the return may have run: sending it again could give its units back
+// twice, and the fleet admit more than Redis granted, so it is dropped and
+// its units stay charged until their window passes or the bucket refills
+// (Stats.Dropped).
+func (s *Store) afterFailedReturn(c guard.Counter, ran bool, err error) {
+	switch {
+	case ran:
+		s.returned.Add(c.Return)
+	case errors.Is(err, guard.ErrNotSent) && !s.closed.Load():
+		s.giveBackLater(c)
+	default:
+		s.dropped.Add(c.Return)
 	}
 }

@@ -313,6 +313,58 @@ func TestUnusedLeasesGivenBack(t *testing.T) {
 	})
 }
 
+// TestTimedOutReturnNeverSentAgain: a lease's return that Redis received
+// but answered too late (paused with SIGSTOP) may have run, so it is never
+// sent again: after the resume Redis runs it once, and the units counted
+// never fall below those admitted (a second return would give the lease's
+// units back twice and let the fleet admit more than Redis granted). A
+// return that surely never left (an open breaker) is still sent again.
+func TestTimedOutReturnNeverSentAgain(t *testing.T) {
+	t.Parallel()
+	const limit = 100_000
+	srv := redistest.StartTB(t)
+	c := newClock(start)
+	r := rigOn(t, c, redisstore.Config{Addrs: []string{srv.Addr()}}, redisstore.WithTimeout(100*time.Millisecond))
+	rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+	gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+	req := &guard.Request{Key: "sk_late", Path: "/"}
+	for range 50 {
+		if d, err := gw.guard.Check(context.Background(), req); err != nil || !d.Allowed {
+			t.Fatalf("check: %v %+v", err, d)
+		}
+		c.advance(1000)
+	}
+	if got := r.used(t, rs, "sk_late"); got <= 50 {
+		t.Fatalf("Redis counts %d, want the 50 admitted and a lease", got)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	// The lease expires; the sweep's return is sent and times out.
+	c.advance(3_000_000)
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if st := gw.lease.Stats(); st.Dropped == 0 {
+			return fmt.Errorf("no return dropped yet: %+v", st)
+		}
+		return nil
+	})
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// Redis runs the late return once; sweeps keep running every 5 ms,
+	// past the breaker's open period (500 ms), and send nothing again.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if got := r.used(t, rs, "sk_late"); got < 50 {
+			t.Fatalf("Redis counts %d units, 50 admitted: a timed-out return was sent again", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := r.used(t, rs, "sk_late"); got != 50 {
+		t.Fatalf("Redis counts %d units, 50 admitted: the late return did not run once", got)
+	}
+}
+
 // TestNegativeCacheMatchesRedis: a lease-backed guard and a guard on the
 // reference model, fed the same requests at the same times, decide alike
 // (admission, remaining, Retry-After, reset) for rules whose counters never

@@ -130,7 +130,7 @@ func (w *wire) connect(deadline time.Time) (*conn, error) {
 	}()
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("redisstore: connection setup: %w", err)
+		return nil, unsent{fmt.Errorf("redisstore: connection setup: %w", err)}
 	}
 	return cn, nil
 }
@@ -140,11 +140,22 @@ func (cn *conn) close() { _ = cn.nc.Close() }
 // dialError is a failed dial: the calls it was for were never sent.
 type dialError struct{ err error }
 
-func (e *dialError) Error() string { return "redisstore: dial: " + e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
+func (e *dialError) Error() string   { return "redisstore: dial: " + e.err.Error() }
+func (e *dialError) Unwrap() []error { return []error{e.err, guard.ErrNotSent} }
 
-// errNoReply is a call's error when the batch's deadline passed before its
-// reply arrived (or before it was sent): Redis may have run it, and it is
+// unsent marks an error after which the call surely never reached Redis
+// (guard.ErrNotSent).
+type unsent struct{ err error }
+
+func (e unsent) Error() string   { return e.err.Error() }
+func (e unsent) Unwrap() []error { return []error{e.err, guard.ErrNotSent} }
+
+// errQueued is a call's error when its deadline passed before it left the
+// queue: it was never sent.
+var errQueued error = unsent{fmt.Errorf("redisstore: call deadline passed before it was sent: %w", context.DeadlineExceeded)}
+
+// errNoReply is a call's error when the batch's deadline passed after it
+// was sent and before its reply arrived: Redis may have run it, and it is
 // never sent again.
 var errNoReply = fmt.Errorf("redisstore: no reply within the call deadline: %w", context.DeadlineExceeded)
 
@@ -237,9 +248,9 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 	for _, c := range batch {
 		switch {
 		case !c.deadline.After(now):
-			c.finish(errNoReply)
+			c.finish(errQueued)
 		case c.ctx.Err() != nil:
-			c.finish(c.ctx.Err())
+			c.finish(unsent{c.ctx.Err()})
 		default:
 			if len(live) == 0 || c.deadline.Before(deadline) {
 				deadline = c.deadline

@@ -76,7 +76,7 @@ var (
 	// ErrBreakerOpen is returned at once, without a Redis call, for a call
 	// to a node whose circuit breaker is open. It wraps
 	// guard.ErrUnavailable.
-	ErrBreakerOpen = fmt.Errorf("redisstore: circuit breaker open: %w", guard.ErrUnavailable)
+	ErrBreakerOpen error = unsent{fmt.Errorf("redisstore: circuit breaker open: %w", guard.ErrUnavailable)}
 )
 
 // Store is a guard.Store backed by Redis. Create it with New; it is safe for
@@ -283,6 +283,9 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	copy(res, c.out)
+	if op == guard.OpCheck || op == guard.OpReturn {
+		markReturned(counters, res)
+	}
 	t := c.now
 	clear(c.out)
 	c.ctx = nil
@@ -304,9 +307,9 @@ func (s *Store) enqueuePipe(ctx context.Context, c *pcall) error {
 	case s.pq <- c:
 		return nil
 	case <-t.C:
-		return errNoReply
+		return errQueued
 	case <-ctx.Done():
-		return ctx.Err()
+		return unsent{ctx.Err()}
 	case <-s.quit:
 		return ErrClosed
 	}
