@@ -5,6 +5,8 @@ import (
 	"embed"
 	"encoding/hex"
 	"strings"
+
+	"github.com/tollgate/tollgate/guard"
 )
 
 //go:embed lua/*.lua
@@ -42,7 +44,15 @@ func DecideScript() Script {
 		b.Write(src)
 		b.WriteByte('\n')
 	}
-	src := b.String()
+	return NewScript(b.String())
+}
+
+// NewScript returns the Script of source src.
+func NewScript(src string) Script {
 	sum := sha1.Sum([]byte(src))
 	return Script{Source: src, SHA: hex.EncodeToString(sum[:])}
 }
+
+// ScriptFor returns the script the store runs for a call deciding
+// counters.
+func ScriptFor(counters []guard.Counter) Script { return decideScript }
