@@ -5,8 +5,6 @@ import (
 	"embed"
 	"encoding/hex"
 	"strings"
-
-	"github.com/tollgate/tollgate/guard"
 )
 
 //go:embed lua/*.lua
@@ -52,7 +50,3 @@ func NewScript(src string) Script {
 	sum := sha1.Sum([]byte(src))
 	return Script{Source: src, SHA: hex.EncodeToString(sum[:])}
 }
-
-// ScriptFor returns the script the store runs for a call deciding
-// counters.
-func ScriptFor(counters []guard.Counter) Script { return decideScript }

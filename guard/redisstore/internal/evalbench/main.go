@@ -156,7 +156,7 @@ func parseBatches(s string) ([]batch, error) {
 
 func main() {
 	var cfg config
-	var batches, procs, baseline string
+	var batches, procs, baseline, cases string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "rounds; each runs every setting once, each guard phase between two redis-benchmark phases")
 	flag.DurationVar(&cfg.duration, "duration", 2*time.Second, "length of each phase (redis-benchmark -n is sized to last about as long)")
 	flag.IntVar(&cfg.clients, "clients", 50, "redis-benchmark -c")
@@ -168,6 +168,7 @@ func main() {
 	flag.DurationVar(&cfg.timeout, "timeout", 50*time.Millisecond, "deadline of one Redis call (redisstore.WithTimeout)")
 	flag.Float64Var(&cfg.quiet, "quiet", 0.15, "a ratio is quiet when other processes used at most this many CPUs in its phases")
 	flag.StringVar(&baseline, "baseline", "", "a git revision: measure Redis CPU per call of its script against this tree's, per algorithm (scriptcpu.go), instead of the ratio")
+	flag.StringVar(&cases, "cases", "", "with -baseline: comma-separated case names to measure (default: all)")
 	flag.Parse()
 	bs, err := parseBatches(batches)
 	if err == nil {
@@ -188,7 +189,7 @@ func main() {
 	defer stop()
 	run := run
 	if baseline != "" {
-		run = func(ctx context.Context, cfg config) error { return runBaseline(ctx, cfg, baseline) }
+		run = func(ctx context.Context, cfg config) error { return runBaseline(ctx, cfg, baseline, cases) }
 	}
 	if err := run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "evalbench:", err)

@@ -10,8 +10,9 @@ package main
 // assembled as that revision's script.go did) and the store's script into
 // one redis-server, checks that both answer the same to a few replayed
 // calls with an explicit clock, and then runs redis-benchmark -P 16 of each
-// script in turn, round after round (old, new, old, new, …): only figures
-// taken side by side compare on a shared machine. Every phase reports
+// script in turn, round after round (old then new, new then old, …), each
+// script on keys of its own: only figures taken side by side compare on a
+// shared machine. Every phase reports
 // redis-server's CPU per call (INFO cpu, user + sys, over the calls made:
 // what a Redis shard pays per decision, I/O included) and Redis's
 // usec_per_call of EVALSHA (the command's own wall time, which a busy
@@ -100,7 +101,7 @@ func caseCounters(ctx context.Context, c cpuCase, store *redisstore.Store) ([]gu
 	return cs, nil
 }
 
-func runBaseline(ctx context.Context, cfg config, ref string) error {
+func runBaseline(ctx context.Context, cfg config, ref, only string) error {
 	rb, err := exec.LookPath("redis-benchmark")
 	if err != nil {
 		return missingError{"redis-benchmark"}
@@ -140,6 +141,9 @@ func runBaseline(ctx context.Context, cfg config, ref string) error {
 	}
 	var cells []*cell
 	for _, c := range cpuCases {
+		if only != "" && !slices.Contains(strings.Split(only, ","), c.name) {
+			continue
+		}
 		cs, err := caseCounters(ctx, c, store)
 		if err != nil {
 			return err
@@ -151,7 +155,7 @@ func runBaseline(ctx context.Context, cfg config, ref string) error {
 				return err
 			}
 		}
-		cur := redisstore.ScriptFor(cs)
+		cur := redisstore.DecideScript()
 		for _, s := range []redisstore.Script{old, cur} {
 			if sha, err := admin.ScriptLoad(ctx, s.Source).Result(); err != nil || sha != s.SHA {
 				return fmt.Errorf("SCRIPT LOAD: %v (sha %s, want %s)", err, sha, s.SHA)
@@ -161,15 +165,26 @@ func runBaseline(ctx context.Context, cfg config, ref string) error {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		ce := &cell{c: c}
-		for _, v := range []struct {
+		for vi, v := range []struct {
 			name string
 			s    redisstore.Script
 		}{{"baseline " + ref, old}, {"this tree", cur}} {
+			// Each script has keys of its own (the key_id's first
+			// character differs), so neither starts on state the other
+			// left: a log left by the phase before is longer to read.
+			own := make([]string, len(patterns))
+			for i, p := range patterns {
+				j := strings.IndexByte(p, '{') + 1
+				own[i] = p[:j] + string(rune('A'+vi)) + p[j+1:]
+			}
 			ce.variants = append(ce.variants, &variant{name: v.name, script: v.s,
-				bench: &rbench{path: rb, host: "127.0.0.1", port: srv.Port(), cfg: cfg, sha: v.s.SHA, keys: patterns, args: args}})
+				bench: &rbench{path: rb, host: "127.0.0.1", port: srv.Port(), cfg: cfg, sha: v.s.SHA, keys: own, args: args}})
 		}
 		cells = append(cells, ce)
 		fmt.Printf("evalbench: %-22s EVALSHA <sha> %d %s %s\n", c.name, len(patterns), strings.Join(patterns, " "), quoteArgs(args))
+	}
+	if len(cells) == 0 {
+		return fmt.Errorf("-cases %q names no case", only)
 	}
 	fmt.Printf("evalbench: baseline %s sha %s; this tree: see each case\n", ref, old.SHA)
 	// Warm up and size -n to cfg.duration at the baseline's rate.
@@ -181,7 +196,12 @@ func runBaseline(ctx context.Context, cfg config, ref string) error {
 	fmt.Printf("evalbench: %s %s (and likewise per case and script)\n", rb, quoteArgs(cells[0].variants[0].bench.argv(n)))
 	for r := range cfg.rounds {
 		for _, ce := range cells {
-			for _, v := range ce.variants {
+			// Old, new in odd rounds; new, old in even ones.
+			vs := slices.Clone(ce.variants)
+			if r%2 == 1 {
+				slices.Reverse(vs)
+			}
+			for _, v := range vs {
 				p, err := v.bench.run(ctx, admin, n)
 				if err != nil {
 					return fmt.Errorf("%s, %s: %w", ce.c.name, v.name, err)
