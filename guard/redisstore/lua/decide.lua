@@ -58,12 +58,14 @@
 --   figures(x, y, now, cost, a, b, c, d) -> remaining, reset after,
 --     next after, retry after
 --
--- Slim path: a check (op 1) of one enforced counter that gives no lease
--- units back — the common call — is decided on plain locals, without the
--- generic loop's table per counter, and answered exactly as the generic
--- loop answers it. It comes first: what the chunk defines after it is not
--- created on a call that returns there (Lua creates a closure each time a
--- script runs its definition).
+-- Slim paths: a check (op 1) of one enforced counter that gives no lease
+-- units back — the common call — is decided on plain locals; a check of
+-- several counters none of which gives lease units back, on the locals of
+-- one step per counter. Neither builds the generic loop's table per
+-- counter, and both answer exactly as the generic loop answers the same
+-- call. They come first: what the chunk defines after them is not created
+-- on a call that returns there (Lua creates a closure each time a script
+-- runs its definition).
 
 -- the parts of the algorithm with this code (ARGV, above).
 local function algorithm(code)
