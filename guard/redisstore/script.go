@@ -42,7 +42,11 @@ func DecideScript() Script {
 		b.Write(src)
 		b.WriteByte('\n')
 	}
-	src := b.String()
+	return NewScript(b.String())
+}
+
+// NewScript returns the Script of source src.
+func NewScript(src string) Script {
 	sum := sha1.Sum([]byte(src))
 	return Script{Source: src, SHA: hex.EncodeToString(sum[:])}
 }

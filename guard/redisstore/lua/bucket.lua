@@ -21,152 +21,128 @@
 --   of the burst consumed, not the units (token_bucket carries units).
 -- A missing key is a full bucket; a bucket that refills completely is deleted.
 --
--- make_bucket() returns the token_bucket and gcra implementations (tables
--- of load, save, fits, add, sub, refund, stats, free). Lua creates a function
--- value every time a script runs its definition, so a call creates the
--- algorithms only when one of its counters uses them (measured: ~10 % more
--- calls/s for one token-bucket counter, docs/benchmarks.md).
+-- bucket_parts() returns the algorithms' parts (see decide.lua's header
+-- for the interface): read, fits, room, charge, sub, refund, write,
+-- figures, on the state as plain values: x = the debt z, y = its time ts;
+-- g is true for gcra. Lua creates a function value every time a script
+-- runs its definition, so a call creates them only when one of its
+-- counters uses them.
 
-local function make_bucket()
-  local function tb_load(c, now)
-    local v = redis.call('HMGET', c.key, 'd', 't', 's')
+local function bucket_parts()
+  -- the debt z and its time ts, refilled up to now.
+  local function read(key, now, gcra, L, A, B, k)
+    if gcra then
+      local tat = tonumber(redis.call('GET', key) or '0') or 0
+      if tat > now then
+        return cdiv(tat - now, k) * B, now
+      end
+      return 0, now
+    end
+    local v = redis.call('HMGET', key, 'd', 't', 's')
     local z, ts, s = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-    local A, B, k = c.b, c.c, c.d
     if not z or not ts then
-      z, ts = 0, now
-    else
-      if s and s ~= A and s > 0 then
-        z = cdiv(z * A, s)
-      end
-      if now > ts then
-        local e = fdiv(now - ts, k)
-        if e > 0 then
-          if e >= cdiv(z, B) then
-            z = 0
-          else
-            z = z - e * B
-          end
-          ts = ts + e * k
+      return 0, now
+    end
+    if s and s ~= A and s > 0 then
+      z = cdiv(z * A, s)
+    end
+    if now > ts then
+      local e = fdiv(now - ts, k)
+      if e > 0 then
+        if e >= cdiv(z, B) then
+          z = 0
+        else
+          z = z - e * B
         end
+        ts = ts + e * k
       end
     end
-    c.z, c.ts = z, ts
+    return z, ts
   end
 
-  local function tb_save(c, now, margin)
-    if c.z <= 0 then
-      redis.call('DEL', c.key)
-      return
+  local function fits(z, ts, cost, L, A)
+    return z + cost * A <= L * A
+  end
+
+  -- whole units available now.
+  local function room(z, ts, L, A)
+    return fdiv(L * A - z, A)
+  end
+
+  -- the debt after charging n units (capped: at most two full limits, for
+  -- report), and the refund token (the units). gcra keeps its debt on the
+  -- tick grid (a whole number of ticks of debt time, rounded up), as
+  -- stored, so its figures match what is read back.
+  local function charge(z, ts, n, capped, now, gcra, L, A, B)
+    z = z + n * A
+    if capped and z > 2 * L * A then
+      z = 2 * L * A
     end
-    redis.call('HSET', c.key, 'd', ifmt(c.z), 't', ifmt(c.ts), 's', ifmt(c.b))
-    local full = c.ts + cdiv(c.z, c.c) * c.d - now
-    redis.call('PEXPIRE', c.key, ms(full) + margin)
-  end
-
-  local function gcra_load(c, now)
-    local tat = tonumber(redis.call('GET', c.key) or '0') or 0
-    local z = 0
-    if tat > now then
-      z = cdiv(tat - now, c.d) * c.c
+    if gcra then
+      z = cdiv(z, B) * B
     end
-    c.z, c.ts = z, now
+    return z, tostring(n)
   end
 
-  local function gcra_save(c, now, margin)
-    if c.z <= 0 then
-      redis.call('DEL', c.key)
-      return
+  -- the debt after giving n units back.
+  local function sub(z, ts, n, gcra, L, A, B)
+    z = z - n * A
+    if z < 0 then
+      z = 0
     end
-    local rel = cdiv(c.z, c.c) * c.d
-    redis.call('SET', c.key, ifmt(now + rel), 'PX', ms(rel) + margin)
-  end
-
-  local function bucket_fits(c, cost)
-    return c.z + cost * c.b <= c.a * c.b
-  end
-
-  local function bucket_add(c, cost, capped)
-    c.z = c.z + cost * c.b
-    if capped and c.z > 2 * c.a * c.b then
-      c.z = 2 * c.a * c.b
+    if gcra then
+      z = cdiv(z, B) * B
     end
-    return tostring(cost)
+    return z
   end
 
-  local function bucket_sub(c, n)
-    c.z = c.z - n * c.b
-    if c.z < 0 then
-      c.z = 0
-    end
-  end
-
-  -- refund: give back the units of the charge named by token (the units
-  -- charged), at most lim of them when lim > 0.
-  local function bucket_refund(c, token, lim)
+  -- the debt after giving back the units of the charge named by token
+  -- (the units charged), at most lim of them when lim > 0.
+  local function refund(z, ts, token, lim, gcra, L, A, B)
     local n = tonumber(token)
     if n and lim > 0 and lim < n then
       n = lim
     end
     if n and n > 0 then
-      bucket_sub(c, n)
+      return sub(z, ts, n, gcra, L, A, B)
     end
+    return z
   end
 
-  -- gcra keeps its debt on the tick grid (a whole number of ticks of debt
-  -- time, rounded up), as stored, so its figures match what is read back.
-  local function gcra_round(c)
-    c.z = cdiv(c.z, c.c) * c.c
-  end
-
-  local function gcra_add(c, cost, capped)
-    local tok = bucket_add(c, cost, capped)
-    gcra_round(c)
-    return tok
-  end
-
-  local function gcra_sub(c, n)
-    bucket_sub(c, n)
-    gcra_round(c)
-  end
-
-  local function gcra_refund(c, token, lim)
-    bucket_refund(c, token, lim)
-    gcra_round(c)
+  local function write(key, gcra, z, ts, now, margin, L, A, B, k)
+    if z <= 0 then
+      redis.call('DEL', key)
+    elseif gcra then
+      local rel = cdiv(z, B) * k
+      redis.call('SET', key, ifmt(now + rel), 'PX', ms(rel) + margin)
+    else
+      redis.call('HSET', key, 'd', ifmt(z), 't', ifmt(ts), 's', ifmt(A))
+      redis.call('PEXPIRE', key, ms(ts + cdiv(z, B) * k - now) + margin)
+    end
   end
 
   -- time (µs from now) until the debt is at most target*A.
-  local function bucket_until(c, now, target)
-    local need = c.z - target * c.b
+  local function untl(z, ts, now, target, A, B, k)
+    local need = z - target * A
     if need <= 0 then
       return 0
     end
-    local t = c.ts + cdiv(need, c.c) * c.d - now
+    local t = ts + cdiv(need, B) * k - now
     if t < 0 then
       return 0
     end
     return t
   end
 
-  -- whole units available now.
-  local function bucket_free(c)
-    return fdiv(c.a * c.b - c.z, c.b)
-  end
-
   -- remaining, reset after, next after, retry after (for cost).
-  local function bucket_stats(c, now, cost)
-    local L = c.a
-    local rem = fdiv(L * c.b - c.z, c.b)
+  local function figures(z, ts, now, cost, L, A, B, k)
+    local rem = fdiv(L * A - z, A)
     local nxt = 0
     if rem < L then
-      nxt = bucket_until(c, now, L - rem - 1)
+      nxt = untl(z, ts, now, L - rem - 1, A, B, k)
     end
-    return rem, bucket_until(c, now, 0), nxt, bucket_until(c, now, L - cost)
+    return rem, untl(z, ts, now, 0, A, B, k), nxt, untl(z, ts, now, L - cost, A, B, k)
   end
 
-  return {
-    { load = tb_load, save = tb_save, fits = bucket_fits, add = bucket_add,
-      sub = bucket_sub, refund = bucket_refund, stats = bucket_stats, free = bucket_free },
-    { load = gcra_load, save = gcra_save, fits = bucket_fits, add = gcra_add,
-      sub = gcra_sub, refund = gcra_refund, stats = bucket_stats, free = bucket_free },
-  }
+  return read, fits, room, charge, sub, refund, write, figures
 end

@@ -40,28 +40,45 @@
 --   token (string, "" when nothing was charged), leased (units of the charge
 --   beyond the cost: the lease granted) }
 
--- A lease takes at most this fraction (1/LEASE_SHARE) of the units free
--- after the request's cost.
-local LEASE_SHARE = 4
+-- Each algorithm's file defines a function returning its parts, which
+-- decide.lua drives (bucket_parts for token_bucket and gcra, fw_parts,
+-- swc_parts, swl_parts). They work on a counter's state as values, x and
+-- y (numbers for the buckets and the fixed window, a table for the
+-- sliding windows), with the counter's parameters a, b, c, d and g (true
+-- for gcra), and return, in this order:
+--   read(key, now, g, a, b, c, d) -> x, y: the state at now
+--   fits(x, y, cost, a, b, c, d) -> whether cost units fit now
+--   room(x, y, a, b, c, d) -> whole units a lease may be sized on
+--   charge(x, y, n, capped, now, g, a, b, c, d) -> x, refund token
+--     (capped: report, at most two limits' worth)
+--   sub(x, y, n, g, a, b, c, d) -> x, n units given back
+--   refund(x, y, token, lim, g, a, b, c, d) -> x, the charge named by
+--     token given back, at most lim units of it when lim > 0
+--   write(key, g, x, y, now, margin, a, b, c, d): store the state
+--   figures(x, y, now, cost, a, b, c, d) -> remaining, reset after,
+--     next after, retry after
+--
+-- Slim paths: a check (op 1) of one enforced counter that gives no lease
+-- units back — the common call — is decided on plain locals; a check of
+-- several counters none of which gives lease units back, on the locals of
+-- one step per counter. Neither builds the generic loop's table per
+-- counter, and both answer exactly as the generic loop answers the same
+-- call. They come first: what the chunk defines after them is not created
+-- on a call that returns there (Lua creates a closure each time a script
+-- runs its definition).
 
--- The algorithms, created on first use in this call (see make_bucket).
-local made = {}
+-- the parts of the algorithm with this code (ARGV, above).
 local function algorithm(code)
-  local alg = made[code]
-  if alg then
-    return alg
-  end
   if code == 1 or code == 2 then
-    local b = make_bucket()
-    made[1], made[2] = b[1], b[2]
+    return bucket_parts()
   elseif code == 3 then
-    made[3] = make_fixed_window()
+    return fw_parts()
   elseif code == 4 then
-    made[4] = make_sliding_window_counter()
+    return swc_parts()
   elseif code == 5 then
-    made[5] = make_sliding_window_log()
+    return swl_parts()
   end
-  return made[code]
+  error('unknown algorithm code ' .. tostring(code))
 end
 
 local op = tonumber(ARGV[1])
@@ -72,11 +89,103 @@ if now == 0 then
 end
 local margin = tonumber(ARGV[3])
 
+if op == 1 and #KEYS == 1 and ARGV[6] ~= '1' and not (tonumber(ARGV[13]) > 0 and ARGV[7] ~= '') then
+  local code = tonumber(ARGV[4])
+  local read, fits, room, charge, _, _, write, figures = algorithm(code)
+  local key, g = KEYS[1], code == 2
+  local cost, want = tonumber(ARGV[5]), tonumber(ARGV[12])
+  local a, b, c, d = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+  local x, y = read(key, now, g, a, b, c, d)
+  local ok = fits(x, y, cost, a, b, c, d)
+  local tok, leased = '', 0
+  if ok then
+    if want > 0 then
+      leased = lease_units(room(x, y, a, b, c, d), cost, want)
+    end
+    x, tok = charge(x, y, cost + leased, false, now, g, a, b, c, d)
+    write(key, g, x, y, now, margin, a, b, c, d)
+  end
+  local rem, reset, nxt, retry = figures(x, y, now, cost, a, b, c, d)
+  local r = ok and 1 or 0
+  return { now, r, r, r, rem, reset, nxt, retry, tok, leased }
+end
+
+-- Slim path for a check of several counters, none giving lease units back,
+-- no key named twice (a key rule and a tenant rule): each counter's state
+-- lives in the locals of its own step, which reads it, lets the steps
+-- after it decide, and charges it only if every enforced counter fits.
+if op == 1 then
+  local slim = true
+  for i = 1, #KEYS do
+    local b = 4 + 10 * (i - 1)
+    if tonumber(ARGV[b + 9]) > 0 and ARGV[b + 3] ~= '' then
+      slim = false
+    end
+    for j = 1, i - 1 do
+      if KEYS[j] == KEYS[i] then
+        slim = false
+      end
+    end
+  end
+  if slim then
+    local out = { now, 0 }
+    local function step(i, admitted)
+      if i > #KEYS then
+        return admitted
+      end
+      local b = 4 + 10 * (i - 1)
+      local code = tonumber(ARGV[b])
+      local read, fits, room, charge, _, _, write, figures = algorithm(code)
+      local key, g = KEYS[i], code == 2
+      local cost, shadow, want = tonumber(ARGV[b + 1]), ARGV[b + 2] == '1', tonumber(ARGV[b + 8])
+      local a, pb, pc, pd = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+      local x, y = read(key, now, g, a, pb, pc, pd)
+      local ok = fits(x, y, cost, a, pb, pc, pd)
+      admitted = step(i + 1, admitted and (ok or shadow))
+      local charged, tok, leased = 0, '', 0
+      if admitted and ok then
+        if want > 0 and not shadow then
+          leased = lease_units(room(x, y, a, pb, pc, pd), cost, want)
+        end
+        x, tok = charge(x, y, cost + leased, false, now, g, a, pb, pc, pd)
+        write(key, g, x, y, now, margin, a, pb, pc, pd)
+        charged = 1
+      end
+      local o = 2 + 8 * (i - 1)
+      out[o + 1], out[o + 2] = ok and 1 or 0, charged
+      out[o + 3], out[o + 4], out[o + 5], out[o + 6] = figures(x, y, now, cost, a, pb, pc, pd)
+      out[o + 7], out[o + 8] = tok, leased
+      return admitted
+    end
+    out[2] = step(1, true) and 1 or 0
+    return out
+  end
+end
+
+-- The generic loop. Each algorithm's parts, made on first use in this
+-- call, as a table.
+local made = {}
+local function parts(code)
+  local p = made[code]
+  if p then
+    return p
+  end
+  local read, fits, room, charge, sub, refund, write, figures = algorithm(code)
+  p = { read = read, fits = fits, room = room, charge = charge, sub = sub,
+    refund = refund, write = write, figures = figures }
+  if code == 1 or code == 2 then
+    made[1], made[2] = p, p
+  end
+  made[code] = p
+  return p
+end
+
 local cs = {}
 for i = 1, #KEYS do
   local b = 4 + 10 * (i - 1)
+  local code = tonumber(ARGV[b])
   cs[i] = {
-    key = KEYS[i], alg = algorithm(tonumber(ARGV[b])), cost = tonumber(ARGV[b + 1]),
+    key = KEYS[i], p = parts(code), g = code == 2, cost = tonumber(ARGV[b + 1]),
     shadow = ARGV[b + 2] == '1', token = ARGV[b + 3],
     a = tonumber(ARGV[b + 4]), b = tonumber(ARGV[b + 5]),
     c = tonumber(ARGV[b + 6]), d = tonumber(ARGV[b + 7]),
@@ -92,13 +201,14 @@ if op == 4 then
   end
 end
 for i = 1, #cs do
-  cs[i].alg.load(cs[i], now)
+  local c = cs[i]
+  c.x, c.y = c.p.read(c.key, now, c.g, c.a, c.b, c.c, c.d)
 end
 if op == 1 or op == 8 then
   for i = 1, #cs do
     local c = cs[i]
     if c.ret > 0 and c.token ~= '' then
-      c.alg.refund(c, c.token, c.ret)
+      c.x = c.p.refund(c.x, c.y, c.token, c.ret, c.g, c.a, c.b, c.c, c.d)
       c.returned = true
     end
   end
@@ -107,7 +217,7 @@ end
 if op == 1 or op == 2 then
   for i = 1, #cs do
     local c = cs[i]
-    c.allowed = c.alg.fits(c, c.cost)
+    c.allowed = c.p.fits(c.x, c.y, c.cost, c.a, c.b, c.c, c.d)
     if not c.shadow and not c.allowed then
       admitted = false
     end
@@ -118,16 +228,10 @@ if op == 1 or op == 2 then
       if c.allowed then
         local n = c.cost
         if op == 1 and c.lease > 0 and not c.shadow then
-          local g = fdiv(c.alg.free(c) - c.cost, LEASE_SHARE)
-          if g > c.lease then
-            g = c.lease
-          end
-          if g > 0 then
-            c.leased = g
-            n = n + g
-          end
+          c.leased = lease_units(c.p.room(c.x, c.y, c.a, c.b, c.c, c.d), c.cost, c.lease)
+          n = n + c.leased
         end
-        c.tok = c.alg.add(c, n, false, now)
+        c.x, c.tok = c.p.charge(c.x, c.y, n, false, now, c.g, c.a, c.b, c.c, c.d)
         c.charged = op == 1
       end
     end
@@ -136,20 +240,22 @@ elseif op == 3 then
   for i = 1, #cs do
     local c = cs[i]
     c.allowed = true
-    c.tok = c.alg.add(c, c.cost, true, now)
+    c.x, c.tok = c.p.charge(c.x, c.y, c.cost, true, now, c.g, c.a, c.b, c.c, c.d)
     c.charged = true
   end
 elseif op == 5 then
   for i = 1, #cs do
-    cs[i].allowed = true
-    cs[i].alg.sub(cs[i], cs[i].cost)
-    cs[i].charged = true
+    local c = cs[i]
+    c.allowed = true
+    c.x = c.p.sub(c.x, c.y, c.cost, c.g, c.a, c.b, c.c, c.d)
+    c.charged = true
   end
 elseif op == 6 then
   for i = 1, #cs do
-    cs[i].allowed = true
-    cs[i].alg.refund(cs[i], cs[i].token, 0)
-    cs[i].charged = true
+    local c = cs[i]
+    c.allowed = true
+    c.x = c.p.refund(c.x, c.y, c.token, 0, c.g, c.a, c.b, c.c, c.d)
+    c.charged = true
   end
 elseif op == 8 then
   for i = 1, #cs do
@@ -158,7 +264,8 @@ elseif op == 8 then
   end
 elseif op == 7 then
   for i = 1, #cs do
-    cs[i].allowed = cs[i].alg.fits(cs[i], cs[i].cost)
+    local c = cs[i]
+    c.allowed = c.p.fits(c.x, c.y, c.cost, c.a, c.b, c.c, c.d)
   end
 elseif op == 4 then
   for i = 1, #cs do
@@ -170,9 +277,9 @@ local out = { now, admitted and 1 or 0 }
 for i = 1, #cs do
   local c = cs[i]
   if c.charged or c.returned then
-    c.alg.save(c, now, margin)
+    c.p.write(c.key, c.g, c.x, c.y, now, margin, c.a, c.b, c.c, c.d)
   end
-  local rem, reset, nxt, retry = c.alg.stats(c, now, c.cost)
+  local rem, reset, nxt, retry = c.p.figures(c.x, c.y, now, c.cost, c.a, c.b, c.c, c.d)
   if not c.charged then
     c.tok = ''
   end

@@ -7,75 +7,80 @@
 -- window start lives in the value, so the key name never depends on time.
 -- Refund token: "<window start>:<units>".
 --
--- make_fixed_window() returns the implementation table (see make_bucket).
+-- fw_parts() returns the parts (see decide.lua's header for the
+-- interface), on the state as plain values: x = the units n counted in the
+-- current window, y = its start ws.
 
-local function make_fixed_window()
-  local function fw_load(c, now)
-    local v = redis.call('HMGET', c.key, 'w', 'c')
-    local ws = fdiv(now, c.b) * c.b
-    local n = 0
+local function fw_parts()
+  local function read(key, now, g, L, W)
+    local v = redis.call('HMGET', key, 'w', 'c')
+    local ws = fdiv(now, W) * W
     if tonumber(v[1]) == ws then
-      n = tonumber(v[2]) or 0
+      return tonumber(v[2]) or 0, ws
     end
-    c.ws, c.n = ws, n
+    return 0, ws
   end
 
-  local function fw_save(c, now, margin)
-    if c.n <= 0 then
-      redis.call('DEL', c.key)
+  local function fits(n, ws, cost, L)
+    return n + cost <= L
+  end
+
+  local function room(n, ws, L)
+    return L - n
+  end
+
+  -- the units after charging cost (capped: at most two limits, for
+  -- report), and the refund token.
+  local function charge(n, ws, cost, capped, now, g, L)
+    n = n + cost
+    if capped and n > 2 * L then
+      n = 2 * L
+    end
+    return n, ifmt(ws) .. ':' .. ifmt(cost)
+  end
+
+  local function sub(n, ws, k)
+    n = n - k
+    if n < 0 then
+      return 0
+    end
+    return n
+  end
+
+  -- a charge of an earlier window is not given back: that window is over.
+  local function refund(n, ws, token, lim)
+    local w, k = string.match(token, '^(%-?%d+):(%d+)$')
+    if w and tonumber(w) == ws then
+      k = tonumber(k)
+      if lim > 0 and lim < k then
+        k = lim
+      end
+      return sub(n, ws, k)
+    end
+    return n
+  end
+
+  local function write(key, g, n, ws, now, margin, L, W)
+    if n <= 0 then
+      redis.call('DEL', key)
       return
     end
-    redis.call('HSET', c.key, 'w', ifmt(c.ws), 'c', ifmt(c.n))
-    redis.call('PEXPIRE', c.key, ms(c.ws + c.b - now) + margin)
+    redis.call('HSET', key, 'w', ifmt(ws), 'c', ifmt(n))
+    redis.call('PEXPIRE', key, ms(ws + W - now) + margin)
   end
 
-  local function fw_fits(c, cost)
-    return c.n + cost <= c.a
-  end
-
-  local function fw_add(c, cost, capped)
-    c.n = c.n + cost
-    if capped and c.n > 2 * c.a then
-      c.n = 2 * c.a
+  -- remaining, reset after, next after, retry after (for cost).
+  local function figures(n, ws, now, cost, L, W)
+    local wait = ws + W - now
+    local reset, retry = 0, 0
+    if n > 0 then
+      reset = wait
     end
-    return ifmt(c.ws) .. ':' .. ifmt(cost)
-  end
-
-  local function fw_sub(c, n)
-    c.n = c.n - n
-    if c.n < 0 then
-      c.n = 0
-    end
-  end
-
-  local function fw_refund(c, token, lim)
-    local w, n = string.match(token, '^(%-?%d+):(%d+)$')
-    if w and tonumber(w) == c.ws then
-      n = tonumber(n)
-      if lim > 0 and lim < n then
-        n = lim
-      end
-      fw_sub(c, n)
-    end
-  end
-
-  local function fw_free(c)
-    return c.a - c.n
-  end
-
-  local function fw_stats(c, now, cost)
-    local rem = c.a - c.n
-    local wait = c.ws + c.b - now
-    local reset, nxt, retry = 0, 0, 0
-    if c.n > 0 then
-      reset, nxt = wait, wait
-    end
-    if c.n + cost > c.a then
+    if n + cost > L then
       retry = wait
     end
-    return rem, reset, nxt, retry
+    return L - n, reset, reset, retry
   end
 
-  return { load = fw_load, save = fw_save, fits = fw_fits, add = fw_add,
-    sub = fw_sub, refund = fw_refund, stats = fw_stats, free = fw_free }
+  return read, fits, room, charge, sub, refund, write, figures
 end

@@ -11,15 +11,18 @@
 -- Fields older than i-P are deleted when the counter is next written.
 -- Refund token: "<sub-window index>:<units>".
 --
--- make_sliding_window_counter() returns the implementation table (see
--- make_bucket).
+-- swc_parts() returns the parts (see decide.lua's header for the
+-- interface): x is a table holding the counter's key and parameters
+-- (a = L, b = s, c = P, d = q) and its state: t and i (now in q units and
+-- its sub-window), cnt (index -> units), stale (fields to delete) and
+-- dirty (indexes written); y is unused.
 
-local function make_sliding_window_counter()
-  local function swc_load(c, now)
-    local s, P = c.b, c.c
-    local t = fdiv(now, c.d)
+local function swc_parts()
+  local function read(key, now, g, L, s, P, q)
+    local c = { key = key, a = L, b = s, c = P, d = q }
+    local t = fdiv(now, q)
     local i = fdiv(t, s)
-    local v = redis.call('HGETALL', c.key)
+    local v = redis.call('HGETALL', key)
     local cnt, stale = {}, {}
     for j = 1, #v, 2 do
       local idx, n = tonumber(v[j]), tonumber(v[j + 1])
@@ -32,10 +35,11 @@ local function make_sliding_window_counter()
       end
     end
     c.t, c.i, c.cnt, c.stale, c.dirty = t, i, cnt, stale, {}
+    return c, 0
   end
 
   -- estimate * s at time t (q units) >= the current sub-window i.
-  local function swc_est(c, t)
+  local function est(c, t)
     local s, P = c.b, c.c
     local k = fdiv(t, s)
     local sum = 0
@@ -45,33 +49,33 @@ local function make_sliding_window_counter()
     return sum * s + ((k + 1) * s - t) * (c.cnt[k - P] or 0)
   end
 
-  local function swc_fits(c, cost)
-    return swc_est(c, c.t) + cost * c.b <= c.a * c.b
+  local function fits(c, _, cost)
+    return est(c, c.t) + cost * c.b <= c.a * c.b
   end
 
-  local function swc_bump(c, j, n)
+  local function bump(c, j, n)
     c.cnt[j] = (c.cnt[j] or 0) + n
     c.dirty[#c.dirty + 1] = j
   end
 
-  local function swc_add(c, cost, capped)
+  local function charge(c, _, cost, capped)
     if capped then
-      local room = fdiv(2 * c.a * c.b - swc_est(c, c.t), c.b)
+      local room = fdiv(2 * c.a * c.b - est(c, c.t), c.b)
       if cost > room then
         cost = room
       end
     end
     if cost <= 0 then
-      return ''
+      return c, ''
     end
-    swc_bump(c, c.i, cost)
-    return ifmt(c.i) .. ':' .. ifmt(cost)
+    bump(c, c.i, cost)
+    return c, ifmt(c.i) .. ':' .. ifmt(cost)
   end
 
-  local function swc_sub(c, n)
+  local function sub(c, _, n)
     for j = c.i, c.i - c.c, -1 do
       if n <= 0 then
-        return
+        return c
       end
       local have = c.cnt[j] or 0
       if have > 0 then
@@ -79,13 +83,14 @@ local function make_sliding_window_counter()
         if take > n then
           take = n
         end
-        swc_bump(c, j, -take)
+        bump(c, j, -take)
         n = n - take
       end
     end
+    return c
   end
 
-  local function swc_refund(c, token, lim)
+  local function refund(c, _, token, lim)
     local j, n = string.match(token, '^(%-?%d+):(%d+)$')
     j, n = tonumber(j), tonumber(n)
     if n and lim > 0 and lim < n then
@@ -97,13 +102,14 @@ local function make_sliding_window_counter()
         n = have
       end
       if n > 0 then
-        swc_bump(c, j, -n)
+        bump(c, j, -n)
       end
     end
+    return c
   end
 
   -- the last sub-window holding units, or nil.
-  local function swc_last(c)
+  local function last(c)
     for j = c.i, c.i - c.c, -1 do
       if (c.cnt[j] or 0) > 0 then
         return j
@@ -112,29 +118,29 @@ local function make_sliding_window_counter()
     return nil
   end
 
-  local function swc_save(c, now, margin)
+  local function write(key, g, c, _, now, margin)
     if #c.stale > 0 then
-      redis.call('HDEL', c.key, unpack(c.stale))
+      redis.call('HDEL', key, unpack(c.stale))
     end
-    local last = swc_last(c)
-    if not last then
-      redis.call('DEL', c.key)
+    local lst = last(c)
+    if not lst then
+      redis.call('DEL', key)
       return
     end
     for x = 1, #c.dirty do
       local j = c.dirty[x]
       local n = c.cnt[j] or 0
       if n > 0 then
-        redis.call('HSET', c.key, ifmt(j), ifmt(n))
+        redis.call('HSET', key, ifmt(j), ifmt(n))
       else
-        redis.call('HDEL', c.key, ifmt(j))
+        redis.call('HDEL', key, ifmt(j))
       end
     end
-    redis.call('PEXPIRE', c.key, ms((last + c.c + 1) * c.b * c.d - now) + margin)
+    redis.call('PEXPIRE', key, ms((lst + c.c + 1) * c.b * c.d - now) + margin)
   end
 
   -- time (µs from now) until estimate <= target.
-  local function swc_until(c, now, target)
+  local function untl(c, now, target)
     local s, P = c.b, c.c
     local lim = target * s
     for k = c.i, c.i + P + 1 do
@@ -167,28 +173,27 @@ local function make_sliding_window_counter()
     return 0
   end
 
-  local function swc_free(c)
-    return fdiv(c.a * c.b - swc_est(c, c.t), c.b)
+  local function room(c)
+    return fdiv(c.a * c.b - est(c, c.t), c.b)
   end
 
-  local function swc_stats(c, now, cost)
+  local function figures(c, _, now, cost)
     local L, s = c.a, c.b
-    local rem = fdiv(L * s - swc_est(c, c.t), s)
+    local rem = fdiv(L * s - est(c, c.t), s)
     local reset = 0
-    local last = swc_last(c)
-    if last then
-      reset = (last + c.c + 1) * s * c.d - now
+    local lst = last(c)
+    if lst then
+      reset = (lst + c.c + 1) * s * c.d - now
       if reset < 0 then
         reset = 0
       end
     end
     local nxt = 0
     if rem < L then
-      nxt = swc_until(c, now, L - rem - 1)
+      nxt = untl(c, now, L - rem - 1)
     end
-    return rem, reset, nxt, swc_until(c, now, L - cost)
+    return rem, reset, nxt, untl(c, now, L - cost)
   end
 
-  return { load = swc_load, save = swc_save, fits = swc_fits, add = swc_add,
-    sub = swc_sub, refund = swc_refund, stats = swc_stats, free = swc_free }
+  return read, fits, room, charge, sub, refund, write, figures
 end

@@ -9,27 +9,32 @@
 --
 -- Entries are kept in Redis order: by score, then member bytes.
 --
--- make_sliding_window_log() returns the implementation table (see
--- make_bucket).
+-- swl_parts() returns the parts (see decide.lua's header for the
+-- interface): x is a table holding the counter's key and parameters
+-- (a = L, b = W) and its state: es (the entries in the window, in Redis
+-- order: m, ts, seq, n), u (their units), adds and dels (entries to write
+-- and members to remove); y is unused.
 
-local function make_sliding_window_log()
-  local function swl_parse(m)
+local function swl_parts()
+  local function parse(m)
     local ts, seq, n = string.match(m, '^(%-?%d+):(%d+):(%d+)$')
     return tonumber(ts), tonumber(seq), tonumber(n)
   end
 
-  local function swl_load(c, now)
-    local v = redis.call('ZRANGEBYSCORE', c.key, '(' .. ifmt(now - c.b), '+inf')
+  local function read(key, now, g, L, W)
+    local c = { key = key, a = L, b = W }
+    local v = redis.call('ZRANGEBYSCORE', key, '(' .. ifmt(now - W), '+inf')
     local es, u = {}, 0
     for i = 1, #v do
-      local ts, seq, n = swl_parse(v[i])
+      local ts, seq, n = parse(v[i])
       es[#es + 1] = { m = v[i], ts = ts, seq = seq, n = n }
       u = u + n
     end
     c.es, c.u, c.adds, c.dels = es, u, {}, {}
+    return c, 0
   end
 
-  local function swl_nextseq(c, ts)
+  local function nextseq(c, ts)
     local s = 0
     for i = 1, #c.es do
       local e = c.es[i]
@@ -40,10 +45,10 @@ local function make_sliding_window_log()
     return s + 1
   end
 
-  local function swl_insert(c, ts, n)
-    local m = ifmt(ts) .. ':' .. ifmt(swl_nextseq(c, ts)) .. ':' .. ifmt(n)
+  local function insert(c, ts, n)
+    local m = ifmt(ts) .. ':' .. ifmt(nextseq(c, ts)) .. ':' .. ifmt(n)
     local e = { m = m, ts = ts, n = n, seq = 0 }
-    e.seq = select(2, swl_parse(m))
+    e.seq = select(2, parse(m))
     -- keep Redis order: by score, then member bytes
     local pos = #c.es + 1
     for i = 1, #c.es do
@@ -59,70 +64,72 @@ local function make_sliding_window_log()
     return m
   end
 
-  local function swl_remove(c, i)
+  local function remove(c, i)
     local e = table.remove(c.es, i)
     c.dels[#c.dels + 1] = e.m
     c.u = c.u - e.n
     return e
   end
 
-  local function swl_fits(c, cost)
+  local function fits(c, _, cost)
     return c.u + cost <= c.a
   end
 
-  local function swl_add(c, cost, capped, now)
+  local function charge(c, _, cost, capped, now)
     if capped and c.u + cost > 2 * c.a then
       cost = 2 * c.a - c.u
     end
     if cost <= 0 then
-      return ''
+      return c, ''
     end
-    return swl_insert(c, now, cost)
+    return c, insert(c, now, cost)
   end
 
-  local function swl_sub(c, n)
+  local function sub(c, _, n)
     while n > 0 and #c.es > 0 do
       local e = c.es[1]
       if e.n <= n then
-        swl_remove(c, 1)
+        remove(c, 1)
         n = n - e.n
       else
-        swl_remove(c, 1)
-        swl_insert(c, e.ts, e.n - n)
+        remove(c, 1)
+        insert(c, e.ts, e.n - n)
         n = 0
       end
     end
+    return c
   end
 
   -- a member is refunded whole: leases, which return part of a charge,
-  -- are never granted on a log (free is 0).
-  local function swl_refund(c, token, lim)
+  -- are never granted on a log (room is 0).
+  local function refund(c, _, token)
     for i = 1, #c.es do
       if c.es[i].m == token then
-        swl_remove(c, i)
-        return
+        remove(c, i)
+        return c
       end
     end
+    return c
   end
 
-  local function swl_save(c, now, margin)
-    redis.call('ZREMRANGEBYSCORE', c.key, '-inf', ifmt(now - c.b))
+  local function write(key, g, c, _, now, margin)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', ifmt(now - c.b))
     for i = 1, #c.dels do
-      redis.call('ZREM', c.key, c.dels[i])
+      redis.call('ZREM', key, c.dels[i])
     end
     for i = 1, #c.adds do
       local e = c.adds[i]
-      redis.call('ZADD', c.key, ifmt(e.ts), e.m)
+      redis.call('ZADD', key, ifmt(e.ts), e.m)
     end
     if #c.es == 0 then
-      redis.call('DEL', c.key)
+      redis.call('DEL', key)
       return
     end
-    redis.call('PEXPIRE', c.key, ms(c.es[#c.es].ts + c.b - now) + margin)
+    redis.call('PEXPIRE', key, ms(c.es[#c.es].ts + c.b - now) + margin)
   end
 
   -- time until the units in the window are at most target.
-  local function swl_until(c, now, target)
+  local function untl(c, now, target)
     local acc = c.u
     if acc <= target then
       return 0
@@ -141,20 +148,19 @@ local function make_sliding_window_log()
     return 0
   end
 
-  local function swl_stats(c, now, cost)
+  local function room()
+    return 0
+  end
+
+  local function figures(c, _, now, cost)
     local L = c.a
     local rem = L - c.u
     local nxt = 0
     if rem < L then
-      nxt = swl_until(c, now, L - rem - 1)
+      nxt = untl(c, now, L - rem - 1)
     end
-    return rem, swl_until(c, now, 0), nxt, swl_until(c, now, L - cost)
+    return rem, untl(c, now, 0), nxt, untl(c, now, L - cost)
   end
 
-  local function swl_free(c)
-    return 0
-  end
-
-  return { load = swl_load, save = swl_save, fits = swl_fits, add = swl_add,
-    sub = swl_sub, refund = swl_refund, stats = swl_stats, free = swl_free }
+  return read, fits, room, charge, sub, refund, write, figures
 end

@@ -30,6 +30,12 @@
 // 2-CPU machine a checking process that spreads over both CPUs takes CPU
 // time from redis-server (redis-benchmark is one thread).
 //
+// With -baseline REV it measures instead redis-server's CPU per call of
+// the guard's script for each algorithm, against the script of git
+// revision REV, side by side in one run (scriptcpu.go):
+//
+//	go run ./guard/redisstore/internal/evalbench -baseline f1a8d53 [-rounds 6] [-duration 2s]
+//
 // It exits 2 when redis-benchmark or redis-server is missing, naming the
 // command that installs them, and 1 when a check fails.
 package main
@@ -150,7 +156,7 @@ func parseBatches(s string) ([]batch, error) {
 
 func main() {
 	var cfg config
-	var batches, procs string
+	var batches, procs, baseline, cases string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "rounds; each runs every setting once, each guard phase between two redis-benchmark phases")
 	flag.DurationVar(&cfg.duration, "duration", 2*time.Second, "length of each phase (redis-benchmark -n is sized to last about as long)")
 	flag.IntVar(&cfg.clients, "clients", 50, "redis-benchmark -c")
@@ -161,6 +167,8 @@ func main() {
 	flag.StringVar(&procs, "procs", "0,1", "comma-separated GOMAXPROCS values for guard phases (0: unchanged)")
 	flag.DurationVar(&cfg.timeout, "timeout", 50*time.Millisecond, "deadline of one Redis call (redisstore.WithTimeout)")
 	flag.Float64Var(&cfg.quiet, "quiet", 0.15, "a ratio is quiet when other processes used at most this many CPUs in its phases")
+	flag.StringVar(&baseline, "baseline", "", "a git revision: measure Redis CPU per call of its script against this tree's, per algorithm (scriptcpu.go), instead of the ratio")
+	flag.StringVar(&cases, "cases", "", "with -baseline: comma-separated case names to measure (default: all)")
 	flag.Parse()
 	bs, err := parseBatches(batches)
 	if err == nil {
@@ -179,6 +187,10 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	run := run
+	if baseline != "" {
+		run = func(ctx context.Context, cfg config) error { return runBaseline(ctx, cfg, baseline, cases) }
+	}
 	if err := run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "evalbench:", err)
 		var me missingError
@@ -261,7 +273,7 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Printf("evalbench: guard key   %s\n", keys[0])
 	fmt.Printf("evalbench: bench key   %s (redis-benchmark -r %d)\n", pattern, cfg.keys)
 
-	bench := &rbench{path: rb, host: "127.0.0.1", port: srv.Port(), cfg: cfg, sha: sha, key: pattern, args: args}
+	bench := &rbench{path: rb, host: "127.0.0.1", port: srv.Port(), cfg: cfg, sha: sha, keys: []string{pattern}, args: args}
 	// Warm up and calibrate -n on a short run.
 	warm, err := bench.run(ctx, admin, 100_000)
 	if err != nil {
@@ -425,7 +437,7 @@ type rbench struct {
 	port int
 	cfg  config
 	sha  string
-	key  string
+	keys []string // KEYS, each with __rand_int__ for -r
 	args []string
 }
 
@@ -435,8 +447,9 @@ func (b *rbench) argv(n int) []string {
 		"-h", b.host, "-p", strconv.Itoa(b.port),
 		"-c", strconv.Itoa(b.cfg.clients), "-P", strconv.Itoa(b.cfg.pipeline),
 		"-n", strconv.Itoa(n), "-r", strconv.Itoa(b.cfg.keys), "-e", "--csv",
-		"EVALSHA", b.sha, "1", b.key,
+		"EVALSHA", b.sha, strconv.Itoa(len(b.keys)),
 	}
+	argv = append(argv, b.keys...)
 	return append(argv, b.args...)
 }
 
