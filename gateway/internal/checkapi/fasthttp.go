@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"runtime/debug"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -148,13 +150,47 @@ func equalFoldASCII(b []byte, s string) bool {
 	return true
 }
 
+// requestPool holds the requests of single checks (a guard.Checker keeps
+// neither request nor decision).
+var requestPool = sync.Pool{New: func() any { return new(guard.Request) }}
+
+// canonicalNames maps the names httpguard.HeaderPairs returns to the
+// spelling net/http writes (textproto's canonical form); others are
+// canonicalised on the way.
+var canonicalNames = func() map[string][]byte {
+	m := make(map[string][]byte)
+	for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Used", "X-RateLimit-Reset",
+		"X-RateLimit-Resource", "RateLimit-Policy", "RateLimit", "X-RateLimit-Policy", "Retry-After"} {
+		m[name] = []byte(textproto.CanonicalMIMEHeaderKey(name))
+	}
+	return m
+}()
+
+func canonicalName(name string) []byte {
+	if b, ok := canonicalNames[name]; ok {
+		return b
+	}
+	return []byte(textproto.CanonicalMIMEHeaderKey(name))
+}
+
+// bytesOf returns s's bytes without a copy, for fasthttp calls that copy
+// what they are given and never write to it.
+func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
 // pairsPool holds the header pairs of single checks.
 var pairsPool = sync.Pool{New: func() any { p := make([][2]string, 0, 12); return &p }}
 
 // check serves a single check; false hands the request to net/http, which
 // answers it (nothing has been decided or written).
 func (f *fastHandler) check(ctx *fasthttp.RequestCtx) bool {
-	req, peek, err := decodeCheck(ctx.PostBody())
+	req := requestPool.Get().(*guard.Request)
+	defer func() {
+		*req = guard.Request{}
+		requestPool.Put(req)
+	}()
+	var peek bool
+	var err error
+	*req, peek, err = decodeCheck(ctx.PostBody())
 	if err != nil {
 		return false
 	}
@@ -168,7 +204,7 @@ func (f *fastHandler) check(ctx *fasthttp.RequestCtx) bool {
 	req.Surface = "check"
 	// Not ctx: fasthttp closes its Done at the start of a shutdown, and a
 	// drain lets in-flight decisions finish.
-	d, err := f.h.decideInto(context.Background(), &req, peek, pd)
+	d, err := f.h.decideInto(context.Background(), req, peek, pd)
 	if err != nil {
 		f.unavailable(ctx, err)
 		return true
@@ -177,7 +213,9 @@ func (f *fastHandler) check(ctx *fasthttp.RequestCtx) bool {
 	*pairs = httpguard.HeaderPairs(d, (*pairs)[:0])
 	rh := &ctx.Response.Header
 	for _, p := range *pairs {
-		rh.Set(p[0], p[1])
+		// SetCanonical copies both; the name is net/http's spelling,
+		// so the two servers write the same bytes.
+		rh.SetCanonical(canonicalName(p[0]), bytesOf(p[1]))
 	}
 	clear(*pairs)
 	pairsPool.Put(pairs)
@@ -242,14 +280,19 @@ func (f *fastHandler) unavailable(ctx *fasthttp.RequestCtx, err error) {
 // fastJSON writes body and a final newline, as writeJSON.
 func fastJSON(ctx *fasthttp.RequestCtx, status int, body []byte) {
 	ctx.SetStatusCode(status)
-	ctx.Response.Header.SetContentType("application/json")
-	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	ctx.Response.Header.SetContentTypeBytes(contentTypeJSON)
+	ctx.Response.Header.SetCanonical(nameNoSniff, valueNoSniff)
 	ctx.Response.ResetBody()
 	ctx.Response.AppendBody(body)
 	ctx.Response.AppendBody(newline)
 }
 
-var newline = []byte{'\n'}
+var (
+	newline         = []byte{'\n'}
+	contentTypeJSON = []byte("application/json")
+	nameNoSniff     = []byte("X-Content-Type-Options")
+	valueNoSniff    = []byte("nosniff")
+)
 
 // fastWriter is an http.ResponseWriter over a fasthttp response, for the
 // rare answers written by net/http-shaped code.
