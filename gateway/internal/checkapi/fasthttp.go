@@ -5,10 +5,13 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/textproto"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -66,6 +69,35 @@ func NewFastServer(cfg Config, l ServerLimits) *fasthttp.Server {
 		CloseOnShutdown:              true,
 		Logger:                       fastLogger{h.cfg.Log},
 	}
+}
+
+// plainError writes one of net/http's own plain-text answers.
+func plainError(ctx *fasthttp.RequestCtx, status int, text string) {
+	ctx.Response.ResetBody()
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString(text)
+}
+
+// headErrorPrefix starts fasthttp's errors about a request head (which
+// wrap what went wrong); TestFastServerAnswersAsNetHTTP notices if a new
+// fasthttp words them otherwise.
+const headErrorPrefix = "error when reading request headers"
+
+// bareNetError is true for a read error fasthttp passes on as it is: the
+// peer went away, or a read timed out, with no request head in progress.
+func bareNetError(err error) bool {
+	switch err {
+	case io.EOF, io.ErrUnexpectedEOF:
+		return true
+	}
+	ne, ok := err.(net.Error)
+	return ok && (ne.Timeout() || isReadOp(ne))
+}
+
+func isReadOp(err error) bool {
+	oe, ok := err.(*net.OpError)
+	return ok && oe.Op == "read"
 }
 
 // fastLogger sends fasthttp's messages (connection errors) to the debug
@@ -327,24 +359,40 @@ func (w *fastWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// readError answers a request the server could not read: a header block
-// above the limit is 431 as net/http answers it; a body above the limit is
-// 413 BODY_TOO_LARGE, as net/http's MaxBytesReader makes it;
-// anything else (a broken chunked body, say) 400 INVALID_REQUEST with
-// net/http's message. fasthttp closes the connection after it (and says
-// so in a Connection: close header).
+// readError answers a request the server could not read, as net/http
+// does where fasthttp lets it tell the cases apart:
+//   - the connection closed or a read timed out before anything of a
+//     request arrived (a client's spare connection idle past
+//     read_header_timeout, say): closed without an answer. fasthttp
+//     reports a body that stopped arriving (past read_timeout) or was cut
+//     short the same way, so that is closed without an answer too, where
+//     net/http would have answered 400 INVALID_REQUEST;
+//   - a header block above max_header_bytes: 431, and any other bad or
+//     incomplete request head: 400, in net/http's plain text;
+//   - a body above max_body_bytes: 413 BODY_TOO_LARGE, as net/http's
+//     MaxBytesReader makes it; any other unreadable body (broken
+//     chunks): 400 INVALID_REQUEST with the handler's message.
+//
+// fasthttp closes the connection after an answer (and says so in a
+// Connection: close header).
 func (f *fastHandler) readError(ctx *fasthttp.RequestCtx, err error) {
+	if _, ok := errors.AsType[*fasthttp.ErrSmallBuffer](err); ok {
+		plainError(ctx, http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large")
+		return
+	}
+	if bareNetError(err) {
+		// Closing here makes fasthttp's write of an answer fail.
+		_ = ctx.Conn().Close()
+		return
+	}
+	if strings.HasPrefix(err.Error(), headErrorPrefix) {
+		plainError(ctx, http.StatusBadRequest, "400 Bad Request")
+		return
+	}
 	var r http.Request
 	r.Header = http.Header{}
 	if v := ctx.Request.Header.Peek("Accept"); len(v) > 0 {
 		r.Header.Set("Accept", string(v))
-	}
-	if _, ok := errors.AsType[*fasthttp.ErrSmallBuffer](err); ok {
-		// A header block above max_header_bytes: net/http's own answer.
-		ctx.SetStatusCode(http.StatusRequestHeaderFieldsTooLarge)
-		ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
-		ctx.SetBodyString("431 Request Header Fields Too Large")
-		return
 	}
 	w := &fastWriter{ctx: ctx, h: http.Header{}}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {

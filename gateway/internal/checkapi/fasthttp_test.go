@@ -50,18 +50,21 @@ func realGuard(t *testing.T) *guard.Guard {
 	return g
 }
 
-// serveFast serves NewFastServer(cfg) on a loopback port until the test
-// ends and returns its address.
-func serveFast(t *testing.T, cfg Config) string {
+// testLimits are the limits of the servers of the differential tests.
+var testLimits = ServerLimits{
+	ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+	WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
+}
+
+// serveFast serves NewFastServer(cfg, l) on a loopback port until the
+// test ends and returns its address.
+func serveFast(t *testing.T, cfg Config, l ServerLimits) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewFastServer(cfg, ServerLimits{
-		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
-	})
+	srv := NewFastServer(cfg, l)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	t.Cleanup(func() {
@@ -120,7 +123,7 @@ func TestFastServerAnswersAsNetHTTP(t *testing.T) {
 		std.Start()
 		t.Cleanup(std.Close)
 		stdAddr := strings.TrimPrefix(std.URL, "http://")
-		fastAddr := serveFast(t, cfg)
+		fastAddr := serveFast(t, cfg, testLimits)
 
 		auth := ""
 		if token != "" {
@@ -162,6 +165,7 @@ func TestFastServerAnswersAsNetHTTP(t *testing.T) {
 			{"oversized chunked body", []string{"POST /v1/check HTTP/1.1\r\nHost: t\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n" +
 				"500\r\n" + strings.Repeat(" ", 0x500) + "\r\n0\r\n\r\n"}},
 			{"oversized headers", []string{strings.Replace(check("KEY"), "Host: t\r\n", "Host: t\r\nX-Big: "+strings.Repeat("b", 40<<10)+"\r\n", 1)}},
+			{"malformed request line", []string{"GARBAGE\r\n\r\n"}},
 			{"GET", []string{"GET /v1/check HTTP/1.1\r\nHost: t\r\n" + auth + "\r\n"}},
 			{"unknown path", []string{post("/v1/nope", `{}`)}},
 			{"batch", []string{post("/v1/check/batch", `[{"api_key":"KEY","endpoint":"/v1/items"},{"api_key":"KEY","x":1},{"api_key":"KEY","endpoint":"/v1/items","cost":5}]`)}},
@@ -195,43 +199,94 @@ func TestFastServerAnswersAsNetHTTP(t *testing.T) {
 				// The clock may tick between the two sequences and move
 				// Reset or RateLimit's t by a second: retry on fresh keys.
 				var diff string
+				var statuses []int
 				for range 3 {
-					if diff = compareSequence(t, stdAddr, fastAddr, tt.reqs); diff == "" {
-						return
+					if diff, statuses = compareSequence(t, stdAddr, fastAddr, tt.reqs); diff == "" {
+						break
 					}
 				}
-				t.Error(diff)
+				if diff != "" {
+					t.Fatal(diff)
+				}
+				if want, ok := wantStatuses[tt.name]; ok && !slices.Equal(statuses, want) {
+					t.Errorf("statuses %v, want %v", statuses, want)
+				}
 			})
 		}
 	}
 }
 
+// wantStatuses are the answers of some sequences, so that the test is
+// known to compare decisions and not only refusals.
+var wantStatuses = map[string][]int{
+	"admitted, admitted, 429":          {200, 200, 429},
+	"no rule matches":                  {200},
+	"peek":                             {200, 200},
+	"strict decoder (escapes, spaces)": {200},
+	"query string":                     {200},
+	"chunked body":                     {200},
+	"HTTP/1.0":                         {200},
+	"cost above the limit":             {400},
+	"invalid key":                      {400},
+	"oversized body":                   {413},
+	"oversized chunked body":           {413},
+	"malformed request line":           {400},
+	"GET":                              {405},
+	"unknown path":                     {404},
+	"batch":                            {200},
+	"report":                           {204, 429}, // cost 2 of the limit 2
+	"authz":                            {200},
+	"authz nginx mode, 429":            {200, 200, 401},
+	"no token":                         {401},
+	"lower-case scheme":                {200},
+}
+
 // compareSequence sends reqs to net/http and to fasthttp, each on a fresh
-// key, and returns how the answers differ ("" when they do not).
-func compareSequence(t *testing.T, stdAddr, fastAddr string, reqs []string) string {
+// key, and returns how the answers differ ("" when they do not) and the
+// statuses.
+func compareSequence(t *testing.T, stdAddr, fastAddr string, reqs []string) (string, []int) {
+	var statuses []int
 	stdKey := fmt.Sprintf("sk_std_%d", keySeq.Add(1))
 	fastKey := fmt.Sprintf("sk_fst_%d", keySeq.Add(1))
 	for i, raw := range reqs {
-		sc, sh, sb := rawExchange(t, stdAddr, chunk(strings.ReplaceAll(raw, "KEY", stdKey)))
-		fc, fh, fb := rawExchange(t, fastAddr, chunk(strings.ReplaceAll(raw, "KEY", fastKey)))
+		sc, sh, sb := rawExchange(t, stdAddr, fixLength(chunk(strings.ReplaceAll(raw, "KEY", stdKey))))
+		fc, fh, fb := rawExchange(t, fastAddr, fixLength(chunk(strings.ReplaceAll(raw, "KEY", fastKey))))
 		if fh.Get("Connection") == "close" && sh.Get("Connection") == "" && sc == http.StatusBadRequest {
 			// fasthttp closes the connection after a request it could
 			// not read, and says so.
 			fh.Del("Connection")
 		}
-		if sc == http.StatusRequestHeaderFieldsTooLarge && sh.Get("Content-Length") == "" {
-			// net/http ends its 431 by closing the connection, fasthttp
-			// with a Content-Length.
+		if (sc == http.StatusRequestHeaderFieldsTooLarge || sc == http.StatusBadRequest) && sh.Get("Content-Length") == "" &&
+			sh.Get("Content-Type") == "text/plain; charset=utf-8" {
+			// net/http ends its plain-text 431 and 400 by closing the
+			// connection, fasthttp with a Content-Length.
 			fh.Del("Content-Length")
 		}
 		if sc != fc || !bytes.Equal(sb, fb) || !sameHeaders(sh, fh) {
 			if len(raw) > 300 {
 				raw = raw[:300] + "…"
 			}
-			return fmt.Sprintf("request %d %q:\nnet/http %d %v %s\nfasthttp %d %v %s", i, raw, sc, sh, sb, fc, fh, fb)
+			return fmt.Sprintf("request %d %q:\nnet/http %d %v %s\nfasthttp %d %v %s", i, raw, sc, sh, sb, fc, fh, fb), nil
+		}
+		statuses = append(statuses, sc)
+	}
+	return "", statuses
+}
+
+// fixLength sets a Content-Length header of raw to its body's length
+// (the key put in place of KEY changed it).
+func fixLength(raw string) string {
+	head, body, ok := strings.Cut(raw, "\r\n\r\n")
+	if !ok {
+		return raw
+	}
+	lines := strings.Split(head, "\r\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "Content-Length: ") {
+			lines[i] = fmt.Sprintf("Content-Length: %d", len(body))
 		}
 	}
-	return ""
+	return strings.Join(lines, "\r\n") + "\r\n\r\n" + body
 }
 
 // chunk encodes a body marked CHUNKED: as two chunks.
@@ -253,4 +308,69 @@ func sameHeaders(a, b http.Header) bool {
 		}
 	}
 	return true
+}
+
+// TestFastServerTimeoutsAsNetHTTP: a client too slow for the read
+// timeouts gets what net/http gives it: a new connection that sends
+// nothing is closed without an answer, part of a request head is 400;
+// but a body that stops arriving is closed without an answer where
+// net/http says 400 INVALID_REQUEST.
+func TestFastServerTimeoutsAsNetHTTP(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Decider: realGuard(t), MaxBody: 1024}
+	l := testLimits
+	l.ReadHeaderTimeout, l.ReadTimeout = 300*time.Millisecond, 600*time.Millisecond
+	std := httptest.NewUnstartedServer(New(cfg))
+	std.Config.ReadHeaderTimeout, std.Config.ReadTimeout = l.ReadHeaderTimeout, l.ReadTimeout
+	std.Start()
+	t.Cleanup(std.Close)
+	addrs := map[string]string{"net/http": strings.TrimPrefix(std.URL, "http://"), "fasthttp": serveFast(t, cfg, l)}
+	for _, tt := range []struct {
+		name, send string
+		// status by server; 0: closed without an answer
+		status map[string]int
+		code   string
+	}{
+		{"nothing", "", map[string]int{"net/http": 0, "fasthttp": 0}, ""},
+		{"part of the head", "POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Le",
+			map[string]int{"net/http": http.StatusBadRequest, "fasthttp": http.StatusBadRequest}, "400 Bad Request"},
+		// fasthttp reports this as it reports an idle connection timing
+		// out (readError): the one answer that differs.
+		{"part of the body", "POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Length: 50\r\n\r\n{\"api_key\":",
+			map[string]int{"net/http": http.StatusBadRequest, "fasthttp": 0}, `"INVALID_REQUEST"`},
+	} {
+		for name, addr := range addrs {
+			t.Run(tt.name+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.WriteString(c, tt.send); err != nil {
+					t.Fatal(err)
+				}
+				got, err := io.ReadAll(c)
+				if err != nil && !strings.Contains(err.Error(), "reset") {
+					t.Fatal(err)
+				}
+				status := tt.status[name]
+				if status == 0 {
+					if len(got) > 0 {
+						t.Fatalf("answered %q, want the connection closed without an answer", got)
+					}
+					return
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(got)), nil)
+				if err != nil {
+					t.Fatalf("%q: %v", got, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != status || !strings.Contains(string(body), tt.code) {
+					t.Fatalf("%d %s, want %d %s", resp.StatusCode, body, status, tt.code)
+				}
+			})
+		}
+	}
 }
