@@ -126,10 +126,12 @@ type activeRules struct {
 // overrides) are dropped from memory; decisions ignore them at once.
 const sweepInterval = 5 * time.Second
 
-// httpServer is one HTTP listener.
+// httpServer is one HTTP listener: a net/http server, or the check API's
+// fasthttp server (fast).
 type httpServer struct {
 	name string
 	srv  *http.Server
+	fast *fastServer
 	ln   net.Listener
 }
 
@@ -243,14 +245,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		s.servers[len(s.servers)-1].srv.ConnContext = s.offenders.connContext
 	}
 	if cfg.APIListen != Off {
-		s.addServer("api", cfg.APIListen, checkapi.New(checkapi.Config{
+		s.servers = append(s.servers, &httpServer{name: "api", fast: s.newAPIServer(checkapi.Config{
 			Decider:  checker,
 			Token:    cfg.APIToken,
 			Identity: id,
 			MaxBatch: cfg.MaxBatch,
 			MaxBody:  cfg.Limits.MaxBodyBytes,
 			Log:      log.With(slog.String("component", "checkapi")),
-		}), apiWriteTimeout)
+		})})
 	}
 	if cfg.MetricsListen != Off {
 		s.addServer("metrics", cfg.MetricsListen, s.metricsHandler(), apiWriteTimeout)
@@ -288,7 +290,11 @@ func (s *Server) addServer(name, addr string, h http.Handler, writeTimeout time.
 // listen binds every listener.
 func (s *Server) listen() error {
 	for _, hs := range s.servers {
-		ln, err := net.Listen("tcp", hs.srv.Addr)
+		addr := s.cfg.APIListen
+		if hs.srv != nil {
+			addr = hs.srv.Addr
+		}
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
 		}
@@ -379,6 +385,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	for _, hs := range s.servers {
 		g.Go(func() error {
+			if hs.fast != nil {
+				if err := hs.fast.serve(hs.ln); err != nil {
+					return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+				}
+				return nil
+			}
 			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
 			}
@@ -449,6 +461,12 @@ func (s *Server) shutdown() {
 }
 
 func (s *Server) shutdownHTTP(ctx context.Context, hs *httpServer) {
+	if hs.fast != nil {
+		if err := hs.fast.shutdown(ctx); err != nil {
+			s.log.Warn("in-flight requests cut at shutdown timeout", slog.String("listener", hs.name))
+		}
+		return
+	}
 	if err := hs.srv.Shutdown(ctx); err != nil {
 		s.log.Warn("in-flight requests cut at shutdown timeout", slog.String("listener", hs.name))
 		_ = hs.srv.Close()

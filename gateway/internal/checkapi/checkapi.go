@@ -66,7 +66,9 @@ type Config struct {
 
 // New returns the check API handler. It is safe for concurrent use and
 // starts no goroutines.
-func New(cfg Config) http.Handler {
+func New(cfg Config) http.Handler { return newHandler(cfg) }
+
+func newHandler(cfg Config) *handler {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 100
 	}
@@ -196,15 +198,26 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 }
 
 func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
-	items, err := decodeBatch(body, h.cfg.MaxBatch)
-	if errors.Is(err, errTooLarge) {
-		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeBatchTooLarge,
-			fmt.Sprintf("A batch holds at most %d checks.", h.cfg.MaxBatch))
-		return
-	}
-	if err != nil {
+	out, ok := h.batchBody(r.Context(), body)
+	if !ok {
+		_, err := decodeBatch(body, h.cfg.MaxBatch)
+		if errors.Is(err, errTooLarge) {
+			httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeBatchTooLarge,
+				fmt.Sprintf("A batch holds at most %d checks.", h.cfg.MaxBatch))
+			return
+		}
 		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
 		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// batchBody decides a batch body and returns the answer; false when the
+// body is not a valid batch (nothing was decided).
+func (h *handler) batchBody(ctx context.Context, body []byte) ([]byte, bool) {
+	items, err := decodeBatch(body, h.cfg.MaxBatch)
+	if err != nil {
+		return nil, false
 	}
 	out := make([]byte, 0, 64+200*len(items))
 	out = append(out, '[')
@@ -219,9 +232,9 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
 			continue
 		}
 		req.Surface = "batch"
-		dd, err := h.decideInto(r.Context(), &req, peek, &d)
+		dd, err := h.decideInto(ctx, &req, peek, &d)
 		if err != nil {
-			h.cfg.Log.LogAttrs(r.Context(), slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
+			h.cfg.Log.LogAttrs(ctx, slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
 			out = appendItemError(out, http.StatusServiceUnavailable, CodeUnavailable, "error", "No decision could be made.")
 			continue
 		}
@@ -231,8 +244,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
 		}
 		out = appendDecision(out, dd, status)
 	}
-	out = append(out, ']')
-	writeJSON(w, http.StatusOK, out)
+	return append(out, ']'), true
 }
 
 func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {

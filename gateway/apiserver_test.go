@@ -1,0 +1,160 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/gateway"
+)
+
+// TestCheckAPIDrainsOnShutdown: the check API (served by fasthttp) lets a
+// check in flight at shutdown finish with its decision, closes idle
+// keep-alive connections, stops accepting, and cuts a request still
+// unread when shutdown_timeout runs out.
+func TestCheckAPIDrainsOnShutdown(t *testing.T) {
+	t.Parallel()
+	const body = `{"api_key":"sk_drain","endpoint":"/v1/x"}`
+	tests := []struct {
+		name string
+		// wholeRequest: when shutdown begins a client has sent a whole
+		// check (answered once Redis wakes), else headers without the
+		// whole body.
+		wholeRequest bool
+		wantStatus   int // 0: the connection is cut, no answer
+	}{
+		{"check in flight finishes", true, http.StatusOK},
+		{"unread body cut at shutdown_timeout", false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, envOptions{rules: apiRules})
+			cfg := e.config()
+			cfg.ShutdownTimeout = 1500 * time.Millisecond
+			srv, err := gateway.New(cfg, testLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- srv.Run(ctx) }()
+			api := srv.Addrs().API
+
+			// An idle keep-alive connection, answered once.
+			idle := dial(t, api)
+			if status := exchange(t, idle, post(body)); status != http.StatusOK {
+				t.Fatalf("warm-up check: %d", status)
+			}
+
+			busy, err := net.Dial("tcp", api)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Close()
+			if tt.wholeRequest {
+				// Redis sleeps, so the check waits for it while the
+				// gateway shuts down.
+				rc := redis.NewClient(&redis.Options{Addr: e.redisAddr})
+				defer rc.Close()
+				go func() { _ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err() }()
+				time.Sleep(100 * time.Millisecond)
+				post := post(strings.Replace(body, "sk_drain", "sk_drain2", 1))
+				if _, err := io.WriteString(busy, post); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				full := post(body)
+				if _, err := io.WriteString(busy, full[:len(full)-5]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
+			cancel()
+
+			_ = busy.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+			switch {
+			case tt.wantStatus == 0 && err == nil:
+				t.Fatalf("answered %d, want the connection cut", resp.StatusCode)
+			case tt.wantStatus == 0 && time.Since(start) < time.Second:
+				t.Fatalf("cut after %v, before shutdown_timeout", time.Since(start))
+			case tt.wantStatus != 0 && err != nil:
+				t.Fatalf("in-flight check: %v", err)
+			case tt.wantStatus != 0 && resp.StatusCode != tt.wantStatus:
+				t.Fatalf("in-flight check: %d, want %d", resp.StatusCode, tt.wantStatus)
+			}
+			if resp != nil && resp.Header.Get("X-RateLimit-Limit") == "" {
+				t.Errorf("in-flight check answered without its decision's headers: %v", resp.Header)
+			}
+
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return")
+			}
+			// The idle connection was closed, and nothing accepts.
+			_ = idle.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := idle.r.ReadByte(); !errors.Is(err, io.EOF) && !isReset(err) {
+				t.Errorf("idle connection after shutdown: %v", err)
+			}
+			if c, err := net.DialTimeout("tcp", api, time.Second); err == nil {
+				c.Close()
+				t.Error("the check API still accepts after shutdown")
+			}
+		})
+	}
+}
+
+func post(body string) string {
+	return "POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+type conn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dial(t *testing.T, addr string) *conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{c: c, r: bufio.NewReader(c)}
+}
+
+// exchange sends raw on c and reads one answer, leaving c open.
+func exchange(t *testing.T, c *conn, raw string) int {
+	t.Helper()
+	if _, err := io.WriteString(c.c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func isReset(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
