@@ -4,17 +4,20 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 // TestCheckAPIDrainsOnShutdown: the check API (served by fasthttp) lets a
@@ -38,7 +41,8 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, envOptions{rules: apiRules})
+			rd := redistest.StartTB(t)
+			e := newEnv(t, envOptions{rules: apiRules, redisAddr: rd.Addr()})
 			cfg := e.config()
 			cfg.ShutdownTimeout = 1500 * time.Millisecond
 			srv, err := gateway.New(cfg, testLogger(t))
@@ -62,26 +66,56 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer busy.Close()
+			apiPort := portOf(t, api)
 			if tt.wholeRequest {
-				// Redis sleeps, so the check waits for it while the
-				// gateway shuts down.
-				rc := redis.NewClient(&redis.Options{Addr: e.redisAddr})
-				defer rc.Close()
-				go func() { _ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err() }()
-				time.Sleep(100 * time.Millisecond)
+				// Redis is paused, so the check waits for it while the
+				// gateway shuts down: in flight once its script sits
+				// unread in Redis's socket.
+				if err := rd.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer rd.Resume()
 				post := post(strings.Replace(body, "sk_drain", "sk_drain2", 1))
 				if _, err := io.WriteString(busy, post); err != nil {
 					t.Fatal(err)
 				}
+				testwait.Eventually(t, 5*time.Second, func() error {
+					if n := unreadBytes(t, rd.Port()); n == 0 {
+						return errors.New("the check has not reached Redis")
+					}
+					return nil
+				})
 			} else {
 				full := post(body)
 				if _, err := io.WriteString(busy, full[:len(full)-5]); err != nil {
 					t.Fatal(err)
 				}
+				// The gateway has read the head and what came of the
+				// body: it waits for the rest.
+				testwait.Eventually(t, 5*time.Second, func() error {
+					if n := unreadBytes(t, apiPort); n > 0 {
+						return fmt.Errorf("%d bytes of the request unread", n)
+					}
+					return nil
+				})
 			}
-			time.Sleep(100 * time.Millisecond)
 			start := time.Now()
 			cancel()
+			if tt.wholeRequest {
+				// Shutdown has begun (nothing accepts) while the check
+				// waits; then Redis answers it.
+				testwait.Eventually(t, 5*time.Second, func() error {
+					c, err := net.DialTimeout("tcp", api, time.Second)
+					if err == nil {
+						c.Close()
+						return errors.New("the check API still accepts")
+					}
+					return nil
+				})
+				if err := rd.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
 
 			_ = busy.SetReadDeadline(time.Now().Add(5 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
@@ -157,4 +191,54 @@ func exchange(t *testing.T, c *conn, raw string) int {
 
 func isReset(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+// portOf returns the port of a host:port address.
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// unreadBytes returns the bytes received and not yet read by the process
+// owning the loopback TCP sockets whose local port is port (Linux:
+// /proc/net/tcp's rx_queue), so a test can tell that a server has read a
+// request, or that a request reached a server that is not reading.
+func unreadBytes(t *testing.T, port int) int64 {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/net/tcp")
+	}
+	var total int64
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) < 5 {
+				continue
+			}
+			local := fields[1]
+			i := strings.LastIndexByte(local, ':')
+			p, err := strconv.ParseInt(local[i+1:], 16, 32)
+			if err != nil || int(p) != port {
+				continue
+			}
+			_, rx, _ := strings.Cut(fields[4], ":")
+			n, err := strconv.ParseInt(rx, 16, 64)
+			if err == nil {
+				total += n
+			}
+		}
+	}
+	return total
 }
