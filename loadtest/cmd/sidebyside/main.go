@@ -57,6 +57,7 @@ type options struct {
 	rounds             int
 	duration           time.Duration
 	workers, keys      int
+	rate               float64
 	only               string
 	jsonOut            string
 	gatewayEnv         string
@@ -71,6 +72,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of one side's run")
 	flag.IntVar(&o.workers, "workers", 50, "closed-loop workers of the load client (one gRPC connection)")
 	flag.IntVar(&o.keys, "keys", 10000, "distinct API keys, drawn uniformly")
+	flag.Float64Var(&o.rate, "rate", 0, "open loop at this many requests/s (latency from each request's scheduled time) instead of closed-loop workers; pick a rate both sides carry")
 	flag.StringVar(&o.only, "scenarios", "under,over", "scenarios to run, comma-separated")
 	flag.StringVar(&o.jsonOut, "json", "", "also write every run's figures as JSON to this file")
 	flag.StringVar(&o.gatewayEnv, "gateway-env", "", "extra KEY=VALUE,... for the gateway's environment (e.g. TOLLGATE_FAST_PATH_DISABLED=true)")
@@ -249,6 +251,7 @@ func loadConfig(o options, s *side, sc scenario) loadtest.Config {
 	cfg.Addr = s.GRPC
 	cfg.Domain = sc.domain
 	cfg.Workers = o.workers
+	cfg.Rate = o.rate
 	cfg.Keys = o.keys
 	cfg.KeyPrefix = "sk_sbs_"
 	cfg.Paths = []string{"/v1/items"}
@@ -258,6 +261,7 @@ func loadConfig(o options, s *side, sc scenario) loadtest.Config {
 // warm exhausts every key of an over-limit scenario before it is measured.
 func warm(ctx context.Context, o options, s *side, sc scenario) error {
 	cfg := loadConfig(o, s, sc)
+	cfg.Rate = 0 // exhausted as fast as it goes, whatever the measured load
 	cfg.Requests = int64(o.keys) * int64(sc.limit+1) * 3
 	cfg.Duration = time.Minute
 	sum, err := loadtest.Run(ctx, cfg, nil)
