@@ -252,7 +252,10 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 		case c.ctx.Err() != nil:
 			c.finish(unsent{c.ctx.Err()})
 		default:
-			if len(live) == 0 || c.deadline.Before(deadline) {
+			// The batch waits for the latest of its calls' deadlines: a
+			// call's deadline is its own (its caller stops waiting at it,
+			// doPipe), never one of a batch-mate's older or shorter ones.
+			if len(live) == 0 || c.deadline.After(deadline) {
 				deadline = c.deadline
 			}
 			live = append(live, c)
