@@ -427,11 +427,14 @@ find:
 				if err := s.giveBack(ctx, now, cs); err != nil {
 					return 0, err
 				}
-				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
-					return 0, err
-				}
+				_, _, err := s.eval(ctx, guard.OpState, now, cs, rs)
+				// The returns ran (giveBack), whatever the read does: an
+				// error here must not let the caller send them again.
 				markReturned(cs, rs)
 				rest.scatter(rs, res)
+				if err != nil {
+					return 0, err
+				}
 			}
 			return t, nil
 		}
