@@ -40,7 +40,20 @@ type wire struct {
 	network, addr string
 	user, pass    string
 	db            int
+	// maxAge: how long a connection is used before the next batch dials
+	// again (0: for ever). A Sentinel failover client's connections are
+	// renewed every failoverRecheck: its dialer asks the sentinels for the
+	// primary, and after a failover the old primary may stay a writable
+	// primary for seconds (until the sentinels reconfigure it, or for as
+	// long as a partition lasts), taking writes its resync then discards.
+	// go-redis's own pool closes them on +switch-master, which this path
+	// does not see.
+	maxAge time.Duration
 }
+
+// failoverRecheck is how often a Sentinel client's lean connections are
+// dialled again (wire.maxAge).
+const failoverRecheck = time.Second
 
 // leanWire returns the wire of client when the lean path can serve it: a
 // *redis.Client (standalone or Sentinel failover) with a dialer and
@@ -60,7 +73,11 @@ func leanWire(client redis.UniversalClient) (*wire, bool) {
 	if network == "" {
 		network = "tcp"
 	}
-	return &wire{dial: o.Dialer, network: network, addr: o.Addr, user: o.Username, pass: o.Password, db: o.DB}, true
+	w := &wire{dial: o.Dialer, network: network, addr: o.Addr, user: o.Username, pass: o.Password, db: o.DB}
+	if o.Addr == "FailoverClient" { // go-redis's NewFailoverClient
+		w.maxAge = failoverRecheck
+	}
+	return w, true
 }
 
 // conn is one connection, owned by one batching goroutine.
@@ -70,6 +87,7 @@ type conn struct {
 	w    []byte    // the batch being written, reused
 	gen  uint64    // Store.gen when it was dialled
 	used time.Time // when its last batch was sent
+	born time.Time // when it was dialled
 }
 
 // idleCheck is how long a connection may sit unused (Store.idle) before
@@ -86,7 +104,7 @@ func (w *wire) connect(deadline time.Time) (*conn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	cn := &conn{nc: nc, rd: replyReader{r: bufio.NewReaderSize(nc, 16<<10)}, w: make([]byte, 0, 16<<10)}
+	cn := &conn{nc: nc, rd: replyReader{r: bufio.NewReaderSize(nc, 16<<10)}, w: make([]byte, 0, 16<<10), born: time.Now()}
 	if w.pass == "" && w.db == 0 {
 		return cn, nil
 	}
@@ -252,7 +270,10 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 		case c.ctx.Err() != nil:
 			c.finish(unsent{c.ctx.Err()})
 		default:
-			if len(live) == 0 || c.deadline.Before(deadline) {
+			// The batch waits for the latest of its calls' deadlines: a
+			// call's deadline is its own (its caller stops waiting at it,
+			// doPipe), never one of a batch-mate's older or shorter ones.
+			if len(live) == 0 || c.deadline.After(deadline) {
 				deadline = c.deadline
 			}
 			live = append(live, c)
@@ -261,7 +282,8 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 	if len(live) == 0 {
 		return cn
 	}
-	if cn != nil && (cn.gen != s.gen.Load() || now.Sub(cn.used) >= s.idle && !alive(cn.nc)) {
+	if cn != nil && (cn.gen != s.gen.Load() || s.wire.maxAge > 0 && now.Sub(cn.born) >= s.wire.maxAge ||
+		now.Sub(cn.used) >= s.idle && !alive(cn.nc)) {
 		cn.close()
 		cn = nil
 	}

@@ -257,8 +257,21 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 		n.record(err)
 		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
+	// The batch may wait past c's deadline for a batch-mate's later one
+	// (sendPipe): c's caller stops waiting at its own, on ctx when ctx
+	// ends it, else on a timer.
+	var expired <-chan time.Time
+	if d, ok := ctx.Deadline(); !ok || d.After(c.deadline) {
+		t := time.NewTimer(time.Until(c.deadline))
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
 	case <-c.done:
+	case <-expired:
+		// The batching goroutine still owns c (queued or sent: unknown).
+		n.record(errNoReply)
+		return 0, fmt.Errorf("redisstore: %s: %w", op, errNoReply)
 	case <-ctx.Done():
 		// The batching goroutine still owns c and will signal done into
 		// its buffer; c is not reused (left to the garbage collector).
@@ -414,11 +427,14 @@ find:
 				if err := s.giveBack(ctx, now, cs); err != nil {
 					return 0, err
 				}
-				if _, _, err := s.eval(ctx, guard.OpState, now, cs, rs); err != nil {
-					return 0, err
-				}
+				_, _, err := s.eval(ctx, guard.OpState, now, cs, rs)
+				// The returns ran (giveBack), whatever the read does: an
+				// error here must not let the caller send them again.
 				markReturned(cs, rs)
 				rest.scatter(rs, res)
+				if err != nil {
+					return 0, err
+				}
 			}
 			return t, nil
 		}

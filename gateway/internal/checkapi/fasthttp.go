@@ -50,7 +50,14 @@ type ServerLimits struct {
 // no Server header; fasthttp's log lines go to cfg.Log at debug level.
 func NewFastServer(cfg Config, l ServerLimits) *fasthttp.Server {
 	h := newHandler(cfg)
-	f := &fastHandler{h: h, slow: fasthttpadaptor.NewFastHTTPHandler(h)}
+	// fasthttpadaptor gives the net/http handler the RequestCtx as the
+	// request's context, and fasthttp closes its Done at the start of a
+	// shutdown: a drain would then decide /v1/authz and every other
+	// request handed over degraded. net/http's Shutdown cancels nothing.
+	detached := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+	})
+	f := &fastHandler{h: h, slow: fasthttpadaptor.NewFastHTTPHandler(detached)}
 	bodyTimeout := l.ReadTimeout
 	return &fasthttp.Server{
 		Handler:      f.serve,
