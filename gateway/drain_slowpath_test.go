@@ -17,13 +17,13 @@ import (
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
-// TestReviewSlowPathDrain: a check the fasthttp server hands to net/http
+// TestSlowPathChecksNotCancelledByDrain: a check the fasthttp server hands to net/http
 // (any request with a query string, every /v1/authz) in flight when
 // shutdown begins. net/http's Shutdown lets it finish with its decision
 // (as the fast path's TestCheckAPIDrainsOnShutdown asserts for /v1/check);
 // through fasthttpadaptor its context is the RequestCtx, canceled at the
 // start of the shutdown.
-func TestReviewSlowPathDrain(t *testing.T) {
+func TestSlowPathChecksNotCancelledByDrain(t *testing.T) {
 	const body = `{"api_key":"sk_drain3","endpoint":"/v1/x"}`
 	rd := redistest.StartTB(t)
 	e := newEnv(t, envOptions{rules: apiRules, redisAddr: rd.Addr()})
