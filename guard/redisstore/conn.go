@@ -18,11 +18,12 @@ import (
 // The lean call path (standalone and Sentinel; Cluster keeps go-redis):
 // each batching goroutine owns one connection to the node and sends the
 // calls queued since its last batch as one pipeline, with one deadline for
-// the batch (the earliest of its calls'), set once on the socket. A call
+// the batch (the latest of its calls'), set once on the socket; each caller
+// stops waiting at its own deadline (a timer reused with the call). A call
 // arrives pre-serialised by its caller (EVALSHA and its arguments, written
 // into the call's reused buffer), and its reply is parsed straight into
-// the call's CounterResults. No timer per call, no health-check read per
-// connection checkout, no []any.
+// the call's CounterResults. No allocation per call, no health-check read
+// per connection checkout, no []any.
 //
 // A connection whose batch failed half-way (a timeout, a broken or
 // refused connection, bytes that are not RESP) is closed: whether Redis ran
@@ -200,6 +201,7 @@ type pcall struct {
 	admitted bool
 	err      error
 	done     chan struct{}
+	timer    *time.Timer // doPipe's, for the caller's own deadline; reused
 }
 
 // finish answers the call's caller.

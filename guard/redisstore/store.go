@@ -252,19 +252,23 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	}
 	c.out = c.out[:len(counters)]
 	if err := s.enqueuePipe(ctx, c); err != nil {
-		c.ctx = nil
-		pcallPool.Put(c)
+		c.release()
 		n.record(err)
 		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	// The batch may wait past c's deadline for a batch-mate's later one
 	// (sendPipe): c's caller stops waiting at its own, on ctx when ctx
 	// ends it, else on a timer.
+	// The call's timer is its own and reused with it (a caller that gives
+	// up leaves it with the call to the garbage collector): no allocation.
 	var expired <-chan time.Time
 	if d, ok := ctx.Deadline(); !ok || d.After(c.deadline) {
-		t := time.NewTimer(time.Until(c.deadline))
-		defer t.Stop()
-		expired = t.C
+		if c.timer == nil {
+			c.timer = time.NewTimer(time.Until(c.deadline))
+		} else {
+			c.timer.Reset(time.Until(c.deadline))
+		}
+		expired = c.timer.C
 	}
 	select {
 	case <-c.done:
@@ -291,8 +295,7 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	err := c.err
 	n.record(err)
 	if err != nil {
-		c.ctx = nil
-		pcallPool.Put(c)
+		c.release()
 		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	copy(res, c.out)
@@ -301,9 +304,18 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	}
 	t := c.now
 	clear(c.out)
-	c.ctx = nil
-	pcallPool.Put(c)
+	c.release()
 	return t, nil
+}
+
+// release returns an answered call to the pool, its timer stopped (since
+// Go 1.23 a stopped timer delivers nothing stale after its next Reset).
+func (c *pcall) release() {
+	c.ctx = nil
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	pcallPool.Put(c)
 }
 
 // enqueuePipe queues c for a batching goroutine. Only when the queue is
