@@ -21,9 +21,11 @@ import (
 )
 
 // TestCheckAPIDrainsOnShutdown: the check API (served by fasthttp) lets a
-// check in flight at shutdown finish with its decision, closes idle
-// keep-alive connections, stops accepting, and cuts a request still
-// unread when shutdown_timeout runs out.
+// check in flight at shutdown finish with its decision — on the fast path
+// and on a request handed to net/http (a query string; every /v1/authz),
+// whose context fasthttp's shutdown must not cancel (it would decide it
+// degraded) — closes idle keep-alive connections, stops accepting, and
+// cuts a request still unread when shutdown_timeout runs out.
 func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 	t.Parallel()
 	const body = `{"api_key":"sk_drain","endpoint":"/v1/x"}`
@@ -33,10 +35,12 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 		// check (answered once Redis wakes), else headers without the
 		// whole body.
 		wholeRequest bool
-		wantStatus   int // 0: the connection is cut, no answer
+		target       string // the request target
+		wantStatus   int    // 0: the connection is cut, no answer
 	}{
-		{"check in flight finishes", true, http.StatusOK},
-		{"unread body cut at shutdown_timeout", false, 0},
+		{"check in flight finishes", true, "/v1/check", http.StatusOK},
+		{"slow-path check in flight finishes", true, "/v1/check?via=net-http", http.StatusOK},
+		{"unread body cut at shutdown_timeout", false, "/v1/check", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +79,7 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer rd.Resume()
-				post := post(strings.Replace(body, "sk_drain", "sk_drain2", 1))
+				post := strings.Replace(post(strings.Replace(body, "sk_drain", "sk_drain2", 1)), "/v1/check", tt.target, 1)
 				if _, err := io.WriteString(busy, post); err != nil {
 					t.Fatal(err)
 				}
@@ -129,8 +133,11 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 			case tt.wantStatus != 0 && resp.StatusCode != tt.wantStatus:
 				t.Fatalf("in-flight check: %d, want %d", resp.StatusCode, tt.wantStatus)
 			}
-			if resp != nil && resp.Header.Get("X-RateLimit-Limit") == "" {
-				t.Errorf("in-flight check answered without its decision's headers: %v", resp.Header)
+			if resp != nil {
+				rb, _ := io.ReadAll(resp.Body)
+				if resp.Header.Get("X-RateLimit-Limit") == "" || strings.Contains(string(rb), `"degraded":true`) {
+					t.Errorf("in-flight check answered without its decision (degraded, though Redis answered): %v %s", resp.Header, rb)
+				}
 			}
 
 			select {
