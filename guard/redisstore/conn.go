@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -202,7 +203,18 @@ type pcall struct {
 	err      error
 	done     chan struct{}
 	timer    *time.Timer // doPipe's, for the caller's own deadline; reused
+	// state settles a race between a caller giving up and its batching
+	// goroutine sending the call: whichever moves it from callQueued
+	// first decides whether the call is sent.
+	state atomic.Int32
 }
+
+// pcall states.
+const (
+	callQueued    = iota // in the queue or a batch, not yet sent
+	callTaken            // taken for sending by a batching goroutine
+	callAbandoned        // its caller gave up first: never sent
+)
 
 // finish answers the call's caller.
 func (c *pcall) finish(err error) {
@@ -271,6 +283,10 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 			c.finish(errQueued)
 		case c.ctx.Err() != nil:
 			c.finish(unsent{c.ctx.Err()})
+		case !c.state.CompareAndSwap(callQueued, callTaken):
+			// Its caller gave up first (callAbandoned) and was told the
+			// call was never sent: keep that true.
+			c.finish(errQueued)
 		default:
 			// The batch waits for the latest of its calls' deadlines: a
 			// call's deadline is its own (its caller stops waiting at it,

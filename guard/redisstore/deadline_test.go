@@ -79,3 +79,56 @@ func TestCallDeadlineIsItsOwnNotABatchMates(t *testing.T) {
 		t.Fatalf("B (5 s of its own, Redis back after about 1.5 s): %v", err)
 	}
 }
+
+// TestCallAbandonedInQueueIsNotSent: a call whose caller gives up while it
+// still waits in the queue (behind Z, held by a paused Redis) is answered
+// with guard.ErrNotSent and is never sent (Redis never sees its counter),
+// so a caller may safely send it again; Z, which was sent, is not.
+func TestCallAbandonedInQueueIsNotSent(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartTB(t)
+	store, admin := leanStore(t, srv.Addr(), 5*time.Second, WithBatch(64, 1))
+	peekRemaining(t, store, oneCounter("tg{warm}"))
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	do := func(timeout time.Duration, name string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			_, err := store.Do(ctx, guard.OpCheck, 0, oneCounter(name), make([]guard.CounterResult, 1))
+			done <- err
+		}()
+		return done
+	}
+	base := store.Calls()
+	zDone := do(time.Second, "tg{z}")
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if got := store.Calls(); got != base+1 {
+			return fmt.Errorf("%d calls sent, want Z", got-base)
+		}
+		return nil
+	})
+	qDone := do(100*time.Millisecond, "tg{q}")
+	if err := <-qDone; !errors.Is(err, guard.ErrNotSent) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Q, abandoned in the queue: %v, want a deadline error that says it was not sent", err)
+	}
+	if err := <-zDone; err == nil || errors.Is(err, guard.ErrNotSent) {
+		t.Fatalf("Z, sent to a paused Redis: %v, want an error that does not say it was not sent", err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// The queue is empty once a later call is decided.
+	if _, err := store.Do(context.Background(), guard.OpCheck, 0, oneCounter("tg{r}"), make([]guard.CounterResult, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := admin.Exists(context.Background(), "tg{q}").Result(); err != nil || n != 0 {
+		t.Fatalf("Q's counter exists (%d, %v): an abandoned call was sent", n, err)
+	}
+	if calls := store.Calls() - base; calls != 2 {
+		t.Fatalf("%d calls sent after the warm-up, want Z and R", calls)
+	}
+}

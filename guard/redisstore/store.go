@@ -242,6 +242,7 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	}
 	c := pcallPool.Get().(*pcall)
 	c.ctx, c.err = ctx, nil
+	c.state.Store(callQueued)
 	c.deadline = time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
 		c.deadline = d
@@ -273,14 +274,22 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	select {
 	case <-c.done:
 	case <-expired:
-		// The batching goroutine still owns c (queued or sent: unknown).
-		n.record(errNoReply)
-		return 0, fmt.Errorf("redisstore: %s: %w", op, errNoReply)
-	case <-ctx.Done():
 		// The batching goroutine still owns c and will signal done into
 		// its buffer; c is not reused (left to the garbage collector).
-		n.record(ctx.Err())
-		return 0, fmt.Errorf("redisstore: %s: %w", op, ctx.Err())
+		// Not yet taken for sending: it never will be.
+		err := errNoReply
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			err = errQueued
+		}
+		n.record(err)
+		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
+	case <-ctx.Done():
+		var err error = ctx.Err()
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			err = unsent{err}
+		}
+		n.record(err)
+		return 0, fmt.Errorf("redisstore: %s: %w", op, err)
 	case <-s.quit:
 		// Closing: the goroutines answer the calls they hold; one queued
 		// as they left is answered by Close, or never.
