@@ -28,8 +28,8 @@ var (
 	ErrUnavailable = errors.New("guard: store unavailable")
 	// ErrNotSent is wrapped by a Store's errors that mean the call surely
 	// never reached the store, so nothing of it ran: an open circuit
-	// breaker, a failed dial, a deadline that passed while the call was
-	// queued. Any other error leaves the outcome unknown (a timeout after
+	// breaker, a failed dial, a deadline that passed or a caller that gave
+	// up while the call was still queued. Any other error leaves the outcome unknown (a timeout after
 	// the call was sent: the store may have run it). Callers that would
 	// repeat a call whose effect must not happen twice (lease returns)
 	// repeat it only after this error.
