@@ -208,27 +208,50 @@ func (e missingError) Error() string {
 		e.what, redisserver.InstallCommand, redisserver.InstallCommand)
 }
 
-func run(ctx context.Context, cfg config) error {
+// benchRig is what both modes measure with: redis-benchmark's path, a
+// redis-server of their own, an admin client and the store's client on it.
+type benchRig struct {
+	rb     string
+	srv    *redisserver.Server
+	admin  *redis.Client
+	client redis.UniversalClient
+}
+
+// startBench finds redis-benchmark and starts a redis-server with its
+// clients, or says what to install.
+func startBench(ctx context.Context, cfg config) (*benchRig, error) {
 	rb, err := exec.LookPath("redis-benchmark")
 	if err != nil {
-		return missingError{"redis-benchmark"}
+		return nil, missingError{"redis-benchmark"}
 	}
 	srv, err := redisserver.Start(ctx)
 	if errors.Is(err, redisserver.ErrNotFound) {
-		return missingError{"redis-server"}
+		return nil, missingError{"redis-server"}
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer srv.Stop()
-
-	admin := redis.NewClient(srv.ClientOptions())
-	defer admin.Close()
 	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: cfg.timeout})
 	if err != nil {
+		srv.Stop()
+		return nil, err
+	}
+	return &benchRig{rb: rb, srv: srv, admin: redis.NewClient(srv.ClientOptions()), client: client}, nil
+}
+
+func (b *benchRig) close() {
+	b.client.Close()
+	b.admin.Close()
+	b.srv.Stop()
+}
+
+func run(ctx context.Context, cfg config) error {
+	b, err := startBench(ctx, cfg)
+	if err != nil {
 		return err
 	}
-	defer client.Close()
+	defer b.close()
+	rb, srv, admin, client := b.rb, b.srv, b.admin, b.client
 	rs, err := rules.Load([]byte(benchRules))
 	if err != nil {
 		return err

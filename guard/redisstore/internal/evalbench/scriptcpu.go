@@ -20,7 +20,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -29,7 +28,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
@@ -102,30 +100,17 @@ func caseCounters(ctx context.Context, c cpuCase, store *redisstore.Store) ([]gu
 }
 
 func runBaseline(ctx context.Context, cfg config, ref, only string) error {
-	rb, err := exec.LookPath("redis-benchmark")
-	if err != nil {
-		return missingError{"redis-benchmark"}
-	}
 	old, err := baselineScript(ctx, ref)
 	if err != nil {
 		return err
 	}
-	srv, err := redisserver.Start(ctx)
-	if errors.Is(err, redisserver.ErrNotFound) {
-		return missingError{"redis-server"}
-	}
+	b, err := startBench(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer srv.Stop()
-	admin := redis.NewClient(srv.ClientOptions())
-	defer admin.Close()
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: cfg.timeout})
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	store := redisstore.New(client, redisstore.WithTimeout(cfg.timeout))
+	defer b.close()
+	rb, srv, admin := b.rb, b.srv, b.admin
+	store := redisstore.New(b.client, redisstore.WithTimeout(cfg.timeout))
 	defer store.Close()
 
 	type variant struct {
