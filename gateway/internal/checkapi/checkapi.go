@@ -172,12 +172,7 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 		return
 	}
 	pd := decisionPool.Get().(*guard.Decision)
-	defer func() {
-		rules := pd.Rules[:0]
-		clear(pd.Rules)
-		*pd = guard.Decision{Rules: rules}
-		decisionPool.Put(pd)
-	}()
+	defer releaseDecision(pd)
 	req.Surface = "check"
 	d, err := h.decideInto(r.Context(), &req, peek, pd)
 	if err != nil {
@@ -185,13 +180,33 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 		return
 	}
 	httpguard.SetHeaders(w.Header(), d)
+	status, out := encodeDecision(d)
+	writeJSON(w, status, *out)
+	releaseBody(out)
+}
+
+// releaseDecision returns a pooled Decision, keeping its Rules' array.
+func releaseDecision(pd *guard.Decision) {
+	rules := pd.Rules[:0]
+	clear(pd.Rules)
+	*pd = guard.Decision{Rules: rules}
+	decisionPool.Put(pd)
+}
+
+// encodeDecision writes d's JSON answer into a pooled buffer (give it
+// back with releaseBody) and returns the answer's status.
+func encodeDecision(d *guard.Decision) (int, *[]byte) {
 	status := d.Status
 	if status == 0 {
 		status = http.StatusOK
 	}
 	out := outPool.Get().(*[]byte)
 	*out = appendDecision((*out)[:0], d, status)
-	writeJSON(w, status, *out)
+	return status, out
+}
+
+// releaseBody returns an answer's buffer to the pool unless it grew large.
+func releaseBody(out *[]byte) {
 	if cap(*out) <= maxPooledBody {
 		outPool.Put(out)
 	}

@@ -234,12 +234,7 @@ func (f *fastHandler) check(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	pd := decisionPool.Get().(*guard.Decision)
-	defer func() {
-		rules := pd.Rules[:0]
-		clear(pd.Rules)
-		*pd = guard.Decision{Rules: rules}
-		decisionPool.Put(pd)
-	}()
+	defer releaseDecision(pd)
 	req.Surface = "check"
 	// Not ctx: fasthttp closes its Done at the start of a shutdown, and a
 	// drain lets in-flight decisions finish.
@@ -258,16 +253,9 @@ func (f *fastHandler) check(ctx *fasthttp.RequestCtx) bool {
 	}
 	clear(*pairs)
 	pairsPool.Put(pairs)
-	status := d.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	out := outPool.Get().(*[]byte)
-	*out = appendDecision((*out)[:0], d, status)
+	status, out := encodeDecision(d)
 	fastJSON(ctx, status, *out)
-	if cap(*out) <= maxPooledBody {
-		outPool.Put(out)
-	}
+	releaseBody(out)
 	return true
 }
 
