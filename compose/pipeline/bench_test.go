@@ -137,7 +137,7 @@ func BenchmarkDecisionToReport(b *testing.B) {
 // startAggregatorProcess starts an aggregator in its own process (the test
 // binary re-executed), returning its API address.
 func (e *env) startAggregatorProcess(tb testing.TB) (*exec.Cmd, string) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAggregatorProcess$", "-test.count=1", "-test.bench=^$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), aggChildEnv+"=1",
 		"TOLLGATE_KAFKA_BROKERS="+strings.Join(e.broker.Addrs(), ","), "TOLLGATE_AGGREGATOR_ID=agg-bench",
 		"TOLLGATE_DATA_DIR="+tb.TempDir(), "TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:0",

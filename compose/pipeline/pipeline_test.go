@@ -54,24 +54,48 @@ var keys = map[string][]string{"acme": {"sk_acme_1", "sk_acme_2"}, "globex": {"s
 // process (the throughput benchmark measures its CPU).
 const aggChildEnv = "TOLLGATE_PIPELINE_AGGREGATOR_CHILD"
 
-func TestAggregatorProcess(t *testing.T) {
-	if os.Getenv(aggChildEnv) != "1" {
-		t.Skip("child process of BenchmarkAggregatorThroughput")
+// TestMain runs one aggregator (aggChildEnv) or one gateway (childEnv)
+// instead of the tests when the test binary is re-executed as a child
+// process: it prints its addresses and runs until SIGTERM or SIGKILL.
+func TestMain(m *testing.M) {
+	var err error
+	switch {
+	case os.Getenv(aggChildEnv) == "1":
+		err = runAggregatorChild()
+	case os.Getenv(childEnv) == "1":
+		err = runGatewayChild()
+	default:
+		os.Exit(m.Run())
 	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// childLogger is a child process's log, as logger's: on stderr from info
+// with TOLLGATE_TEST_LOG, else none.
+func childLogger() *slog.Logger {
+	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func runAggregatorChild() error {
 	cfg, err := aggregator.LoadConfig("", nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	srv, err := aggregator.New(cfg, logger(t))
+	srv, err := aggregator.New(cfg, childLogger())
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Printf("api %s\n", srv.Addrs().API)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	if err := srv.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	return srv.Run(ctx)
 }
 
 func logger(t testing.TB) *slog.Logger {
@@ -295,24 +319,19 @@ func TestKafkaOutage(t *testing.T) {
 // address; the parent SIGKILLs it.
 const childEnv = "TOLLGATE_PIPELINE_GATEWAY_CHILD"
 
-func TestGatewayProcess(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
-		t.Skip("child process of TestGatewayKilledWithSpool")
-	}
+func runGatewayChild() error {
 	cfg, err := gateway.LoadConfig("", nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	srv, err := gateway.New(cfg, logger(t))
+	srv, err := gateway.New(cfg, childLogger())
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Printf("api %s %s\n", srv.Addrs().API, srv.Addrs().Metrics)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	if err := srv.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	return srv.Run(ctx)
 }
 
 // child is a gateway process.
@@ -342,7 +361,7 @@ func (c *child) metric(name string) (float64, error) {
 
 func (e *env) startChild(id, dataDir string) *child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGatewayProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"=1",
 		"TOLLGATE_API_LISTEN=127.0.0.1:0", "TOLLGATE_METRICS_LISTEN=127.0.0.1:0", "TOLLGATE_GRPC_LISTEN=off",
 		"TOLLGATE_RULES_FILE="+e.rules, "TOLLGATE_KEY_SECRET="+secret, "TOLLGATE_GATEWAY_ID="+id,

@@ -82,6 +82,11 @@ type producer struct {
 
 // testConfig is a config for brokers and spool dir with short intervals.
 func testConfig(t testing.TB, brokers []string, dir string) events.Config {
+	return configWithLog(brokers, dir, testLogger(t))
+}
+
+// configWithLog is testConfig's producer configuration, logging to log.
+func configWithLog(brokers []string, dir string, log *slog.Logger) events.Config {
 	return events.Config{
 		Brokers:         brokers,
 		GatewayID:       "gw-test",
@@ -90,7 +95,7 @@ func testConfig(t testing.TB, brokers []string, dir string) events.Config {
 		ShutdownTimeout: 5 * time.Second,
 		MetadataTimeout: 300 * time.Millisecond,
 		Partitions:      partitions,
-		Log:             testLogger(t),
+		Log:             log,
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -25,23 +26,35 @@ import (
 // runs a producer that records until it is killed.
 const helperEnv = "TOLLGATE_EVENTS_HELPER"
 
-// TestHelperProcess is the body of the helper processes; it is skipped
-// unless helperEnv names one.
-func TestHelperProcess(t *testing.T) {
-	switch os.Getenv(helperEnv) {
+// TestMain runs the helper process helperEnv names instead of the tests,
+// when the test binary is re-executed as one (startChild).
+func TestMain(m *testing.M) {
+	if kind := os.Getenv(helperEnv); kind != "" {
+		if err := runHelper(kind); err != nil {
+			fmt.Fprintf(os.Stderr, "helper %s: %v\n", kind, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runHelper is the body of a helper process.
+func runHelper(kind string) error {
+	switch kind {
 	case "kfake":
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		defer c.Close()
 		fmt.Printf("addr %s\n", c.ListenAddrs()[0])
 		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it or dies
+		return nil
 	case "record":
-		recordUntilKilled(t)
-	default:
-		t.Skip("helper process for the tests that re-exec the test binary")
+		return recordUntilKilled()
 	}
+	return fmt.Errorf("unknown helper %q", kind)
 }
 
 // child is a helper process started by a test.
@@ -55,7 +68,7 @@ type child struct {
 // added to its environment. The test kills it at the end.
 func startChild(tb testing.TB, kind string, env ...string) *child {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.bench=^$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(append(os.Environ(), helperEnv+"="+kind), env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -108,13 +121,14 @@ const (
 // names and records 50 decisions every millisecond, printing after each
 // batch "recorded <n> <unix nanos>": n decisions were recorded (Record
 // returned) by then. It stops only when killed.
-func recordUntilKilled(t *testing.T) {
-	cfg := testConfig(t, strings.Split(os.Getenv(envBrokers), ","), os.Getenv(envSpool))
+func recordUntilKilled() error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := configWithLog(strings.Split(os.Getenv(envBrokers), ","), os.Getenv(envSpool), log)
 	cfg.FlushInterval = killFlushInterval
 	cfg.MemoryBytes = killMemoryBytes
 	p, err := events.New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -128,13 +142,13 @@ func recordUntilKilled(t *testing.T) {
 		select {
 		case <-tick.C:
 		case err := <-done:
-			t.Fatalf("run returned before the kill: %v", err)
+			return fmt.Errorf("run returned before the kill: %v", err)
 		}
 		recordBatch(p, n, 50)
 		n += 50
 		fmt.Fprintf(w, "recorded %d %d\n", n, time.Now().UnixNano())
 		if err := w.Flush(); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 }
