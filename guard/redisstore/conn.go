@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 )
 
 // The lean call path (standalone and Sentinel; Cluster keeps go-redis):
@@ -116,19 +117,19 @@ func (w *wire) connect(deadline time.Time) (*conn, error) {
 	if w.pass != "" {
 		if w.user != "" {
 			b = appendHeader(b, 3)
-			b = appendBulk(b, "AUTH")
-			b = appendBulk(b, w.user)
+			b = scriptargs.AppendBulk(b, "AUTH")
+			b = scriptargs.AppendBulk(b, w.user)
 		} else {
 			b = appendHeader(b, 2)
-			b = appendBulk(b, "AUTH")
+			b = scriptargs.AppendBulk(b, "AUTH")
 		}
-		b = appendBulk(b, w.pass)
+		b = scriptargs.AppendBulk(b, w.pass)
 		n++
 	}
 	if w.db != 0 {
 		b = appendHeader(b, 2)
-		b = appendBulk(b, "SELECT")
-		b = appendBulk(b, strconv.Itoa(w.db))
+		b = scriptargs.AppendBulk(b, "SELECT")
+		b = scriptargs.AppendBulk(b, strconv.Itoa(w.db))
 		n++
 	}
 	_ = nc.SetDeadline(deadline)

@@ -45,8 +45,8 @@ func hasPrefix(err error, p string) bool {
 // builds the EVAL of the same call.
 func appendScriptCall(b []byte, sha string, op guard.Op, now, margin int64, counters []guard.Counter) ([]byte, int) {
 	b = appendHeader(b, 2+scriptargs.Len(len(counters)))
-	b = appendBulk(b, "EVALSHA")
-	b = appendBulk(b, sha)
+	b = scriptargs.AppendBulk(b, "EVALSHA")
+	b = scriptargs.AppendBulk(b, sha)
 	tail := len(b)
 	return scriptargs.AppendRESP(b, op, now, margin, counters), tail
 }
@@ -61,22 +61,14 @@ func appendEval(b []byte, source string, cmd []byte, tail int) []byte {
 		end++
 	}
 	b = append(b, cmd[:end+1]...)
-	b = appendBulk(b, "EVAL")
-	b = appendBulk(b, source)
+	b = scriptargs.AppendBulk(b, "EVAL")
+	b = scriptargs.AppendBulk(b, source)
 	return append(b, cmd[tail:]...)
 }
 
 func appendHeader(b []byte, n int) []byte {
 	b = append(b, '*')
 	b = strconv.AppendInt(b, int64(n), 10)
-	return append(b, '\r', '\n')
-}
-
-func appendBulk(b []byte, s string) []byte {
-	b = append(b, '$')
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	b = append(b, '\r', '\n')
-	b = append(b, s...)
 	return append(b, '\r', '\n')
 }
 

@@ -62,7 +62,7 @@ func Len(n int) int { return 1 + n + 3 + 10*n }
 func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Counter) []byte {
 	b = appendInt(b, int64(len(counters)))
 	for i := range counters {
-		b = appendString(b, counters[i].Name)
+		b = AppendBulk(b, counters[i].Name)
 	}
 	b = appendInt(b, opCodes[op])
 	b = appendInt(b, now)
@@ -77,7 +77,7 @@ func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Count
 		b = appendInt(b, algoCodes[c.Algorithm])
 		b = appendInt(b, c.Cost)
 		b = appendInt(b, shadow)
-		b = appendString(b, c.Token)
+		b = AppendBulk(b, c.Token)
 		b = appendInt(b, a)
 		b = appendInt(b, pb)
 		b = appendInt(b, pc)
@@ -88,8 +88,8 @@ func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Count
 	return b
 }
 
-// appendString appends s as a RESP bulk string.
-func appendString(b []byte, s string) []byte {
+// AppendBulk appends s as a RESP bulk string.
+func AppendBulk(b []byte, s string) []byte {
 	b = append(b, '$')
 	b = strconv.AppendInt(b, int64(len(s)), 10)
 	b = append(b, '\r', '\n')
