@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/tollgate/tollgate/guard"
@@ -157,12 +156,22 @@ var decisionPool = sync.Pool{New: func() any { return new(guard.Decision) }}
 
 // authorized checks the bearer token in constant time.
 func (h *handler) authorized(r *http.Request) bool {
-	v := r.Header.Get("Authorization")
+	return validBearer([]byte(r.Header.Get("Authorization")), h.token)
+}
+
+// validBearer reports whether an Authorization value carries token as a
+// bearer token (the scheme in any case, spaces after it ignored),
+// comparing in constant time.
+func validBearer(v, token []byte) bool {
 	const scheme = "bearer "
-	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+	if len(v) <= len(scheme) || !equalFoldASCII(v[:len(scheme)], scheme) {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(strings.TrimLeft(v[len(scheme):], " ")), h.token) == 1
+	t := v[len(scheme):]
+	for len(t) > 0 && t[0] == ' ' {
+		t = t[1:]
+	}
+	return subtle.ConstantTimeCompare(t, token) == 1
 }
 
 func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {

@@ -2,7 +2,6 @@ package checkapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -161,16 +160,7 @@ func (f *fastHandler) serve(ctx *fasthttp.RequestCtx) {
 
 // authorized checks the bearer token in constant time, as handler.authorized.
 func (f *fastHandler) authorized(ctx *fasthttp.RequestCtx) bool {
-	v := ctx.Request.Header.Peek("Authorization")
-	const scheme = "bearer "
-	if len(v) <= len(scheme) || !equalFoldASCII(v[:len(scheme)], scheme) {
-		return false
-	}
-	t := v[len(scheme):]
-	for len(t) > 0 && t[0] == ' ' {
-		t = t[1:]
-	}
-	return subtle.ConstantTimeCompare(t, f.h.token) == 1
+	return validBearer(ctx.Request.Header.Peek("Authorization"), f.h.token)
 }
 
 func equalFoldASCII(b []byte, s string) bool {
