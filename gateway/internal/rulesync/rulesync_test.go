@@ -652,12 +652,21 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	}
 	waitLines(`msg="key penalised" key_id=kidLad level=1 previous_level=0 key_prefix=sk_ci_st… action=reduced_limit`)
 
-	// Level 2 replaces level 1; the same level rewritten says nothing.
+	// Level 2 replaces level 1; the same level rewritten says nothing. Each
+	// write is waited for: the syncer may coalesce writes that arrive
+	// together, and a level it never applied is rightly never logged.
 	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp})
 	b.del(b.overrides, "key.kidLad")
+	waitLines(`level=1`, `msg="key penalised" key_id=kidLad level=2 previous_level=1 key_prefix=sk_ci_st… action=cooldown`)
 	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "penalty", Level: 2, ExpiresAt: exp.Add(time.Minute)})
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if p := c.Penalties["kidLad"]; p.Level != 2 || p.Until != exp.Add(time.Minute).UnixMicro() {
+			return fmt.Errorf("kidLad penalty %+v, want the rewritten level 2", p)
+		}
+		return nil
+	})
 	b.put(b.lists, "kidLad", &tollgatev1.ListEntry{KeyID: "kidLad", KeyPrefix: "sk_ci_st…", Action: "block", Level: 3, Close: true, ExpiresAt: exp})
-	waitLines(`level=1`, `msg="key penalised" key_id=kidLad level=2 previous_level=1 key_prefix=sk_ci_st… action=cooldown`,
+	waitLines(`level=1`, `level=2`,
 		`msg="key penalised" key_id=kidLad level=3 previous_level=2 key_prefix=sk_ci_st… action=blocklist`)
 
 	// The outbox's order: the old level's entry goes, then the new one
