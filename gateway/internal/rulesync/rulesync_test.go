@@ -676,6 +676,14 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	b.del(b.overrides, "key.kidTwo")
 	b.put(b.lists, "kidTwo", &tollgatev1.ListEntry{KeyID: "kidTwo", Action: "penalty", Level: 2, ExpiresAt: exp})
 	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `msg="key penalised" key_id=kidTwo level=2 previous_level=1`)
+	// The two buckets are two streams, so the override's deletion may be
+	// applied after the list entry's put; wait for it before the next step.
+	sy.waitControls(t, func(c *guard.ControlSet) error {
+		if o, ok := c.KeyOverrides["kidTwo"]; ok {
+			return fmt.Errorf("kidTwo's level 1 override %+v still applied", o)
+		}
+		return nil
+	})
 	b.del(b.lists, "kidTwo")
 	waitLines(`level=1`, `level=2`, `level=3`, `key_id=kidTwo level=1`, `key_id=kidTwo level=2`,
 		`msg="key penalty ended" key_id=kidTwo level=0 previous_level=2`)
