@@ -202,6 +202,14 @@ func (b *Breaker) Config() Config { return b.cfg }
 // passed reports Open until the next Allow half-opens it.
 func (b *Breaker) State() State { return b.load() }
 
+// Refusing reports whether Allow would refuse a call now — the breaker is
+// open and its OpenFor has not passed — without changing its state or
+// using up a half-open probe. A caller about to make several calls that
+// must all succeed asks it of each backend before making the first.
+func (b *Breaker) Refusing() bool {
+	return b.load() == Open && b.cfg.Clock() < b.until.Load()
+}
+
 // Allow reports whether a call may go to the backend now. Every call
 // allowed should have its outcome given to Record; a call that is
 // abandoned without one (its caller went away) is simply not recorded.

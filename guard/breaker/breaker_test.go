@@ -161,6 +161,13 @@ func TestBreaker(t *testing.T) {
 					b.Record(s.ok)
 				}
 				if s.allow > 0 {
+					// Refusing says what the first Allow will do when the
+					// breaker is open, and changes nothing.
+					before := b.State()
+					refusing := b.Refusing()
+					if b.State() != before {
+						t.Fatalf("step %d: Refusing moved the breaker from %v to %v", i, before, b.State())
+					}
 					n := 0
 					for range s.allow {
 						if b.Allow() {
@@ -169,6 +176,12 @@ func TestBreaker(t *testing.T) {
 					}
 					if n != s.allowed {
 						t.Fatalf("step %d: %d of %d allowed, want %d", i, n, s.allow, s.allowed)
+					}
+					if before == Open && refusing != (n == 0) {
+						t.Fatalf("step %d: open breaker Refusing %v, yet %d of %d allowed", i, refusing, n, s.allow)
+					}
+					if before != Open && refusing {
+						t.Fatalf("step %d: Refusing in state %v", i, before)
 					}
 				}
 				if s.record != "" {

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -11,10 +12,12 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/breaker"
 	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 const clusterRules = `
@@ -167,5 +170,128 @@ func testClusterReturn(t *testing.T, store *redisstore.Store) {
 	}
 	if one[0].Remaining != 99 {
 		t.Fatalf("the key counter has %d units left, want 99: the lease's 10 units were not given back", one[0].Remaining)
+	}
+}
+
+// onNode returns a counter name with hash tag prefix+N whose slot the
+// i-th primary of a fresh redistest cluster of three serves (slots are
+// split evenly, in order).
+func onNode(t *testing.T, prefix string, node int) string {
+	t.Helper()
+	for i := range 10_000 {
+		name := fmt.Sprintf("sd{%s%d}c", prefix, i)
+		if min(redisstore.Slot(name)/(16384/3), 2) == node {
+			return name
+		}
+	}
+	t.Fatalf("no name %s… on node %d", prefix, node)
+	return ""
+}
+
+// TestClusterShardDownChargesNothingElsewhere: with one primary down, a
+// check whose own slot is there fails (the guard decides it degraded), and
+// what the slots decided before it charged is taken back — the request's
+// cost and the lease units granted with it — so the requests of the dead
+// shard's keys do not drain the global and ip counters every other key
+// shares (SPEC §7: degraded decisions are not charged). Once the dead
+// primary's breaker is open such a check fails before any call. A check
+// that fails before reaching its own slot gives back the lease units its
+// counters there return, and says so (Returned), so they are not dropped.
+func TestClusterShardDownChargesNothingElsewhere(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartClusterTB(t, 3)
+	newStore := func(cfg breaker.Config) *redisstore.Store {
+		client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		s := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithTTLMargin(time.Hour), redisstore.WithBreaker(cfg))
+		t.Cleanup(func() { s.Close() })
+		if err := s.Load(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// One store whose breakers never open (every failure is a failed
+	// call), one with the default breakers.
+	failing := newStore(breaker.Config{MinRequests: 1 << 30, ConsecutiveFailures: 1 << 30})
+	breaking := newStore(breaker.Config{})
+	ctx := context.Background()
+	const now = 1_763_000_000_000_000
+	hour := rules.Params{Limit: 100, Window: 3_600_000_000}
+	counter := func(name string) guard.Counter {
+		return guard.Counter{Name: name, Algorithm: rules.FixedWindow, Params: hour, Cost: 1}
+	}
+	deadKey := counter(onNode(t, "dead", 2))
+	deadIP := counter(onNode(t, "ip:dead", 2))
+	global := counter(onNode(t, "g:live", 0))
+	liveKey := counter(onNode(t, "live", 1))
+	used := func(c guard.Counter) int64 {
+		t.Helper()
+		one := make([]guard.CounterResult, 1)
+		if _, err := failing.Do(ctx, guard.OpState, now, []guard.Counter{c}, one); err != nil {
+			t.Fatal(err)
+		}
+		return hour.Limit - one[0].Remaining
+	}
+	// A lease on liveKey, to be returned by a check that fails.
+	res := make([]guard.CounterResult, 3)
+	leased := liveKey
+	leased.Lease = 10
+	if _, err := failing.Do(ctx, guard.OpCheck, now, []guard.Counter{leased}, res[:1]); err != nil || res[0].Leased != 10 {
+		t.Fatalf("lease: %v %+v", err, res[0])
+	}
+	token := res[0].Token
+	if err := cl.Nodes()[2].Kill(); err != nil {
+		t.Fatal(err)
+	}
+
+	leasedGlobal := global
+	leasedGlobal.Lease = 5
+	for i := range 10 {
+		if _, err := failing.Do(ctx, guard.OpCheck, now, []guard.Counter{leasedGlobal, deadKey}, res[:2]); err == nil {
+			t.Fatalf("check %d with its own slot on the dead primary: no error", i)
+		}
+	}
+	if got := used(global); got != 0 {
+		t.Errorf("the global counter counts %d units after 10 checks that failed on the dead shard, want 0", got)
+	}
+
+	returning := liveKey
+	returning.Token, returning.Return = token, 10
+	clear(res)
+	if _, err := failing.Do(ctx, guard.OpCheck, now, []guard.Counter{deadIP, global, returning}, res); err == nil {
+		t.Fatal("check with an ip counter on the dead primary: no error")
+	}
+	if !res[2].Returned {
+		t.Errorf("the lease return of a slot never reached is not marked Returned: %+v", res[2])
+	}
+	if got := used(liveKey); got != 1 {
+		t.Errorf("the live key counts %d units, want 1: its lease's 10 units were not given back", got)
+	}
+	if got := used(global); got != 0 {
+		t.Errorf("the global counter counts %d units, want 0", got)
+	}
+
+	// The default breaker opens; from then on such a check makes no call.
+	testwait.Eventually(t, 5*time.Second, func() error {
+		_, err := breaking.Do(ctx, guard.OpCheck, now, []guard.Counter{global, deadKey}, res[:2])
+		if !errors.Is(err, redisstore.ErrBreakerOpen) {
+			return fmt.Errorf("check: %v, want the open breaker's error", err)
+		}
+		return nil
+	})
+	calls := breaking.Calls()
+	for range 20 {
+		if _, err := breaking.Do(ctx, guard.OpCheck, now, []guard.Counter{global, deadKey}, res[:2]); !errors.Is(err, redisstore.ErrBreakerOpen) {
+			t.Fatalf("check with the breaker open: %v", err)
+		}
+	}
+	if n := breaking.Calls() - calls; n != 0 {
+		t.Errorf("%d Redis calls for 20 checks failed by an open breaker, want 0", n)
+	}
+	if got := used(global); got != 0 {
+		t.Errorf("the global counter counts %d units, want 0", got)
 	}
 }

@@ -46,7 +46,11 @@
 // says which ran. Between the charge and the refund (one round trip) other
 // requests see those units as consumed: the refund bound is that concurrent
 // requests may be rejected by up to one request's cost per in-flight
-// multi-slot rejection; the fleet never admits more than the limits.
+// multi-slot rejection; the fleet never admits more than the limits. A
+// check that fails in a later slot (its primary down) is taken back from
+// the slots before it the same way, since the guard decides it degraded
+// and degraded decisions are not charged; one whose primary's breaker is
+// open fails before any call.
 package redisstore
 
 import (
@@ -408,6 +412,13 @@ func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters 
 	if op == guard.OpReturn {
 		return s.returnBySlot(ctx, now, counters, res, groups)
 	}
+	// A slot whose primary's breaker is open would fail the request after
+	// the slots before it were charged: fail before charging any.
+	for _, g := range groups {
+		if s.nodes.forKey(ctx, s.cc, counters[g.idx[0]].Name).b.Refusing() {
+			return 0, ErrBreakerOpen
+		}
+	}
 	// Decide the request's own slot last.
 	own := 0
 find:
@@ -429,6 +440,9 @@ find:
 		cs, rs := g.gather(counters)
 		tt, admitted, err := s.eval(ctx, op, now, cs, rs)
 		if err != nil {
+			if op == guard.OpCheck {
+				s.undo(ctx, now, counters, res, done, order[gi+1:])
+			}
 			return 0, err
 		}
 		g.scatter(rs, res)
@@ -462,6 +476,33 @@ find:
 		done = append(done, g)
 	}
 	return t, nil
+}
+
+// undo takes back what a check charged in the slots decided before one
+// failed: the request is then decided degraded, and degraded admissions
+// are not charged to the shared counters (SPEC §7) — nor rejections, nor
+// the lease units granted with the charge, which the caller, seeing the
+// error, never installs. Left charged, a dead shard would drain the ip
+// and global counters of every other key with the requests of its keys.
+// The slots not reached give back the lease units their counters return
+// (they surely never left), so the caller does not drop them. Nothing is
+// tried when the caller's time is up: the charges then stay, the stricter
+// side, until the window passes.
+func (s *Store) undo(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, done, rest []slotGroup) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.refund(ctx, now, counters, res, done)
+	for _, g := range rest {
+		cs, rs := g.gather(counters)
+		if err := s.giveBack(ctx, now, cs); err != nil {
+			continue
+		}
+		markReturned(cs, rs)
+		for j, i := range g.idx {
+			res[i].Returned = rs[j].Returned
+		}
+	}
 }
 
 // reread reads again, with OpState, the slots that admitted a peek that a
