@@ -145,6 +145,37 @@ func TestFleetJourney(t *testing.T) {
 	})
 	t.Logf("raised limit in force on the stack's gateway %v after the operator API answered", took)
 
+	// The operator API's key routes act on the stack's Redis, the
+	// gateway's counters: the key's state shows what the requests above
+	// spent, and a reset gives it its whole bucket back.
+	spent := func() int64 {
+		t.Helper()
+		code, b := operator(t, r, token, "GET", "/admin/v1/keys/sk_free_demo?endpoint=/v1/users/42", nil)
+		var out struct {
+			Rules []struct {
+				ID               string
+				Limit, Remaining int64
+			} `json:"rules"`
+		}
+		if code != 200 || json.Unmarshal(b, &out) != nil || len(out.Rules) == 0 {
+			t.Fatalf("GET keys/sk_free_demo: %d %s", code, b)
+		}
+		var n int64
+		for _, rr := range out.Rules {
+			n += rr.Limit - rr.Remaining
+		}
+		return n
+	}
+	if n := spent(); n < 6 {
+		t.Fatalf("GET keys/sk_free_demo: %d units spent, want the 6 requests above: not the gateway's Redis?", n)
+	}
+	if code, b := operator(t, r, token, "POST", "/admin/v1/keys/sk_free_demo/reset", []byte(`{"endpoint":"/v1/users/42"}`)); code != 200 {
+		t.Fatalf("POST keys/sk_free_demo/reset: %d %s", code, b)
+	}
+	if n := spent(); n != 0 {
+		t.Fatalf("after the reset, %d units spent, want 0", n)
+	}
+
 	// A second gateway joins through bin/stack.env.
 	env := readEnvFile(t, cfg.EnvFile)
 	for _, k := range []string{"TOLLGATE_REDIS_ADDRS", "TOLLGATE_KAFKA_BROKERS", "TOLLGATE_NATS_URL", "TOLLGATE_KEY_SECRET", "TOLLGATE_ADMIN_TOKEN"} {

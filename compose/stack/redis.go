@@ -9,6 +9,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/tollgate/tollgate/compose/redisserver"
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 // Redis backends, as Stack.RedisBackend reports them.
@@ -24,6 +26,15 @@ type redisBackend struct {
 	addr string
 	srv  *redisserver.Server
 	mini *miniredis.Miniredis
+}
+
+// config is how the stack's gateway and aggregator reach this Redis.
+func (r *redisBackend) config() configs.Redis {
+	c := configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{r.addr}}
+	if r.kind == BackendEmbedded {
+		c.Timeout = embeddedRedisTimeout
+	}
+	return c
 }
 
 // startRedis starts the Redis that mode asks for (Config.Redis).

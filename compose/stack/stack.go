@@ -42,7 +42,6 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
-	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/internal/service"
 )
 
@@ -287,7 +286,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	}
 	stops = append(stops, demo.stop)
 
-	agg, err := aggregator.New(s.aggregatorConfig(dataDir, kb.Addrs(), ns.ClientURL()), s.log.With(slog.String(partKey, "aggregator")))
+	agg, err := aggregator.New(s.aggregatorConfig(rds, dataDir, kb.Addrs(), ns.ClientURL()), s.log.With(slog.String(partKey, "aggregator")))
 	if err != nil {
 		return s.portOr(fmt.Errorf("stack: start the aggregator: %w", err))
 	}
@@ -407,7 +406,6 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir stri
 		GRPCListen:      s.cfg.GRPCListen,
 		RulesFile:       s.cfg.RulesFile,
 		KeySecret:       s.cfg.KeySecret,
-		Redis:           configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{rds.addr}},
 		GatewayID:       gatewayID,
 		DataDir:         dataDir,
 		ShutdownTimeout: shutdownTimeout,
@@ -416,9 +414,7 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir stri
 	}
 	c.NATS.URL = natsURL
 	c.Kafka.Brokers = brokers
-	if rds.kind == BackendEmbedded {
-		c.Redis.Timeout = embeddedRedisTimeout
-	}
+	c.Redis = rds.config()
 	return c
 }
 
@@ -535,8 +531,10 @@ func dialable(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-// aggregatorConfig is the configuration of the stack's aggregator.
-func (s *Stack) aggregatorConfig(dataDir string, brokers []string, natsURL string) aggregator.Config {
+// aggregatorConfig is the configuration of the stack's aggregator, on
+// the stack's Redis (its operator API resets keys, grants quota and reads
+// key state there).
+func (s *Stack) aggregatorConfig(rds *redisBackend, dataDir string, brokers []string, natsURL string) aggregator.Config {
 	c := aggregator.Config{
 		Listen:          s.cfg.AggregatorListen,
 		MetricsListen:   s.cfg.AggregatorMetricsListen,
@@ -552,6 +550,7 @@ func (s *Stack) aggregatorConfig(dataDir string, brokers []string, natsURL strin
 	}
 	c.Kafka.Brokers = brokers
 	c.NATS.URL = natsURL
+	c.Redis = rds.config()
 	return c
 }
 
