@@ -55,20 +55,35 @@ func WriteDecision(w http.ResponseWriter, r *http.Request, d *guard.Decision) {
 	if status == http.StatusOK {
 		return
 	}
+	problem := r != nil && wantsProblem(r.Header["Accept"])
+	writeBody(w, status, problem, appendBody(make([]byte, 0, 512), d, status, problem))
+}
+
+// AppendDecisionBody appends to b the JSON body WriteDecision writes for
+// d (without a problem+json Accept) and returns it with d's HTTP status;
+// for an admission it appends nothing and the status is 200. Surfaces that
+// are not HTTP responses of their own (Envoy RLS) carry it so that every
+// surface words a refusal alike.
+func AppendDecisionBody(b []byte, d *guard.Decision) ([]byte, int) {
+	status := decisionStatus(d)
+	if status == http.StatusOK {
+		return b, status
+	}
+	return appendBody(b, d, status, false), status
+}
+
+// appendBody appends the error body of a refusal d with HTTP status.
+func appendBody(b []byte, d *guard.Decision, status int, problem bool) []byte {
 	code := d.Code
 	if code == "" {
 		code = defaultCode(d, status)
 	}
 	var scratch [256]byte
 	msg := decisionMessage(scratch[:0], d, code)
-	problem := r != nil && wantsProblem(r.Header["Accept"])
-	b := make([]byte, 0, 512)
 	if problem {
-		b = appendDecisionProblem(b, d, status, code, msg)
-	} else {
-		b = appendDecisionJSON(b, d, status, code, msg)
+		return appendDecisionProblem(b, d, status, code, msg)
 	}
-	writeBody(w, status, problem, b)
+	return appendDecisionJSON(b, d, status, code, msg)
 }
 
 // WriteError writes a complete error response that is not a rate-limit

@@ -233,7 +233,7 @@ func parseEntry(b []byte, e *ratelimitv3.RateLimitDescriptor_Entry, str *strings
 
 // plainResponse reports whether r holds only what appendResponse writes.
 func plainResponse(r *rlsv3.RateLimitResponse) bool {
-	if len(r.RawBody) > 0 || r.DynamicMetadata != nil || r.Quota != nil || len(r.ProtoReflect().GetUnknown()) > 0 {
+	if r.DynamicMetadata != nil || r.Quota != nil || len(r.ProtoReflect().GetUnknown()) > 0 {
 		return false
 	}
 	for _, st := range r.Statuses {
@@ -307,6 +307,9 @@ func responseSize(r *rlsv3.RateLimitResponse) int {
 	for _, h := range r.RequestHeadersToAdd {
 		n += bytesField(4, headerSize(h))
 	}
+	if len(r.RawBody) > 0 {
+		n += bytesField(5, len(r.RawBody))
+	}
 	return n
 }
 
@@ -365,6 +368,10 @@ func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
 	}
 	for _, h := range r.RequestHeadersToAdd {
 		b = appendHeader(b, 4, h)
+	}
+	if len(r.RawBody) > 0 {
+		b = protowire.AppendTag(b, 5, protowire.BytesType)
+		b = protowire.AppendBytes(b, r.RawBody)
 	}
 	return b
 }

@@ -52,7 +52,10 @@
 // than max_rules_per_request (HTTP's 500 TOO_MANY_RULES) fails the call
 // with gRPC Internal instead: a fault of the rules, left to Envoy's
 // failure_mode_deny. A blocked key's answer
-// carries no rate-limit headers, as its 403 would not.
+// carries no rate-limit headers, as its 403 would not. A refusal that HTTP
+// answers other than 429 (400, 403) carries the proxy's JSON error body as
+// raw_body, with a content-type response header, which Envoy sends as its
+// local reply's body: the client sees the error code. 429s stay bodiless.
 //
 // Each descriptor gets one status: OVER_LIMIT when it was refused on its
 // own; OK when it was admitted, or when its own rules admitted it but

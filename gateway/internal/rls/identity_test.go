@@ -76,6 +76,10 @@ rules:
 		if resp.OverallCode != want || rec.last() != tt.want {
 			t.Errorf("%s: %v, decision code %q; want %v, %q", tt.name, resp.OverallCode, rec.last(), want, tt.want)
 		}
+		// The client sees the code: the proxy's error body.
+		if got := errorCode(t, resp); got != tt.want {
+			t.Errorf("%s: error body code %q, want %q", tt.name, got, tt.want)
+		}
 	}
 	// Anonymous descriptors without remote_address: the per-IP rule (limit
 	// 1) does not apply, so they never share one counter.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"net/http"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -244,6 +245,8 @@ type response struct {
 	reset   durationpb.Duration
 	hdrPtrs [12]*corev3.HeaderValue
 	hdrs    [12]corev3.HeaderValue
+	// contentType is the header of an error body (RawBody).
+	contentType corev3.HeaderValue
 }
 
 // answer builds the response for decisions ds of reqs.
@@ -312,6 +315,18 @@ func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateL
 			}
 			h.Key, h.Value = p[0], p[1]
 			hdrs = append(hdrs, h)
+		}
+		// A refusal that HTTP answers other than 429 (400 INVALID_KEY,
+		// INVALID_PATH, COST_EXCEEDS_LIMIT; 403 KEY_BLOCKED,
+		// ENDPOINT_BLOCKED) carries the proxy's JSON error body, which
+		// Envoy sends with its rate_limited_status: the client sees the
+		// code. A 429 stays bodiless, as envoyproxy/ratelimit's.
+		if d := ds[k]; !d.Allowed && d.Status != http.StatusTooManyRequests {
+			var status int
+			if resp.RawBody, status = httpguard.AppendDecisionBody(nil, d); status != http.StatusOK {
+				ar.contentType = corev3.HeaderValue{Key: "content-type", Value: "application/json"}
+				hdrs = append(hdrs, &ar.contentType)
+			}
 		}
 		resp.ResponseHeadersToAdd = hdrs
 	}

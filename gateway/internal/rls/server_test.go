@@ -2,6 +2,7 @@ package rls_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -223,19 +224,24 @@ func TestShouldRateLimit(t *testing.T) {
 		if got := header(resp, "X-RateLimit-Remaining"); got != "0" {
 			t.Errorf("X-RateLimit-Remaining %q", got)
 		}
+		if len(resp.RawBody) != 0 || header(resp, "content-type") != "" {
+			t.Errorf("a 429 with body %q, content-type %q: want it bodiless", resp.RawBody, header(resp, "content-type"))
+		}
 	})
 	t.Run("blocked key", func(t *testing.T) {
 		t.Parallel()
 		resp := call(t, c, request(domain, desc("api_key", "sk_revoked_1")))
 		st := resp.Statuses[0]
-		if resp.OverallCode != OverLimit || st.Code != OverLimit || st.CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 0 {
+		// No rate-limit headers, as its 403 has none; its error body.
+		if resp.OverallCode != OverLimit || st.Code != OverLimit || st.CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 1 ||
+			header(resp, "content-type") != "application/json" || errorCode(t, resp) != guard.CodeKeyBlocked {
 			t.Fatalf("blocked key: %v", resp)
 		}
 	})
 	t.Run("invalid key", func(t *testing.T) {
 		t.Parallel()
 		resp := call(t, c, request(domain, desc("api_key", strings.Repeat("k", guard.MaxKeyLen+1))))
-		if resp.OverallCode != OverLimit || resp.Statuses[0].Code != OverLimit {
+		if resp.OverallCode != OverLimit || resp.Statuses[0].Code != OverLimit || errorCode(t, resp) != guard.CodeInvalidKey {
 			t.Fatalf("invalid key: %v", resp)
 		}
 	})
@@ -558,4 +564,20 @@ func TestRedisDown(t *testing.T) {
 	if header(resp, "X-RateLimit-Policy") != "degraded" || header(resp, "X-RateLimit-Remaining") != "-1" {
 		t.Errorf("headers %v, want the degraded ones", resp.ResponseHeadersToAdd)
 	}
+}
+
+// errorCode returns the code of the JSON error body a refusal carries
+// (raw_body), "" without one.
+func errorCode(t *testing.T, resp *rlsv3.RateLimitResponse) string {
+	t.Helper()
+	if len(resp.RawBody) == 0 {
+		return ""
+	}
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(resp.RawBody, &body); err != nil || body.Error.Message == "" {
+		t.Fatalf("raw_body %q: %v", resp.RawBody, err)
+	}
+	return body.Error.Code
 }
