@@ -610,7 +610,9 @@ func (g *Guard) finish(op Op, apps []applicable, res []CounterResult, at []int, 
 		}
 		return
 	}
-	if !admitted && (op == OpCheck || op == OpPeek) {
+	// A state says what a check of req's cost would get now: the 429 a
+	// rule that could not take it would give, charging nothing.
+	if !admitted && (op == OpCheck || op == OpPeek || op == OpState) {
 		d.reject(429, CodeRateLimitExceeded, ReasonRateLimited)
 		d.RetryAfter = d.Rules[deciding].RetryAfter
 	}

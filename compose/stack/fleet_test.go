@@ -125,6 +125,21 @@ func TestFleetJourney(t *testing.T) {
 		}
 	}
 
+	// The operator's view of the spent key agrees with the gateway: a
+	// check now would get 429, and the rule that says so would not allow it.
+	code, b := operator(t, r, token, "GET", "/admin/v1/keys/sk_free_demo?endpoint=/v1/users/42", nil)
+	var view struct {
+		Status int    `json:"status"`
+		Reason string `json:"reason"`
+		Rules  []struct {
+			WouldAllow bool `json:"would_allow"`
+		} `json:"rules"`
+	}
+	if code != 200 || json.Unmarshal(b, &view) != nil || view.Status != http.StatusTooManyRequests || view.Reason != "rate_limited" ||
+		len(view.Rules) == 0 || view.Rules[0].WouldAllow {
+		t.Fatalf("GET keys/sk_free_demo of the spent key: %d %s, want status 429 with a rule that would not allow it", code, b)
+	}
+
 	// Raise its limit: the sed line, then the PUT.
 	src, err := os.ReadFile(rulesFile)
 	if err != nil {
@@ -229,7 +244,7 @@ func TestFleetJourney(t *testing.T) {
 	}
 
 	// Block the demo key: both gateways answer 403 at once.
-	code, b := operator(t, r, token, "PUT", "/admin/v1/blocklist/sk_free_demo", []byte(`{"ttl":"10m","reason":"demo"}`))
+	code, b = operator(t, r, token, "PUT", "/admin/v1/blocklist/sk_free_demo", []byte(`{"ttl":"10m","reason":"demo"}`))
 	if code != 200 {
 		t.Fatalf("PUT blocklist: %d %s", code, b)
 	}
