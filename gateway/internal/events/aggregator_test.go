@@ -23,9 +23,7 @@ import (
 // graceful stop adds nothing missing.
 func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	brokers := []string{"127.0.0.1:" + strconv.Itoa(port)}
-	startKafka(t, port, "", kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	brokers := startKafka(t, 0, "", kfake.GroupMinSessionTimeout(100*time.Millisecond)).ListenAddrs()
 	agg := startAggregator(t, brokers)
 	dir := t.TempDir()
 

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,6 +56,17 @@ func freePort(t testing.TB) int {
 	return port
 }
 
+// portOf returns the port of a host:port address.
+func portOf(t testing.TB, addr string) int {
+	t.Helper()
+	_, ps, err := net.SplitHostPort(addr)
+	port, perr := strconv.Atoi(ps)
+	if err != nil || perr != nil {
+		t.Fatalf("address %q: %v %v", addr, err, perr)
+	}
+	return port
+}
+
 // startKafka starts a one-broker kfake cluster on port (0: any) with the
 // decisions topic, persisting in dataDir unless it is "". The test closes
 // it at the end; closing it earlier is a Kafka outage.
@@ -64,9 +76,28 @@ func startKafka(t testing.TB, port int, dataDir string, extra ...kfake.Opt) *kfa
 	if dataDir != "" {
 		opts = append(opts, kfake.DataDir(dataDir))
 	}
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatalf("start kfake: %v", err)
+	var c *kfake.Cluster
+	start := func() error {
+		var err error
+		c, err = kfake.NewCluster(opts...)
+		return err
+	}
+	if port == 0 {
+		if err := start(); err != nil {
+			t.Fatalf("start kfake: %v", err)
+		}
+	} else {
+		// A chosen port (a broker that starts late or restarts) may be
+		// held for a moment by another test's outgoing connection, whose
+		// local port the kernel took from the same range: wait that out.
+		testwait.Eventually(t, 5*time.Second, func() error {
+			if err := start(); err != nil && !errors.Is(err, syscall.EADDRINUSE) {
+				t.Fatalf("start kfake: %v", err)
+			} else if err != nil {
+				return fmt.Errorf("start kfake: %w", err)
+			}
+			return nil
+		})
 	}
 	t.Cleanup(c.Close)
 	return c
@@ -433,9 +464,10 @@ func TestDeliversEveryEventOnceInOrder(t *testing.T) {
 // port with the same data, everything arrives, in order, once.
 func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 	t.Parallel()
-	port, data := freePort(t), t.TempDir()
-	c := startKafka(t, port, data)
+	data := t.TempDir()
+	c := startKafka(t, 0, data)
 	brokers := c.ListenAddrs()
+	port := portOf(t, brokers[0])
 	cfg := testConfig(t, brokers, t.TempDir())
 	// 16 chunks of 16 KiB, 4 of them in flight: most of the outage's
 	// events wait in the spool, not in franz-go.
