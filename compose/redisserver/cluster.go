@@ -111,6 +111,7 @@ func (c *Cluster) create(ctx context.Context) error {
 		if i == len(clients)-1 {
 			hi = clusterSlots - 1
 		}
+		// NodeOf answers from the same split.
 		if err := cl.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", i+1).Err(); err != nil {
 			return fmt.Errorf("node %s: set config epoch: %w", c.nodes[i].Addr(), err)
 		}
@@ -163,6 +164,13 @@ func clusterNodeReady(ctx context.Context, cl *redis.Client, n int) error {
 		}
 	}
 	return nil
+}
+
+// NodeOf returns the index in Nodes of the primary that was given slot
+// at creation (the slots are split evenly, in order; the last node takes
+// the remainder). Tests use it to place a key on a chosen primary.
+func (c *Cluster) NodeOf(slot int) int {
+	return min(slot/(clusterSlots/len(c.nodes)), len(c.nodes)-1)
 }
 
 // Nodes returns the cluster's servers in slot order: node i holds the i-th

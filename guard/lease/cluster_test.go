@@ -219,11 +219,11 @@ func loads(xs []atomic.Int64) []int64 {
 // tenantOn returns a tenant name, from prefix and a number, whose hash tag
 // is in node's third of a 3-primary Cluster's slots (StartCluster assigns
 // them in order).
-func tenantOn(t *testing.T, prefix string, node int) string {
+func tenantOn(t *testing.T, cl *redisserver.Cluster, prefix string, node int) string {
 	t.Helper()
 	for i := range 10_000 {
 		name := fmt.Sprintf("%s%d", prefix, i)
-		if min(redisstore.Slot("{"+name+"}")/(16384/3), 2) == node {
+		if cl.NodeOf(redisstore.Slot("{"+name+"}")) == node {
 			return name
 		}
 	}
@@ -251,7 +251,7 @@ func TestReturnsWhileAShardIsDown(t *testing.T) {
 	keys := []key{{"sk_d0", 2}, {"sk_l0", 0}, {"sk_l1", 1}, {"sk_l2", 0}, {"sk_l3", 1}}
 	src := "keys:\n"
 	for i, k := range keys {
-		src += fmt.Sprintf("  %s: {tenant: %s}\n", k.name, tenantOn(t, fmt.Sprintf("t%d_", i), k.node))
+		src += fmt.Sprintf("  %s: {tenant: %s}\n", k.name, tenantOn(t, cl, fmt.Sprintf("t%d_", i), k.node))
 	}
 	rule := "{id: fw, match: {}, algorithm: fixed_window, limit: 100000, window: 1h}"
 	rs := mustRules(t, src+"rules:\n  - "+rule+"\n")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/breaker"
@@ -174,13 +175,12 @@ func testClusterReturn(t *testing.T, store *redisstore.Store) {
 }
 
 // onNode returns a counter name with hash tag prefix+N whose slot the
-// i-th primary of a fresh redistest cluster of three serves (slots are
-// split evenly, in order).
-func onNode(t *testing.T, prefix string, node int) string {
+// cluster's node-th primary serves.
+func onNode(t *testing.T, cl *redisserver.Cluster, prefix string, node int) string {
 	t.Helper()
 	for i := range 10_000 {
 		name := fmt.Sprintf("sd{%s%d}c", prefix, i)
-		if min(redisstore.Slot(name)/(16384/3), 2) == node {
+		if cl.NodeOf(redisstore.Slot(name)) == node {
 			return name
 		}
 	}
@@ -223,10 +223,10 @@ func TestClusterShardDownChargesNothingElsewhere(t *testing.T) {
 	counter := func(name string) guard.Counter {
 		return guard.Counter{Name: name, Algorithm: rules.FixedWindow, Params: hour, Cost: 1}
 	}
-	deadKey := counter(onNode(t, "dead", 2))
-	deadIP := counter(onNode(t, "ip:dead", 2))
-	global := counter(onNode(t, "g:live", 0))
-	liveKey := counter(onNode(t, "live", 1))
+	deadKey := counter(onNode(t, cl, "dead", 2))
+	deadIP := counter(onNode(t, cl, "ip:dead", 2))
+	global := counter(onNode(t, cl, "g:live", 0))
+	liveKey := counter(onNode(t, cl, "live", 1))
 	used := func(c guard.Counter) int64 {
 		t.Helper()
 		one := make([]guard.CounterResult, 1)
