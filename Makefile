@@ -18,7 +18,7 @@ BIN_DIR      ?= bin
 
 # Main packages `make build` builds, each only once its directory holds Go
 # files, so the Makefile works before they exist.
-MAIN_PKGS     := gateway/cmd/gateway aggregator/cmd/aggregator loadtest/cmd/loadtest compose/cmd/tollgate-stack
+MAIN_PKGS     := gateway/cmd/gateway aggregator/cmd/aggregator loadtest/cmd/loadtest loadtest/cmd/sidebyside compose/cmd/tollgate-stack
 EXISTING_MAIN := $(foreach p,$(MAIN_PKGS),$(if $(wildcard $(p)/*.go),./$(p)))
 # The local stack `make run` starts (SPEC §9).
 STACK_PKG     := compose/cmd/tollgate-stack
