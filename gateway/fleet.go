@@ -39,7 +39,10 @@ func (s *Server) startRules() error {
 			Apply:     s.applyFromNATS,
 			Check:     s.guard.CheckRules,
 			OnRefused: func(error) { s.m.ReloadError() },
-			Log:       s.log.With(slog.String("component", "rulesync")),
+			// A reset or quota grant from the operator API: what the fast
+			// path holds of those counters is stale.
+			OnCountersChanged: s.guard.ForgetCounters,
+			Log:               s.log.With(slog.String("component", "rulesync")),
 		})
 		if err != nil {
 			return err

@@ -209,6 +209,15 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 // that would answer every request of some kind with TOO_MANY_RULES.
 func (g *Guard) SetRules(rs *rules.Ruleset) {
 	g.rules.Store(rs)
+	g.ForgetCounters()
+}
+
+// ForgetCounters drops the local state a store derived from the counters
+// it saw (leases and the negative cache: Invalidator), for when they were
+// changed in Redis by someone else than this guard — another process reset
+// them or granted quota (the operator API) — so that no decision is
+// answered from what they were. Like SetRules, it does not block.
+func (g *Guard) ForgetCounters() {
 	if inv, ok := g.store.(Invalidator); ok {
 		inv.Invalidate()
 	}

@@ -140,6 +140,23 @@ func TestFleetJourney(t *testing.T) {
 		t.Fatalf("GET keys/sk_free_demo of the spent key: %d %s, want status 429 with a rule that would not allow it", code, b)
 	}
 
+	// A quota grant reaches the gateway's fast path too: the negative cache
+	// that answered the 429 above from memory, for as long as its
+	// Retry-After, is dropped, and the granted unit is admitted at once.
+	if code, b := operator(t, r, token, "POST", "/admin/v1/keys/sk_free_demo/quota", []byte(`{"endpoint":"/v1/users/42","tokens":1}`)); code != 200 {
+		t.Fatalf("POST keys/sk_free_demo/quota: %d %s", code, b)
+	}
+	granted := testwait.Eventually(t, 2*time.Second, func() error {
+		if got := status(proxy); got != http.StatusOK {
+			return fmt.Errorf("sk_free_demo after a quota grant of 1: %d", got)
+		}
+		return nil
+	})
+	t.Logf("granted unit admitted by the stack's gateway %v after the operator API answered", granted)
+	if got := status(proxy); got != http.StatusTooManyRequests {
+		t.Fatalf("sk_free_demo after its granted unit: %d, want 429", got)
+	}
+
 	// Raise its limit: the sed line, then the PUT.
 	src, err := os.ReadFile(rulesFile)
 	if err != nil {

@@ -25,6 +25,20 @@ type RulesEntry struct {
 	Time    time.Time `json:"time"`
 }
 
+// CountersChanged is a message on SubjectCounters: the operator API reset
+// a key's counters or granted it quota (Kind "reset" or "quota").
+type CountersChanged struct {
+	Kind  string    `json:"kind"`
+	KeyID string    `json:"key_id"`
+	Time  time.Time `json:"time"`
+}
+
+// Kinds of CountersChanged.
+const (
+	CountersReset = "reset"
+	CountersQuota = "quota"
+)
+
 // ListEntry is a value of BucketBlocklist: a blocked, penalised or
 // allowlisted key.
 type ListEntry struct {

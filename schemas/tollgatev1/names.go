@@ -37,6 +37,15 @@ const (
 	RulesKey = "active"
 )
 
+// SubjectCounters is the core NATS subject on which the aggregator's
+// operator API announces that it changed counters in Redis behind the
+// gateways' backs — a reset or a quota grant (CountersChanged, JSON) — so
+// that every gateway drops the local state it derived from them (the fast
+// path's leases and negative cache, SPEC §2). At most once: a gateway
+// disconnected at that moment keeps its negative cache until its
+// Retry-After passes, as it would have without the message.
+const SubjectCounters = "tollgate.counters.changed"
+
 // DefaultConsumerGroup is the Kafka consumer group the aggregators share on
 // TopicDecisions. Analytics consumers use a group of their own.
 const DefaultConsumerGroup = "tollgate-aggregator"

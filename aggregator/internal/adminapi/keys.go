@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -136,6 +137,7 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, prefix, _ := a.key(w, r)
+	a.countersChanged(tollgatev1.CountersReset, id)
 	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
 		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": d.Endpoint, "rules": len(d.Rules)})}) {
 		return
@@ -159,12 +161,35 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, prefix, _ := a.key(w, r)
+	a.countersChanged(tollgatev1.CountersQuota, id)
 	after := decisionJSON(d, id, prefix)
 	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
 		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "state": after})}) {
 		return
 	}
 	writeJSON(w, http.StatusOK, after)
+}
+
+// countersChanged tells the gateways that the counters of key_id id
+// changed in Redis behind their backs, so that their fast path drops the
+// leases and negative cache it derived from them (SPEC §2): else a key
+// granted quota would still be refused from a gateway's memory until the
+// Retry-After it was last given. Without NATS there is no fleet to tell; a
+// failure is logged, and the change stands.
+func (a *api) countersChanged(kind, id string) {
+	if a.cfg.KV == nil {
+		return
+	}
+	kv := a.cfg.KV()
+	if kv == nil {
+		a.cfg.Log.Warn("gateways not told of a counter change: NATS not reached yet; their negative cache lasts until its Retry-After",
+			slog.String("kind", kind), slog.String("key_id", id))
+		return
+	}
+	if err := kv.CountersChanged(kind, id); err != nil {
+		a.cfg.Log.Warn("gateways not told of a counter change; their negative cache lasts until its Retry-After",
+			slog.String("kind", kind), slog.String("key_id", id), slog.String("error", err.Error()))
+	}
 }
 
 func stateOrNil(d *guard.Decision, id, prefix string) any {

@@ -58,9 +58,29 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// KV is the three buckets.
+// KV is the three buckets, and the connection they were opened on.
 type KV struct {
 	Rules, Lists, Overrides jetstream.KeyValue
+	nc                      *nats.Conn
+}
+
+// CountersChanged tells every gateway (tollgatev1.SubjectCounters) that the
+// operator API changed a key's counters in Redis (kind CountersReset or
+// CountersQuota), so that they drop the local state derived from them.
+// Core NATS, at most once: the message is queued on the connection, and
+// only a closed connection is an error.
+func (k *KV) CountersChanged(kind, keyID string) error {
+	if k.nc == nil {
+		return errors.New("publish: no connection")
+	}
+	b, err := json.Marshal(tollgatev1.CountersChanged{Kind: kind, KeyID: keyID, Time: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if err := k.nc.Publish(tollgatev1.SubjectCounters, b); err != nil {
+		return fmt.Errorf("publish: %s: %w", tollgatev1.SubjectCounters, err)
+	}
+	return nil
 }
 
 // Open creates the buckets when missing and returns them.
@@ -69,7 +89,7 @@ func Open(ctx context.Context, nc *nats.Conn) (*KV, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publish: jetstream: %w", err)
 	}
-	k := &KV{}
+	k := &KV{nc: nc}
 	for _, b := range []struct {
 		dst     *jetstream.KeyValue
 		name    string

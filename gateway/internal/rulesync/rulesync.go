@@ -55,6 +55,7 @@ package rulesync
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,6 +127,12 @@ type Config struct {
 	// OnRefused is told of every refused ruleset, once per version; nil:
 	// nobody.
 	OnRefused func(error)
+	// OnCountersChanged is called when the operator API announces that it
+	// reset a key's counters or granted it quota
+	// (tollgatev1.SubjectCounters), on a goroutine of nats.go's: the
+	// gateway drops its fast path's leases and negative cache
+	// (guard.Guard.ForgetCounters). It must not block. nil: nothing.
+	OnCountersChanged func()
 	// Log receives the Syncer's lines; nil discards them. Keys are never
 	// logged, only key_ids' prefixes.
 	Log *slog.Logger
@@ -262,6 +269,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return fmt.Errorf("rulesync: connect %s: %w", redactURL(s.cfg.URL), err)
 	}
 	s.nc.Store(nc)
+	// Kept by nats.go across reconnects; it ends with the connection.
+	if _, err := nc.Subscribe(tollgatev1.SubjectCounters, s.countersChanged); err != nil {
+		nc.Close()
+		return fmt.Errorf("rulesync: subscribe %s: %w", tollgatev1.SubjectCounters, err)
+	}
 	var saving sync.WaitGroup
 	saving.Go(s.saver)
 	// In this order on return: the connection closed, which ends the
@@ -300,6 +312,21 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-retry.C:
 		}
 		wait = min(2*wait, maxRetryWait)
+	}
+}
+
+// countersChanged handles a message on tollgatev1.SubjectCounters.
+func (s *Syncer) countersChanged(m *nats.Msg) {
+	var c tollgatev1.CountersChanged
+	if err := json.Unmarshal(m.Data, &c); err != nil {
+		s.log.Warn("a counter-change message that does not decode; dropping the fast path's local state all the same",
+			slog.String("error", err.Error()))
+	} else {
+		s.log.Debug("counters changed by the operator API: dropping the fast path's local state",
+			slog.String("kind", c.Kind), slog.String("key_id", c.KeyID))
+	}
+	if s.cfg.OnCountersChanged != nil {
+		s.cfg.OnCountersChanged()
 	}
 }
 

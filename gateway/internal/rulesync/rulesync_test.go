@@ -116,6 +116,7 @@ type syncer struct {
 	controls *guard.Controls
 	logs     *lockedBuffer
 	refused  atomic.Int32
+	changed  atomic.Int32 // OnCountersChanged calls
 	mu       sync.Mutex
 	applied  []*rulefile.Ruleset
 	cancel   context.CancelFunc
@@ -135,8 +136,9 @@ func newSyncer(t *testing.T, url, dir string) *syncer {
 			defer sy.mu.Unlock()
 			sy.applied = append(sy.applied, rs)
 		},
-		OnRefused:     func(error) { sy.refused.Add(1) },
-		ReconnectWait: 20 * time.Millisecond,
+		OnRefused:         func(error) { sy.refused.Add(1) },
+		OnCountersChanged: func() { sy.changed.Add(1) },
+		ReconnectWait:     20 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -705,4 +707,58 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	if strings.Contains(sy.logs.String(), "kidOp") {
 		t.Error("an operator's block was logged as a ladder move")
 	}
+}
+
+// TestCountersChangedReachTheGateway: the operator API's announcement of a
+// reset or quota grant (tollgatev1.SubjectCounters) reaches
+// OnCountersChanged, and still does after the gateway lost NATS and came
+// back (core subscriptions are not KV watchers: nothing to read again).
+func TestCountersChangedReachTheGateway(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	p := startProxy(t, ns.Addr())
+	sy := newSyncer(t, p.url(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+
+	pub, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pub.Close)
+	msg, _ := json.Marshal(tollgatev1.CountersChanged{Kind: tollgatev1.CountersQuota, KeyID: "kidQ", Time: time.Now()})
+	// Core NATS drops a message no subscription is registered for yet:
+	// announce until one arrives.
+	heard := func(want int32) {
+		t.Helper()
+		testwait.Eventually(t, 5*time.Second, func() error {
+			if n := sy.changed.Load(); n >= want {
+				return nil
+			}
+			if err := pub.Publish(tollgatev1.SubjectCounters, msg); err != nil {
+				return err
+			}
+			return fmt.Errorf("OnCountersChanged called %d times, want %d", sy.changed.Load(), want)
+		})
+	}
+	heard(1)
+
+	p.cut.Store(true)
+	p.drop()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.s.Status().Connected {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+	p.cut.Store(false)
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if !sy.s.Status().Connected {
+			return errors.New("not connected again")
+		}
+		return nil
+	})
+	heard(sy.changed.Load() + 1)
 }
