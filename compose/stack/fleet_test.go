@@ -207,6 +207,22 @@ func TestFleetJourney(t *testing.T) {
 	if n := spent(); n != 0 {
 		t.Fatalf("after the reset, %d units spent, want 0", n)
 	}
+	// kid: works for a key of the registry (sk_free_demo is one); another
+	// key_id is refused with the reason.
+	code, b = operator(t, r, token, "GET", "/admin/v1/keys/sk_free_demo", nil)
+	var ids struct {
+		KeyID string `json:"key_id"`
+	}
+	if code != 200 || json.Unmarshal(b, &ids) != nil || ids.KeyID == "" {
+		t.Fatalf("GET keys/sk_free_demo: %d %s", code, b)
+	}
+	if code, b := operator(t, r, token, "POST", "/admin/v1/keys/kid:"+ids.KeyID+"/reset", []byte(`{"endpoint":"/v1/users/42"}`)); code != 200 ||
+		!bytes.Contains(b, []byte(ids.KeyID)) {
+		t.Fatalf("POST keys/kid:%s/reset: %d %s", ids.KeyID, code, b)
+	}
+	if code, b := operator(t, r, token, "GET", "/admin/v1/keys/kid:AAAAAAAAAAAAAAAAAAAAAA", nil); code != 400 || !bytes.Contains(b, []byte("key registry")) {
+		t.Fatalf("GET keys/kid: of no registered key: %d %s, want 400 naming the registry", code, b)
+	}
 
 	// A second gateway joins through bin/stack.env.
 	env := readEnvFile(t, cfg.EnvFile)

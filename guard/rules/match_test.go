@@ -121,6 +121,24 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
+// TestRegisteredKeys: every key of the registry, and only those (not the
+// tiers' patterns), once; stopping early stops.
+func TestRegisteredKeys(t *testing.T) {
+	t.Parallel()
+	rs := mustLoad(t, matchRules)
+	var got []string
+	rs.RegisteredKeys(func(k string) bool { got = append(got, k); return true })
+	slices.Sort(got)
+	if want := []string{"sk_free_listed", "sk_prod_acme_1"}; !slices.Equal(got, want) {
+		t.Fatalf("RegisteredKeys: %q, want %q", got, want)
+	}
+	n := 0
+	rs.RegisteredKeys(func(string) bool { n++; return false })
+	if n != 1 {
+		t.Fatalf("RegisteredKeys went on after false: %d calls", n)
+	}
+}
+
 func TestListed(t *testing.T) {
 	t.Parallel()
 	rs := mustLoad(t, matchRules)

@@ -96,6 +96,16 @@ type KeyInfo struct {
 	Tier   string
 }
 
+// RegisteredKeys calls yield with every raw key of the key registry (the
+// `keys` section), in no particular order, until it returns false.
+func (rs *Ruleset) RegisteredKeys(yield func(key string) bool) {
+	for k := range rs.registry {
+		if !yield(k) {
+			return
+		}
+	}
+}
+
 // Version is the file's `version` field (informational in files; assigned by
 // the operator API in fleet mode).
 func (rs *Ruleset) Version() int64 { return rs.version }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -31,10 +33,20 @@ type keyRequest struct {
 
 func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *guard.Request, keyRequest, bool) {
 	k := r.PathValue("key")
-	if strings.HasPrefix(k, "kid:") {
-		Error(w, http.StatusBadRequest, "INVALID_KEY",
-			"keys/{key} needs the API key itself: which rules apply depends on it (api_key globs, the key registry); kid: is accepted by the other routes")
-		return nil, nil, keyRequest{}, false
+	var g *guard.Guard
+	if id, ok := strings.CutPrefix(k, "kid:"); ok {
+		// Which rules apply, and with which parameters, depends on the raw
+		// key (api_key globs, tiers by pattern, the lists): a kid: is
+		// served only for a key the registry names, whose raw key the
+		// ruleset holds.
+		if g = a.guard(w, r); g == nil {
+			return nil, nil, keyRequest{}, false
+		}
+		if k = registeredKey(g.Rules(), a.cfg.Hasher, id); k == "" {
+			Error(w, http.StatusBadRequest, "INVALID_KEY",
+				"keys/{key} takes kid:<key_id> only for a key of the key registry; give the API key itself: which rules apply depends on it (api_key globs, tiers by pattern, the lists)")
+			return nil, nil, keyRequest{}, false
+		}
 	}
 	if !guard.ValidKey(k) || k == "" {
 		Error(w, http.StatusBadRequest, "INVALID_KEY", "{key}: an API key of at most 256 bytes without control characters")
@@ -71,16 +83,45 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 		}
 		req.IP = ip.Unmap()
 	}
+	if g == nil {
+		if g = a.guard(w, r); g == nil {
+			return nil, nil, kr, false
+		}
+	}
+	return g, req, kr, true
+}
+
+// guard returns the guard of the keys/{key} routes, or answers 503 and
+// returns nil.
+func (a *api) guard(w http.ResponseWriter, r *http.Request) *guard.Guard {
 	if a.cfg.Guard == nil {
 		Error(w, http.StatusServiceUnavailable, "NOT_CONFIGURED", "keys/{key} needs the rules and Redis")
-		return nil, nil, kr, false
+		return nil
 	}
 	g, err := a.cfg.Guard(r.Context())
 	if err != nil {
 		Error(w, http.StatusServiceUnavailable, "RULES_UNAVAILABLE", err.Error())
-		return nil, nil, kr, false
+		return nil
 	}
-	return g, req, kr, true
+	return g
+}
+
+// registeredKey returns the raw key of rs's key registry whose key_id is
+// id, or "". It hashes every registered key: the operator API's pace, not
+// the request path's.
+func registeredKey(rs *rules.Ruleset, h *keyid.Hasher, id string) string {
+	var found string
+	if rs == nil || h == nil {
+		return ""
+	}
+	rs.RegisteredKeys(func(k string) bool {
+		if h.ID(k) == id {
+			found = k
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // ruleState is one applicable rule in GET keys/{key}.
