@@ -401,6 +401,20 @@ func startProxy(t *testing.T, target string) *proxy {
 	return p
 }
 
+// cutOff cuts the syncer's connection through p and keeps it cut (until
+// p.cut is cleared), and waits until the syncer knows.
+func (p *proxy) cutOff(t *testing.T, sy *syncer) {
+	t.Helper()
+	p.cut.Store(true)
+	p.drop()
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if sy.s.Status().Connected {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+}
+
 func (p *proxy) url() string { return "nats://" + p.ln.Addr().String() }
 
 func (p *proxy) accept() {
@@ -458,14 +472,7 @@ func TestResyncAfterPartition(t *testing.T) {
 		return nil
 	})
 
-	p.cut.Store(true)
-	p.drop()
-	testwait.Eventually(t, 5*time.Second, func() error {
-		if sy.s.Status().Connected {
-			return errors.New("still connected")
-		}
-		return nil
-	})
+	p.cutOff(t, sy)
 	b.del(b.lists, "kidA")
 	// No trace of kidA left, not even its delete marker (as after a
 	// compaction): only reading the whole state shows it is gone.
@@ -692,14 +699,7 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 
 	// A resync with nothing new says nothing; one that finds the key gone
 	// says it once.
-	p.cut.Store(true)
-	p.drop()
-	testwait.Eventually(t, 5*time.Second, func() error {
-		if sy.s.Status().Connected {
-			return errors.New("still connected")
-		}
-		return nil
-	})
+	p.cutOff(t, sy)
 	b.del(b.lists, "kidLad")
 	p.cut.Store(false)
 	waitLines(`level=1`, `level=2`, `level=3`, `kidTwo level=1`, `kidTwo level=2`, `kidTwo level=0`,
@@ -745,14 +745,7 @@ func TestCountersChangedReachTheGateway(t *testing.T) {
 	}
 	heard(1)
 
-	p.cut.Store(true)
-	p.drop()
-	testwait.Eventually(t, 5*time.Second, func() error {
-		if sy.s.Status().Connected {
-			return errors.New("still connected")
-		}
-		return nil
-	})
+	p.cutOff(t, sy)
 	p.cut.Store(false)
 	testwait.Eventually(t, 5*time.Second, func() error {
 		if !sy.s.Status().Connected {
