@@ -11,6 +11,11 @@
 // goroutine of its own, so a slow disk never delays the next change; of a
 // burst of changes, the newest state is written.
 //
+// It also listens on tollgatev1.SubjectCounters, where the operator API
+// announces a reset or a quota grant, and tells Config.OnCountersChanged,
+// so that the gateway's fast path drops what it derived from those
+// counters (a core NATS subscription, kept by nats.go across reconnects).
+//
 // # What arrives, and what is refused
 //
 // A ruleset is parsed and validated as a rules file is (package rulefile);
