@@ -203,11 +203,18 @@ func (b *Breaker) Config() Config { return b.cfg }
 func (b *Breaker) State() State { return b.load() }
 
 // Refusing reports whether Allow would refuse a call now — the breaker is
-// open and its OpenFor has not passed — without changing its state or
-// using up a half-open probe. A caller about to make several calls that
-// must all succeed asks it of each backend before making the first.
+// open and its OpenFor has not passed, or half-open with every probe out
+// and their time not up — without changing its state or using up a
+// half-open probe. A caller about to make several calls that must all
+// succeed asks it of each backend before making the first.
 func (b *Breaker) Refusing() bool {
-	return b.load() == Open && b.cfg.Clock() < b.until.Load()
+	switch b.load() {
+	case Open:
+		return b.cfg.Clock() < b.until.Load()
+	case HalfOpen:
+		return b.issued.Load() >= b.probes && b.cfg.Clock() < b.until.Load()
+	}
+	return false
 }
 
 // Allow reports whether a call may go to the backend now. Every call

@@ -441,7 +441,7 @@ find:
 		tt, admitted, err := s.eval(ctx, op, now, cs, rs)
 		if err != nil {
 			if op == guard.OpCheck {
-				s.undo(ctx, now, counters, res, done, order[gi+1:])
+				s.undo(ctx, now, counters, res, done, order[gi+1:], err)
 			}
 			return 0, err
 		}
@@ -484,15 +484,22 @@ find:
 // the lease units granted with the charge, which the caller, seeing the
 // error, never installs. Left charged, a dead shard would drain the ip
 // and global counters of every other key with the requests of its keys.
-// The slots not reached give back the lease units their counters return
-// (they surely never left), so the caller does not drop them. Nothing is
-// tried when the caller's time is up: the charges then stay, the stricter
-// side, until the window passes.
-func (s *Store) undo(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, done, rest []slotGroup) {
+// The returns that the counters of the slots not reached carry surely
+// never left: when failed (the error of the failing slot) says the same
+// (guard.ErrNotSent), the caller sends them again itself; otherwise it
+// would drop them, so they are given back here, and marked Returned when
+// that ran. A give-back that fails is not marked: the caller then drops
+// it, right when it may have run, and the stricter side when it did not
+// (never twice). Nothing is tried when the caller's time is up: the
+// charges then stay, the stricter side, until the window passes.
+func (s *Store) undo(ctx context.Context, now int64, counters []guard.Counter, res []guard.CounterResult, done, rest []slotGroup, failed error) {
 	if ctx.Err() != nil {
 		return
 	}
 	s.refund(ctx, now, counters, res, done)
+	if errors.Is(failed, guard.ErrNotSent) {
+		return
+	}
 	for _, g := range rest {
 		cs, rs := g.gather(counters)
 		if err := s.giveBack(ctx, now, cs); err != nil {
