@@ -212,6 +212,42 @@ func (g *Guard) SetRules(rs *rules.Ruleset) {
 	g.ForgetCounters()
 }
 
+// CounterNames returns the names (Counter.Name) of the counters of every
+// rule applicable to req — those Reset empties and AddQuota refills — or
+// nil when none applies (no ruleset or rule, a listed key, an invalid
+// request). Another process with the same ruleset, key secret and store
+// naming gets the same names: the operator API sends them to the gateways
+// (ForgetNames).
+func (g *Guard) CounterNames(req *Request) []string {
+	rs := g.rules.Load()
+	if rs == nil {
+		return nil
+	}
+	var abuf [8]applicable
+	apps, ok := g.resolve(rs, OpReset, req, &Decision{}, abuf[:0])
+	if !ok || len(apps) == 0 {
+		return nil
+	}
+	names := make([]string, len(apps))
+	for i := range apps {
+		names[i] = apps[i].counter.Name
+	}
+	return names
+}
+
+// ForgetNames drops the local state a store keeps of the named counters
+// (Forgetter) after another process reset them (reset true: their leases
+// are dropped without giving their units back to the fresh counters) or
+// granted them quota (their negative cache). A store that cannot forget by
+// name forgets everything (ForgetCounters). It does not block.
+func (g *Guard) ForgetNames(reset bool, names []string) {
+	if f, ok := g.store.(Forgetter); ok {
+		f.Forget(reset, names)
+		return
+	}
+	g.ForgetCounters()
+}
+
 // ForgetCounters drops the local state a store derived from the counters
 // it saw (leases and the negative cache: Invalidator), for when they were
 // changed in Redis by someone else than this guard — another process reset

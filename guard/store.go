@@ -215,3 +215,13 @@ type Store interface {
 type Invalidator interface {
 	Invalidate()
 }
+
+// A Forgetter is a Store that keeps such local state and can drop that of
+// named counters only (Counter.Name), after another process changed them in the
+// store: reset (true: a lease of theirs vanished with them, and is dropped
+// without giving its units back, which would come off the fresh counter)
+// or granted quota (false: the negative cache no longer holds). It must not
+// block.
+type Forgetter interface {
+	Forget(reset bool, names []string)
+}

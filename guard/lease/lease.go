@@ -114,6 +114,7 @@ type Store struct {
 var (
 	_ guard.Store       = (*Store)(nil)
 	_ guard.Namer       = (*Store)(nil)
+	_ guard.Forgetter   = (*Store)(nil)
 	_ guard.Invalidator = (*Store)(nil)
 )
 
@@ -756,16 +757,30 @@ func (s *Store) windowEnd(c *guard.Counter, t, send int64) int64 {
 // holds).
 func (s *Store) forget(op guard.Op, counters []guard.Counter) {
 	for i := range counters {
-		e := s.tab.get(counters[i].Name)
-		if e == nil {
-			continue
-		}
-		e.last.Store(nil)
-		if op == guard.OpReset {
-			if l := e.lease.Swap(nil); l != nil {
-				e.leaseHits.Add(l.hits.Load())
-				l.close()
-			}
+		s.forgetName(op == guard.OpReset, counters[i].Name)
+	}
+}
+
+// Forget implements guard.Forgetter: the named counters were reset (their
+// leases are dropped, their units not given back: they would come off the
+// fresh counter) or granted quota (their negative cache is dropped) by
+// another process.
+func (s *Store) Forget(reset bool, names []string) {
+	for _, name := range names {
+		s.forgetName(reset, name)
+	}
+}
+
+func (s *Store) forgetName(reset bool, name string) {
+	e := s.tab.get(name)
+	if e == nil {
+		return
+	}
+	e.last.Store(nil)
+	if reset {
+		if l := e.lease.Swap(nil); l != nil {
+			e.leaseHits.Add(l.hits.Load())
+			l.close()
 		}
 	}
 }

@@ -641,3 +641,59 @@ rules:
 		}
 	})
 }
+
+// TestResetElsewhereLeavesNoOldUnits: another process (the operator API)
+// resets a key's counter while a gateway holds a lease on it, and tells
+// the gateway the counter's names (guard.Guard.ForgetNames). The lease's
+// unused units vanished with the reset: the gateway must not give them
+// back, or they would come off what another gateway charged to the fresh
+// counter since, and the fleet could admit more than the limit.
+func TestResetElsewhereLeavesNoOldUnits(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		const limit = 100_000
+		c := newClock(start)
+		r := b.newRig(t, c)
+		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+		gwA := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+		gwB := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+		operator, err := guard.New(guardtest.Clocked(r.redis, r.clock.now), secret, rs, guard.WithClock(r.clock.now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &guard.Request{Key: "sk_reset", Path: "/"}
+		check := func(gw *gateway, n int) {
+			for range n {
+				d, err := gw.guard.Check(context.Background(), req)
+				if err != nil || !d.Allowed {
+					t.Fatalf("check: %v %+v", err, d)
+				}
+				c.advance(1000)
+			}
+		}
+		check(gwA, 50)
+		if got := r.used(t, rs, "sk_reset"); got <= 50 {
+			t.Fatalf("Redis counts %d, want the 50 admitted and a lease", got)
+		}
+		names := operator.CounterNames(req)
+		if len(names) != 1 {
+			t.Fatalf("CounterNames: %q, want the one rule's counter", names)
+		}
+		if _, err := operator.Reset(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		gwA.guard.ForgetNames(true, names)
+		// B charges the fresh counter, then A comes back to it.
+		check(gwB, 20)
+		check(gwA, 10)
+		c.advance(3_000_000)
+		// Once both new leases are given back, Redis counts the 30
+		// admitted since the reset: fewer if A's old lease came off them.
+		testwait.Eventually(t, 5*time.Second, func() error {
+			if got := r.used(t, rs, "sk_reset"); got != 30 {
+				return fmt.Errorf("after the reset and 30 admissions Redis counts %d units, want 30", got)
+			}
+			return nil
+		})
+	})
+}

@@ -26,11 +26,15 @@ type RulesEntry struct {
 }
 
 // CountersChanged is a message on SubjectCounters: the operator API reset
-// a key's counters or granted it quota (Kind "reset" or "quota").
+// a key's counters or granted it quota (Kind "reset" or "quota"). Counters
+// names them as the gateways' guards do (guard.Counter.Name, under the
+// same ruleset, key secret and Redis key prefix); without them a gateway
+// drops its local state of every counter.
 type CountersChanged struct {
-	Kind  string    `json:"kind"`
-	KeyID string    `json:"key_id"`
-	Time  time.Time `json:"time"`
+	Kind     string    `json:"kind"`
+	KeyID    string    `json:"key_id"`
+	Counters []string  `json:"counters,omitempty"`
+	Time     time.Time `json:"time"`
 }
 
 // Kinds of CountersChanged.

@@ -41,9 +41,10 @@ const (
 // operator API announces that it changed counters in Redis behind the
 // gateways' backs — a reset or a quota grant (CountersChanged, JSON) — so
 // that every gateway drops the local state it derived from them (the fast
-// path's leases and negative cache, SPEC §2). At most once: a gateway
-// disconnected at that moment keeps its negative cache until its
-// Retry-After passes, as it would have without the message.
+// path's negative cache and, after a reset, its leases without giving
+// their units back, SPEC §2). At most once: a gateway disconnected at that
+// moment keeps its negative cache until its Retry-After passes, as it
+// would have without the message.
 const SubjectCounters = "tollgate.counters.changed"
 
 // DefaultConsumerGroup is the Kafka consumer group the aggregators share on

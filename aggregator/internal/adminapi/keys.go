@@ -178,7 +178,7 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, prefix, _ := a.key(w, r)
-	a.countersChanged(tollgatev1.CountersReset, id)
+	a.countersChanged(tollgatev1.CountersReset, id, g.CounterNames(req))
 	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
 		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": d.Endpoint, "rules": len(d.Rules)})}) {
 		return
@@ -202,7 +202,7 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, prefix, _ := a.key(w, r)
-	a.countersChanged(tollgatev1.CountersQuota, id)
+	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))
 	after := decisionJSON(d, id, prefix)
 	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
 		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "state": after})}) {
@@ -211,13 +211,14 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, after)
 }
 
-// countersChanged tells the gateways that the counters of key_id id
-// changed in Redis behind their backs, so that their fast path drops the
-// leases and negative cache it derived from them (SPEC §2): else a key
+// countersChanged tells the gateways that the counters named (of key_id
+// id) changed in Redis behind their backs, so that their fast path drops
+// the leases and negative cache it derived from them (SPEC §2): else a key
 // granted quota would still be refused from a gateway's memory until the
-// Retry-After it was last given. Without NATS there is no fleet to tell; a
-// failure is logged, and the change stands.
-func (a *api) countersChanged(kind, id string) {
+// Retry-After it was last given, and after a reset the unused units of an
+// old lease would come off the fresh counter. Without NATS there is no
+// fleet to tell; a failure is logged, and the change stands.
+func (a *api) countersChanged(kind, id string, counters []string) {
 	if a.cfg.KV == nil {
 		return
 	}
@@ -227,7 +228,7 @@ func (a *api) countersChanged(kind, id string) {
 			slog.String("kind", kind), slog.String("key_id", id))
 		return
 	}
-	if err := kv.CountersChanged(kind, id); err != nil {
+	if err := kv.CountersChanged(kind, id, counters); err != nil {
 		a.cfg.Log.Warn("gateways not told of a counter change; their negative cache lasts until its Retry-After",
 			slog.String("kind", kind), slog.String("key_id", id), slog.String("error", err.Error()))
 	}

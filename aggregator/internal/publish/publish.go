@@ -66,14 +66,15 @@ type KV struct {
 
 // CountersChanged tells every gateway (tollgatev1.SubjectCounters) that the
 // operator API changed a key's counters in Redis (kind CountersReset or
-// CountersQuota), so that they drop the local state derived from them.
+// CountersQuota; counters names them), so that they drop the local state
+// derived from them.
 // Core NATS, at most once: the message is queued on the connection, and
 // only a closed connection is an error.
-func (k *KV) CountersChanged(kind, keyID string) error {
+func (k *KV) CountersChanged(kind, keyID string, counters []string) error {
 	if k.nc == nil {
 		return errors.New("publish: no connection")
 	}
-	b, err := json.Marshal(tollgatev1.CountersChanged{Kind: kind, KeyID: keyID, Time: time.Now().UTC()})
+	b, err := json.Marshal(tollgatev1.CountersChanged{Kind: kind, KeyID: keyID, Counters: counters, Time: time.Now().UTC()})
 	if err != nil {
 		return err
 	}

@@ -133,11 +133,12 @@ type Config struct {
 	// nobody.
 	OnRefused func(error)
 	// OnCountersChanged is called when the operator API announces that it
-	// reset a key's counters or granted it quota
-	// (tollgatev1.SubjectCounters), on a goroutine of nats.go's: the
-	// gateway drops its fast path's leases and negative cache
-	// (guard.Guard.ForgetCounters). It must not block. nil: nothing.
-	OnCountersChanged func()
+	// reset counters (reset true) or granted them quota
+	// (tollgatev1.SubjectCounters), with their names (nil: unknown, every
+	// counter), on a goroutine of nats.go's: the gateway drops its fast
+	// path's local state of them (guard.Guard.ForgetNames). It must not
+	// block. nil: nothing.
+	OnCountersChanged func(reset bool, names []string)
 	// Log receives the Syncer's lines; nil discards them. Keys are never
 	// logged, only key_ids' prefixes.
 	Log *slog.Logger
@@ -324,14 +325,18 @@ func (s *Syncer) Run(ctx context.Context) error {
 func (s *Syncer) countersChanged(m *nats.Msg) {
 	var c tollgatev1.CountersChanged
 	if err := json.Unmarshal(m.Data, &c); err != nil {
-		s.log.Warn("a counter-change message that does not decode; dropping the fast path's local state all the same",
+		// Unknown counters and kind: every counter's state goes, leases
+		// given back (a reset's then come off its fresh counters, the
+		// bound docs/gateway.md states).
+		s.log.Warn("a counter-change message that does not decode; dropping the fast path's local state of every counter",
 			slog.String("error", err.Error()))
+		c = tollgatev1.CountersChanged{}
 	} else {
-		s.log.Debug("counters changed by the operator API: dropping the fast path's local state",
-			slog.String("kind", c.Kind), slog.String("key_id", c.KeyID))
+		s.log.Debug("counters changed by the operator API: dropping the fast path's local state of them",
+			slog.String("kind", c.Kind), slog.String("key_id", c.KeyID), slog.Int("counters", len(c.Counters)))
 	}
 	if s.cfg.OnCountersChanged != nil {
-		s.cfg.OnCountersChanged()
+		s.cfg.OnCountersChanged(c.Kind == tollgatev1.CountersReset, c.Counters)
 	}
 }
 

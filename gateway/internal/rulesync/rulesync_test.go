@@ -117,10 +117,17 @@ type syncer struct {
 	logs     *lockedBuffer
 	refused  atomic.Int32
 	changed  atomic.Int32 // OnCountersChanged calls
+	lastSeen atomic.Value // OnCountersChanged's last arguments: counterChange
 	mu       sync.Mutex
 	applied  []*rulefile.Ruleset
 	cancel   context.CancelFunc
 	done     chan error
+}
+
+// counterChange is what OnCountersChanged was told.
+type counterChange struct {
+	reset bool
+	names string // comma-joined
 }
 
 func newSyncer(t *testing.T, url, dir string) *syncer {
@@ -136,9 +143,12 @@ func newSyncer(t *testing.T, url, dir string) *syncer {
 			defer sy.mu.Unlock()
 			sy.applied = append(sy.applied, rs)
 		},
-		OnRefused:         func(error) { sy.refused.Add(1) },
-		OnCountersChanged: func() { sy.changed.Add(1) },
-		ReconnectWait:     20 * time.Millisecond,
+		OnRefused: func(error) { sy.refused.Add(1) },
+		OnCountersChanged: func(reset bool, names []string) {
+			sy.lastSeen.Store(counterChange{reset: reset, names: strings.Join(names, ",")})
+			sy.changed.Add(1)
+		},
+		ReconnectWait: 20 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -728,7 +738,7 @@ func TestCountersChangedReachTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	msg, _ := json.Marshal(tollgatev1.CountersChanged{Kind: tollgatev1.CountersQuota, KeyID: "kidQ", Time: time.Now()})
+	msg, _ := json.Marshal(tollgatev1.CountersChanged{Kind: tollgatev1.CountersReset, KeyID: "kidQ", Counters: []string{"tg{t}a", "tg{t}b"}, Time: time.Now()})
 	// Core NATS drops a message no subscription is registered for yet:
 	// announce until one arrives.
 	heard := func(want int32) {
@@ -744,6 +754,9 @@ func TestCountersChangedReachTheGateway(t *testing.T) {
 		})
 	}
 	heard(1)
+	if got, _ := sy.lastSeen.Load().(counterChange); got != (counterChange{reset: true, names: "tg{t}a,tg{t}b"}) {
+		t.Fatalf("OnCountersChanged told %+v, want the reset of the two counters", got)
+	}
 
 	p.cutOff(t, sy)
 	p.cut.Store(false)
