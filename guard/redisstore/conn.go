@@ -236,21 +236,10 @@ func (s *Store) pipeWorker() {
 	}()
 	batch := make([]*pcall, 0, s.batch)
 	for {
-		select {
-		case <-s.quit:
+		var ok bool
+		if batch, ok = nextBatch(s.quit, s.pq, batch); !ok {
 			s.drainPipe()
 			return
-		case c := <-s.pq:
-			batch = append(batch[:0], c)
-		}
-	fill:
-		for len(batch) < s.batch {
-			select {
-			case c := <-s.pq:
-				batch = append(batch, c)
-			default:
-				break fill
-			}
 		}
 		cn = s.sendPipe(cn, batch)
 		clear(batch)

@@ -267,6 +267,12 @@ func peekRemaining(t *testing.T, store *Store, counters []guard.Counter) int64 {
 	return res[0].Remaining
 }
 
+// windowCounter is a check of one fixed-window counter (10 an hour, cost
+// 1), whose units windowCount reads.
+func windowCounter(name string) []guard.Counter {
+	return []guard.Counter{{Name: name, Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 1}}
+}
+
 // windowCount reads the units a fixed-window counter holds straight from
 // Redis (lua/fixed_window.lua: field c), bypassing the store and its
 // circuit breaker.
@@ -297,7 +303,7 @@ func TestHungRedisNeverRetried(t *testing.T) {
 	ctx := context.Background()
 	// One connection, the script loaded: the hung calls go out as EVALSHA
 	// on a connection that worked.
-	hung := []guard.Counter{{Name: "tg{hung}", Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 1}}
+	hung := windowCounter("tg{hung}")
 	if got := peekRemaining(t, store, hung); got != 9 {
 		t.Fatalf("a peek of cost 1 before any call: remaining %d, want 9", got)
 	}
@@ -362,7 +368,7 @@ func TestBatchDeadlineHoldsForEveryCall(t *testing.T) {
 	const deadline = 100 * time.Millisecond
 	store, admin := leanStore(t, srv.Addr(), deadline, WithBatch(4, 2))
 	counter := func(i int) []guard.Counter {
-		return []guard.Counter{{Name: fmt.Sprintf("tg{c%d}", i), Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 10, Window: 3_600_000_000}, Cost: 1}}
+		return windowCounter(fmt.Sprintf("tg{c%d}", i))
 	}
 	peekRemaining(t, store, counter(-1)) // the script loaded
 	if err := srv.Pause(); err != nil {

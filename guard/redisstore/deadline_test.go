@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -21,41 +23,14 @@ import (
 // A answered), not by sleeps.
 func TestCallDeadlineIsItsOwnNotABatchMates(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartTB(t)
-	store, _ := leanStore(t, srv.Addr(), 5*time.Second, WithBatch(64, 1))
-	peekRemaining(t, store, oneCounter("tg{warm}"))
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Resume()
-	do := func(timeout time.Duration, name string) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			ctx, cancel := context.Background(), context.CancelFunc(func() {})
-			if timeout > 0 {
-				ctx, cancel = context.WithTimeout(ctx, timeout)
-			}
-			defer cancel()
-			_, err := store.Do(ctx, guard.OpCheck, 0, oneCounter(name), make([]guard.CounterResult, 1))
-			done <- err
-		}()
-		return done
-	}
-	sent := func(n int64) func() error {
-		return func() error {
-			if got := store.Calls(); got != n {
-				return fmt.Errorf("%d calls sent, want %d", got, n)
-			}
-			return nil
-		}
-	}
-	base := store.Calls()
-	zDone := do(500*time.Millisecond, "tg{z}")
-	testwait.Eventually(t, 5*time.Second, sent(base+1))
-	aDone := do(time.Second, "tg{a}")
-	bDone := do(0, "tg{b}")
+	r := newPausedRig(t)
+	base := r.store.Calls()
+	zDone := r.check(500*time.Millisecond, "tg{z}")
+	r.waitSent(base + 1)
+	aDone := r.check(time.Second, "tg{a}")
+	bDone := r.check(0, "tg{b}")
 	testwait.Eventually(t, 5*time.Second, func() error {
-		if n := len(store.pq); n != 2 {
+		if n := len(r.store.pq); n != 2 {
 			return fmt.Errorf("%d calls queued, want A and B behind Z", n)
 		}
 		return nil
@@ -63,7 +38,7 @@ func TestCallDeadlineIsItsOwnNotABatchMates(t *testing.T) {
 	if err := <-zDone; err == nil {
 		t.Fatal("Z decided by a paused Redis")
 	}
-	testwait.Eventually(t, 5*time.Second, sent(base+3))
+	r.waitSent(base + 3)
 	if err := <-aDone; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("A: %v, want its own deadline", err)
 	}
@@ -72,7 +47,7 @@ func TestCallDeadlineIsItsOwnNotABatchMates(t *testing.T) {
 		t.Fatalf("B answered at A's deadline (%v): a batch-mate's deadline failed it", err)
 	default:
 	}
-	if err := srv.Resume(); err != nil {
+	if err := r.srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-bDone; err != nil {
@@ -86,49 +61,77 @@ func TestCallDeadlineIsItsOwnNotABatchMates(t *testing.T) {
 // so a caller may safely send it again; Z, which was sent, is not.
 func TestCallAbandonedInQueueIsNotSent(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartTB(t)
-	store, admin := leanStore(t, srv.Addr(), 5*time.Second, WithBatch(64, 1))
-	peekRemaining(t, store, oneCounter("tg{warm}"))
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Resume()
-	do := func(timeout time.Duration, name string) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			_, err := store.Do(ctx, guard.OpCheck, 0, oneCounter(name), make([]guard.CounterResult, 1))
-			done <- err
-		}()
-		return done
-	}
-	base := store.Calls()
-	zDone := do(time.Second, "tg{z}")
-	testwait.Eventually(t, 5*time.Second, func() error {
-		if got := store.Calls(); got != base+1 {
-			return fmt.Errorf("%d calls sent, want Z", got-base)
-		}
-		return nil
-	})
-	qDone := do(100*time.Millisecond, "tg{q}")
+	r := newPausedRig(t)
+	base := r.store.Calls()
+	zDone := r.check(time.Second, "tg{z}")
+	r.waitSent(base + 1)
+	qDone := r.check(100*time.Millisecond, "tg{q}")
 	if err := <-qDone; !errors.Is(err, guard.ErrNotSent) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Q, abandoned in the queue: %v, want a deadline error that says it was not sent", err)
 	}
 	if err := <-zDone; err == nil || errors.Is(err, guard.ErrNotSent) {
 		t.Fatalf("Z, sent to a paused Redis: %v, want an error that does not say it was not sent", err)
 	}
-	if err := srv.Resume(); err != nil {
+	if err := r.srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	// The queue is empty once a later call is decided.
-	if _, err := store.Do(context.Background(), guard.OpCheck, 0, oneCounter("tg{r}"), make([]guard.CounterResult, 1)); err != nil {
+	if _, err := r.store.Do(context.Background(), guard.OpCheck, 0, oneCounter("tg{r}"), make([]guard.CounterResult, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := admin.Exists(context.Background(), "tg{q}").Result(); err != nil || n != 0 {
+	if n, err := r.admin.Exists(context.Background(), "tg{q}").Result(); err != nil || n != 0 {
 		t.Fatalf("Q's counter exists (%d, %v): an abandoned call was sent", n, err)
 	}
-	if calls := store.Calls() - base; calls != 2 {
+	if calls := r.store.Calls() - base; calls != 2 {
 		t.Fatalf("%d calls sent after the warm-up, want Z and R", calls)
 	}
+}
+
+// pausedRig is a lean store with one batching goroutine on a redis-server
+// that is paused once the store is warm (its script loaded), with an
+// asynchronous check and a wait for the calls sent.
+type pausedRig struct {
+	t     *testing.T
+	srv   *redisserver.Server
+	store *Store
+	admin redis.UniversalClient
+}
+
+func newPausedRig(t *testing.T) *pausedRig {
+	t.Helper()
+	srv := redistest.StartTB(t)
+	store, admin := leanStore(t, srv.Addr(), 5*time.Second, WithBatch(64, 1))
+	peekRemaining(t, store, oneCounter("tg{warm}"))
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	return &pausedRig{t: t, srv: srv, store: store, admin: admin}
+}
+
+// check checks the counter name on a goroutine of its own, its caller
+// giving up after timeout (0: never; the store's 5 s apply).
+func (r *pausedRig) check(timeout time.Duration, name string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if timeout > 0 {
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		defer cancel()
+		_, err := r.store.Do(ctx, guard.OpCheck, 0, oneCounter(name), make([]guard.CounterResult, 1))
+		done <- err
+	}()
+	return done
+}
+
+// waitSent waits until the store has sent n calls in all.
+func (r *pausedRig) waitSent(n int64) {
+	r.t.Helper()
+	testwait.Eventually(r.t, 5*time.Second, func() error {
+		if got := r.store.Calls(); got != n {
+			return fmt.Errorf("%d calls sent, want %d", got, n)
+		}
+		return nil
+	})
 }

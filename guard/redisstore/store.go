@@ -768,24 +768,34 @@ func (s *Store) worker() {
 	defer s.wg.Done()
 	batch := make([]*call, 0, s.batch)
 	for {
-		select {
-		case <-s.quit:
+		var ok bool
+		if batch, ok = nextBatch(s.quit, s.queue, batch); !ok {
 			s.drain()
 			return
-		case c := <-s.queue:
-			batch = append(batch[:0], c)
-		}
-	fill:
-		for len(batch) < s.batch {
-			select {
-			case c := <-s.queue:
-				batch = append(batch, c)
-			default:
-				break fill
-			}
 		}
 		s.flush(batch)
 	}
+}
+
+// nextBatch waits for a call on q, then adds whatever else is queued, up
+// to cap(batch), into batch (emptied first); ok is false once quit is
+// closed. Both batching paths, go-redis's and the lean one, take calls so.
+func nextBatch[T any](quit <-chan struct{}, q <-chan T, batch []T) (_ []T, ok bool) {
+	select {
+	case <-quit:
+		return batch[:0], false
+	case c := <-q:
+		batch = append(batch[:0], c)
+	}
+	for len(batch) < cap(batch) {
+		select {
+		case c := <-q:
+			batch = append(batch, c)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
 }
 
 // drain fails the calls still queued at Close.
