@@ -146,13 +146,16 @@ func TestFleetJourney(t *testing.T) {
 	if code, b := operator(t, r, token, "POST", "/admin/v1/keys/sk_free_demo/quota", []byte(`{"endpoint":"/v1/users/42","tokens":1}`)); code != 200 {
 		t.Fatalf("POST keys/sk_free_demo/quota: %d %s", code, b)
 	}
-	granted := testwait.Eventually(t, 2*time.Second, func() error {
-		if got := status(proxy); got != http.StatusOK {
-			return fmt.Errorf("sk_free_demo after a quota grant of 1: %d", got)
-		}
-		return nil
-	})
-	t.Logf("granted unit admitted by the stack's gateway %v after the operator API answered", granted)
+	admitted := func(after string) time.Duration {
+		t.Helper()
+		return testwait.Eventually(t, 2*time.Second, func() error {
+			if got := status(proxy); got != http.StatusOK {
+				return fmt.Errorf("sk_free_demo after %s: %d", after, got)
+			}
+			return nil
+		})
+	}
+	t.Logf("granted unit admitted by the stack's gateway %v after the operator API answered", admitted("a quota grant of 1"))
 	if got := status(proxy); got != http.StatusTooManyRequests {
 		t.Fatalf("sk_free_demo after its granted unit: %d, want 429", got)
 	}
@@ -169,13 +172,7 @@ func TestFleetJourney(t *testing.T) {
 	if code, b := operator(t, r, token, "PUT", "/admin/v1/rules", raised); code != 200 {
 		t.Fatalf("PUT rules: %d %s", code, b)
 	}
-	took := testwait.Eventually(t, 2*time.Second, func() error {
-		if got := status(proxy); got != http.StatusOK {
-			return fmt.Errorf("sk_free_demo after the raise: %d", got)
-		}
-		return nil
-	})
-	t.Logf("raised limit in force on the stack's gateway %v after the operator API answered", took)
+	t.Logf("raised limit in force on the stack's gateway %v after the operator API answered", admitted("the raise"))
 
 	// The operator API's key routes act on the stack's Redis, the
 	// gateway's counters: the key's state shows what the requests above
@@ -281,7 +278,7 @@ func TestFleetJourney(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("PUT blocklist: %d %s", code, b)
 	}
-	took = testwait.Eventually(t, 2*time.Second, func() error {
+	took := testwait.Eventually(t, 2*time.Second, func() error {
 		for _, p := range []string{proxy, proxy2} {
 			if got := status(p); got != http.StatusForbidden {
 				return fmt.Errorf("%s: sk_free_demo %d, want 403", p, got)
