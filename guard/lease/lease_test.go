@@ -183,6 +183,18 @@ func (r *rig) gateway(t *testing.T, rs *rules.Ruleset, skew, lag int64, opts ...
 	return &gateway{calls: calls, lease: ls, guard: g}
 }
 
+// admit checks req on gw n times, 1 ms apart on c, each one admitted.
+func admit(t *testing.T, c *clock, gw *gateway, req *guard.Request, n int) {
+	t.Helper()
+	for range n {
+		d, err := gw.guard.Check(context.Background(), req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("check: %v %+v", err, d)
+		}
+		c.advance(1000)
+	}
+}
+
 func mustRules(t testing.TB, src string) *rules.Ruleset {
 	t.Helper()
 	rs, err := rules.Load([]byte(src))
@@ -272,15 +284,7 @@ func TestUnusedLeasesGivenBack(t *testing.T) {
 		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
 		gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
 		req := &guard.Request{Key: "sk_idle", Path: "/"}
-		check := func(n int) {
-			for range n {
-				d, err := gw.guard.Check(context.Background(), req)
-				if err != nil || !d.Allowed {
-					t.Fatalf("check: %v %+v", err, d)
-				}
-				c.advance(1000)
-			}
-		}
+		check := func(n int) { admit(t, c, gw, req, n) }
 		check(50)
 		if st := gw.lease.Stats(); st.Granted == 0 || st.Lease == 0 {
 			t.Fatalf("no lease: %+v", st)
@@ -662,15 +666,7 @@ func TestResetElsewhereLeavesNoOldUnits(t *testing.T) {
 			t.Fatal(err)
 		}
 		req := &guard.Request{Key: "sk_reset", Path: "/"}
-		check := func(gw *gateway, n int) {
-			for range n {
-				d, err := gw.guard.Check(context.Background(), req)
-				if err != nil || !d.Allowed {
-					t.Fatalf("check: %v %+v", err, d)
-				}
-				c.advance(1000)
-			}
-		}
+		check := func(gw *gateway, n int) { admit(t, c, gw, req, n) }
 		check(gwA, 50)
 		if got := r.used(t, rs, "sk_reset"); got <= 50 {
 			t.Fatalf("Redis counts %d, want the 50 admitted and a lease", got)
