@@ -414,8 +414,9 @@ func (s *Store) doCluster(ctx context.Context, op guard.Op, now int64, counters 
 	}
 	// A slot whose primary's breaker is open would fail the request after
 	// the slots before it were charged: fail before charging any.
-	for _, g := range groups {
-		if s.nodes.forKey(ctx, s.cc, counters[g.idx[0]].Name).b.Refusing() {
+	for i := range groups {
+		g := &groups[i]
+		if g.node = s.nodes.forKey(ctx, s.cc, counters[g.idx[0]].Name); g.node.b.Refusing() {
 			return 0, ErrBreakerOpen
 		}
 	}
@@ -438,7 +439,7 @@ find:
 	done := make([]slotGroup, 0, len(order))
 	for gi, g := range order {
 		cs, rs := g.gather(counters)
-		tt, admitted, err := s.eval(ctx, op, now, cs, rs)
+		tt, admitted, err := s.evalOn(ctx, g.node, op, now, cs, rs)
 		if err != nil {
 			if op == guard.OpCheck {
 				s.undo(ctx, now, counters, res, done, order[gi+1:], err)
@@ -601,6 +602,7 @@ func (s *Store) refund(ctx context.Context, now int64, counters []guard.Counter,
 type slotGroup struct {
 	slot int
 	idx  []int
+	node *node // its primary, where doCluster looked it up
 }
 
 func (g slotGroup) gather(counters []guard.Counter) ([]guard.Counter, []guard.CounterResult) {
@@ -636,7 +638,11 @@ outer:
 // eval runs the script once for counters that share a slot, unless the
 // circuit breaker of the slot's node is open.
 func (s *Store) eval(ctx context.Context, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, bool, error) {
-	n := s.nodes.forKey(ctx, s.cc, counters[0].Name)
+	return s.evalOn(ctx, s.nodes.forKey(ctx, s.cc, counters[0].Name), op, now, counters, res)
+}
+
+// evalOn is eval on n, the node that holds counters.
+func (s *Store) evalOn(ctx context.Context, n *node, op guard.Op, now int64, counters []guard.Counter, res []guard.CounterResult) (int64, bool, error) {
 	if !n.b.Allow() {
 		return 0, false, ErrBreakerOpen
 	}
