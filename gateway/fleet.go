@@ -41,7 +41,7 @@ func (s *Server) startRules() error {
 			OnRefused: func(error) { s.m.ReloadError() },
 			// A reset or quota grant from the operator API: what the fast
 			// path holds of those counters is stale.
-			OnCountersChanged: s.forgetCounters,
+			OnCountersChanged: s.guard.ForgetNames,
 			Log:               s.log.With(slog.String("component", "rulesync")),
 		})
 		if err != nil {
@@ -199,15 +199,4 @@ func (s *Server) fleetCollectors() []prometheus.Collector {
 			return float64(t.UnixMilli()) / 1e3
 		}),
 	}
-}
-
-// forgetCounters drops the fast path's local state of counters the
-// operator API reset or granted quota (rulesync.Config.OnCountersChanged);
-// of every counter when the message did not name them.
-func (s *Server) forgetCounters(reset bool, names []string) {
-	if len(names) == 0 {
-		s.guard.ForgetCounters()
-		return
-	}
-	s.guard.ForgetNames(reset, names)
 }

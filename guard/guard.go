@@ -238,10 +238,11 @@ func (g *Guard) CounterNames(req *Request) []string {
 // ForgetNames drops the local state a store keeps of the named counters
 // (Forgetter) after another process reset them (reset true: their leases
 // are dropped without giving their units back to the fresh counters) or
-// granted them quota (their negative cache). A store that cannot forget by
-// name forgets everything (ForgetCounters). It does not block.
+// granted them quota (their negative cache). Without names, or with a
+// store that cannot forget by name, it forgets everything
+// (ForgetCounters). It does not block.
 func (g *Guard) ForgetNames(reset bool, names []string) {
-	if f, ok := g.store.(Forgetter); ok {
+	if f, ok := g.store.(Forgetter); ok && len(names) > 0 {
 		f.Forget(reset, names)
 		return
 	}
