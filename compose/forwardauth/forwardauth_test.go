@@ -92,17 +92,41 @@ func TestCaddy(t *testing.T) {
 
 // testProxy runs the scenarios through one proxy kind. They run in order:
 // the last kills the gateways.
+//
+// One difference between the kinds is Traefik's: its ForwardAuth cannot
+// put the rate-limit headers of an admission on the response, so it hands
+// them to the API (authResponseHeaders), and the client gets the API's own.
+// admitted returns the headers Tollgate gave an admitted request where
+// each proxy puts them: on the response for nginx and Caddy, on the
+// request to the API (which echoes them) for Traefik.
 func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 	w := newWorld(t, rules, startProxy)
 	clientA, clientB := client(t, "127.0.0.2"), client(t, "127.0.0.3")
+	traefik := kind == "traefik"
+	admitted := func(r response) response {
+		if !traefik {
+			return r
+		}
+		h := http.Header{}
+		for name, v := range r.Header {
+			if n, ok := strings.CutPrefix(name, upstreamGot); ok {
+				h[n] = v
+			}
+		}
+		return response{&http.Response{StatusCode: r.StatusCode, Header: h}, r.body}
+	}
 
 	t.Run("five 200s then 429 with Retry-After", func(t *testing.T) {
 		key := "sk_five_" + kind
 		for i := range 5 {
-			r := send(t, clientA, "GET", w.viaTrusted+"/v1/users/42", "", "X-API-Key", key)
-			if r.StatusCode != http.StatusOK || !strings.HasPrefix(r.body, "upstream GET /v1/users/42") {
-				t.Fatalf("request %d: %d %q", i+1, r.StatusCode, r.body)
+			got := send(t, clientA, "GET", w.viaTrusted+"/v1/users/42", "", "X-API-Key", key)
+			if got.StatusCode != http.StatusOK || !strings.HasPrefix(got.body, "upstream GET /v1/users/42") {
+				t.Fatalf("request %d: %d %q", i+1, got.StatusCode, got.body)
 			}
+			if traefik && (one(t, got, "X-RateLimit-Limit") != "999" || got.Header.Get("RateLimit") != `"upstream";r=999`) {
+				t.Fatalf("request %d: the client should get the API's own rate-limit headers through Traefik: %v", i+1, got.Header)
+			}
+			r := admitted(got)
 			// Tollgate's headers, replacing the upstream's own.
 			if oneInt(t, r, "X-RateLimit-Limit") != 5 || oneInt(t, r, "X-RateLimit-Remaining") != int64(4-i) ||
 				oneInt(t, r, "X-RateLimit-Used") != int64(i+1) || oneInt(t, r, "X-RateLimit-Reset") <= time.Now().Unix()-1 ||
@@ -155,8 +179,9 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 		if r.StatusCode != http.StatusOK || !strings.HasPrefix(r.body, "upstream") {
 			t.Fatalf("%d %s", r.StatusCode, r.body)
 		}
-		// Not even the upstream's own: Tollgate owns the names.
-		noRateLimitHeaders(t, "no rule", r)
+		// Not even the upstream's own: Tollgate owns the names (but
+		// Traefik passes the API's own on).
+		noRateLimitHeaders(t, "no rule", admitted(r))
 	})
 
 	t.Run("key from the forwarded query", func(t *testing.T) {
@@ -165,7 +190,7 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 			t.Fatalf("revoked key in the query: %d %s", r.StatusCode, r.body)
 		}
 		r = send(t, clientA, "GET", w.viaTrusted+"/v1/x?api_key=sk_five_q_"+kind, "")
-		if r.StatusCode != http.StatusOK || one(t, r, "X-RateLimit-Resource") != "five" ||
+		if r.StatusCode != http.StatusOK || one(t, admitted(r), "X-RateLimit-Resource") != "five" ||
 			!strings.HasPrefix(r.body, "upstream GET /v1/x?api_key=") {
 			t.Fatalf("key in the query: %d %v %s", r.StatusCode, r.Header, r.body)
 		}
@@ -174,18 +199,18 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 	t.Run("method and body", func(t *testing.T) {
 		key := "sk_post_" + kind
 		r := send(t, clientA, "POST", w.viaTrusted+"/v1/orders", "hello", "X-API-Key", key, "Authorization", "Bearer not-the-key")
-		if r.StatusCode != http.StatusOK || one(t, r, "X-RateLimit-Resource") != "posts" || r.body != `upstream POST /v1/orders body="hello"` {
+		if r.StatusCode != http.StatusOK || one(t, admitted(r), "X-RateLimit-Resource") != "posts" || r.body != `upstream POST /v1/orders body="hello"` {
 			t.Fatalf("POST: %d %v %s", r.StatusCode, r.Header, r.body)
 		}
 		// The bearer source: the client's Authorization reaches Tollgate.
 		r = send(t, clientA, "POST", w.viaTrusted+"/v1/orders", "", "Authorization", "Bearer "+key)
-		if r.StatusCode != http.StatusOK || oneInt(t, r, "X-RateLimit-Remaining") != 98 {
+		if r.StatusCode != http.StatusOK || oneInt(t, admitted(r), "X-RateLimit-Remaining") != 98 {
 			t.Fatalf("POST, bearer key: %d %v %s", r.StatusCode, r.Header, r.body)
 		}
 		if r := send(t, clientA, "GET", w.viaTrusted+"/v1/orders", "", "X-API-Key", key); r.StatusCode != http.StatusOK {
 			t.Fatalf("GET: %d %s", r.StatusCode, r.body)
 		} else {
-			noRateLimitHeaders(t, "GET matches no POST rule", r)
+			noRateLimitHeaders(t, "GET matches no POST rule", admitted(r))
 		}
 	})
 
@@ -226,7 +251,7 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 		if took := time.Since(start); r.StatusCode != http.StatusOK || !strings.HasPrefix(r.body, "upstream GET /v1/users/42") || took > 5*time.Second {
 			t.Fatalf("with Tollgate hanging: %d %q after %v, want the upstream's 200 after about 1 s", r.StatusCode, r.body, took)
 		}
-		noRateLimitHeaders(t, "failing open", r)
+		noRateLimitHeaders(t, "failing open", admitted(r))
 	})
 
 	t.Run("gateway killed: fail open", func(t *testing.T) {
@@ -237,7 +262,7 @@ func testProxy(t *testing.T, kind string, startProxy startProxyFunc) {
 			if r.StatusCode != http.StatusOK || !strings.HasPrefix(r.body, "upstream GET /v1/users/42") {
 				t.Fatalf("request %d with Tollgate down: %d %q, want the upstream's 200", i, r.StatusCode, r.body)
 			}
-			noRateLimitHeaders(t, "failing open", r)
+			noRateLimitHeaders(t, "failing open", admitted(r))
 		}
 	})
 }

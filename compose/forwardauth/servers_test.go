@@ -390,13 +390,23 @@ func newWorld(t *testing.T, rules string, startProxy startProxyFunc) *world {
 
 // upstream is the API behind the proxies: it names the request it got
 // and sets rate-limit headers of its own, which Tollgate's must replace.
+// It echoes the rate-limit headers of its request as Upstream-Got-<name>:
+// Traefik hands Tollgate's headers to the API, not to the client.
 func upstream(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
+	for _, h := range rateLimitHeaders {
+		for _, v := range r.Header.Values(h) {
+			w.Header().Add(upstreamGot+h, v)
+		}
+	}
 	w.Header().Set("X-RateLimit-Limit", "999")
 	w.Header().Set("RateLimit", `"upstream";r=999`)
 	w.Header().Set("Content-Type", "text/plain")
 	fmt.Fprintf(w, "upstream %s %s body=%q", r.Method, r.URL.RequestURI(), body)
 }
+
+// upstreamGot prefixes the rate-limit headers the upstream echoes.
+const upstreamGot = "Upstream-Got-"
 
 // client sends requests from a given loopback address (127.0.0.2, ...),
 // so that a proxy sees distinct clients.
