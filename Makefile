@@ -23,6 +23,11 @@ EXISTING_MAIN := $(foreach p,$(MAIN_PKGS),$(if $(wildcard $(p)/*.go),./$(p)))
 # The local stack `make run` starts (SPEC §9).
 STACK_PKG     := compose/cmd/tollgate-stack
 
+# Nested Go modules, each with its own go.mod: their heavy dependencies (helm
+# and the Kubernetes libraries for the chart's tests) stay out of the module
+# the guard's users import. test, lint and tidy-check run in each of them too.
+NESTED_MODULES := compose/helm
+
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
@@ -44,16 +49,20 @@ endif
 deps: ## Check for redis-server, redis-cli, redis-benchmark, gcc, nginx, caddy, protoc, promtool, prometheus and chromium; install them if root or passwordless sudo
 	@scripts/install-deps.sh
 
-test: deps ## Run all tests with the race detector against real servers (runs deps first)
+test: deps ## Run all tests with the race detector against real servers (runs deps first), then the nested modules' (the Helm chart's)
 	$(GO) test -race -shuffle=on -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(PKGS)
+	@for m in $(NESTED_MODULES); do echo "cd $$m && $(GO) test -race -shuffle=on -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./..."; \
+		(cd $$m && $(GO) test -race -shuffle=on -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...) || exit 1; done
 
 lint: ## gofmt -l must print nothing; go vet
 	@unformatted="$$(gofmt -l $(GO_FILES))"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@for m in $(NESTED_MODULES); do echo "cd $$m && $(GO) vet ./..."; (cd $$m && $(GO) vet ./...) || exit 1; done
 
-tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff; changes nothing)
+tidy-check: ## Fail if go.mod or go.sum is not tidy, here or in a nested module (go mod tidy -diff; changes nothing)
 	$(GO) mod tidy -diff
+	@for m in $(NESTED_MODULES); do echo "cd $$m && $(GO) mod tidy -diff"; (cd $$m && $(GO) mod tidy -diff) || exit 1; done
 
 ci: lint tidy-check test ## lint, tidy-check and test, as before a merge
 
