@@ -226,10 +226,10 @@ func TestChartRendersKnownObjects(t *testing.T) {
 func TestStrictDecodingRefusesUnknownFields(t *testing.T) {
 	t.Parallel()
 	for name, doc := range map[string]string{
-		"misspelt field": "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  terminationGracePeriodSecond: 5\n  containers: [{name: a, image: b}]\n",
+		"misspelt field":  "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  terminationGracePeriodSecond: 5\n  containers: [{name: a, image: b}]\n",
 		"duplicate field": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b}\ndata: {c: d}\n",
-		"unknown kind":   "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
-		"wrong type":     "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: two}\n",
+		"unknown kind":    "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
+		"wrong type":      "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: two}\n",
 	} {
 		if _, err := decodeManifest("---\n# Source: test\n" + doc); err == nil {
 			t.Errorf("%s: decoded without error", name)
