@@ -40,13 +40,25 @@ func TestComposeImagesPinned(t *testing.T) {
 }
 
 // TestComposeTollgateVariables: every TOLLGATE_* variable a service sets is
-// one its binary reads (gateway.Vars, aggregator.Vars), and the service's
-// whole environment loads into a valid configuration.
+// one its binary reads (gateway.Vars, aggregator.Vars) and is in the
+// variable registry, whose CheckEnv the binaries run at start; and the
+// service's whole environment loads into a valid configuration.
 func TestComposeTollgateVariables(t *testing.T) {
 	c := loadCompose(t, testEnv(t))
 	valid := varNames(t)
+	registry := configs.Registry()
 	for _, n := range c.names() {
 		s := c.Services[n]
+		var environ []string
+		for name := range s.Environment {
+			if strings.HasPrefix(name, configs.Prefix) && !slices.Contains(registry, name) {
+				t.Errorf("service %s: %s is not in the variable registry (configs.Registry)", n, name)
+			}
+			environ = append(environ, name+"="+s.Environment[name])
+		}
+		if err := configs.CheckEnv(environ, registry); err != nil {
+			t.Errorf("service %s: %v", n, err)
+		}
 		bin := s.binary()
 		if s.Build != nil && valid[bin] == nil {
 			t.Errorf("service %s: runs %q, not one of the image's binaries (gateway, aggregator, loadtest)", n, bin)
@@ -249,6 +261,29 @@ func TestComposeExampleEnv(t *testing.T) {
 	for n, required := range c.refs {
 		if required && !listed[n] {
 			t.Errorf("%s: ${%s} has no default and %s does not list it", composeFile, n, exampleEnvFile)
+		}
+	}
+}
+
+// TestComposeAggregatorsShareGateways: the aggregators reach the gateways'
+// Redis with the gateways' settings (the operator API reads and resets
+// their counters there) and read the rules file the gateways read, from
+// the same mount (it seeds NATS's rules bucket, and keys/{key} decides by
+// it while NATS holds no ruleset).
+func TestComposeAggregatorsShareGateways(t *testing.T) {
+	c := loadCompose(t, testEnv(t))
+	gw := c.Services[c.running(binGateway)[0]]
+	for _, n := range c.running(binAggregator) {
+		s := c.Services[n]
+		for name, v := range gw.Environment {
+			if strings.HasPrefix(name, "TOLLGATE_REDIS_") && s.Environment[name] != v {
+				t.Errorf("service %s: %s=%q, but the gateways' is %q", n, name, s.Environment[name], v)
+			}
+		}
+		file := s.Environment["TOLLGATE_RULES_FILE"]
+		if file == "" || s.mountSource(file) == "" || s.mountSource(file) != gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]) {
+			t.Errorf("service %s: TOLLGATE_RULES_FILE %q is mounted from %q, want the gateways' rules file %q", n, file,
+				s.mountSource(file), gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]))
 		}
 	}
 }

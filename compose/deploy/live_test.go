@@ -66,7 +66,7 @@ func TestLiveStack(t *testing.T) {
 	nats := natstest.StartTB(t)
 	// The aggregator first: it creates the NATS KV buckets the gateways
 	// watch in fleet mode (they retry until the buckets exist).
-	agg := startAggregator(t, c, "aggregator-1", deps{kafka: kafka, nats: nats.ClientURL()})
+	agg := startAggregator(t, c, "aggregator-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
 	gw1 := startGateway(t, c, "gateway-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
 	// Nothing listens at gateway-2's Redis address: Redis is down for it.
 	gw2 := startGateway(t, c, "gateway-2", deps{redis: freeAddr(t), kafka: kafka, nats: nats.ClientURL()})
@@ -102,6 +102,12 @@ func TestLiveStack(t *testing.T) {
 		t.Logf("round %d scraped after %v", round, time.Since(began).Round(time.Millisecond))
 	}
 
+	t.Run("healthchecks", func(t *testing.T) {
+		checkHealthchecks(t, c, map[string]map[string]string{
+			"gateway-1":    {"TOLLGATE_METRICS_LISTEN": gw1.Addrs().Metrics, "TOLLGATE_API_LISTEN": gw1.Addrs().API},
+			"aggregator-1": {"TOLLGATE_AGGREGATOR_METRICS_LISTEN": agg.Addrs().Metrics, "TOLLGATE_AGGREGATOR_LISTEN": agg.Addrs().API},
+		})
+	})
 	t.Run("promtool check metrics", func(t *testing.T) {
 		for name, a := range map[string]string{"gateway-1": gw1.Addrs().Metrics, "gateway-2": gw2.Addrs().Metrics, "aggregator-1": agg.Addrs().Metrics} {
 			body := scrape(t, a)
@@ -200,10 +206,19 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 // addresses.
 func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.Server {
 	t.Helper()
+	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
+	if rules == "" {
+		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
+	}
 	overrides := map[string]string{
 		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
 		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
 		"TOLLGATE_DATA_DIR":                  t.TempDir(),
+		"TOLLGATE_RULES_FILE":                rules,
+		"TOLLGATE_REDIS_MODE":                "standalone",
+		"TOLLGATE_REDIS_ADDRS":               d.redis,
+		"TOLLGATE_REDIS_PASSWORD":            "",
+		"TOLLGATE_REDIS_MASTER_NAME":         "",
 	}
 	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
@@ -213,6 +228,60 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 	mustf(t, err, "service %s", name)
 	runUntilCleanup(t, name, srv.Run)
 	return srv
+}
+
+// healthcheckURL matches the URL a healthcheck asks on its own container.
+var healthcheckURL = regexp.MustCompile(`^http://(?:127\.0\.0\.1|localhost):([0-9]+)(/[^ ]*)$`)
+
+// checkHealthchecks asks each running service's compose healthcheck URL of
+// the real process: the port names the listener variable that binds it in
+// the service's environment, whose live address (listeners) gets the
+// request, and the answer must be 200. So a healthcheck asks an endpoint
+// that exists, on the listener that serves it, and a healthy process
+// passes it.
+func checkHealthchecks(t *testing.T, c *compose, listeners map[string]map[string]string) {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for name, live := range listeners {
+		hc := c.Services[name].Healthcheck
+		if hc == nil {
+			t.Errorf("service %s: no healthcheck", name)
+			continue
+		}
+		var m []string
+		for _, arg := range hc.Test {
+			if m = healthcheckURL.FindStringSubmatch(arg); m != nil {
+				break
+			}
+		}
+		if m == nil {
+			t.Errorf("service %s: healthcheck %v asks no http://127.0.0.1:PORT/PATH", name, hc.Test)
+			continue
+		}
+		var variable string
+		for k, v := range c.Services[name].Environment {
+			if port, err := listenPort(v); err == nil && strings.HasSuffix(k, "_LISTEN") && port == m[1] {
+				variable = k
+			}
+		}
+		addr := live[variable]
+		if addr == "" {
+			t.Errorf("service %s: healthcheck port %s: no listener of the service binds it (%q)", name, m[1], variable)
+			continue
+		}
+		resp, err := client.Get("http://" + addr + m[2])
+		if err != nil {
+			t.Errorf("service %s: healthcheck GET %s on %s: %v", name, m[2], variable, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("service %s: healthcheck GET %s on %s: %s %s", name, m[2], variable, resp.Status, body)
+		} else {
+			t.Logf("service %s: healthcheck GET %s on %s (%s): 200", name, m[2], variable, addr)
+		}
+	}
 }
 
 // runUntilCleanup calls run in a goroutine and, when the test ends, cancels
