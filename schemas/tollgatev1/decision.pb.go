@@ -122,6 +122,13 @@ func (DecisionEvent_Kind) EnumDescriptor() ([]byte, []int) {
 // Numbers 100 and above are the fields of command records the aggregator
 // writes into this topic (KIND_PENALTY_LIFT); do not use them for decision
 // fields.
+//
+// Every field has a bound (package tollgatev1, bounds.go): strings of at most
+// 128 bytes (gateway_id 256, endpoint 2048, command_reason 1024), cost from 0
+// to 1e9, retry_after_seconds up to 366 days, time_unix_micros within 30 days
+// before and 10 minutes after the record's timestamp. Gateways never write a
+// value outside them (a longer string is cut and ends with "…"); the
+// aggregator refuses a record that has one and counts it.
 type DecisionEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gateway that made the decision: its configured id (hostname by
