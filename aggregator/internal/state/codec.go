@@ -215,7 +215,11 @@ func DecodeMarkKey(b []byte) (windows.Source, error) {
 	return s, nil
 }
 
-// MarkValue encodes a mark.
+// MarkValue encodes a mark: version 1, the high-water mark, missing,
+// closed and seen, then — only when one of them is set — the held run and
+// the open gap. A reader that knows only the first part ignores the rest
+// (they were added later), so instances of both builds can share a
+// changelog while they are upgraded.
 func MarkValue(m windows.Mark) []byte {
 	b := []byte{1}
 	b = binary.AppendUvarint(b, m.HWM)
@@ -225,7 +229,14 @@ func MarkValue(m windows.Mark) []byte {
 		c = 1
 	}
 	b = append(b, c)
-	return binary.AppendVarint(b, m.Seen)
+	b = binary.AppendVarint(b, m.Seen)
+	if m.HeldCount == 0 && m.GapNext == 0 {
+		return b
+	}
+	for _, v := range []uint64{m.HeldFirst, m.HeldLast, m.HeldCount, m.GapNext, m.GapLast} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
 }
 
 // DecodeMarkValue is the inverse of MarkValue.
@@ -249,6 +260,19 @@ func DecodeMarkValue(b []byte) (windows.Mark, error) {
 	}
 	m.Closed, b = b[0] == 1, b[1:]
 	if m.Seen, n = binary.Varint(b); n <= 0 {
+		return m, errCorrupt
+	}
+	b = b[n:]
+	if len(b) == 0 {
+		return m, nil
+	}
+	for _, p := range []*uint64{&m.HeldFirst, &m.HeldLast, &m.HeldCount, &m.GapNext, &m.GapLast} {
+		if *p, n = binary.Uvarint(b); n <= 0 {
+			return m, errCorrupt
+		}
+		b = b[n:]
+	}
+	if len(b) != 0 || m.HeldCount > 0 && m.HeldFirst+m.HeldCount-1 != m.HeldLast || m.GapNext > m.GapLast {
 		return m, errCorrupt
 	}
 	return m, nil

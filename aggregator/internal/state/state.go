@@ -499,9 +499,9 @@ func (d *DB) Report(q Query) ([]ReportRow, string, error) {
 			return err
 		}
 		if n := len(rows); n > 0 && rows[n-1].Start == rk.Start && rows[n-1].KeyID == rk.KeyID && rows[n-1].Endpoint == rk.Endpoint {
-			rows[n-1].Allowed += r.Allowed
-			rows[n-1].Rejected += r.Rejected
-			rows[n-1].Cost += r.Cost
+			rows[n-1].Allowed = windows.AddSat(rows[n-1].Allowed, r.Allowed)
+			rows[n-1].Rejected = windows.AddSat(rows[n-1].Rejected, r.Rejected)
+			rows[n-1].Cost = windows.AddSat(rows[n-1].Cost, r.Cost)
 			last = bytes.Clone(k)
 			return nil
 		}
@@ -561,9 +561,9 @@ func (d *DB) Totals(q Query) (allowed, rejected, cost int64, err error) {
 		if err != nil {
 			return err
 		}
-		allowed += r.Allowed
-		rejected += r.Rejected
-		cost += r.Cost
+		allowed = windows.AddSat(allowed, r.Allowed)
+		rejected = windows.AddSat(rejected, r.Rejected)
+		cost = windows.AddSat(cost, r.Cost)
 		return nil
 	})
 	return allowed, rejected, cost, err
@@ -592,9 +592,9 @@ func (d *DB) TenantTotals() ([]TenantTotal, error) {
 			out = append(out, TenantTotal{Tenant: rk.Tenant, From: rk.Start, To: rk.End()})
 		}
 		t := &out[len(out)-1]
-		t.Allowed += r.Allowed
-		t.Rejected += r.Rejected
-		t.Cost += r.Cost
+		t.Allowed = windows.AddSat(t.Allowed, r.Allowed)
+		t.Rejected = windows.AddSat(t.Rejected, r.Rejected)
+		t.Cost = windows.AddSat(t.Cost, r.Cost)
 		t.From, t.To = min(t.From, rk.Start), max(t.To, rk.End())
 		return nil
 	})
