@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"math"
 	"strings"
 	"time"
 
@@ -53,6 +55,11 @@ type event struct {
 	Lift      bool
 	Actor     string
 	CmdReason string
+	// TooLong: a string field the aggregator reads is longer than its
+	// bound (it is left empty rather than copied); BadPartition: the
+	// partition field does not fit an int32.
+	TooLong      bool
+	BadPartition bool
 }
 
 const reasonAllowlisted = "allowlisted"
@@ -83,6 +90,11 @@ func decodeEvent(b []byte, ev *event) error {
 			if n < 0 {
 				return errBadEvent
 			}
+			b = b[n:]
+			if len(v) > maxLen(num) {
+				ev.TooLong = true // refused: not worth a copy
+				continue
+			}
 			s := string(v)
 			switch num {
 			case fCmdActor:
@@ -102,7 +114,6 @@ func decodeEvent(b []byte, ev *event) error {
 			case fRuleID:
 				ev.Rule = s
 			}
-			b = b[n:]
 		case typ == protowire.VarintType && (num == fEpoch || num == fPartition || num == fSeq || num == fTime || num == fKind || num == fCost || num == fAllowed || num == fLastSeq || num == fRetry):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
@@ -113,6 +124,7 @@ func decodeEvent(b []byte, ev *event) error {
 				ev.Epoch = v
 			case fPartition:
 				ev.Partition = int32(v)
+				ev.BadPartition = v > math.MaxInt32
 			case fSeq:
 				ev.Seq = v
 			case fTime:
@@ -151,6 +163,89 @@ func decodeEvent(b []byte, ev *event) error {
 	return nil
 }
 
+// maxLen is the bound of a string field the aggregator reads.
+func maxLen(num protowire.Number) int {
+	switch num {
+	case fGatewayID:
+		return tollgatev1.MaxGatewayIDLen
+	case fEndpoint:
+		return tollgatev1.MaxEndpointLen
+	case fCmdReason:
+		return tollgatev1.MaxCommandReasonLen
+	}
+	return tollgatev1.MaxNameLen
+}
+
+// Why an event is refused: the values of the reason label of
+// tollgate_aggregator_events_invalid_total.
+const (
+	// invalidIdentity: no gateway_id, epoch or seq, a gateway_id longer
+	// than its bound, or a partition field that is not the record's
+	// partition. The event touches no mark.
+	invalidIdentity = "identity"
+	// invalidMarker: an EpochClosed marker whose seq is not last_seq + 1.
+	invalidMarker = "marker"
+	// The others: a field out of its bound. The event passes through its
+	// source's mark (its number was used: it is not missing) and is not
+	// counted.
+	invalidCost       = "cost"
+	invalidTime       = "time"
+	invalidLength     = "length"
+	invalidRetryAfter = "retry_after"
+)
+
+var invalidReasons = []string{invalidIdentity, invalidMarker, invalidCost, invalidTime, invalidLength, invalidRetryAfter}
+
+// check returns why ev, read from a record of partition q with timestamp
+// ts, cannot be counted ("" when it can) and whether the fault is in its
+// identity, so that it must not touch its source's mark either. now is the
+// wall clock. Event times must lie within tollgatev1.MaxEventAge before
+// and MaxEventAhead after the record's timestamp, and never more than
+// MaxEventAhead ahead of now; a timestamp itself outside that window of
+// now (a producer's clock gone wrong, a forged one) is replaced by now.
+func check(ev *event, q int32, ts, now time.Time) (reason string, identity bool) {
+	switch {
+	case ev.BadPartition || ev.Partition != q:
+		return invalidIdentity, true
+	case ev.Lift:
+		if ev.KeyID == "" {
+			return invalidIdentity, true
+		}
+	case ev.Gateway == "" && !ev.TooLong || ev.Epoch == 0 || ev.Seq == 0:
+		return invalidIdentity, true
+	case ev.Kind == windows.KindEpochClosed && (ev.LastSeq == 0 || ev.Seq != ev.LastSeq+1):
+		return invalidMarker, true
+	}
+	if ev.TooLong {
+		if ev.Gateway == "" && !ev.Lift {
+			return invalidIdentity, true // the gateway_id was the long one
+		}
+		return invalidLength, false
+	}
+	if !timeWithin(ev.TimeMicros, ts, now) {
+		return invalidTime, false
+	}
+	if ev.Cost < 0 || ev.Cost > tollgatev1.MaxCost {
+		return invalidCost, false
+	}
+	if ev.RetryAfter < 0 || ev.RetryAfter > tollgatev1.MaxRetryAfterSeconds {
+		return invalidRetryAfter, false
+	}
+	return "", false
+}
+
+// timeWithin reports whether an event time (Unix µs) is within the bounds
+// of its record's timestamp ts and the wall clock now (see check).
+func timeWithin(t int64, ts, now time.Time) bool {
+	ahead, age := tollgatev1.MaxEventAhead.Microseconds(), tollgatev1.MaxEventAge.Microseconds()
+	n := now.UnixMicro()
+	ref := ts.UnixMicro()
+	if ts.IsZero() || ref < n-age || ref > n+ahead {
+		ref = n
+	}
+	return t >= ref-age && t <= ref+ahead && t <= n+ahead
+}
+
 // rollupKey is the usage topic's record key: tenant/key_id/endpoint/window,
 // where window is granularity@start (Unix seconds).
 func rollupKey(k windows.RowKey) []byte {
@@ -179,7 +274,15 @@ func granularity(g windows.Granularity) tollgatev1.Granularity {
 
 // rollupValue encodes a published window.
 func rollupValue(k windows.RowKey, r *windows.Row, closedAt int64) ([]byte, error) {
-	return proto.Marshal(&tollgatev1.UsageRollup{
+	b, err := proto.Marshal(rollup(k, r, closedAt))
+	if err != nil {
+		return nil, fmt.Errorf("consume: encode usage rollup: %w", err)
+	}
+	return b, nil
+}
+
+func rollup(k windows.RowKey, r *windows.Row, closedAt int64) *tollgatev1.UsageRollup {
+	return &tollgatev1.UsageRollup{
 		Tenant:          k.Tenant,
 		KeyId:           k.KeyID,
 		KeyPrefix:       r.KeyPrefix,
@@ -193,7 +296,58 @@ func rollupValue(k windows.RowKey, r *windows.Row, closedAt int64) ([]byte, erro
 		RulesHit:        r.Rules,
 		Revision:        r.Revision,
 		ClosedAtUnix:    closedAt,
-	})
+	}
+}
+
+// recordOverhead is more than a record adds to its key and value in a
+// produce request's record batch (the batch header, lengths, attributes,
+// offset and timestamp deltas).
+const recordOverhead = 128
+
+// fitRollup returns the key and value of a published window's usage
+// record, at most limit bytes together with recordOverhead. A record that
+// would be larger is cut: the endpoint keeps its first bytes followed by
+// "…#" and a hash of the whole endpoint (in the key and the value), then
+// key_prefix and rules_hit are dropped, and the value says truncated. ok
+// is false when even that does not fit (tenant and key_id are bounded, so
+// only a limit of a few hundred bytes does that).
+func fitRollup(k windows.RowKey, r *windows.Row, closedAt int64, limit int) (key, value []byte, truncated, ok bool, err error) {
+	key = rollupKey(k)
+	if value, err = rollupValue(k, r, closedAt); err != nil {
+		return nil, nil, false, false, err
+	}
+	if len(key)+len(value)+recordOverhead <= limit {
+		return key, value, false, true, nil
+	}
+	u := rollup(k, r, closedAt)
+	u.Truncated = true
+	u.KeyPrefix, u.RulesHit = "", nil
+	value, err = proto.Marshal(u)
+	if err != nil {
+		return nil, nil, false, false, fmt.Errorf("consume: encode usage rollup: %w", err)
+	}
+	if len(key)+len(value)+recordOverhead > limit {
+		// The endpoint appears twice (key and value): what is left,
+		// halved, for each.
+		room := (limit - recordOverhead - len(key) - len(value) + 2*len(k.Endpoint)) / 2
+		sum := fnv.New64a()
+		_, _ = sum.Write([]byte(k.Endpoint))
+		suffix := fmt.Sprintf("%s#%016x", tollgatev1.TruncationMark, sum.Sum64())
+		if room < len(suffix) {
+			return nil, nil, true, false, nil
+		}
+		cut := tollgatev1.CutLen(k.Endpoint, room-len(suffix)+len(tollgatev1.TruncationMark))
+		k.Endpoint = k.Endpoint[:cut] + suffix
+		u.Endpoint = k.Endpoint
+		key = rollupKey(k)
+		if value, err = proto.Marshal(u); err != nil {
+			return nil, nil, false, false, fmt.Errorf("consume: encode usage rollup: %w", err)
+		}
+	}
+	if len(key)+len(value)+recordOverhead > limit {
+		return nil, nil, true, false, nil
+	}
+	return key, value, true, true, nil
 }
 
 // stepRecords turns a ladder step into its PenaltyEvent and its AuditEntry

@@ -143,10 +143,11 @@ type part struct {
 	pen *abuse.Table
 }
 
-// txn is one poll's changes to a part.
+// txn is one poll's changes to a part, and the records it refused.
 type txn struct {
 	win *windows.Txn
 	pen *abuse.Txn
+	bad *refusals
 }
 
 func (x txn) empty() bool { return x.win.Empty() && x.pen.Empty() && len(x.pen.Steps()) == 0 }
@@ -166,6 +167,10 @@ type Processor struct {
 	owned        map[int32]bool
 
 	parts map[int32]bool // changelog partitions, set by Setup
+
+	// Owned by the processing loop.
+	rollupLimit int       // the largest usage record, with its overhead
+	poison      poisonLog // refused and held events, logged once per interval
 }
 
 type memberEvent struct {
@@ -322,7 +327,10 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 		return nil
 	}
 	compact := "compact"
-	if err := create(t.Decisions, nil); err != nil {
+	// The broker's clock stamps decision records, so that no writer
+	// chooses the time event times are checked against.
+	logAppend := "LogAppendTime"
+	if err := create(t.Decisions, map[string]*string{"message.timestamp.type": &logAppend}); err != nil {
 		return nil, err
 	}
 	if err := create(t.Changelog, map[string]*string{"cleanup.policy": &compact}); err != nil {
@@ -487,7 +495,17 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 	onRevoked := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 		p.member(m[t.Decisions], false)
 	}
+	// Batches never exceed a topic's max.message.bytes, nor a rollup the
+	// usage topic's (fitRollup cuts it).
+	limits := p.topicLimits(ctx, adm)
+	p.rollupLimit = int(limits[t.Usage])
 	sess, err := kgo.NewGroupTransactSession(append(base,
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if n, ok := limits[topic]; ok {
+				return n
+			}
+			return defaultMaxMessageBytes
+		}),
 		kgo.ConsumerGroup(p.cfg.Group),
 		kgo.ConsumeTopics(t.Decisions),
 		kgo.TransactionalID("tollgate-aggregator-"+p.cfg.InstanceID),
@@ -565,7 +583,7 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 				}
 				tables[q] = tab
 			}
-			x := txn{win: tab.win.Begin(), pen: tab.pen.Begin()}
+			x := txn{win: tab.win.Begin(), pen: tab.pen.Begin(), bad: &refusals{}}
 			txns[q] = x
 			return x, nil
 		}
@@ -586,6 +604,16 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 				polled++
 				if err := decodeEvent(r.Value, &ev); err != nil || (ev.Kind == 0 && !ev.Lift) {
 					p.m.events.WithLabelValues("malformed").Inc()
+					continue
+				}
+				if reason, identity := check(&ev, fp.Partition, r.Timestamp, now); reason != "" {
+					// Never applied, never an error: the partition goes on.
+					// A bad field of a well-identified event uses its
+					// number (it is not missing); a bad identity touches
+					// no mark.
+					if identity || ev.Lift || x.win.Refuse(&ev.Event, nowSec) {
+						x.bad.add(reason, &ev, r)
+					}
 					continue
 				}
 				if ev.Lift {
@@ -717,7 +745,11 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 	var mu sync.Mutex
 	written := map[int32]int64{}
 	var perr error
+	var tooLarge oversizedRollups
 	promise := func(r *kgo.Record, err error) {
+		if err != nil && r.Topic == t.Usage {
+			tooLarge.note(r, err)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -730,6 +762,8 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 	}
 	stats := windows.Stats{}
 	published := 0
+	var truncated, skipped int
+	var bad []*refusals
 	var steps []abuse.Step
 	firings := map[string]int{}
 	for q, tx := range txns {
@@ -740,6 +774,14 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 		stats.Late += s.Late
 		stats.Missing += s.Missing
 		stats.Expired += s.Expired
+		stats.Held += s.Held
+		stats.Discarded += s.Discarded
+		stats.Accepted += s.Accepted
+		stats.Filled += s.Filled
+		stats.AfterClose += s.AfterClose
+		if tx.bad != nil {
+			bad = append(bad, tx.bad)
+		}
 		for _, c := range x.Changes() {
 			rec := &kgo.Record{Topic: t.Changelog, Partition: q}
 			switch {
@@ -756,11 +798,20 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 			}
 			sess.Produce(ctx, rec, promise)
 			if c.Publish {
-				v, err := rollupValue(*c.Row, &c.Value, now.Unix())
+				// Cut to fit the topic: one oversized window must not
+				// abort every transaction (and freeze every rollup).
+				k, v, cut, ok, err := fitRollup(*c.Row, &c.Value, now.Unix(), p.rollupLimit)
 				if err != nil {
 					return false, err
 				}
-				sess.Produce(ctx, &kgo.Record{Topic: t.Usage, Partition: q % out.usage, Key: rollupKey(*c.Row), Value: v}, promise)
+				switch {
+				case !ok:
+					skipped++
+					continue
+				case cut:
+					truncated++
+				}
+				sess.Produce(ctx, &kgo.Record{Topic: t.Usage, Partition: q % out.usage, Key: k, Value: v}, promise)
 				published++
 			}
 		}
@@ -802,6 +853,7 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 	}
 	if failed != nil {
 		p.log.Warn("transaction aborted: a record was not produced", slog.String("error", failed.Error()))
+		p.limitRollups(tooLarge.largest)
 	}
 	if !committed {
 		return false, nil
@@ -825,6 +877,14 @@ func (p *Processor) commit(ctx context.Context, sess *kgo.GroupTransactSession, 
 	p.m.missing.Add(float64(stats.Missing))
 	p.m.expired.Add(float64(stats.Expired))
 	p.m.published.Add(float64(published))
+	p.m.poison.oversized.WithLabelValues("truncated").Add(float64(truncated))
+	p.m.poison.oversized.WithLabelValues("skipped").Add(float64(skipped))
+	if truncated+skipped > 0 {
+		p.log.Warn("usage records too large for the usage topic were cut", slog.Int("truncated", truncated),
+			slog.Int("skipped", skipped), slog.Int("max_bytes", p.rollupLimit))
+	}
+	p.countPoison(bad, stats)
+	p.poison.flush(p.log, now)
 	return true, nil
 }
 
@@ -954,13 +1014,14 @@ type metrics struct {
 	firings      *prometheus.CounterVec
 	volumeKeys   prometheus.Gauge
 	penaltyKeys  prometheus.Gauge
+	poison       *poisonMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_total",
-			Help: "Decision events consumed, by result: applied (counted, exactly once), duplicate (at or below its source's high-water mark: a replay), malformed (not a decision event this aggregator reads), command (a penalty lift).",
+			Help: "Decision events consumed, by result: applied (counted, exactly once), duplicate (at or below its source's high-water mark: a replay), malformed (not a decision event this aggregator reads), command (a penalty lift), invalid (a field outside its bound: refused, see tollgate_aggregator_events_invalid_total), held (a sequence jump beyond the bound, not applied until confirmed).",
 		}, []string{"result"}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_late_total",
@@ -968,7 +1029,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		missing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_missing_total",
-			Help: "Sequence numbers never delivered: gaps in a gateway epoch's sequence, and numbers reserved after its last delivered event when an EpochClosed marker closes it (an upper bound).",
+			Help: "Sequence numbers never delivered: gaps in a gateway epoch's sequence, and the numbers the gateway used after its last delivered event when an EpochClosed marker closes the epoch (0 after a graceful stop; after a crash at least what was lost, see the operations guide for the slack).",
 		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_rows_expired_total",
@@ -1023,8 +1084,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "tollgate_aggregator_penalty_state_keys",
 		Help: "Keys whose detector and ladder state this instance holds in memory (seen within the idle time, or penalised).",
 	})
+	m.poison = newPoisonMetrics()
 	for l := 1; l <= abuse.MaxLevel; l++ {
 		m.penalized.WithLabelValues(strconv.Itoa(l))
+	}
+	for _, r := range []string{"applied", "duplicate", "malformed", "command", "invalid", "held"} {
+		m.events.WithLabelValues(r)
 	}
 	for _, d := range abuse.Detectors {
 		m.firings.WithLabelValues(d)
@@ -1032,6 +1097,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.events, m.late, m.missing, m.expired, m.published, m.materialized, m.txns, m.restores, m.owned, m.rows, m.lag,
 			m.penalties, m.penalized, m.firings, m.volumeKeys, m.penaltyKeys)
+		reg.MustRegister(m.poison.collectors()...)
 	}
 	return m
 }
