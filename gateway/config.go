@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/lease"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Off, as a listen address, disables the check API, metrics or gRPC
@@ -293,8 +294,9 @@ func (c *Config) Validate() error {
 		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)
 	}
 	errs = append(errs, c.Redis.Validate("redis")...)
-	if c.MaxCost < 1 {
-		bad("max_cost", "must be at least 1")
+	if c.MaxCost < 1 || c.MaxCost > tollgatev1.MaxCost {
+		// Above it, decision events could not carry the cost.
+		bad("max_cost", "must be between 1 and %d", int64(tollgatev1.MaxCost))
 	}
 	if c.MaxBatch < 1 {
 		bad("max_batch", "must be at least 1")

@@ -91,24 +91,46 @@ const fieldOverhead = 2 + binaryMaxVarint
 
 const binaryMaxVarint = 10
 
+// Corrections the encoder makes so that every event is within the bounds
+// of the schema (tollgatev1, bounds.go), which the aggregator refuses
+// events beyond: the values of tollgate_events_corrected_total's field
+// label. A correction never drops the event.
+const (
+	fixCost       = iota // a cost below 0 or above tollgatev1.MaxCost: clamped
+	fixTime              // a decision time further than MaxEventAhead from the gateway's clock: the clock's
+	fixLength            // a string longer than its bound: cut, ending with "…"
+	fixRetryAfter        // a Retry-After beyond MaxRetryAfterSeconds: clamped
+	numFixes
+)
+
+var fixNames = [numFixes]string{"cost", "time", "length", "retry_after"}
+
+// fixes is a set of corrections made to one event (bit i: correction i).
+type fixes uint8
+
+// bounded is len(s) cut to max.
+func bounded(s string, max int) int { return min(len(s), max) }
+
 // maxEventSize bounds the size of the event appendEvent writes for req and
 // d, beyond the header: the decision path uses it to decide whether the
 // event fits in the open chunk before encoding it.
 func maxEventSize(req *guard.Request, d *guard.Decision, surface string) int {
-	n := 26*fieldOverhead + len(d.KeyID) + len(d.KeyPrefix) + len(d.Tenant) + len(d.Tier) +
-		len(d.Endpoint) + len(surface) + len(string(guard.ReasonCostExceedsLimit)) + maxIPText
+	const name = tollgatev1.MaxNameLen
+	n := 26*fieldOverhead + bounded(d.KeyID, name) + bounded(d.KeyPrefix, name) + bounded(d.Tenant, name) +
+		bounded(d.Tier, name) + bounded(d.Endpoint, tollgatev1.MaxEndpointLen) + bounded(surface, name) +
+		len(string(guard.ReasonCostExceedsLimit)) + maxIPText
 	if req != nil {
-		n += len(req.Method)
+		n += bounded(req.Method, name)
 	}
 	if rr := d.DecidingRule(); rr != nil {
-		n += len(rr.ID) + len(rr.Algorithm)
+		n += bounded(rr.ID, name) + bounded(string(rr.Algorithm), name)
 	}
 	for i := range d.Rules {
 		if rr := &d.Rules[i]; rr.Shadow && !rr.Allowed {
-			n += fieldOverhead + len(rr.ID)
+			n += fieldOverhead + bounded(rr.ID, name)
 		}
 	}
-	return n + len(d.Reason)
+	return n + bounded(string(d.Reason), name)
 }
 
 // maxIPText is the longest client_ip appendEvent writes: an IPv6 address
@@ -119,46 +141,57 @@ const maxIPText = 64
 // appendHeader). t is the event time in Unix µs. It writes the proto3
 // encoding that proto.Marshal writes (fields in number order, zero values
 // left out) and allocates nothing when b has room for maxEventSize bytes.
+// Values beyond the schema's bounds are corrected (cut or clamped), and
+// the corrections made returned.
 func appendEvent(b, header []byte, partition int32, seq uint64, k kind, t int64,
-	req *guard.Request, d *guard.Decision, surface string) []byte {
+	req *guard.Request, d *guard.Decision, surface string) ([]byte, fixes) {
+	const name = tollgatev1.MaxNameLen
+	var fx fixes
 	b = append(b, header...)
 	b = appendInt(b, fPartition, int64(partition))
 	b = appendUint(b, fSeq, seq)
 	b = appendInt(b, fTimeUnixMicros, t)
 	b = appendUint(b, fKind, uint64(k))
-	b = appendString(b, fKeyID, d.KeyID)
-	b = appendString(b, fKeyPrefix, d.KeyPrefix)
-	b = appendString(b, fTenant, d.Tenant)
-	b = appendString(b, fTier, d.Tier)
-	b = appendString(b, fEndpoint, d.Endpoint)
+	b = appendBounded(b, fKeyID, d.KeyID, name, &fx)
+	b = appendBounded(b, fKeyPrefix, d.KeyPrefix, name, &fx)
+	b = appendBounded(b, fTenant, d.Tenant, name, &fx)
+	b = appendBounded(b, fTier, d.Tier, name, &fx)
+	b = appendBounded(b, fEndpoint, d.Endpoint, tollgatev1.MaxEndpointLen, &fx)
 	if req != nil {
-		b = appendString(b, fMethod, req.Method)
+		b = appendBounded(b, fMethod, req.Method, name, &fx)
 	}
 	cost := d.Cost
 	if k == kindDecision && !d.Allowed {
 		cost = 0 // the schema: a rejection takes nothing
 	}
+	if cost < 0 || cost > tollgatev1.MaxCost {
+		cost, fx = min(max(cost, 0), tollgatev1.MaxCost), fx|1<<fixCost
+	}
 	b = appendInt(b, fCost, cost)
 	rr := d.DecidingRule()
 	if rr != nil {
-		b = appendString(b, fRuleID, rr.ID)
-		b = appendString(b, fAlgorithm, string(rr.Algorithm))
+		b = appendBounded(b, fRuleID, rr.ID, name, &fx)
+		b = appendBounded(b, fAlgorithm, string(rr.Algorithm), name, &fx)
 	}
 	if k == kindDecision {
 		b = appendBool(b, fAllowed, d.Allowed)
-		b = appendString(b, fReason, string(d.Reason))
+		b = appendBounded(b, fReason, string(d.Reason), name, &fx)
 		b = appendInt(b, fStatus, int64(d.Status))
 		if rr != nil {
 			b = appendInt(b, fRemaining, rr.Remaining)
 		}
-		b = appendInt(b, fRetryAfterSeconds, d.RetryAfter)
+		retry := d.RetryAfter
+		if retry < 0 || retry > tollgatev1.MaxRetryAfterSeconds {
+			retry, fx = min(max(retry, 0), tollgatev1.MaxRetryAfterSeconds), fx|1<<fixRetryAfter
+		}
+		b = appendInt(b, fRetryAfterSeconds, retry)
 	}
 	b = appendBool(b, fDegraded, d.Degraded)
 	for i := range d.Rules {
 		if rr := &d.Rules[i]; rr.Shadow && !rr.Allowed {
 			// A repeated string keeps empty elements: write every one.
 			b = protowire.AppendTag(b, fShadowWouldReject, protowire.BytesType)
-			b = protowire.AppendString(b, rr.ID)
+			b = appendCut(b, rr.ID, name, &fx)
 		}
 	}
 	if req != nil && req.IP.IsValid() {
@@ -170,8 +203,42 @@ func appendEvent(b, header []byte, partition int32, seq uint64, k kind, t int64,
 		b = protowire.AppendTag(b, fClientIP, protowire.BytesType)
 		b = protowire.AppendBytes(b, txt)
 	}
-	b = appendString(b, fSurface, surface)
-	return appendInt(b, fPenaltyLevel, int64(d.PenaltyLevel))
+	b = appendBounded(b, fSurface, surface, name, &fx)
+	return appendInt(b, fPenaltyLevel, int64(d.PenaltyLevel)), fx
+}
+
+// appendBounded writes a string field of at most max bytes: a longer s is
+// cut (tollgatev1.CutLen, ending with the truncation mark) and the cut
+// noted in fx.
+func appendBounded(b []byte, num protowire.Number, s string, max int, fx *fixes) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return appendCut(b, s, max, fx)
+}
+
+// appendCut writes s as a length-delimited value of at most max bytes
+// (see appendBounded).
+func appendCut(b []byte, s string, max int, fx *fixes) []byte {
+	n := tollgatev1.CutLen(s, max)
+	if n == len(s) {
+		return protowire.AppendString(b, s)
+	}
+	*fx |= 1 << fixLength
+	b = protowire.AppendVarint(b, uint64(n+len(tollgatev1.TruncationMark)))
+	b = append(b, s[:n]...)
+	return append(b, tollgatev1.TruncationMark...)
+}
+
+// boundedTenant is the tenant an event names for d: d.Tenant, cut as
+// appendEvent cuts it (allocating only then), so that the partition and
+// the record key agree with the event.
+func boundedTenant(tenant string) string {
+	if n := tollgatev1.CutLen(tenant, tollgatev1.MaxNameLen); n < len(tenant) {
+		return tenant[:n] + tollgatev1.TruncationMark
+	}
+	return tenant
 }
 
 // appendMarker appends an EpochClosed marker: it closes epoch of gatewayID

@@ -41,7 +41,7 @@ func encodeOne(t testing.TB, k kind, req *guard.Request, d *guard.Decision, surf
 	t.Helper()
 	header := appendHeader(nil, "gw-1", 0xfeedfacecafebeef)
 	bound := len(header) + maxEventSize(req, d, surface)
-	b := appendEvent(make([]byte, 0, bound), header, 5, 12345, k, d.Time, req, d, surface)
+	b, _ := appendEvent(make([]byte, 0, bound), header, 5, 12345, k, d.Time, req, d, surface)
 	if len(b) > bound {
 		t.Fatalf("event of %d bytes, maxEventSize said at most %d", len(b), bound)
 	}
@@ -235,5 +235,95 @@ func TestPartitionOfIsFNV32a(t *testing.T) {
 				t.Errorf("PartitionOf(%q, %d) = %d, want %d", tenant, n, got, want)
 			}
 		}
+	}
+}
+
+// TestEncodeKeepsEventsWithinBounds gives the encoder decisions with values
+// beyond the schema's bounds (a 950 KB endpoint, a cost of 9e18, a
+// negative cost, a Retry-After of 2^62, long names): the event is kept,
+// every field it writes is within its bound (what the aggregator checks),
+// strings are cut on a rune boundary with the truncation mark, and each
+// correction is reported.
+func TestEncodeKeepsEventsWithinBounds(t *testing.T) {
+	t.Parallel()
+	long := func(n int) string { return strings.Repeat("é", n/2) + "x" }
+	for _, tc := range []struct {
+		name   string
+		k      kind
+		change func(*guard.Request, *guard.Decision)
+		want   fixes
+		check  func(*testing.T, *tollgatev1.DecisionEvent)
+	}{
+		{"within bounds", kindDecision, func(*guard.Request, *guard.Decision) {}, 0, nil},
+		{"950 KB endpoint", kindDecision, func(_ *guard.Request, d *guard.Decision) { d.Endpoint = "/" + long(950_000) }, 1 << fixLength,
+			func(t *testing.T, ev *tollgatev1.DecisionEvent) {
+				if len(ev.Endpoint) > tollgatev1.MaxEndpointLen || !strings.HasSuffix(ev.Endpoint, tollgatev1.TruncationMark) {
+					t.Errorf("endpoint of %d bytes ending %q", len(ev.Endpoint), ev.Endpoint[len(ev.Endpoint)-8:])
+				}
+			}},
+		{"long names", kindDecision, func(req *guard.Request, d *guard.Decision) {
+			req.Method, d.KeyPrefix, d.Tier, d.Rules[1].ID, d.Rules[3].ID = long(500), long(500), long(500), long(500), long(500)
+		}, 1 << fixLength, func(t *testing.T, ev *tollgatev1.DecisionEvent) {
+			for _, s := range append([]string{ev.Method, ev.KeyPrefix, ev.Tier, ev.RuleId}, ev.ShadowWouldReject...) {
+				if len(s) > tollgatev1.MaxNameLen {
+					t.Errorf("a name of %d bytes", len(s))
+				}
+			}
+		}},
+		{"cost of 9e18", kindReport, func(_ *guard.Request, d *guard.Decision) { d.Allowed, d.Cost = true, 9_000_000_000_000_000_000 }, 1 << fixCost,
+			func(t *testing.T, ev *tollgatev1.DecisionEvent) {
+				if ev.Cost != tollgatev1.MaxCost {
+					t.Errorf("cost %d, want %d", ev.Cost, tollgatev1.MaxCost)
+				}
+			}},
+		{"negative cost", kindDecision, func(_ *guard.Request, d *guard.Decision) { d.Allowed, d.Cost = true, -5 }, 1 << fixCost,
+			func(t *testing.T, ev *tollgatev1.DecisionEvent) {
+				if ev.Cost != 0 {
+					t.Errorf("cost %d, want 0", ev.Cost)
+				}
+			}},
+		{"retry after", kindDecision, func(_ *guard.Request, d *guard.Decision) { d.RetryAfter = 1 << 62 }, 1 << fixRetryAfter,
+			func(t *testing.T, ev *tollgatev1.DecisionEvent) {
+				if ev.RetryAfterSeconds != tollgatev1.MaxRetryAfterSeconds {
+					t.Errorf("retry after %d", ev.RetryAfterSeconds)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			req, d := fullDecision()
+			tc.change(req, d)
+			header := appendHeader(nil, "gw-1", 1)
+			bound := len(header) + maxEventSize(req, d, "proxy")
+			b, fx := appendEvent(make([]byte, 0, bound), header, 5, 1, tc.k, d.Time, req, d, "proxy")
+			if len(b) > bound {
+				t.Fatalf("event of %d bytes, maxEventSize said at most %d", len(b), bound)
+			}
+			if bound > 16<<10 {
+				t.Fatalf("maxEventSize %d: a bounded event must fit a chunk", bound)
+			}
+			if fx != tc.want {
+				t.Errorf("corrections %b, want %b", fx, tc.want)
+			}
+			ev := &tollgatev1.DecisionEvent{}
+			if err := proto.Unmarshal(b, ev); err != nil { // strings must be valid UTF-8
+				t.Fatal(err)
+			}
+			if ev.Cost < 0 || ev.Cost > tollgatev1.MaxCost || ev.RetryAfterSeconds < 0 || ev.RetryAfterSeconds > tollgatev1.MaxRetryAfterSeconds {
+				t.Errorf("cost %d, retry after %d", ev.Cost, ev.RetryAfterSeconds)
+			}
+			if tc.check != nil {
+				tc.check(t, ev)
+			}
+		})
+	}
+	// A tenant beyond its bound: the partition and the record key are the
+	// cut tenant's, as the event's.
+	tenant := long(1000)
+	if got := boundedTenant(tenant); len(got) > tollgatev1.MaxNameLen || !strings.HasPrefix(tenant, strings.TrimSuffix(got, tollgatev1.TruncationMark)) {
+		t.Errorf("boundedTenant gave %d bytes", len(got))
+	}
+	if boundedTenant("acme") != "acme" {
+		t.Error("a tenant within its bound changed")
 	}
 }

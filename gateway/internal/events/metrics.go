@@ -39,6 +39,13 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 			ConstLabels: prometheus.Labels{"reason": name},
 		}, locked(func() float64 { return float64(p.dropped[i]) })))
 	}
+	for i, name := range fixNames {
+		add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "tollgate_events_corrected_total",
+			Help:        "Events written with a value corrected to fit the schema's bounds, by field: cost (clamped to 0..1e9), time (a Redis time more than 10 minutes from the gateway's clock, replaced by it), length (a string cut to its bound, ending with \"…\"), retry_after (clamped to 366 days). The event is kept.",
+			ConstLabels: prometheus.Labels{"field": name},
+		}, locked(func() float64 { return float64(p.corrected[i]) })))
+	}
 	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tollgate_events_buffered",
 		Help: "Events held in memory, waiting for Kafka or the spool.",

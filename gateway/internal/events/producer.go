@@ -95,6 +95,15 @@ type Config struct {
 	// MetadataTimeout (default 2s) bounds New's wait for the topic's
 	// partition count from Kafka.
 	MetadataTimeout time.Duration
+	// LedgerDir is a tmpfs directory (default DefaultLedgerDir, /dev/shm;
+	// "-": none) where the decision path's sequence counters live in
+	// shared memory, so that after a SIGKILL the next start closes the
+	// killed epoch with the last numbers used and the aggregator counts as
+	// missing exactly what was lost. Without it (not tmpfs, not Linux, or
+	// after a reboot) the epoch is closed with its reservations: up to
+	// max(10,000, 2 s of the partition's rate) numbers per partition more
+	// than were used count as missing.
+	LedgerDir string
 	// Log receives the producer's and franz-go's messages; nil: discard.
 	Log *slog.Logger
 	// Registerer receives the tollgate_events_* metrics; nil: none.
@@ -129,6 +138,9 @@ func (c *Config) setDefaults() {
 	if c.MetadataTimeout == 0 {
 		c.MetadataTimeout = DefaultMetadataTimeout
 	}
+	if c.LedgerDir == "" {
+		c.LedgerDir = DefaultLedgerDir
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -142,6 +154,9 @@ func (c *Config) validate() error {
 	}
 	if c.GatewayID == "" {
 		errs = append(errs, errors.New("no GatewayID"))
+	}
+	if len(c.GatewayID) > tollgatev1.MaxGatewayIDLen {
+		errs = append(errs, fmt.Errorf("GatewayID longer than %d bytes", tollgatev1.MaxGatewayIDLen))
 	}
 	if c.SpoolDir == "" {
 		errs = append(errs, errors.New("no SpoolDir"))
@@ -235,6 +250,7 @@ type Producer struct {
 	wake       chan struct{} // capacity 1: a pending wake-up of Run
 	onProduced func(*kgo.Record, error)
 	m          *metrics
+	ledger     *ledger // nil: none; closed by the final stop
 
 	// mu guards the decision path's state: the open chunk, the sealed
 	// ones waiting for Run, the free list and the sequence counters. It is
@@ -250,6 +266,7 @@ type Producer struct {
 	closed      bool // Run's final seal happened: Record drops
 	recorded    uint64
 	dropped     [numDropReasons]uint64
+	corrected   [numFixes]uint64 // events corrected to fit the schema's bounds
 	overruns    uint64
 	memEvents   int64 // events in chunks not yet released
 	memChunks   int   // chunks (pooled) in use
@@ -306,15 +323,23 @@ func New(cfg Config) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: new: %w", err)
 	}
-	p, err := newProducer(cfg, log, sp)
+	var led *ledger
+	if cfg.LedgerDir != "-" {
+		if led, err = openLedger(cfg.LedgerDir, cfg.SpoolDir); err != nil {
+			log.Warn("events: no sequence ledger in shared memory: after a SIGKILL the killed epoch is closed with its reservations, which overstates what was lost",
+				slog.Any("error", err))
+		}
+	}
+	p, err := newProducer(cfg, log, sp, led)
 	if err != nil {
+		led.close(false)
 		_ = sp.Close()
 		return nil, err
 	}
 	return p, nil
 }
 
-func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, error) {
+func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*Producer, error) {
 	old := meta{}
 	blob, err := sp.ReadMeta()
 	switch {
@@ -328,6 +353,10 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, erro
 		}
 	}
 	closing := old.toClose()
+	if led != nil && led.prevOK && exactClose(closing, led.prev) {
+		log.Info("events: the previous epoch is closed with the last sequence numbers it used (sequence ledger)",
+			slog.Uint64("epoch", led.prev.epoch))
+	}
 
 	parts, up := topicPartitions(cfg, log)
 	switch {
@@ -387,6 +416,9 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, erro
 	if err := p.s.reserve(true); err != nil {
 		return nil, fmt.Errorf("events: new: %w", err)
 	}
+	// META names the numbers the previous epoch used: the ledger may now
+	// count the new epoch's.
+	p.startLedger(led)
 	if len(closing) > 0 {
 		p.s.queueMarkers(closing)
 	}
@@ -394,6 +426,36 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool) (*Producer, erro
 	log.Info("events: producer ready", slog.Uint64("epoch", epoch), slog.Int("partitions", int(parts)),
 		slog.Int("spooled_segments", p.s.backlog), slog.Int("epochs_to_close", len(closing)))
 	return p, nil
+}
+
+// startLedger makes led (nil: none) hold the decision path's counters,
+// which are all 1 yet: p.next becomes the ledger's shared memory.
+func (p *Producer) startLedger(led *ledger) {
+	if led == nil {
+		return
+	}
+	next, err := led.start(p.epoch, p.parts)
+	if err != nil {
+		p.log.Warn("events: no sequence ledger in shared memory: after a SIGKILL the killed epoch is closed with its reservations, which overstates what was lost",
+			slog.Any("error", err))
+		led.close(false)
+		return
+	}
+	p.ledger, p.next = led, next
+}
+
+// stopLedger gives the decision path's counters back to the heap and
+// closes the ledger, deleting it when META holds the numbers used. Call it
+// with p.closed set.
+func (p *Producer) stopLedger(metaWritten bool) {
+	if p.ledger == nil {
+		return
+	}
+	p.mu.Lock()
+	p.next = append([]uint64(nil), p.next...)
+	p.mu.Unlock()
+	p.ledger.close(metaWritten)
+	p.ledger = nil
 }
 
 // topicPartitions asks Kafka for the topic's partition count, within
@@ -465,12 +527,17 @@ func (p *Producer) Report(req *guard.Request, d *guard.Decision, surface string)
 func recordable(status int) bool { return status == 200 || status == 429 || status == 403 }
 
 func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface string) {
-	part := PartitionOf(d.Tenant, p.parts)
-	t := d.Time
-	if t == 0 {
-		// Decisions made without Redis (blocklist, allowlist, no rule)
-		// carry no Redis time: use the gateway's clock.
-		t = time.Now().UnixMicro()
+	part := PartitionOf(boundedTenant(d.Tenant), p.parts)
+	// Decisions made without Redis (blocklist, allowlist, no rule) carry
+	// no Redis time: they get the gateway's clock, and so does one whose
+	// Redis clock is too far from it for the aggregator to take.
+	t, now := d.Time, time.Now().UnixMicro()
+	var fx fixes
+	if ahead := tollgatev1.MaxEventAhead.Microseconds(); t < now-ahead || t > now+ahead {
+		if t != 0 {
+			fx = 1 << fixTime
+		}
+		t = now
 	}
 	need := frameHeader + len(p.header) + maxEventSize(req, d, surface)
 	signal := false
@@ -518,7 +585,14 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 	}
 	start := len(c.buf)
 	b := append(c.buf, make([]byte, frameHeader)...)
-	b = appendEvent(b, p.header, part, seq, k, t, req, d, surface)
+	b, f := appendEvent(b, p.header, part, seq, k, t, req, d, surface)
+	if fx |= f; fx != 0 {
+		for i := range numFixes {
+			if fx&(1<<i) != 0 {
+				p.corrected[i]++
+			}
+		}
+	}
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start-frameHeader))
 	binary.LittleEndian.PutUint32(b[start+4:], uint32(part))
 	c.buf = b

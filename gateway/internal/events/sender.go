@@ -91,6 +91,8 @@ type sender struct {
 	lastProgress time.Time
 	lastDropLog  time.Time
 	loggedDrops  [numDropReasons]uint64
+	lastFixLog   time.Time
+	loggedFixes  [numFixes]uint64
 	lastErrLog   time.Time
 	recs         []spool.Record // scratch for spool.Append
 	spare        []*segment     // recycled segments
@@ -324,6 +326,7 @@ func (s *sender) work(now time.Time, stopping bool) {
 		}
 	}
 	s.logDrops(now)
+	s.logFixes(now)
 }
 
 // stuckAfter is how long records may wait for an acknowledgement before
@@ -849,9 +852,11 @@ func (s *sender) finish(cause error) error {
 		s.awaitPromises()
 		s.reap(now)
 	}
-	if err := s.writeMeta(used); err != nil {
-		errs = append(errs, fmt.Errorf("events: stop: %w", err))
+	metaErr := s.writeMeta(used)
+	if metaErr != nil {
+		errs = append(errs, fmt.Errorf("events: stop: %w", metaErr))
 	}
+	p.stopLedger(metaErr == nil)
 	s.reserved = used
 	if err := p.sp.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("events: stop: %w", err))
@@ -886,6 +891,27 @@ func (s *sender) logErr(now time.Time, msg string, err error) {
 	}
 	s.lastErrLog = now
 	s.p.log.Warn(msg, slog.Any("error", err))
+}
+
+// logFixes logs the corrections made to events since the last log, at
+// most once per dropLogEvery.
+func (s *sender) logFixes(now time.Time) {
+	if now.Sub(s.lastFixLog) < dropLogEvery {
+		return
+	}
+	p := s.p
+	p.mu.Lock()
+	f := p.corrected
+	p.mu.Unlock()
+	if f == s.loggedFixes {
+		return
+	}
+	attrs := make([]any, 0, numFixes)
+	for i := range f {
+		attrs = append(attrs, slog.Uint64(fixNames[i], f[i]-s.loggedFixes[i]))
+	}
+	s.lastFixLog, s.loggedFixes = now, f
+	p.log.Warn("events: decisions with values beyond the schema's bounds were corrected (see tollgate_events_corrected_total)", attrs...)
 }
 
 // logDrops logs the drops since the last log, at most once per
