@@ -43,12 +43,16 @@ const (
 	// decision; allowed, reason, status and remaining are not meaningful.
 	DecisionEvent_KIND_REPORT DecisionEvent_Kind = 2
 	// A marker that closes a previous epoch of this gateway on this
-	// partition: last_seq is the last sequence number reserved in that
-	// epoch, so a consumer can count the killed epoch's lost tail. Only
+	// partition: last_seq is the last sequence number the gateway used in
+	// that epoch (or, when it cannot know, after a machine crash, the last
+	// one it reserved), so a consumer can count the killed epoch's lost
+	// tail. Only
 	// gateway_id, epoch (the closed epoch), partition, seq, time_unix_micros,
 	// kind and last_seq are set, and seq is last_seq + 1, so the marker
 	// passes the high-water-mark deduplication like any record; a marker
-	// replayed twice is a duplicate. No record of that epoch follows it.
+	// replayed twice is a duplicate. No record of that epoch follows it (a
+	// consumer should not let a marker silence records above its mark:
+	// only a record that is not the gateway's makes that happen).
 	DecisionEvent_KIND_EPOCH_CLOSED DecisionEvent_Kind = 3
 	// A command, not a decision: lift the penalty of key_id (an operator's
 	// DELETE /admin/v1/penalties/{key}). Written by the aggregator's
@@ -208,9 +212,10 @@ type DecisionEvent struct {
 	// Where the decision was asked for: "proxy", "check", "batch", "report",
 	// "rls" (Envoy rate-limit service) or "authz" (Envoy ext_authz).
 	Surface string `protobuf:"bytes,24,opt,name=surface,proto3" json:"surface,omitempty"`
-	// KIND_EPOCH_CLOSED only: the last sequence number reserved in the closed
-	// epoch on this partition. Numbers after the last one received and up to
-	// this one were lost (or reserved and never used).
+	// KIND_EPOCH_CLOSED only: the last sequence number used in the closed
+	// epoch on this partition (after a machine crash: the last reserved).
+	// Numbers after the last one received and up to this one were lost (or,
+	// after a machine crash, reserved and never used).
 	LastSeq uint64 `protobuf:"varint,25,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// The key's penalty level when the decision was made (0 = none).
 	PenaltyLevel int32 `protobuf:"varint,26,opt,name=penalty_level,json=penaltyLevel,proto3" json:"penalty_level,omitempty"`

@@ -353,7 +353,7 @@ type tally struct {
 // the aggregator does: per source, an event at or below the high-water mark
 // (or after the marker) is a duplicate; one above it counts, and numbers it
 // jumps over are missing; a marker closes the source and counts the numbers
-// reserved after the mark as missing. It also checks each record's
+// used after the mark as missing. It also checks each record's
 // partition and key against its event.
 func aggregate(t testing.TB, recs []*kgo.Record) tally {
 	t.Helper()
