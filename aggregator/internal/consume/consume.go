@@ -1029,7 +1029,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		missing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_events_missing_total",
-			Help: "Sequence numbers never delivered: gaps in a gateway epoch's sequence, and the numbers the gateway used after its last delivered event when an EpochClosed marker closes the epoch (0 after a graceful stop; after a crash at least what was lost, see the operations guide for the slack).",
+			Help: "Sequence numbers never delivered: gaps in a gateway epoch's sequence, and the numbers the gateway used after its last delivered event when an EpochClosed marker closes the epoch (0 after a graceful stop; after a gateway's SIGKILL exactly what was lost; after a machine crash up to one sequence reservation per partition more).",
 		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_rows_expired_total",
