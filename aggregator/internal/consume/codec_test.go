@@ -66,7 +66,8 @@ func FuzzDecodeEvent(f *testing.F) {
 }
 
 // BenchmarkApply measures the aggregator's CPU per event without Kafka:
-// decoding, counting into a partition table (3 rows per event) and, in
+// decoding, checking the bounds, counting into a partition table (3 rows
+// per event) and, in
 // "abuse", feeding the detectors too: the work SPEC §8's ≥ 250 k
 // events/s per core is about.
 func BenchmarkApply(b *testing.B) {
@@ -98,6 +99,9 @@ func BenchmarkApply(b *testing.B) {
 					b.Fatal(err)
 				}
 				ev.Seq = uint64(i + 1)
+				if reason, _ := check(&ev, 0, now, now); reason != "" {
+					b.Fatal(reason)
+				}
 				applied, err := x.Apply(&ev.Event, 1_700_000_000)
 				if err != nil {
 					b.Fatal(err)
