@@ -124,8 +124,8 @@ func (DecisionEvent_Kind) EnumDescriptor() ([]byte, []int) {
 // fields.
 type DecisionEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The gateway that made the decision: its configured id (hostname by
-	// default). Stable across restarts of the same gateway.
+	// The gateway that made the decision: its configured gateway_id (default
+	// hostname-pid, new at every start; set it to keep it across restarts).
 	GatewayId string `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	// The gateway's boot epoch: a random number drawn at start and kept with
 	// its spool, so a restarted gateway never reuses an event id. For
@@ -199,7 +199,8 @@ type DecisionEvent struct {
 	// only), in text form ("203.0.113.7", "2001:db8::1").
 	ClientIp string `protobuf:"bytes,23,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
 	// Where the decision was asked for: "proxy", "check", "batch", "report",
-	// "rls" (Envoy rate-limit service) or "authz" (Envoy ext_authz).
+	// "rls" (Envoy rate-limit service) or "authz" (the check API's
+	// forward-auth endpoint, /v1/authz).
 	Surface string `protobuf:"bytes,24,opt,name=surface,proto3" json:"surface,omitempty"`
 	// KIND_EPOCH_CLOSED only: the last sequence number reserved in the closed
 	// epoch on this partition. Numbers after the last one received and up to
