@@ -544,3 +544,67 @@ func TestDocLinksResolve(t *testing.T) {
 		}
 	}
 }
+
+// nameRef matches a tollgate_* name in the docs: a metric, a KV bucket, a
+// consumer group. A trailing _* (or _) makes it a family.
+var nameRef = regexp.MustCompile(`tollgate_[a-z0-9_]*[a-z0-9](_\*|_)?`)
+
+// sourceNames returns the string literals of the repository's non-test Go
+// code that start with tollgate_ or tollgate-.
+func sourceNames(fsys fs.FS) (map[string]bool, error) {
+	names := map[string]bool{}
+	lit := regexp.MustCompile(`"(tollgate[_-][a-z0-9_.-]*)"`)
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != "." && (name == "testdata" || name == "bin" || strings.HasPrefix(name, ".")) {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return err
+		}
+		for _, m := range lit.FindAllStringSubmatch(string(b), -1) {
+			names[m[1]] = true
+		}
+		return nil
+	})
+	return names, err
+}
+
+// TestDocumentedNamesExist: every tollgate_* name the docs give (metrics,
+// KV buckets) is one the code uses; a family (tollgate_events_*) names at
+// least one.
+func TestDocumentedNamesExist(t *testing.T) {
+	t.Parallel()
+	fsys, docs := readDocs(t)
+	names, err := sourceNames(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !names["tollgate_checks_total"] || !names["tollgate_rules"] {
+		t.Fatalf("the source scan found %d names, not tollgate_checks_total and tollgate_rules", len(names))
+	}
+	for _, d := range docs {
+		for i, line := range d.Lines {
+			for _, m := range nameRef.FindAllString(line, -1) {
+				if prefix, family := strings.CutSuffix(m, "*"); family || strings.HasSuffix(m, "_") {
+					if !slices.ContainsFunc(slices.Collect(mapKeys(names)), func(n string) bool { return strings.HasPrefix(n, prefix) }) {
+						t.Errorf("%s:%d: %s names nothing the code uses", d.Path, i+1, m)
+					}
+					continue
+				}
+				if !names[m] {
+					t.Errorf("%s:%d: %s is not a name the code uses (a metric, a bucket)", d.Path, i+1, m)
+				}
+			}
+		}
+	}
+}
