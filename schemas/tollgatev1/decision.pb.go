@@ -178,8 +178,9 @@ type DecisionEvent struct {
 	Allowed bool `protobuf:"varint,16,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Why, as one of the guard's reasons (guard.Reason): "allowed",
 	// "rate_limited", "blocklisted", "allowlisted", "penalty", "no_rule",
-	// "block_rule", "cost_exceeds_limit", "invalid_key", "redis_unavailable",
-	// "call_rejected". Consumers must accept values they do not know.
+	// "block_rule", "cost_exceeds_limit", "invalid_key", "invalid_path",
+	// "too_many_rules", "redis_unavailable", "call_rejected". Consumers must
+	// accept values they do not know.
 	Reason string `protobuf:"bytes,17,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The HTTP status the decision calls for: 200 when allowed, 429 when rate
 	// limited or penalised, 403 when blocked, 400 for a bad request; 0 where
