@@ -2,7 +2,7 @@
 // exactly-once consumer of the decision stream, the per-tenant usage
 // windows in Pebble, abuse detection and the penalty ladder (applied to
 // NATS KV through an outbox), the usage reports, the operator API, and its
-// metrics and health endpoints (SPEC §6). bin/aggregator (aggregator/cmd/aggregator) loads a
+// metrics and health endpoints. bin/aggregator (aggregator/cmd/aggregator) loads a
 // Config and calls New and Run; tests and `make run` start instances in
 // process the same way.
 //
@@ -401,7 +401,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 }
 
 // seedRules writes rules_file as version 1 when the bucket holds no
-// ruleset (SPEC §9); a concurrent seeder's win is fine.
+// ruleset; a concurrent seeder's win is fine.
 func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	if s.cfg.RulesFile == "" {
 		return nil

@@ -81,7 +81,7 @@ type AuditConfig struct {
 }
 
 // PenaltyConfig is the `penalty` section: the abuse detectors and the
-// penalty ladder (SPEC §6, docs/aggregator.md).
+// penalty ladder (docs/aggregator.md).
 type PenaltyConfig struct {
 	Mode                 string        `yaml:"mode" doc:"on: detect abuse and move keys up the penalty ladder; off: detect nothing (penalties in force still step down, and can be lifted)."`
 	Detectors            []string      `yaml:"detectors" doc:"Detectors enabled, comma-separated: backoff_ignored (requests while a Retry-After sent to the key runs), sustained_rejection (rejection ratio), volume_ceiling (requests per second)."`

@@ -172,7 +172,7 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// maxLadderLevel is the penalty ladder's top level (SPEC §6).
+// maxLadderLevel is the penalty ladder's top level.
 const maxLadderLevel = 3
 
 // fleetCollectors are the fleet mode's gauges, read from the Syncer at

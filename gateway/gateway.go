@@ -1,7 +1,7 @@
 // Package gateway is Tollgate's data-plane process as a library: a reverse
 // proxy with the guard in front, the check API for gateways written in
 // other languages, Envoy's rate-limit service, and the metrics and health
-// endpoints (SPEC §4). bin/gateway (gateway/cmd/gateway) only loads a
+// endpoints. bin/gateway (gateway/cmd/gateway) only loads a
 // Config and calls New and Run; tests and `make run` start servers in
 // process the same way.
 //

@@ -77,7 +77,7 @@ type natsReadiness struct {
 
 // readyz answers 200 once rules are loaded, reporting a Redis outage in
 // the body without failing: a Redis outage must never take every gateway
-// out of rotation (SPEC §4). It answers 503 while draining at shutdown.
+// out of rotation. It answers 503 while draining at shutdown.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var body readiness
 	status := http.StatusOK

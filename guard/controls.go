@@ -62,7 +62,7 @@ type Entry struct {
 	Close  bool
 }
 
-// Penalty is a 429 cooldown on a key (SPEC §6). Until is Unix microseconds;
+// Penalty is a 429 cooldown on a key. Until is Unix microseconds;
 // a penalty applies while Until is in the future (math.MaxInt64: until it
 // is lifted). Level is the penalty ladder's level; Close asks gateways to
 // answer the key at the connection level (Connection: close) where the

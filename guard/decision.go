@@ -62,7 +62,7 @@ const (
 	ReasonCallRejected Reason = "call_rejected"
 )
 
-// API error codes (SPEC §3, §4). One table for every surface.
+// API error codes. One table for every surface.
 const (
 	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED" // 429
 	CodeKeyBlocked        = "KEY_BLOCKED"         // 403: blocklist, or a block rule selecting keys only
@@ -109,7 +109,7 @@ type RuleResult struct {
 	FailOpen bool
 }
 
-// Decision is the answer for one request: everything the SPEC §3 headers,
+// Decision is the answer for one request: everything the rate-limit headers,
 // the check API, Envoy RLS and decision events need.
 type Decision struct {
 	Allowed bool

@@ -319,7 +319,7 @@ func (g *Guard) AddQuota(ctx context.Context, req *Request, n int64) (*Decision,
 	return d, g.decide(ctx, OpAddQuota, &r, d)
 }
 
-// ValidKey reports whether key is an acceptable API key (SPEC §3): at most
+// ValidKey reports whether key is an acceptable API key: at most
 // MaxKeyLen bytes of valid UTF-8 holding no control character (C0, DEL, C1:
 // U+0000–U+001F, U+007F–U+009F) and no space (U+0020, which no header or
 // query source could carry unambiguously). Other Unicode is fine. The empty
@@ -400,7 +400,7 @@ func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision
 // resolved afresh every time.
 func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
-	// The one place every surface normalises its path (SPEC §3): before the
+	// The one place every surface normalises its path: before the
 	// lists, so that no request, allowlisted or not, goes on with a path
 	// the limiter and the upstream would read differently.
 	path, ok := rules.CleanPath(req.Path)
@@ -763,7 +763,7 @@ func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counte
 	return now, nil
 }
 
-// counterID returns the identity of rule r's counter for req (SPEC §2):
+// counterID returns the identity of rule r's counter for req:
 // anonymous requests count key- and tenant-scope rules per client IP.
 func counterID(r *rules.Rule, req *rules.Request) CounterID {
 	id := CounterID{Rule: r.Tag, Scope: r.Scope}

@@ -25,7 +25,7 @@ import (
 	"github.com/tollgate/tollgate/loadtest/internal/target"
 )
 
-// The retry storm (SPEC §10.2): many clients of one tenant poll at a
+// The retry storm: many clients of one tenant poll at a
 // multiple of their key's limit and retry every rejection at once,
 // ignoring Retry-After, each from a loopback address of its own, beside a
 // well-behaved key of the same tenant that honours Retry-After. The run
@@ -53,7 +53,7 @@ const (
 	DefaultStormInterval = 250 * time.Millisecond
 	DefaultMetricsURL    = "http://127.0.0.1:9091/metrics"
 	DefaultAdminURL      = "http://127.0.0.1:8081"
-	// TopLevel is the penalty ladder's top level (SPEC §6: blocklist, the
+	// TopLevel is the penalty ladder's top level (blocklist, the
 	// connection-level answer).
 	TopLevel = 3
 )

@@ -19,7 +19,7 @@ const withinLimit = "level 0, polling within the limit"
 // procstatTick is the resolution of a process's CPU time.
 var procstatTick = procstat.TicksToDuration(1)
 
-// levelNames name the ladder's levels (SPEC §6, docs/aggregator.md).
+// levelNames name the ladder's levels (docs/aggregator.md).
 var levelNames = [TopLevel + 1]string{"storm, before any penalty", "reduced limit", "cooldown, 429 PENALTY", "blocklist, connection level"}
 
 // summarize builds the summary from the run's samples.

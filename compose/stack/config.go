@@ -33,7 +33,7 @@ const (
 	DefaultEnvFile     = "bin/stack.env"
 )
 
-// Config is the local stack's configuration (SPEC §9). Every field is
+// Config is the local stack's configuration (docs/local-stack.md). Every field is
 // overridden by the environment variable TOLLGATE_ + its YAML path in upper
 // snake case (package configs), the same variables bin/gateway reads for
 // the fields they share; the `doc` tags are what --help prints. Zero fields
@@ -67,7 +67,7 @@ type Config struct {
 	Log configs.Log `yaml:"log"`
 }
 
-// SetDefaults fills zero fields with their defaults (SPEC §9's addresses).
+// SetDefaults fills zero fields with their defaults (the addresses docs/local-stack.md lists).
 // It leaves KeySecret and AdminToken empty: New generates them.
 func (c *Config) SetDefaults() {
 	configs.Default(&c.Listen, gateway.DefaultListen)

@@ -1,4 +1,4 @@
-// Package stack is the local stack behind `make run` (SPEC §9): in one
+// Package stack is the local stack behind `make run` (docs/local-stack.md): in one
 // process it starts Redis (a redis-server from PATH on a free port, else an
 // embedded stand-in), an embedded NATS server, an embedded Kafka-protocol
 // broker, the aggregator, a demo API and a gateway in front of it, prints
@@ -582,7 +582,7 @@ func (s *Stack) portOr(err error) error {
 	return err
 }
 
-// envLines are bin/stack.env's lines (SPEC §9).
+// envLines are bin/stack.env's lines (the join variables).
 func (s *Stack) envLines() []string {
 	return []string{
 		configs.EnvName("redis.addrs") + "=" + s.addrs.Redis,

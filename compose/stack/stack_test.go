@@ -323,7 +323,7 @@ func TestJourneyRedisServer(t *testing.T) {
 	}
 	r.checkLogKeys(t)
 
-	// A client that waits exactly Retry-After is admitted (SPEC §3). This
+	// A client that waits exactly Retry-After is admitted (Retry-After is never early). This
 	// wait is the behaviour under test, not synchronisation.
 	<-time.After(time.Until(retryEnds))
 	if resp, body := get(t, "http://"+r.addrs.Proxy+"/v1/users/42", "sk_free_demo"); resp.StatusCode != http.StatusOK {
@@ -351,7 +351,7 @@ func TestJourneyRedisServer(t *testing.T) {
 
 // TestJourneyEmbeddedRedis runs the same journey when no redis-server can
 // be found, so make run falls back to the embedded Redis. That fallback is
-// the only place miniredis is allowed in Tollgate (DEPENDENCIES.md: never a
+// the only place miniredis is allowed in Tollgate (never a
 // test backend); this test exists to keep it working.
 func TestJourneyEmbeddedRedis(t *testing.T) {
 	t.Setenv(redisserver.EnvServer, filepath.Join(t.TempDir(), "no-redis-server"))

@@ -37,7 +37,7 @@ func pathGuard(t *testing.T, rs string, opts ...guard.Option) *guard.Guard {
 }
 
 // TestMiddlewareNormalisesPath: the handler sees the path the limiter
-// counted (SPEC §3), every spelling of a blocked endpoint is blocked, and
+// counted, every spelling of a blocked endpoint is blocked, and
 // paths that cannot be normalised are refused with 400 INVALID_PATH.
 func TestMiddlewareNormalisesPath(t *testing.T) {
 	t.Parallel()

@@ -99,7 +99,7 @@ func checkName(s string) error {
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // checkKey validates a raw API key as written in the registry or overrides:
-// a key the gateway would refuse (SPEC §3: over 256 bytes, control
+// a key the gateway would refuse (over 256 bytes, control
 // characters) could never match.
 func checkKey(k string) error {
 	switch {
@@ -790,7 +790,7 @@ func findCycles(edges [][]int) [][]int {
 	return cycles
 }
 
-// tagIdentity is the rule part of a counter's identity (SPEC §2), the text
+// tagIdentity is the rule part of a counter's identity, the text
 // a rule's Tag is derived from:
 //
 //	id|algorithm|window_µs|precision|scope|by_endpoint

@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Document is a rules document as written (SPEC §2), decoded but not yet
+// Document is a rules document as written, decoded but not yet
 // validated: numbers are checked for type only and durations, rates and
 // patterns are kept as text. Build one with [Parse] (which also records
 // line numbers for error messages) or in code, and turn it into a [Ruleset]

@@ -1,6 +1,6 @@
 // Command aggregator runs a Tollgate aggregator instance: the exactly-once
 // consumer of the decision stream, the usage reports, and (with the
-// control plane) the operator API (SPEC §6). It is configured by an
+// control plane) the operator API. It is configured by an
 // optional YAML file (--config) and the TOLLGATE_* environment variables,
 // listed by --help.
 //

@@ -1,5 +1,5 @@
 // Package abuse is the aggregator's abuse detection and penalty ladder
-// without Kafka or disk (SPEC §6): decisions in, per-key detector state,
+// without Kafka or disk: decisions in, per-key detector state,
 // ladder levels and the steps a key takes out.
 //
 // Detectors, per key, over a sliding window of event time (the decisions'
@@ -114,7 +114,7 @@ type Config struct {
 	// level (default 1h).
 	QuietPeriod time.Duration
 	// Grace: after a step, the key's decisions up to this long after its
-	// newest one do not count (default 2s: SPEC §6's propagation bound).
+	// newest one do not count (default 2s: the bound within which a change reaches every gateway).
 	Grace time.Duration
 	// Idle: the state of a key at level 0 unseen for this long is dropped
 	// (default 2 × Window)...

@@ -1,5 +1,5 @@
 // Package adminapi is the aggregator's operator API under /admin/v1/
-// (SPEC §6): rules, blocklist, allowlist, overrides, keys, penalties and
+// (docs/aggregator.md): rules, blocklist, allowlist, overrides, keys, penalties and
 // the audit log. Every route needs the operator token (the aggregator
 // wraps the listener); errors are JSON {"error":{"code","message"}}.
 package adminapi

@@ -213,7 +213,7 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 
 // countersChanged tells the gateways that the counters named (of key_id
 // id) changed in Redis behind their backs, so that their fast path drops
-// the leases and negative cache it derived from them (SPEC §2): else a key
+// the leases and negative cache it derived from them: else a key
 // granted quota would still be refused from a gateway's memory until the
 // Retry-After it was last given, and after a reset the unused units of an
 // old lease would come off the fresh counter. Without NATS there is no

@@ -68,7 +68,7 @@ func FuzzDecodeEvent(f *testing.F) {
 // BenchmarkApply measures the aggregator's CPU per event without Kafka:
 // decoding, checking the bounds, counting into a partition table (3 rows
 // per event) and, in
-// "abuse", feeding the detectors too: the work SPEC §8's ≥ 250 k
+// "abuse", feeding the detectors too: the work the target of ≥ 250 k
 // events/s per core is about.
 func BenchmarkApply(b *testing.B) {
 	const keys = 10_000

@@ -1,6 +1,6 @@
 // Package consume is the aggregator's Kafka side: the exactly-once
 // processing loop over the decisions topic and the materializer that keeps
-// Pebble in step with the changelog (SPEC §6, docs/aggregator.md).
+// Pebble in step with the changelog (docs/aggregator.md).
 //
 // Shape (Kafka Streams' state store, built on franz-go): a
 // GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.

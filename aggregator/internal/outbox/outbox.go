@@ -1,5 +1,5 @@
 // Package outbox applies the penalty ladder's committed steps to the
-// fleet's NATS KV buckets (SPEC §6): the transactional outbox of the
+// fleet's NATS KV buckets: the transactional outbox of the
 // aggregator's processing loop.
 //
 // Writes to NATS cannot join a Kafka transaction, so the processing loop

@@ -1,5 +1,5 @@
 // Package publish writes the fleet's configuration to NATS JetStream KV
-// (SPEC §5): the ruleset (bucket tollgate_rules, key active, history kept
+// (docs/gateway.md, fleet mode): the ruleset (bucket tollgate_rules, key active, history kept
 // for rollback), blocked, penalised and allowlisted keys
 // (tollgate_blocklist) and overrides (tollgate_overrides). Gateways watch
 // the buckets and apply each change atomically.

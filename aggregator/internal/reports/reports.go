@@ -1,4 +1,4 @@
-// Package reports serves the usage reports (SPEC §6):
+// Package reports serves the usage reports:
 //
 //	GET /v1/usage/tenants/{tenant}
 //	GET /v1/usage/keys/{key}        ({key}: an API key, or kid:<key_id>)

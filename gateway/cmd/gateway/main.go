@@ -1,6 +1,6 @@
 // Command gateway runs a Tollgate gateway: the rate-limiting reverse proxy,
 // the check API, Envoy's rate-limit service and the metrics endpoints
-// (SPEC §4). It is configured by an optional YAML file (--config) and the
+// (docs/gateway.md). It is configured by an optional YAML file (--config) and the
 // TOLLGATE_* environment variables, listed by --help.
 //
 // Exit codes: 0 after a clean shutdown (SIGINT or SIGTERM), 1 when the

@@ -41,7 +41,7 @@ func FuzzFastBody(f *testing.F) {
 }
 
 // referenceDecision is appendDecision through encoding/json: the layout
-// SPEC §4 fixes (decisionJSON).
+// the check API documents (decisionJSON).
 func referenceDecision(d *guard.Decision, status int) []byte {
 	j := decisionJSON{Allowed: d.Allowed, Status: status, RetryAfter: d.RetryAfter, Degraded: d.Degraded, Reason: string(d.Reason)}
 	dr := d.DecidingRule()

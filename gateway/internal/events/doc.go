@@ -1,6 +1,6 @@
 // Package events is the gateway's decision event producer: every decision
 // (and every charge after the fact) becomes one DecisionEvent record on
-// Kafka's decisions topic (SPEC §5), without blocking or slowing the
+// Kafka's decisions topic, without blocking or slowing the
 // request path, and without losing events when Kafka is slow or down.
 //
 // # Use

@@ -12,7 +12,7 @@ import (
 
 // closeLevel is the penalty ladder's first level whose entries may ask
 // for the connection-level answer (Connection: close): the top of the
-// ladder (SPEC §6). A lower level's close flag is ignored.
+// ladder. A lower level's close flag is ignored.
 const closeLevel = 3
 
 // micros converts an expiry to Unix microseconds; a zero time (never) is

@@ -9,7 +9,7 @@ import (
 )
 
 // The gateway's log says once per key and level that the penalty ladder
-// moved a key (SPEC §6): when an entry of the ladder (level > 0) arrives
+// moved a key: when an entry of the ladder (level > 0) arrives
 // that puts the key at another level than the one last logged, and when the
 // key's last ladder entry goes. Keys are named by key_id and the entry's
 // short key prefix, never by the key. A burst of moves (a thousand keys

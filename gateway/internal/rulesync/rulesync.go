@@ -1,5 +1,5 @@
 // Package rulesync keeps a gateway's rules and controls in step with the
-// fleet's control plane (SPEC §5, fleet mode): it watches the NATS
+// fleet's control plane (fleet mode): it watches the NATS
 // JetStream KV buckets the aggregator's operator API writes —
 // tollgate_rules (key active: the ruleset), tollgate_blocklist (blocked,
 // penalised and allowlisted keys) and tollgate_overrides — and applies

@@ -1,5 +1,5 @@
 // Package target sends load-test requests to Tollgate's three interfaces
-// (SPEC §4): the proxy ([Proxy]: any HTTP request, key in X-API-Key), the
+// (docs/gateway.md): the proxy ([Proxy]: any HTTP request, key in X-API-Key), the
 // check API ([Check]: POST /v1/check) and the Envoy rate-limit service
 // ([RLS]: gRPC ShouldRateLimit). Each implements gen.Target and is safe for
 // concurrent use; Close releases its connections.
@@ -197,7 +197,7 @@ func NewCheck(cfg HTTPConfig) *Check {
 	return c
 }
 
-// CheckBody is the JSON body Check sends (SPEC §4).
+// CheckBody is the JSON body Check sends.
 type CheckBody struct {
 	APIKey   string `json:"api_key"`
 	Endpoint string `json:"endpoint"`

@@ -30,7 +30,7 @@ var RLSOutcomes = []report.Outcome{
 	RLSUnknown:   {Name: "UNKNOWN", Decision: false},
 }
 
-// Descriptor entry keys RLS sends, as the gateway reads them (SPEC §4).
+// Descriptor entry keys RLS sends, as the gateway reads them.
 const (
 	EntryAPIKey = "api_key"
 	EntryPath   = "path"

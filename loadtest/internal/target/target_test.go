@@ -93,8 +93,8 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// TestCheckBody decodes the body strictly: exactly the four fields of SPEC
-// §4, with the bearer token and the content type.
+// TestCheckBody decodes the body strictly: exactly the four fields the check API
+// reads, with the bearer token and the content type.
 func TestCheckBody(t *testing.T) {
 	t.Parallel()
 	type seen struct {
