@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -371,10 +372,10 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		s.log.Warn("the gateway does not follow the rules in NATS yet; the operator API's changes reach it once it does",
 			slog.String("error", err.Error()))
 	}
+	stops = append(stops, s.removeEnvFile) // what was written, should the write fail midway
 	if err := s.writeEnvFile(); err != nil {
 		return err
 	}
-	stops = append(stops, s.removeEnvFile)
 	s.printBanner()
 	close(s.ready)
 	s.log.Info("stack ready; Ctrl-C stops it")
@@ -664,7 +665,8 @@ func (s *Stack) envLines() []string {
 	}
 }
 
-// writeEnvFile writes stack_env_file (0600: it holds the secrets).
+// writeEnvFile writes stack_env_file (0600: it holds the secrets) and,
+// beside it, the pid file (PIDFile).
 func (s *Stack) writeEnvFile() error {
 	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
 		return nil
@@ -677,6 +679,9 @@ func (s *Stack) writeEnvFile() error {
 	if err := os.WriteFile(s.cfg.EnvFile, []byte(body), 0o600); err != nil {
 		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
 	}
+	if err := os.WriteFile(PIDFile(s.cfg.EnvFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return fmt.Errorf("stack: pid file beside %s: %w", configs.EnvName("stack_env_file"), err)
+	}
 	return nil
 }
 
@@ -684,8 +689,11 @@ func (s *Stack) removeEnvFile() error {
 	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
 		return nil
 	}
-	if err := os.Remove(s.cfg.EnvFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	var errs []error
+	for _, f := range []string{s.cfg.EnvFile, PIDFile(s.cfg.EnvFile)} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("stack: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

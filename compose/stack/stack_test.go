@@ -55,10 +55,10 @@ type running struct {
 	st       *stack.Stack
 	logs     *lockedBuffer // every log line, debug level included
 	startLog string        // the log up to Ready
-	banner *bytes.Buffer // written once, before Ready is closed
-	cancel context.CancelFunc
-	errc   chan error
-	addrs  stack.Addrs
+	banner   *bytes.Buffer // written once, before Ready is closed
+	cancel   context.CancelFunc
+	errc     chan error
+	addrs    stack.Addrs
 }
 
 // start starts a stack and waits until it is ready. The test must stop it
