@@ -88,6 +88,7 @@ func TestFleetJourney(t *testing.T) {
 	cfg.EnvFile = filepath.Join(t.TempDir(), "stack.env")
 	r := start(t, cfg)
 	defer r.stop(t)
+	checkBannerSample(t, r, cfg)
 	banner := r.banner.String()
 	token := bannerValue(t, banner, "admin token")
 	agg := "http://" + r.addrs.Aggregator
