@@ -81,7 +81,7 @@ endif
 sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
 	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
 
-run: ## Start the local stack in the foreground: Redis, NATS, Kafka, aggregator, demo API, gateway (Ctrl-C stops it)
+run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it)
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)
 	exec $(BIN_DIR)/tollgate-stack
 

@@ -10,7 +10,7 @@
 // through bin/stack.env.
 //
 //	cfg, err := stack.LoadConfig(nil) // TOLLGATE_* variables
-//	st, err := stack.New(cfg, logger)
+//	st, err := stack.New(cfg, logger, os.Stdout) // banner to stdout
 //	err = st.Run(ctx) // until ctx is done
 //
 // Tests start the same stack on port-0 addresses (Config's listeners all
