@@ -102,7 +102,6 @@ var startRaces = []string{
 	"does not exist yet",
 	"Kafka does not know the topic",
 	"partition count is unknown",
-	"NATS has not answered",
 	"has not seeded",
 }
 
