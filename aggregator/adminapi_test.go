@@ -195,9 +195,12 @@ func TestOperatorAPI(t *testing.T) {
 		if code != 200 || !bytes.Contains(b, []byte(`"remaining": 10`)) {
 			t.Fatalf("GET keys: %d %s, want a full bucket of 10", code, b)
 		}
+		// A grant never fills a counter above its limit, and its answer
+		// says how much was granted: nothing, on a full bucket.
 		code, _, b = op(t, addr, "POST", "/admin/v1/keys/sk_some_client/quota", `{"tokens":5,"reason":"goodwill"}`)
-		if code != 200 {
-			t.Fatalf("quota: %d %s", code, b)
+		if code != 200 || !bytes.Contains(b, []byte(`"remaining": 10`)) || !bytes.Contains(b, []byte(`"granted": 0`)) ||
+			!bytes.Contains(b, []byte(`"tokens": 5`)) {
+			t.Fatalf("quota on a full bucket: %d %s, want remaining 10, granted 0 of tokens 5", code, b)
 		}
 		if code, _, b := op(t, addr, "POST", "/admin/v1/keys/sk_some_client/reset", `{}`); code != 200 {
 			t.Fatalf("reset: %d %s", code, b)

@@ -40,8 +40,8 @@ and TOLLGATE_KEY_SECRET are required. For example, joining the local stack
 (make run writes bin/stack.env):
 
   set -a; . bin/stack.env; set +a
-  TOLLGATE_DATA_DIR=/tmp/agg2 TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:8181 \
-  TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:9193 bin/aggregator
+  TOLLGATE_AGGREGATOR_ID=agg-2 TOLLGATE_DATA_DIR=/tmp/tollgate-agg2 \
+  TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:18081 TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:19093 bin/aggregator
 
 Flags:
   --config FILE      YAML configuration file (unknown fields are refused)

@@ -135,6 +135,10 @@ type ruleState struct {
 	WouldAllow bool   `json:"would_allow"`
 	RetryAfter int64  `json:"retry_after,omitempty"`
 	Window     int64  `json:"window_seconds"`
+	// Granted is, in a quota grant's answer, how many units the counter
+	// gained: the tokens asked for, or fewer when it reached its limit
+	// (a counter never holds more than a full one).
+	Granted *int64 `json:"granted,omitempty"`
 }
 
 func decisionJSON(d *guard.Decision, keyID, prefix string) map[string]any {
@@ -204,6 +208,10 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 	id, prefix, _ := a.key(w, r)
 	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))
 	after := decisionJSON(d, id, prefix)
+	after["tokens"] = kr.Tokens
+	if before != nil {
+		setGranted(after["rules"].([]ruleState), before, kr.Tokens)
+	}
 	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
 		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "state": after})}) {
 		return
@@ -231,6 +239,25 @@ func (a *api) countersChanged(kind, id string, counters []string) {
 	if err := kv.CountersChanged(kind, id, counters); err != nil {
 		a.cfg.Log.Warn("gateways not told of a counter change; their negative cache lasts until its Retry-After",
 			slog.String("kind", kind), slog.String("key_id", id), slog.String("error", err.Error()))
+	}
+}
+
+// setGranted sets each rule's Granted: what its remaining gained from
+// before, within [0, tokens]. The state is read before the grant, not in
+// the same step, so a request decided in between, or a refill, can make
+// it differ from the true gain by that much.
+func setGranted(rules []ruleState, before *guard.Decision, tokens int64) {
+	prev := make(map[string]int64, len(before.Rules))
+	for _, rr := range before.Rules {
+		prev[rr.ID] = rr.Remaining
+	}
+	for i := range rules {
+		was, ok := prev[rules[i].ID]
+		if !ok {
+			continue
+		}
+		g := min(max(rules[i].Remaining-was, 0), tokens)
+		rules[i].Granted = &g
 	}
 }
 
