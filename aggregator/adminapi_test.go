@@ -50,10 +50,18 @@ func op(t *testing.T, addr, method, path, body string, header ...string) (int, h
 }
 
 func startFleetAggregator(t *testing.T) (*instance, jetstream.JetStream) {
-	brokers := startKafka(t)
+	return startFleetAggregatorOn(t, startKafka(t))
+}
+
+// startFleetAggregatorOn starts an aggregator with NATS and Redis on the
+// Kafka brokers given, and a JetStream client of its NATS.
+func startFleetAggregatorOn(t *testing.T, brokers []string, opts ...func(*aggregator.Config)) (*instance, jetstream.JetStream) {
 	ns := natstest.StartTB(t)
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "a", DataDir: t.TempDir(),
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	cfg.Kafka.Brokers = brokers
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
