@@ -152,6 +152,17 @@ func TestOperatorAPI(t *testing.T) {
 		if code, _, _ := op(t, addr, "POST", "/admin/v1/rules/validate", validRules); code != 200 {
 			t.Fatalf("validate: %d", code)
 		}
+		// A ruleset refusing every request: refused naming the field, or
+		// accepted with a warning when it says so.
+		total := "blocklist: [\"*\"]\n" + validRules
+		code, _, b = op(t, addr, "POST", "/admin/v1/rules/validate", total)
+		if code != 400 || !bytes.Contains(b, []byte(`"field": "blocklist[0]"`)) || !bytes.Contains(b, []byte("would refuse every request")) {
+			t.Fatalf("validate of a total block: %d %s, want 400 naming blocklist[0]", code, b)
+		}
+		code, _, b = op(t, addr, "POST", "/admin/v1/rules/validate", "allow_total_block: true\n"+total)
+		if code != 200 || !bytes.Contains(b, []byte(`"warnings"`)) || !bytes.Contains(b, []byte(`"field": "blocklist[0]"`)) {
+			t.Fatalf("validate with allow_total_block: %d %s, want 200 with a warning naming blocklist[0]", code, b)
+		}
 	})
 
 	t.Run("blocklist", func(t *testing.T) {
