@@ -47,6 +47,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
@@ -208,25 +209,46 @@ func (s *Server) Owned() []int32 { return s.proc.Owned() }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !s.proc.Ready() {
-		http.Error(w, "restoring state from the changelog\n", http.StatusServiceUnavailable)
+		http.Error(w, "restoring state from the changelog\n"+s.insecureWarning(), http.StatusServiceUnavailable)
 		return
 	}
-	fmt.Fprintf(w, "ready: state restored; partitions owned: %v\n", s.proc.Owned())
+	fmt.Fprintf(w, "ready: state restored; partitions owned: %v\n%s", s.proc.Owned(), s.insecureWarning())
 }
 
-// authorize requires the admin token on the operator API and reports.
+// insecureWarning is the line /readyz adds while the operator API runs
+// without a token (admin_insecure), else "".
+func (s *Server) insecureWarning() string {
+	if s.cfg.AdminToken != "" {
+		return ""
+	}
+	return "WARNING: the operator API has no token (" + configs.EnvName("admin_insecure") + "=true): whoever reaches " +
+		s.cfg.Listen + " can change the fleet's rules, lists and quotas\n"
+}
+
+// authorize requires a bearer token on the operator API and the reports:
+// admin_token, or, with admin_insecure (no token configured), any
+// non-empty one. A request without it is answered 401 and changes nothing,
+// whatever its method, content type or Origin: a web page cannot make a
+// browser attach an Authorization header to a cross-site request without
+// a CORS preflight, which this API never grants, so no page can forge a
+// change (not even a text/plain POST, which needs no preflight).
 func (s *Server) authorize(next http.Handler) http.Handler {
 	token := []byte(s.cfg.AdminToken)
+	if len(token) == 0 {
+		s.log.Warn("the operator API has NO TOKEN ("+configs.EnvName("admin_insecure")+"=true): whoever reaches its address can change the fleet's rules, lists and quotas; any bearer token is accepted",
+			slog.String("aggregator_listen", s.cfg.Listen))
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(token) > 0 {
-			v := r.Header.Get("Authorization")
-			const scheme = "bearer "
-			if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) ||
-				subtle.ConstantTimeCompare([]byte(strings.TrimSpace(v[len(scheme):])), token) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
-				reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
-				return
-			}
+		v := r.Header.Get("Authorization")
+		const scheme = "bearer "
+		var presented []byte
+		if len(v) > len(scheme) && strings.EqualFold(v[:len(scheme)], scheme) {
+			presented = []byte(strings.TrimSpace(v[len(scheme):]))
+		}
+		if len(presented) == 0 || (len(token) > 0 && subtle.ConstantTimeCompare(presented, token) != 1) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
+			reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
+			return
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -28,7 +28,10 @@ const (
 	secret     = "0123456789abcdef-secret"
 )
 
-func startKafka(t testing.TB) []string {
+func startKafka(t testing.TB) []string { return startKafkaCluster(t).ListenAddrs() }
+
+// startKafkaCluster starts kfake and returns it (for fault injection).
+func startKafkaCluster(t testing.TB) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond),
 		kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
@@ -36,7 +39,7 @@ func startKafka(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 func testLogger(t testing.TB) *slog.Logger {
