@@ -96,6 +96,11 @@ type Server struct {
 	ruleState atomic.Pointer[activeRules]
 	draining  atomic.Bool
 
+	// What /readyz reports of Redis and NATS, kept by their monitors.
+	started     time.Time
+	redisHealth atomic.Pointer[depState]
+	natsHealth  atomic.Pointer[natsState]
+
 	life service.Lifecycle
 }
 
@@ -343,8 +348,9 @@ func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 }
 
 // Run serves until ctx is done or a listener fails, then shuts down
-// gracefully. In fleet mode it first waits up to natsStartWait (1 s) for
-// NATS to deliver the fleet's rules. On shutdown it stops accepting, lets
+// gracefully. It serves /metrics, /healthz and /readyz at once; in fleet
+// mode it then waits up to natsStartWait (1 s) for NATS to deliver the
+// fleet's rules before it serves the other listeners. On shutdown it stops accepting, lets
 // in-flight requests finish within shutdown_timeout (then closes their
 // connections), charges the queued costs, and releases Redis. It returns
 // nil after a shutdown asked for by ctx or Close, else the error that
@@ -357,8 +363,31 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer finish()
 
+	s.started = time.Now()
 	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { return s.rules.Run(ctx) })
+	// Health answers from the start, whatever the dependencies do: the
+	// monitors first, then the metrics listener, before the wait for NATS.
+	s.startHealth(ctx, g)
+	serve := func(hs *httpServer) {
+		g.Go(func() error {
+			if hs.fast != nil {
+				if err := hs.fast.serve(hs.ln); err != nil {
+					return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+				}
+				return nil
+			}
+			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+			}
+			return nil
+		})
+	}
+	for _, hs := range s.servers {
+		if hs.name == "metrics" {
+			serve(hs)
+		}
+	}
 	if s.sync != nil {
 		s.waitForNATS(ctx)
 	}
@@ -384,18 +413,9 @@ func (s *Server) Run(ctx context.Context) error {
 		g.Go(s.reporter.Run)
 	}
 	for _, hs := range s.servers {
-		g.Go(func() error {
-			if hs.fast != nil {
-				if err := hs.fast.serve(hs.ln); err != nil {
-					return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-				}
-				return nil
-			}
-			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-			}
-			return nil
-		})
+		if hs.name != "metrics" {
+			serve(hs)
+		}
 	}
 	if s.grpc != nil {
 		g.Go(func() error {

@@ -296,6 +296,7 @@ type Producer struct {
 	// Read by metrics, written by Run.
 	metaDurable atomic.Bool // META holds the epoch and the numbers in use
 	kafkaUp     atomic.Bool
+	kafkaSince  atomic.Int64 // when kafkaUp last changed, Unix nanoseconds
 	replayed    atomic.Uint64
 	spooled     atomic.Uint64
 
@@ -404,7 +405,7 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 		stopped:    make(chan struct{}),
 	}
 	p.onProduced = p.promise
-	p.kafkaUp.Store(up)
+	p.setKafkaUp(up)
 	// One allocation for all chunks: the runtime maps it lazily, so memory
 	// is touched only as chunks fill.
 	arena := make([]byte, p.nChunks*chunkBytes)
@@ -514,6 +515,32 @@ func topicPartitions(cfg Config, log *slog.Logger) (n int32, up bool) {
 		return 0, true
 	}
 	return int32(len(d.Partitions)), true
+}
+
+// setKafkaUp records whether Kafka acknowledges events, and since when.
+// Only Run (or New, before it) calls it.
+func (p *Producer) setKafkaUp(up bool) {
+	if p.kafkaSince.Load() != 0 && p.kafkaUp.Load() == up {
+		return
+	}
+	p.kafkaSince.Store(time.Now().UnixNano())
+	p.kafkaUp.Store(up)
+}
+
+// KafkaState reports whether Kafka acknowledges the producer's events (as
+// tollgate_events_kafka_up does: down after a failed send, or while records
+// wait unanswered, and unchanged while nothing is sent), since when, and
+// the last error franz-go reported (nil while up). It reads atomics only:
+// it never waits on Kafka.
+func (p *Producer) KafkaState() (up bool, since time.Time, err error) {
+	up = p.kafkaUp.Load()
+	since = time.Unix(0, p.kafkaSince.Load())
+	if !up {
+		if b := p.lastErr.Load(); b != nil {
+			err = b.err
+		}
+	}
+	return up, since, err
 }
 
 // Epoch is the producer's boot epoch.

@@ -359,7 +359,7 @@ func (s *sender) work(now time.Time, stopping bool) {
 		up = false
 	}
 	if up != p.kafkaUp.Load() {
-		p.kafkaUp.Store(up)
+		p.setKafkaUp(up)
 		if up {
 			p.log.Info("events: Kafka is accepting events")
 		} else {
@@ -902,7 +902,7 @@ func (s *sender) finish(cause error) error {
 	if err := p.sp.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("events: stop: %w", err))
 	}
-	p.kafkaUp.Store(false)
+	p.setKafkaUp(false)
 	s.logDrops(now.Add(dropLogEvery))
 	p.log.Info("events: stopped", slog.Uint64("produced", p.produced.Load()), slog.Uint64("spooled", p.spooled.Load()))
 	return errors.Join(errs...)
