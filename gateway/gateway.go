@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway/internal/checkapi"
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
@@ -145,7 +146,10 @@ type httpServer struct {
 // set) the last-known-good copy under data_dir when there is one — and
 // refuses to start without a valid ruleset; it creates the Redis client
 // and store, and binds every listener, so Addrs is known when New returns
-// and clients connecting before Run wait in the listen queue. log may be
+// and clients connecting before Run wait in the listen queue. When some
+// listeners cannot be bound it binds none, and its error names each (a
+// busy address as a service.AddrInUseError naming the variable that moves
+// it, matching service.ErrAddrInUse and syscall.EADDRINUSE), one per line. log may be
 // nil (discard); API keys are never logged. New does not contact NATS.
 //
 // New starts the Redis store's pipelining goroutines and the fast path's
@@ -292,17 +296,30 @@ func (s *Server) addServer(name, addr string, h http.Handler, writeTimeout time.
 	}})
 }
 
-// listen binds every listener.
+// listenVars are the settings of the listeners' addresses, by listener.
+var listenVars = map[string]string{"proxy": "listen", "api": "api_listen", "metrics": "metrics_listen", "grpc": "grpc_listen"}
+
+// listen binds every listener. When some cannot be bound, none stays
+// bound and the error names each that failed, a busy one with the
+// variable that moves it (service.ErrAddrInUse, one line each).
 func (s *Server) listen() error {
+	var ls []service.Listener
 	for _, hs := range s.servers {
 		addr := s.cfg.APIListen
 		if hs.srv != nil {
 			addr = hs.srv.Addr
 		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-		}
+		ls = append(ls, service.Listener{Name: hs.name, Addr: addr, Var: configs.EnvName(listenVars[hs.name])})
+	}
+	if s.grpc != nil {
+		ls = append(ls, service.Listener{Name: "grpc", Addr: s.cfg.GRPCListen, Var: configs.EnvName(listenVars["grpc"])})
+	}
+	lns, err := service.ListenAll(ls)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	for i, hs := range s.servers {
+		ln := lns[i]
 		hs.ln = ln
 		switch hs.name {
 		case "proxy":
@@ -315,12 +332,8 @@ func (s *Server) listen() error {
 		}
 	}
 	if s.grpc != nil {
-		ln, err := net.Listen("tcp", s.cfg.GRPCListen)
-		if err != nil {
-			return fmt.Errorf("gateway: grpc listener: %w", err)
-		}
-		s.grpc.ln = ln
-		s.addrs.GRPC = ln.Addr().String()
+		s.grpc.ln = lns[len(lns)-1]
+		s.addrs.GRPC = s.grpc.ln.Addr().String()
 	}
 	return nil
 }
