@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +30,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +49,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
@@ -81,6 +84,25 @@ type Server struct {
 	life service.Lifecycle
 }
 
+// Errors of New.
+var (
+	// ErrDataDirInUse is returned by New when another aggregator process
+	// holds data_dir.
+	ErrDataDirInUse = errors.New("aggregator: data directory in use")
+)
+
+// lockedByOther reports whether opening the state failed on its lock:
+// another process holds it (fcntl answers EAGAIN or EACCES), or another
+// aggregator in this process (Pebble's own message).
+func lockedByOther(err error) bool {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return false // creating the lock file failed: a permission problem, said as is
+	}
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(err.Error(), "lock held by current process")
+}
+
 // Addrs are the bound addresses.
 type Addrs struct {
 	API     string
@@ -106,6 +128,10 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	db, err := state.Open(filepath.Join(cfg.DataDir, "state"), log.With(slog.String("component", "pebble")))
 	if err != nil {
+		if lockedByOther(err) {
+			return nil, fmt.Errorf("%w: data_dir (%s) %s is held by another aggregator; give each instance its own data directory",
+				ErrDataDirInUse, configs.EnvName("data_dir"), cfg.DataDir)
+		}
 		return nil, fmt.Errorf("aggregator: %w", err)
 	}
 	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db}
