@@ -85,6 +85,7 @@ type Server struct {
 
 	deps       deps                      // what the probes learnt of Kafka, NATS and Redis
 	nc         atomic.Pointer[nats.Conn] // the NATS connection, once made
+	setUp      atomic.Bool               // the processor's Setup is done: Kafka answered
 	draining   atomic.Bool
 	drainingAt atomic.Int64 // unix nanoseconds
 
@@ -271,9 +272,9 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 //
 // The listeners serve at once: /healthz, /readyz and the API answer
 // whatever Kafka, NATS or Redis do (the API 503 with the reason while it
-// cannot serve a request). The processor, the audit tail, the outbox and
-// the snapshots start once Kafka has answered and the state's identity
-// is checked (which may wipe it).
+// cannot serve a request). The processor, the audit tail, NATS and the
+// outbox, and the snapshots start once Kafka has answered and the state's
+// identity is checked (which may wipe it).
 func (s *Server) Run(ctx context.Context) error {
 	ctx, finish, err := s.life.Start(ctx)
 	if err != nil {
@@ -312,7 +313,6 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.probeRedis(gctx) })
 	if s.cfg.NATS.URL != "" {
 		g.Go(func() error { return s.probeNATS(gctx) })
-		g.Go(func() error { return s.connectNATS(gctx) })
 	}
 	g.Go(func() error {
 		if err := s.proc.Setup(gctx); err != nil {
@@ -321,6 +321,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return err
 		}
+		s.setUp.Store(true)
 		g.Go(func() error {
 			err := s.proc.Run(gctx)
 			if errors.Is(err, consume.ErrDuplicateID) {
@@ -330,7 +331,10 @@ func (s *Server) Run(ctx context.Context) error {
 			return err
 		})
 		g.Go(func() error { return s.tailAudit(gctx) })
-		if s.outbox != nil {
+		if s.cfg.NATS.URL != "" {
+			// After Kafka answers: seeding the rules bucket is audited
+			// through it.
+			g.Go(func() error { return s.connectNATS(gctx) })
 			g.Go(func() error { return s.outbox.Run(gctx) })
 		}
 		if s.cfg.Audit.SnapshotInterval > 0 {

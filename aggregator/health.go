@@ -318,7 +318,9 @@ func (s *Server) natsKV() *publish.KV {
 //   - reads of the materialized state (usage reports, the audit log,
 //     penalties) before the state is restored: STATE_RESTORING;
 //   - changes (every one is audited through Kafka), while Kafka does not
-//     answer: KAFKA_UNAVAILABLE, and nothing is changed.
+//     answer: KAFKA_UNAVAILABLE, and nothing is changed;
+//   - the control plane's routes before Kafka has first answered (NATS is
+//     opened then, its seeding being audited): KAFKA_UNAVAILABLE.
 func (s *Server) gate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		path := r.URL.Path
@@ -326,6 +328,9 @@ func (s *Server) gate(next http.Handler) http.Handler {
 			strings.HasPrefix(path, "/admin/v1/penalties/")
 		change := strings.HasPrefix(path, "/admin/v1/") && r.Method != http.MethodGet && r.Method != http.MethodHead &&
 			path != "/admin/v1/rules/validate"
+		controlPlane := s.cfg.NATS.URL != "" && path != "/admin/v1/rules/validate" &&
+			(strings.HasPrefix(path, "/admin/v1/rules") || strings.HasPrefix(path, "/admin/v1/blocklist/") ||
+				strings.HasPrefix(path, "/admin/v1/allowlist/") || strings.HasPrefix(path, "/admin/v1/overrides/"))
 		if readsState && !s.proc.Ready() {
 			h := s.proc.Health()
 			msg := "the state is being restored from the changelog (since " + h.RestoredSince.UTC().Format(time.RFC3339) +
@@ -335,6 +340,13 @@ func (s *Server) gate(next http.Handler) http.Handler {
 			}
 			unavailable(w, "STATE_RESTORING", msg)
 			return
+		}
+		if controlPlane && !s.setUp.Load() {
+			if k := s.deps.kafka.get(); k.Status == depDisconnected {
+				unavailable(w, "KAFKA_UNAVAILABLE", "the control plane opens once Kafka answers (its changes are audited "+
+					"through it); Kafka has not answered since "+k.Since.Format(time.RFC3339)+": "+k.Error)
+				return
+			}
 		}
 		if change {
 			if k := s.deps.kafka.get(); k.Status == depDisconnected {

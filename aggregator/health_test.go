@@ -192,6 +192,15 @@ var faults = []fault{
 			if errorCode(b) != "KAFKA_UNAVAILABLE" {
 				t.Errorf("operator change while Kafka is down: %s, want KAFKA_UNAVAILABLE", b)
 			}
+			if atStart {
+				b := prompt(t, "GET", "http://"+api+"/admin/v1/rules", http.StatusServiceUnavailable)
+				if errorCode(b) != "KAFKA_UNAVAILABLE" {
+					t.Errorf("rules while Kafka is down at start: %s, want KAFKA_UNAVAILABLE", b)
+				}
+			} else {
+				// NATS answers: no ruleset was written in this test.
+				prompt(t, "GET", "http://"+api+"/admin/v1/rules", http.StatusNotFound)
+			}
 		},
 	},
 	{
