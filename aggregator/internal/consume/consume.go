@@ -174,6 +174,7 @@ type Processor struct {
 	owned        map[int32]bool
 	life         life // lifecycle and readiness (lifecycle.go)
 	lm           *lifeMetrics
+	lastMember   string // the last session's member id; owned by the processing loop
 
 	parts map[int32]bool // changelog partitions, set by Setup
 }
@@ -544,7 +545,9 @@ func (p *Processor) session(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 	}
 	defer func() {
 		// Leave the group at once so the partitions move without waiting
-		// for the session timeout.
+		// for the session timeout. Should leaving fail (Kafka away), the
+		// member lingers until then: it is not another instance.
+		p.lastMember, _ = sess.Client().GroupMetadata()
 		sess.Close()
 	}()
 

@@ -251,7 +251,7 @@ func (p *Processor) clientID() string { return "tollgate-aggregator-" + p.cfg.In
 const twinCheckMargin = 3 * time.Second
 
 // twins returns the members of the group whose client id is this
-// instance's, and the group's state.
+// instance's, but for its own last session's, and the group's state.
 func (p *Processor) twins(ctx context.Context, adm *kadm.Client) ([]kadm.DescribedGroupMember, string, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -271,7 +271,7 @@ func (p *Processor) twins(ctx context.Context, adm *kadm.Client) ([]kadm.Describ
 	}
 	var out []kadm.DescribedGroupMember
 	for _, m := range g.Members {
-		if m.ClientID == p.clientID() {
+		if m.ClientID == p.clientID() && (p.lastMember == "" || m.MemberID != p.lastMember) {
 			out = append(out, m)
 		}
 	}
