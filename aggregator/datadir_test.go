@@ -33,7 +33,7 @@ func TestDataDirInUse(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestAggregatorProcess$", "-test.count=1")
 			cmd.Env = append(os.Environ(), processEnv+"=1", "TOLLGATE_KAFKA_BROKERS="+strings.Join(brokers, ","),
 				"TOLLGATE_AGGREGATOR_ID=b", "TOLLGATE_DATA_DIR="+dir, "TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:0",
-				"TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:0", "TOLLGATE_KEY_SECRET="+secret)
+				"TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:0", "TOLLGATE_KEY_SECRET="+secret, "TOLLGATE_ADMIN_TOKEN="+token)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
 				t.Errorf("a second process on the same data dir started: %s", out)
