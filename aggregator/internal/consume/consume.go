@@ -1,6 +1,6 @@
-// Package consume is the aggregator's Kafka side: the exactly-once
-// processing loop over the decisions topic and the materializer that keeps
-// Pebble in step with the changelog (docs/aggregator.md).
+// Package consume is the aggregator's exactly-once processing of the
+// decisions topic (docs/aggregator.md): topic setup, the transactional
+// loop, and the Kafka clients that feed the state's materializer.
 //
 // Shape (Kafka Streams' state store, built on franz-go): a
 // GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.
@@ -19,13 +19,17 @@
 // committed offsets). The steps reach NATS KV through the outbox (package
 // outbox), which reads the penalties topic read_committed.
 //
-// The materializer is a plain read_committed consumer of every changelog
-// partition; it is the only writer of Pebble and writes each batch with its
-// offsets. A partition's table is built, when its first record arrives
-// after an assignment, from Pebble once the materializer has reached the
-// partition's last stable offset — so it reflects every committed
-// transaction of the previous owner, whether that owner stopped cleanly,
-// crashed or is gone for good.
+// The loop (loop.go) reads poll → apply → commit around a batch, the work
+// of one transaction (batch.go); it is owned by one goroutine and takes no
+// lock.
+//
+// The materializer (package state, which owns Pebble) reads every
+// changelog partition through a plain read_committed consumer this package
+// creates, and writes each batch with its offsets. A partition's table is
+// built, when its first record arrives after an assignment, from Pebble
+// once the materializer has reached the partition's last stable offset —
+// so it reflects every committed transaction of the previous owner,
+// whether that owner stopped cleanly, crashed or is gone for good.
 //
 // Run starts two goroutines (the materializer and the processing loop)
 // and returns after both have stopped.
@@ -147,10 +151,9 @@ type Processor struct {
 	log *slog.Logger
 	m   *metrics
 
+	mat *state.Materializer // the changelog's tail into Pebble
+
 	mu           sync.Mutex
-	materialized map[int32]int64 // next changelog offset Pebble holds, per partition
-	advanced     chan struct{}   // closed and replaced when materialized moves
-	ready        bool
 	memberEvents []memberEvent
 	owned        map[int32]bool
 	life         life // lifecycle and readiness (lifecycle.go)
@@ -172,8 +175,8 @@ type memberEvent struct {
 // New returns a processor over db, registering its metrics with reg.
 func New(cfg Config, db *state.DB, reg prometheus.Registerer) *Processor {
 	cfg.setDefaults()
-	p := &Processor{cfg: cfg, db: db, log: cfg.Log, m: newMetrics(reg),
-		materialized: map[int32]int64{}, advanced: make(chan struct{}), owned: map[int32]bool{}, lm: newLifeMetrics(reg)}
+	p := &Processor{cfg: cfg, db: db, log: cfg.Log, m: newMetrics(reg), owned: map[int32]bool{}, lm: newLifeMetrics(reg)}
+	p.mat = state.NewMaterializer(db, cfg.Log, p.m.materialized)
 	p.setStage(StageStarting, nil)
 	p.markRestore()
 	return p
@@ -181,11 +184,7 @@ func New(cfg Config, db *state.DB, reg prometheus.Registerer) *Processor {
 
 // Ready reports whether the materializer has caught up with the changelog
 // as it was when Run started: reports are complete from then on.
-func (p *Processor) Ready() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.ready
-}
+func (p *Processor) Ready() bool { return p.mat.Ready() }
 
 // Owned returns the decisions partitions this instance processes now.
 func (p *Processor) Owned() []int32 {
@@ -236,16 +235,13 @@ func (p *Processor) Run(ctx context.Context) error {
 	}
 	defer admin.Close()
 	adm := kadm.NewClient(admin)
-	parts := p.parts
-
+	resume, err := p.mat.Resume(p.parts)
+	if err != nil {
+		return err
+	}
 	offsets := map[int32]kgo.Offset{}
-	for q := range parts {
-		off, err := p.db.Offset(state.TopicChangelog, q)
-		if err != nil {
-			return err
-		}
+	for q, off := range resume {
 		offsets[q] = kgo.NewOffset().At(off)
-		p.setMaterialized(q, off)
 	}
 	p.markRestore()
 	defer p.setStage(StageStopped, nil)
@@ -281,7 +277,7 @@ func (p *Processor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var matErr, procErr error
 	wg.Go(func() {
-		if matErr = p.materialize(ctx, mat, start); matErr != nil {
+		if matErr = p.mat.Run(ctx, mat, start, p.markRestore); matErr != nil {
 			cancel()
 		}
 	})
@@ -292,90 +288,6 @@ func (p *Processor) Run(ctx context.Context) error {
 	})
 	wg.Wait()
 	return errors.Join(matErr, procErr)
-}
-
-func (p *Processor) setMaterialized(q int32, off int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if off > p.materialized[q] || off == 0 {
-		p.materialized[q] = off
-		close(p.advanced)
-		p.advanced = make(chan struct{})
-	}
-}
-
-// waitMaterialized blocks until Pebble holds partition q's changelog up to
-// target.
-func (p *Processor) waitMaterialized(ctx context.Context, q int32, target int64) error {
-	for {
-		p.mu.Lock()
-		off, ch := p.materialized[q], p.advanced
-		p.mu.Unlock()
-		if off >= target {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// materialize tails the changelog into Pebble. Ready is set once every
-// partition has reached start.
-func (p *Processor) materialize(ctx context.Context, cl *kgo.Client, start map[int32]int64) error {
-	caughtUp := func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for q, off := range start {
-			if p.materialized[q] < off {
-				return false
-			}
-		}
-		p.ready = true
-		return true
-	}
-	ready := caughtUp()
-	if ready {
-		p.markRestore()
-		p.log.Info("state restored", slog.Int("partitions", len(start)))
-	}
-	var recs []state.Record
-	for {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		fs.EachError(func(topic string, part int32, err error) {
-			p.log.Warn("changelog fetch failed", slog.Int("partition", int(part)), slog.String("error", err.Error()))
-		})
-		recs = recs[:0]
-		next := map[int32]int64{}
-		fs.EachRecord(func(r *kgo.Record) {
-			rec := state.Record{Partition: r.Partition, Offset: r.Offset, Key: r.Key, Control: r.Attrs.IsControl()}
-			if len(r.Value) > 0 {
-				rec.Value = r.Value
-			}
-			recs = append(recs, rec)
-			next[r.Partition] = r.Offset + 1
-		})
-		if len(recs) == 0 {
-			continue
-		}
-		if err := p.db.Materialize(recs); err != nil {
-			return err
-		}
-		p.m.materialized.Add(float64(len(recs)))
-		for q, off := range next {
-			p.setMaterialized(q, off)
-		}
-		if !ready && caughtUp() {
-			ready = true
-			p.markRestore()
-			p.log.Info("state restored", slog.Int("partitions", len(start)))
-		}
-	}
 }
 
 // member queues an assignment or revocation for the loop.
@@ -449,20 +361,13 @@ func (p *Processor) restore(ctx context.Context, adm *kadm.Client, q int32) (*pa
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	if err := p.waitMaterialized(ctx, q, o.Offset); err != nil {
-		return nil, err
-	}
-	open, marks, err := p.db.LoadPartition(q)
+	st, err := p.mat.Restore(ctx, q, o.Offset)
 	if err != nil {
 		return nil, err
 	}
-	pens, err := p.db.LoadPenalties(q)
-	if err != nil {
-		return nil, err
-	}
-	p.log.Info("partition state restored", slog.Int("partition", int(q)), slog.Int("open_rows", len(open)),
-		slog.Int("sources", len(marks)), slog.Int("penalty_keys", len(pens)), slog.Int64("changelog_offset", o.Offset),
+	p.log.Info("partition state restored", slog.Int("partition", int(q)), slog.Int("open_rows", len(st.Open)),
+		slog.Int("sources", len(st.Marks)), slog.Int("penalty_keys", len(st.Penalties)), slog.Int64("changelog_offset", o.Offset),
 		slog.Duration("took", time.Since(start)))
 	p.m.restores.Inc()
-	return &part{win: windows.NewTable(p.cfg.Windows, q, p.db, open, marks), pen: abuse.NewTable(p.cfg.Abuse, q, pens)}, nil
+	return &part{win: windows.NewTable(p.cfg.Windows, q, p.db, st.Open, st.Marks), pen: abuse.NewTable(p.cfg.Abuse, q, st.Penalties)}, nil
 }

@@ -374,10 +374,7 @@ func (l *loop) commit(ctx context.Context, now time.Time) error {
 func (l *loop) evict() {
 	p := l.p
 	for q, tab := range l.tables {
-		p.mu.Lock()
-		off := p.materialized[q]
-		p.mu.Unlock()
-		tab.win.Evict(off - 1)
+		tab.win.Evict(p.mat.Next(q) - 1)
 	}
 	var n, keys int
 	for _, tab := range l.tables {

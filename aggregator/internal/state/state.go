@@ -1,15 +1,17 @@
-// Package state is the aggregator's Pebble store: each instance's local
-// materialization of the changelog topic (usage rows, deduplication marks
-// and the penalty state of keys, of every partition), with the changelog offsets written in the
-// same Pebble batch as the state they reflect, the indexes reports need,
-// and consistent checkpoints.
+// Package state owns the aggregator's Pebble store — opening it, every
+// write, restoring a partition from it, snapshots — as each instance's
+// local materialization of the changelog topic (usage rows, deduplication
+// marks and the penalty state of keys, of every partition) and of the
+// audit topic, with each topic's offsets written in the same Pebble batch
+// as the state they reflect, the indexes reports need, and consistent
+// checkpoints.
 //
-// The changelog is the truth. Pebble is rebuilt from it: Materialize is
-// the only writer of rows and marks, fed by one goroutine tailing the
+// The changelog is the truth. Pebble is rebuilt from it: the Materializer
+// is the only writer of rows, marks and penalty states, tailing the
 // changelog with read_committed; the processor reads through it (Row,
-// LoadPartition) and never writes it. A DB made against another Kafka
-// cluster or topic is wiped on open (CheckIdentity), so a reused data
-// directory never mixes two histories.
+// Materializer.Restore) and never writes it. A DB made against another
+// Kafka cluster or topic is wiped on open (CheckIdentity), so a reused
+// data directory never mixes two histories.
 //
 // Keys (see codec.go): rows are ordered by tenant, granularity and window
 // start so a tenant's report is one range scan; an index by key_id serves
