@@ -27,7 +27,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -39,7 +38,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
@@ -70,6 +68,7 @@ type Server struct {
 	db    *state.DB
 	proc  *consume.Processor
 	audit *audit.Store
+	snaps *state.Snapshots
 	kafka *kgo.Client // producer of audit entries and lift commands
 	kv    atomic.Pointer[publish.KV]
 	// outbox applies committed penalty steps to NATS KV (nil without
@@ -178,6 +177,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}, db, labelled)
 
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
+	s.snaps = state.NewSnapshots(db, filepath.Join(cfg.DataDir, "snapshots"), cfg.Audit.SnapshotKeep, log)
 	mux := http.NewServeMux()
 	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
 	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(log)),
@@ -351,7 +351,9 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return err
 		})
-		g.Go(func() error { return s.tailAudit(gctx) })
+		g.Go(func() error {
+			return s.audit.Tail(gctx, audit.TailConfig{Brokers: s.cfg.Kafka.Brokers, Topic: s.cfg.Kafka.AuditTopic})
+		})
 		if s.cfg.NATS.URL != "" {
 			// After Kafka answers: seeding the rules bucket is audited
 			// through it.
@@ -359,7 +361,7 @@ func (s *Server) Run(ctx context.Context) error {
 			g.Go(func() error { return s.outbox.Run(gctx) })
 		}
 		if s.cfg.Audit.SnapshotInterval > 0 {
-			g.Go(func() error { s.snapshots(gctx); return nil })
+			g.Go(func() error { s.snaps.Run(gctx, s.cfg.Audit.SnapshotInterval); return nil })
 		}
 		return nil
 	})
@@ -560,96 +562,10 @@ func redactURL(raw string) string {
 	return u.Redacted()
 }
 
-// tailAudit materializes the audit topic into Pebble, once the topic
-// exists (the processor creates it).
-func (s *Server) tailAudit(ctx context.Context) error {
-	topic := s.cfg.Kafka.AuditTopic
-	adminCl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(s.log)),
-		kgo.MetadataMinAge(250*time.Millisecond))
-	if err != nil {
-		return fmt.Errorf("aggregator: audit client: %w", err)
-	}
-	adm := kadm.NewClient(adminCl)
-	var parts int32
-	for parts == 0 {
-		meta, err := adm.Metadata(ctx, topic)
-		if err == nil {
-			parts = int32(len(meta.Topics[topic].Partitions))
-		}
-		if parts > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			adminCl.Close()
-			return nil
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	adminCl.Close()
-	offsets, err := s.audit.Offsets(topic, parts)
-	if err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(s.log)),
-		kgo.ConsumePartitions(offsets), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
-	if err != nil {
-		return fmt.Errorf("aggregator: audit client: %w", err)
-	}
-	defer cl.Close()
-	return s.audit.Tail(ctx, cl)
-}
-
-// snapshots writes a checkpoint of the state every snapshot_interval into
-// data_dir/snapshots/<UTC time>, keeping the newest snapshot_keep.
-func (s *Server) snapshots(ctx context.Context) {
-	t := time.NewTicker(s.cfg.Audit.SnapshotInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			if dir, err := s.Snapshot(now); err != nil {
-				s.log.Error("snapshot failed", slog.String("error", err.Error()))
-			} else {
-				s.log.Info("snapshot written", slog.String("dir", dir))
-			}
-		}
-	}
-}
-
 // SnapshotDir is where snapshots are written.
-func (s *Server) SnapshotDir() string { return filepath.Join(s.cfg.DataDir, "snapshots") }
+func (s *Server) SnapshotDir() string { return s.snaps.Dir() }
 
 // Snapshot writes a consistent snapshot of the state now (named for
 // now) and prunes the oldest beyond snapshot_keep; it returns its
 // directory.
-func (s *Server) Snapshot(now time.Time) (string, error) {
-	root := s.SnapshotDir()
-	if err := os.MkdirAll(root, 0o750); err != nil {
-		return "", err
-	}
-	dir := filepath.Join(root, now.UTC().Format("20060102T150405.000000000Z"))
-	if err := s.db.Checkpoint(dir); err != nil {
-		return "", err
-	}
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return dir, err
-	}
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() {
-			names = append(names, e.Name())
-		}
-	}
-	sort.Strings(names)
-	for len(names) > s.cfg.Audit.SnapshotKeep {
-		if err := os.RemoveAll(filepath.Join(root, names[0])); err != nil {
-			return dir, err
-		}
-		names = names[1:]
-	}
-	return dir, nil
-}
+func (s *Server) Snapshot(now time.Time) (string, error) { return s.snaps.Take(now) }
