@@ -338,11 +338,22 @@ type decisionJSON struct {
 	Error      *errorJSON `json:"error,omitempty"`
 }
 
-// errorJSON is SPEC §3's error object.
+// errorJSON is SPEC §3's error object. Details is a *detailsJSON for a
+// rule's rejection, a *penaltyDetailsJSON for an answer of the penalty
+// ladder.
 type errorJSON struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Details *detailsJSON `json:"details,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}
+
+// penaltyDetailsJSON are the details of an answer of the penalty ladder
+// (httpguard.AppendPenaltyDetails): retry_after_seconds for a 429 PENALTY.
+type penaltyDetailsJSON struct {
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	PenaltyLevel      int    `json:"penalty_level"`
+	PenaltyReason     string `json:"penalty_reason,omitempty"`
+	ExpiresAt         string `json:"expires_at,omitempty"`
 }
 
 type detailsJSON struct {
