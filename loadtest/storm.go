@@ -258,8 +258,8 @@ type StormPhase struct {
 type StormCounts struct {
 	Answers     int64 `json:"answers"`
 	OK          int64 `json:"ok"`
-	RateLimited int64 `json:"rate_limited"` // 429 with rate-limit headers
-	Penalty     int64 `json:"penalty"`      // 429 without: PENALTY
+	RateLimited int64 `json:"rate_limited"` // 429 of a rule
+	Penalty     int64 `json:"penalty"`      // 429 PENALTY
 	Blocked     int64 `json:"blocked"`      // 403
 	Other       int64 `json:"other"`
 	Errors      int64 `json:"errors"`
@@ -566,8 +566,8 @@ func (r *stormRun) stormClient(ctx context.Context, src netip.Addr, offset, peri
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // send sends one GET with key and reads the answer: its status, whether
-// it closed the connection, and whether a 429 was a penalty's (no
-// rate-limit headers).
+// it closed the connection, and whether a 429 was a penalty's (its body's
+// code PENALTY).
 func (r *stormRun) send(ctx context.Context, client *http.Client, u, key string) (status int, closed, penalty bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -585,11 +585,13 @@ func (r *stormRun) send(ctx context.Context, client *http.Client, u, key string)
 		}
 		return 0, false, false, err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	r.rec.Record(target.ClassifyHTTP(resp.StatusCode), start, time.Since(start))
-	penalty = resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("X-RateLimit-Limit") == ""
-	return resp.StatusCode, resp.Close, penalty, nil
+	o, err := target.Finish(resp)
+	if err != nil {
+		r.rec.Error(err)
+		return 0, false, false, err
+	}
+	r.rec.Record(o, start, time.Since(start))
+	return resp.StatusCode, resp.Close, o == target.HTTP429Penalty, nil
 }
 
 func (r *stormRun) countStorm(status int, closed, penalty bool, err error) {
@@ -651,8 +653,7 @@ func (r *stormRun) politeClient(ctx context.Context) {
 		if err != nil {
 			p.errs.Add(1)
 		} else {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			o, _ := target.Finish(resp)
 			lat := int64(time.Since(start))
 			for cur := p.maxLatency.Load(); lat > cur && !p.maxLatency.CompareAndSwap(cur, lat); cur = p.maxLatency.Load() {
 			}
@@ -662,8 +663,7 @@ func (r *stormRun) politeClient(ctx context.Context) {
 			switch {
 			case resp.StatusCode/100 == 2:
 				p.ok.Add(1)
-			case resp.StatusCode == http.StatusForbidden,
-				resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("X-RateLimit-Limit") == "":
+			case resp.StatusCode == http.StatusForbidden, o == target.HTTP429Penalty:
 				p.penalised.Add(1)
 			case resp.StatusCode == http.StatusTooManyRequests:
 				p.limited.Add(1)

@@ -344,6 +344,9 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 	}
 	for _, o := range rec.Outcomes() {
 		sum.Order = append(sum.Order, o.Name)
+		if o.Penalty {
+			sum.PenaltyAnswers += sum.Statuses[o.Name]
+		}
 	}
 	if pts := secondly(s.samples); len(pts) >= 3 {
 		var x, cpu, agg, gw, redis []float64

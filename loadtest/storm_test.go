@@ -13,12 +13,16 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
 // fakeLadder stands in for a gateway and an aggregator: the storm key
 // climbs one level every step after its first request; levels 0 and 1
 // answer 429 with rate-limit headers and cost one "Redis call", level 2
-// 429 PENALTY, level 3 403 with Connection: close. The polite key is
+// 429 PENALTY, level 3 403 with Connection: close (the gateway's bodies,
+// written by its own code). The polite key is
 // always admitted. It records the storm's source addresses.
 type fakeLadder struct {
 	step    time.Duration
@@ -89,13 +93,14 @@ func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-RateLimit-Limit", "1000")
 			w.Header().Set("Retry-After", "3")
 			w.WriteHeader(http.StatusTooManyRequests)
-		case 2:
-			w.Header().Set("Retry-After", "900")
-			w.WriteHeader(http.StatusTooManyRequests)
+		case 2: // the gateway's own answer
+			httpguard.WriteDecision(w, r, &guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty,
+				Deciding: -1, RetryAfter: 900, PenaltyLevel: 2, PenaltyReason: "ignored Retry-After"})
 		default:
 			f.closed.Add(1)
 			w.Header().Set("Connection", "close")
-			w.WriteHeader(http.StatusForbidden)
+			httpguard.WriteDecision(w, r, &guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted,
+				Deciding: -1, PenaltyLevel: 3, PenaltyReason: "ignored Retry-After"})
 		}
 	}
 }
@@ -169,6 +174,15 @@ func TestStormScenario(t *testing.T) {
 	}
 	if phases[0].CPUPerSecond < 0 || s.Storm.Closed == 0 || s.Storm.Blocked == 0 || s.Storm.Penalty == 0 {
 		t.Errorf("phases %+v, storm %+v", s.Phases, s.Storm)
+	}
+	// The report tells the ladder's answers from a rule's (its recorder
+	// counts the last answers of a client the end interrupted, the storm's
+	// counters not: one each at most).
+	statuses := s.recorder.Counts()
+	near := func(a, b int64) bool { return a >= b && a <= b+int64(cfg.Clients) }
+	if !near(statuses["429 PENALTY"], s.Storm.Penalty) || !near(statuses["403 PENALTY"], s.Storm.Blocked) ||
+		!near(statuses["429"], s.Storm.RateLimited) || statuses["403"] != 0 || s.Storm.Penalty == 0 {
+		t.Errorf("report statuses %v, storm %+v", statuses, s.Storm)
 	}
 	if !s.Polite.Untouched() || s.Polite.Level != 0 {
 		t.Errorf("polite %+v: want untouched", s.Polite)

@@ -100,16 +100,19 @@ const (
 
 // outcomeColors colors outcomes by name; other names get palette colors.
 var outcomeColors = map[string]string{
-	"2xx":        "#4caf50",
-	"OK":         "#4caf50",
-	"429":        "#f39c12",
-	"OVER_LIMIT": "#f39c12",
-	"403":        "#e74c3c",
-	"400":        "#b2a91f",
-	"4xx":        "#a0522d",
-	"5xx":        "#c2185b",
-	"UNKNOWN":    "#c2185b",
-	"other":      "#95a5a6",
+	"2xx":                "#4caf50",
+	"OK":                 "#4caf50",
+	"429":                "#f39c12",
+	"OVER_LIMIT":         "#f39c12",
+	"429 PENALTY":        "#8e44ad",
+	"OVER_LIMIT PENALTY": "#8e44ad",
+	"403":                "#e74c3c",
+	"403 PENALTY":        "#2c3e50",
+	"400":                "#b2a91f",
+	"4xx":                "#a0522d",
+	"5xx":                "#c2185b",
+	"UNKNOWN":            "#c2185b",
+	"other":              "#95a5a6",
 }
 
 // palette colors, in turn, the series of a chart that name no color.

@@ -83,6 +83,10 @@ type Summary struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	// Statuses counts answers per outcome name.
 	Statuses map[string]int64 `json:"statuses"`
+	// PenaltyAnswers counts the answers of the penalty ladder (outcomes
+	// such as "429 PENALTY"): keys the aggregator penalised for what they
+	// did, not a rule's limit.
+	PenaltyAnswers int64 `json:"penalty_answers"`
 	// LatencyFrom is "scheduled" (open loop: from the scheduled send
 	// time, free of coordinated omission) or "sent" (closed loop).
 	LatencyFrom string  `json:"latency_from"`
@@ -155,6 +159,14 @@ func (s *Summary) lines() []summaryLine {
 	}
 	fmt.Fprintf(&st, "errors=%d", s.Errors)
 	line("statuses", "%s", st.String())
+	if s.PenaltyAnswers > 0 {
+		line("penalty", "%d answers (%.1f %%) came from the penalty ladder, not from a rule's limit: the aggregator penalised keys",
+			s.PenaltyAnswers, 100*float64(s.PenaltyAnswers)/float64(max(s.Answered, 1)))
+		line("", "that kept sending while told to wait, as a load generator does (429 PENALTY: level 2, every request refused;")
+		line("", "403 PENALTY: level 3, the key blocked, the connection closed and the client's next ones held 1 s at accept).")
+		line("", "Each answer's message says until when. Load-test with keys the limits fit (configs/rules.yaml's loadtest tier,")
+		line("", "sk_load_*), lift a key (DELETE /admin/v1/penalties/{key}) or start the stack with TOLLGATE_PENALTY_MODE=off.")
+	}
 	l := s.LatencyUS
 	line("latency", "p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (n=%d, from %s time)",
 		FormatMicros(l.P50), FormatMicros(l.P90), FormatMicros(l.P99), FormatMicros(l.P999),
