@@ -328,10 +328,16 @@ func (s *StormSummary) WriteText(w io.Writer) error {
 // gateway's CPU per second, the level and the Redis calls per rejection
 // over the run.
 func (s *StormSummary) WriteHTML(w io.Writer) error {
+	return s.htmlSummary().WriteHTML(w)
+}
+
+// htmlSummary is the page's summary: the storm clients' answers as a
+// loadtest run's, with the gateway's charts added over the run's seconds.
+func (s *StormSummary) htmlSummary() *report.Summary {
 	rec := s.recorder
 	snap := rec.Snapshot()
 	sum := &report.Summary{
-		Target: "storm", Endpoint: s.URL, Mode: "closed", Workers: s.Clients, Keys: 1, Dist: "one key", Paths: 1, Cost: 1,
+		Target: "storm", Endpoint: s.URL, Mode: "closed", Workers: s.Clients, Keys: 1, Paths: 1, Cost: 1,
 		StoppedBy: s.StoppedBy, ElapsedSeconds: s.ElapsedSeconds, Sent: s.Storm.Answers + s.Storm.Errors,
 		Answered: snap.Answered(), Decisions: rec.Decisions(), Errors: snap.Errors, Statuses: rec.Counts(),
 		LatencyFrom: "sent", LatencyUS: rec.Latency(), ErrorSamples: rec.ErrorSamples(), Seconds: rec.Seconds(),
@@ -348,48 +354,93 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 			sum.PenaltyAnswers += sum.Statuses[o.Name]
 		}
 	}
-	if pts := secondly(s.samples); len(pts) >= 3 {
-		var x, cpu, agg, gw, redis []float64
-		for i := 1; i < len(pts); i++ {
-			a, b := pts[i-1], pts[i]
-			dt := (b.at - a.at).Seconds()
-			x = append(x, math.Round(b.at.Seconds()*10)/10)
-			cpu = append(cpu, nanUnless(a.cpuOK && b.cpuOK, (b.cpu-a.cpu).Seconds()/dt))
-			agg = append(agg, nanUnless(b.level >= 0, float64(b.level)))
-			gw = append(gw, nanUnless(b.gwLevel >= 0, float64(b.gwLevel)))
-			n := float64(b.answers - a.answers)
-			redis = append(redis, nanUnless(a.redisOK && b.redisOK && n > 0,
-				max(b.redis-a.redis-float64(b.politeReq-a.politeReq), 0)/n))
+	if x := sum.ChartX(); len(x) > 0 && len(s.samples) >= 2 {
+		// The gateway's figures at the run charts' seconds, so that every
+		// chart of the page shares one x axis: CPU and Redis counters
+		// interpolated between the samples around each second's ends, the
+		// level the last sample before its end saw.
+		cpu, agg, gw, redis := make([]float64, len(x)), make([]float64, len(x)), make([]float64, len(x)), make([]float64, len(x))
+		for i, end := range x {
+			begin := 0.0
+			if i > 0 {
+				begin = x[i-1]
+			}
+			dt := end - begin
+			cpu[i] = counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return sm.cpu.Seconds(), sm.cpuOK }) / dt
+			agg[i], gw[i] = levelAt(s.samples, end, false), levelAt(s.samples, end, true)
+			calls := counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) {
+				return sm.redis - float64(sm.politeReq), sm.redisOK
+			})
+			answers := counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return float64(sm.answers), true })
+			redis[i] = math.NaN()
+			if answers > 0 && !math.IsNaN(calls) {
+				redis[i] = max(calls, 0) / answers
+			}
 		}
 		sum.AddChart(report.Chart{Title: "Gateway CPU", YTitle: "CPU seconds per second", X: x,
 			Series: []report.Series{{Name: "gateway CPU", Values: cpu}}})
-		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x,
+		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x, YMax: TopLevel, YLabels: TopLevel + 1,
 			Series: []report.Series{{Name: "aggregator", Values: agg}, {Name: "gateway", Values: gw}}})
 		sum.AddChart(report.Chart{Title: "Redis calls per storm request", YTitle: "calls per request", X: x,
 			Series: []report.Series{{Name: "redis calls", Values: redis}}})
 	}
-	return sum.WriteHTML(w)
+	return sum
 }
 
-// secondly thins samples to about one a second, for charts: the CPU time's
-// 10 ms resolution makes shorter intervals noise. Where the gateway's
-// metrics were read, only samples that read them are kept (every 2 s at
-// the top).
-func secondly(samples []stormSample) []stormSample {
-	metrics := false
-	for _, sm := range samples {
-		metrics = metrics || sm.redisOK
+// counterRate returns how much a counter of the samples (get: its value
+// and whether the sample read it) grew from time from to time to, in
+// seconds since the start, interpolating between the samples that read it
+// around each end; NaN when they do not cover both ends.
+func counterRate(samples []stormSample, from, to float64, get func(stormSample) (float64, bool)) float64 {
+	a, okA := counterAt(samples, from, get)
+	b, okB := counterAt(samples, to, get)
+	if !okA || !okB {
+		return math.NaN()
 	}
-	var out []stormSample
+	return b - a
+}
+
+// counterAt interpolates a counter of the samples at time t (seconds since
+// the start), between the samples that read it just before and just after
+// t; t = 0, the start, takes the first sample's value (the sampler reads
+// everything once as the storm starts). False when the samples that read
+// it do not surround t.
+func counterAt(samples []stormSample, t float64, get func(stormSample) (float64, bool)) (float64, bool) {
+	prevT, prevV, have := 0.0, 0.0, false
 	for _, sm := range samples {
-		if metrics && !sm.redisOK {
+		v, ok := get(sm)
+		if !ok {
 			continue
 		}
-		if len(out) == 0 || sm.at-out[len(out)-1].at >= time.Second-50*time.Millisecond {
-			out = append(out, sm)
+		at := sm.at.Seconds()
+		switch {
+		case at == t, at > t && !have && t <= 0:
+			return v, true
+		case at > t && !have:
+			return 0, false
+		case at > t:
+			return prevV + (v-prevV)*(t-prevT)/(at-prevT), true
+		}
+		prevT, prevV, have = at, v, true
+	}
+	return 0, false
+}
+
+// levelAt is the storm key's level at time t as the last sample at or
+// before it saw it (the gateway's, or the aggregator's); NaN when unknown.
+func levelAt(samples []stormSample, t float64, gateway bool) float64 {
+	level := -1
+	for _, sm := range samples {
+		if sm.at.Seconds() > t {
+			break
+		}
+		if gateway {
+			level = sm.gwLevel
+		} else {
+			level = sm.level
 		}
 	}
-	return out
+	return nanUnless(level >= 0, float64(level))
 }
 
 func nanUnless(ok bool, v float64) float64 {

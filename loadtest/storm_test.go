@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,6 +198,29 @@ func TestStormScenario(t *testing.T) {
 	var page bytes.Buffer
 	if err := s.WriteHTML(&page); err != nil || !strings.Contains(page.String(), "Gateway CPU") {
 		t.Errorf("HTML page: %v", err)
+	}
+	// Every chart of the page shares the run's x axis; levels are whole.
+	sum := s.htmlSummary()
+	x := sum.ChartX()
+	if len(sum.Charts) != 3 || len(x) < 3 {
+		t.Fatalf("%d gateway charts over %d seconds", len(sum.Charts), len(x))
+	}
+	for _, c := range sum.Charts {
+		if !slices.Equal(c.X, x) {
+			t.Errorf("chart %q over %v, the run's charts over %v", c.Title, c.X, x)
+		}
+		if strings.Contains(c.Title, "level") && (c.YMax != TopLevel || c.YLabels != TopLevel+1) {
+			t.Errorf("level chart's y axis: max %v, %d labels", c.YMax, c.YLabels)
+		}
+		for _, v := range c.Series[0].Values[1:] {
+			if math.IsNaN(v) && !strings.Contains(c.Title, "Redis") {
+				t.Errorf("chart %q has a gap: %v", c.Title, c.Series[0].Values)
+				break
+			}
+		}
+	}
+	if last := sum.Charts[1].Series[1].Values; last[len(last)-1] != TopLevel {
+		t.Errorf("gateway level at the end %v, want %d", last, TopLevel)
 	}
 }
 

@@ -145,7 +145,11 @@ func (s *Summary) lines() []summaryLine {
 		load = fmt.Sprintf("open loop, %g req/s, at most %d in flight", s.Rate, s.MaxInFlight)
 	}
 	line("target", "%s %s (%s)", s.Target, s.Endpoint, load)
-	line("keys", "%d %s, %d path(s), cost %d", s.Keys, s.Dist, s.Paths, s.Cost)
+	keys := fmt.Sprintf("%d keys %s", s.Keys, s.Dist)
+	if s.Keys == 1 || s.Dist == "" {
+		keys = plural(s.Keys, "key")
+	}
+	line("keys", "%s, %s, cost %d", keys, plural(s.Paths, "path"), s.Cost)
 	line("elapsed", "%.3fs (stopped by %s)", s.ElapsedSeconds, s.StoppedBy)
 	req := fmt.Sprintf("%d sent, %d answered, %d errors, %d cancelled", s.Sent, s.Answered, s.Errors, s.Cancelled)
 	if s.Mode == "open" {
@@ -183,6 +187,14 @@ func (s *Summary) lines() []summaryLine {
 		line("error", "%d× %s", s.ErrorSamples[msg], msg)
 	}
 	return out
+}
+
+// plural is n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // order returns the outcome names in the target's order, or sorted when
