@@ -365,8 +365,7 @@ func (s *StormSummary) htmlSummary() *report.Summary {
 			if i > 0 {
 				begin = x[i-1]
 			}
-			dt := end - begin
-			cpu[i] = counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return sm.cpu.Seconds(), sm.cpuOK }) / dt
+			cpu[i] = counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return sm.cpu.Seconds(), sm.cpuOK })
 			agg[i], gw[i] = levelAt(s.samples, end, false), levelAt(s.samples, end, true)
 			calls := counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) {
 				return sm.redis - float64(sm.politeReq), sm.redisOK
@@ -387,17 +386,28 @@ func (s *StormSummary) htmlSummary() *report.Summary {
 	return sum
 }
 
-// counterRate returns how much a counter of the samples (get: its value
-// and whether the sample read it) grew from time from to time to, in
-// seconds since the start, interpolating between the samples that read it
-// around each end; NaN when they do not cover both ends.
+// counterRate returns how fast a counter of the samples (get: its value
+// and whether the sample read it) grew per second from time from to time
+// to, in seconds since the start, interpolating between the samples that
+// read it around each end. An interval that reaches past the last such
+// sample (the run's last second, after the sampler stopped) is measured
+// up to it. NaN when the samples do not cover what is left.
 func counterRate(samples []stormSample, from, to float64, get func(stormSample) (float64, bool)) float64 {
+	for i := len(samples) - 1; i >= 0; i-- {
+		if _, ok := get(samples[i]); ok {
+			to = min(to, samples[i].at.Seconds())
+			break
+		}
+	}
+	if to <= from {
+		return math.NaN()
+	}
 	a, okA := counterAt(samples, from, get)
 	b, okB := counterAt(samples, to, get)
 	if !okA || !okB {
 		return math.NaN()
 	}
-	return b - a
+	return (b - a) / (to - from)
 }
 
 // counterAt interpolates a counter of the samples at time t (seconds since
