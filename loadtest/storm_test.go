@@ -32,12 +32,12 @@ type fakeLadder struct {
 	perLevel int64
 	reads    atomic.Int64 // of the storm key's level, since the storm started
 	started  atomic.Int64 // Unix ns of the storm's first request
-	redis   atomic.Int64
-	closed  atomic.Int64
-	mu      sync.Mutex
-	sources map[string]int
-	polite  map[string]int
-	lifted  []string
+	redis    atomic.Int64
+	closed   atomic.Int64
+	mu       sync.Mutex
+	sources  map[string]int
+	polite   map[string]int
+	lifted   []string
 }
 
 func (f *fakeLadder) level() int {
