@@ -209,6 +209,14 @@ type StormSummary struct {
 	// once the key was answered from memory (levels 2 and up); -1 when
 	// unknown.
 	RedisPerRejectionPenalised float64 `json:"redis_calls_per_rejection_penalised"`
+	// RedisPerRejectionTop is the same at the top, steady (-1: unknown),
+	// and ReturnedPenalised the lease units the gateway gave back to Redis
+	// from level 2 on (its tollgate_fastpath_returned_units_total): in the
+	// seconds after the penalty the gateway returns what the storm's
+	// counters still held from before it, and each return is a Redis call
+	// that the figure from level 2 on counts, though no rejection made it.
+	RedisPerRejectionTop float64 `json:"redis_calls_per_rejection_top"`
+	ReturnedPenalised    float64 `json:"lease_units_returned_penalised"`
 
 	Storm  StormCounts  `json:"storm"`
 	Polite PoliteResult `json:"polite"`
@@ -294,6 +302,7 @@ type stormSample struct {
 	level                    int // aggregator, -1 unknown
 	gwLevel                  int // highest level the gateway holds a key at, -1 unknown
 	closed, delayed, refused float64
+	returned                 float64 // lease units the gateway gave back
 }
 
 // stormClient counters, shared by all storm clients.
@@ -741,7 +750,7 @@ func (r *stormRun) takeSample(ctx context.Context, cpu0 time.Duration) stormSamp
 	scrape := r.cfg.Metrics != "" && (r.lastScrape < 0 || s.at-r.lastScrape >= r.metricsEvery()-r.cfg.Interval/2)
 	if !scrape && len(r.samples) > 0 {
 		prev := r.samples[len(r.samples)-1]
-		s.gwLevel, s.closed, s.delayed, s.refused = prev.gwLevel, prev.closed, prev.delayed, prev.refused
+		s.gwLevel, s.closed, s.delayed, s.refused, s.returned = prev.gwLevel, prev.closed, prev.delayed, prev.refused, prev.returned
 	}
 	if scrape {
 		r.lastScrape = s.at
@@ -759,6 +768,7 @@ func (r *stormRun) takeSample(ctx context.Context, cpu0 time.Duration) stormSamp
 			s.closed = ss.Sum("tollgate_penalty_connections_closed_total", `reason="penalty"`)
 			s.delayed = ss.Sum("tollgate_accept_throttled_total", `outcome="delayed"`)
 			s.refused = ss.Sum("tollgate_accept_throttled_total", `outcome="refused"`)
+			s.returned = ss.Sum("tollgate_fastpath_returned_units_total")
 		}
 	}
 	if r.cmd != nil {

@@ -30,7 +30,7 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		URL: strings.TrimSuffix(cfg.URL, "/") + cfg.Path, Key: keyPrefix(cfg.Key), PoliteKey: keyPrefix(cfg.PoliteKey),
 		Clients: cfg.Clients, Sources: src.String() + "–" + lastSource(src, cfg.Clients).String(),
 		PollRate: cfg.Limit * cfg.Factor, PoliteSource: cfg.PoliteSource,
-		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1, FirstRejection: -1,
+		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1, RedisPerRejectionTop: -1, FirstRejection: -1,
 		recorder: r.rec,
 	}
 	r.mu.Lock()
@@ -145,7 +145,8 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		// storm before it; the reduced limit is decided in Redis as before.
 		before = reduced
 		s.Notes = append(s.Notes, "the first step came within one sampling interval of the first 429, too soon to measure the storm before it: "+
-			"the ratio is against level 1, whose rejections still go to Redis (a higher penalty.backoff_min_ignored and penalty.rejection_min_requests leave the storm unpunished longer)")
+			"the ratio is against level 1, whose rejections are still a rule's (decided in Redis, or from the fast path's negative cache once a counter is known to be over); "+
+			"a higher penalty.backoff_min_ignored and penalty.rejection_min_requests leave the storm unpunished longer")
 	}
 	if before >= 0 && top >= 0 && s.Phases[before].CPUPerSecond > 0 && s.Phases[top].CPUPerSecond >= 0 {
 		b, t := s.Phases[before], s.Phases[top]
@@ -160,7 +161,11 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 	if from := penalisedFrom(samples, start[2]); from >= 0 {
 		if ph, ok := phase(samples, from, len(samples)-1); ok {
 			s.RedisPerRejectionPenalised = ph.RedisPerRejection
+			s.ReturnedPenalised = samples[len(samples)-1].returned - samples[from].returned
 		}
+	}
+	if top >= 0 {
+		s.RedisPerRejectionTop = s.Phases[top].RedisPerRejection
 	}
 	return s
 }
@@ -292,6 +297,9 @@ func (s *StormSummary) WriteText(w io.Writer) error {
 		// below one call per 2000 rejections is not the storm's.
 		verdict := "met"
 		switch {
+		case s.RedisPerRejectionPenalised >= 0.0005 && s.RedisPerRejectionTop >= 0 && s.RedisPerRejectionTop < 0.0005 && s.ReturnedPenalised > 0:
+			verdict = fmt.Sprintf("met at the steady top, %.3f; before it the gateway gave back %.0f lease units the storm's counters held from before the penalty, and those return calls count here",
+				s.RedisPerRejectionTop, s.ReturnedPenalised)
 		case s.RedisPerRejectionPenalised >= 0.0005:
 			verdict = "NOT met"
 		case s.RedisPerRejectionPenalised > 0:
