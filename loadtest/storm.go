@@ -217,6 +217,12 @@ type StormSummary struct {
 	// that the figure from level 2 on counts, though no rejection made it.
 	RedisPerRejectionTop float64 `json:"redis_calls_per_rejection_top"`
 	ReturnedPenalised    float64 `json:"lease_units_returned_penalised"`
+	// RedisResiduePenalised is the Redis calls from level 2 on beyond one
+	// per polite request, and PoliteRequestsPenalised the polite requests
+	// meanwhile: a residue no larger than those can be the polite client's
+	// own lease calls.
+	RedisResiduePenalised   float64 `json:"redis_calls_residue_penalised"`
+	PoliteRequestsPenalised int64   `json:"polite_requests_penalised"`
 
 	Storm  StormCounts  `json:"storm"`
 	Polite PoliteResult `json:"polite"`
@@ -260,6 +266,11 @@ type StormPhase struct {
 	// from INFO commandstats (server-wide).
 	RedisPerRejection   float64 `json:"redis_calls_per_rejection"`
 	EvalSHAPerRejection float64 `json:"evalsha_per_rejection"`
+	// RedisResidue is the gateway's Redis calls beyond one per polite
+	// request, PoliteRequests the polite requests: the counts behind
+	// RedisPerRejection.
+	RedisResidue   float64 `json:"redis_calls_residue"`
+	PoliteRequests int64   `json:"polite_requests"`
 }
 
 // StormCounts are the storm clients' answers.

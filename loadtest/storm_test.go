@@ -257,26 +257,29 @@ func TestStormConfigValidate(t *testing.T) {
 	}
 }
 
-// TestStormRedisVerdict: a residue of Redis calls from level 2 on is met
-// only where the steady top made none and the gateway gave lease units
-// back meanwhile (those returns are Redis calls no rejection made), and
-// the line says which.
+// TestStormRedisVerdict: Redis calls from level 2 on beyond one per
+// polite request are met when the polite client's own lease calls can
+// account for them, or when the steady top made none and the gateway gave
+// lease units back meanwhile; the line says which.
 func TestStormRedisVerdict(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name           string
+		residue        float64
+		polite         int64
 		penalised, top float64
 		returned       float64
 		want, wantNot  string
 	}{
-		{"none", 0, 0, 0, "0.000 Redis calls per rejection once penalised, level 2 and up (target 0: met)", ""},
-		{"returns after the penalty", 0.001, 0, 1200, "(target 0: met at the steady top, 0.000; before it the gateway gave back 1200 lease units", ""},
-		{"no returns", 0.001, 0, 0, "(target 0: NOT met)", "steady top"},
-		{"calls at the top", 0.001, 0.002, 1200, "(target 0: NOT met)", "steady top"},
-		{"top unknown", 0.001, -1, 1200, "(target 0: NOT met)", "steady top"},
+		{"none", 0, 80, 0, 0, 0, "0.000 Redis calls per rejection once penalised, level 2 and up (target 0: met)", ""},
+		{"the polite client's", 6, 80, 0.001, 0.001, 0, "(target 0: met: 6 calls beyond one per polite request, fewer than the polite client's 80 requests", ""},
+		{"returns after the penalty", 120, 80, 0.01, 0, 1200, "(target 0: met at the steady top, 0.000; before it the gateway gave back 1200 lease units", ""},
+		{"no returns", 120, 80, 0.01, 0, 0, "(target 0: NOT met: 120 calls", "steady top"},
+		{"calls at the top", 120, 80, 0.01, 0.002, 1200, "(target 0: NOT met: 120 calls", "steady top"},
+		{"top unknown", 120, 80, 0.01, -1, 1200, "(target 0: NOT met", "steady top"},
 	} {
 		s := &StormSummary{RedisPerRejectionPenalised: tt.penalised, RedisPerRejectionTop: tt.top, ReturnedPenalised: tt.returned,
-			Polite: PoliteResult{Level: -1, History: -1}}
+			RedisResiduePenalised: tt.residue, PoliteRequestsPenalised: tt.polite, Polite: PoliteResult{Level: -1, History: -1}}
 		var b bytes.Buffer
 		if err := s.WriteText(&b); err != nil {
 			t.Fatal(err)
