@@ -223,6 +223,10 @@ type StormSummary struct {
 	// own lease calls.
 	RedisResiduePenalised   float64 `json:"redis_calls_residue_penalised"`
 	PoliteRequestsPenalised int64   `json:"polite_requests_penalised"`
+	// TopRedisResidue and TopPoliteRequests are the same at the steady
+	// top (-1: unknown).
+	TopRedisResidue   float64 `json:"redis_calls_residue_top"`
+	TopPoliteRequests int64   `json:"polite_requests_top"`
 
 	Storm  StormCounts  `json:"storm"`
 	Polite PoliteResult `json:"polite"`

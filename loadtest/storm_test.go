@@ -201,6 +201,11 @@ func TestStormScenario(t *testing.T) {
 	if err := s.WriteHTML(&page); err != nil || !strings.Contains(page.String(), "Gateway CPU") {
 		t.Errorf("HTML page: %v", err)
 	}
+	// The page counts the ladder's answers; a storm provokes them on
+	// purpose, so it gives no advice against them.
+	if p := page.String(); !strings.Contains(p, "came from the penalty ladder") || strings.Contains(p, "TOLLGATE_PENALTY_MODE") {
+		t.Error("the storm page's penalty line is missing or advises against the penalty")
+	}
 	// Every chart of the page shares the run's x axis; levels are whole.
 	sum := s.htmlSummary()
 	x := sum.ChartX()
@@ -258,28 +263,30 @@ func TestStormConfigValidate(t *testing.T) {
 }
 
 // TestStormRedisVerdict: Redis calls from level 2 on beyond one per
-// polite request are met when the polite client's own lease calls can
-// account for them, or when the steady top made none and the gateway gave
-// lease units back meanwhile; the line says which.
+// polite request are met when the polite client's requests can account
+// for them, or the lease units given back while the steady top has no
+// more than its polite requests; the line says which.
 func TestStormRedisVerdict(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
-		name           string
-		residue        float64
-		polite         int64
-		penalised, top float64
-		returned       float64
-		want, wantNot  string
+		name          string
+		residue       float64
+		polite        int64
+		returned      float64
+		topResidue    float64
+		topPolite     int64
+		want, wantNot string
 	}{
-		{"none", 0, 80, 0, 0, 0, "0.000 Redis calls per rejection once penalised, level 2 and up (target 0: met)", ""},
-		{"the polite client's", 6, 80, 0.001, 0.001, 0, "(target 0: met: 6 calls beyond one per polite request, fewer than the polite client's 80 requests", ""},
-		{"returns after the penalty", 120, 80, 0.01, 0, 1200, "(target 0: met at the steady top, 0.000; before it the gateway gave back 1200 lease units", ""},
-		{"no returns", 120, 80, 0.01, 0, 0, "(target 0: NOT met: 120 calls", "steady top"},
-		{"calls at the top", 120, 80, 0.01, 0.002, 1200, "(target 0: NOT met: 120 calls", "steady top"},
-		{"top unknown", 120, 80, 0.01, -1, 1200, "(target 0: NOT met", "steady top"},
+		{"none", 0, 80, 0, 0, 40, "Redis calls per rejection once penalised, level 2 and up (target 0: met)", ""},
+		{"the polite client's", 6, 80, 0, 0, 40, "(target 0: met: 6 calls beyond one per polite request, fewer than the polite client's 80 requests", ""},
+		{"returns after the penalty", 120, 80, 1200, 3, 40, "(target 0: met: 120 calls beyond one per polite request while the gateway gave back 1200 lease units", ""},
+		{"returns, top unknown", 12, 10, 1000, -1, 0, "(target 0: met: 12 calls beyond one per polite request while the gateway gave back 1000 lease units", ""},
+		{"no returns", 120, 80, 0, 0, 40, "(target 0: NOT met: 120 calls", "(target 0: met"},
+		{"calls at the top", 120, 80, 1200, 50, 40, "(target 0: NOT met: 120 calls", "(target 0: met"},
+		{"more than the returns", 5000, 80, 1200, 3, 40, "(target 0: NOT met: 5000 calls", "(target 0: met"},
 	} {
-		s := &StormSummary{RedisPerRejectionPenalised: tt.penalised, RedisPerRejectionTop: tt.top, ReturnedPenalised: tt.returned,
-			RedisResiduePenalised: tt.residue, PoliteRequestsPenalised: tt.polite, Polite: PoliteResult{Level: -1, History: -1}}
+		s := &StormSummary{RedisPerRejectionPenalised: tt.residue / 10000, RedisResiduePenalised: tt.residue, PoliteRequestsPenalised: tt.polite,
+			ReturnedPenalised: tt.returned, TopRedisResidue: tt.topResidue, TopPoliteRequests: tt.topPolite, Polite: PoliteResult{Level: -1, History: -1}}
 		var b bytes.Buffer
 		if err := s.WriteText(&b); err != nil {
 			t.Fatal(err)

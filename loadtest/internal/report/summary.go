@@ -87,6 +87,9 @@ type Summary struct {
 	// such as "429 PENALTY"): keys the aggregator penalised for what they
 	// did, not a rule's limit.
 	PenaltyAnswers int64 `json:"penalty_answers"`
+	// PenaltiesExpected: the run provokes the penalty ladder on purpose
+	// (a retry storm), so the summary counts its answers without advice.
+	PenaltiesExpected bool `json:"-"`
 	// LatencyFrom is "scheduled" (open loop: from the scheduled send
 	// time, free of coordinated omission) or "sent" (closed loop).
 	LatencyFrom string  `json:"latency_from"`
@@ -163,7 +166,12 @@ func (s *Summary) lines() []summaryLine {
 	}
 	fmt.Fprintf(&st, "errors=%d", s.Errors)
 	line("statuses", "%s", st.String())
-	if s.PenaltyAnswers > 0 {
+	switch {
+	case s.PenaltyAnswers > 0 && s.PenaltiesExpected:
+		line("penalty", "%d answers (%.1f %%) came from the penalty ladder (429 PENALTY: level 2, every request refused; 403 PENALTY: level 3,",
+			s.PenaltyAnswers, 100*float64(s.PenaltyAnswers)/float64(max(s.Answered, 1)))
+		line("", "the key blocked, the connection closed and the client's next ones held 1 s at accept).")
+	case s.PenaltyAnswers > 0:
 		line("penalty", "%d answers (%.1f %%) came from the penalty ladder, not from a rule's limit: the aggregator penalised keys",
 			s.PenaltyAnswers, 100*float64(s.PenaltyAnswers)/float64(max(s.Answered, 1)))
 		line("", "that kept sending while told to wait, as a load generator does (429 PENALTY: level 2, every request refused;")
