@@ -31,9 +31,10 @@ var recipeDocs = []string{"../../../README.md", "../../../loadtest/README.md", "
 type recipeCheck struct {
 	doc   string // the doc's path in the repository
 	match string // a part of the command that names it in its doc
-	// keep runs the recipe for its documented duration instead of a
-	// short one (the ladder needs seconds to climb).
-	keep  bool
+	// long runs the recipe for longer than documented instead of
+	// shorter: the ladder needs seconds to climb, more on a loaded
+	// machine under the race detector.
+	long  bool
 	check func(t *testing.T, r *recipeRun)
 }
 
@@ -53,7 +54,7 @@ var recipeChecks = []recipeCheck{
 	{doc: "loadtest/README.md", match: "-target check -requests 10000 -json -quiet", check: all(noRejection, latencyReported)},
 	{doc: "loadtest/README.md", match: "-keys 200 -dist zipf -duration 10s -report run.html", check: all(noRejection, reportDrawn)},
 	{doc: "loadtest/README.md", match: `-method POST -body '{"q":"x"}' -paths /v1/orders -requests 1000`, check: all(noRejection, answered(1000))},
-	{doc: "loadtest/README.md", match: "-key-prefix sk_free_load_ -keys 1 -duration 10s", keep: true, check: penalised},
+	{doc: "loadtest/README.md", match: "-key-prefix sk_free_load_ -keys 1 -duration 10s", long: true, check: penalised},
 
 	// docs/benchmarks.md
 	{doc: "docs/benchmarks.md", match: "-target check -url http://127.0.0.1:8082 -workers 50", check: all(noRejection, measured)},
@@ -62,15 +63,16 @@ var recipeChecks = []recipeCheck{
 	{doc: "docs/benchmarks.md", match: "-url http://127.0.0.1:8080/v1/users/1 -rate 500", check: noRejection},
 	{doc: "docs/benchmarks.md", match: "storm -url http://127.0.0.1:18080", check: stormReachesTop},
 	{doc: "docs/benchmarks.md", match: "-duration 10s -pid <pid> -redis <redis> -quiet -report run.html", check: all(throttledNotPenalised, measured, reportDrawn)},
-	{doc: "docs/benchmarks.md", match: "-duration 10s -quiet -report ladder.html", keep: true, check: all(penalised, reportDrawn)},
+	{doc: "docs/benchmarks.md", match: "-duration 10s -quiet -report ladder.html", long: true, check: all(penalised, reportDrawn)},
 }
 
 // TestDocRecipes runs every load-test recipe of README.md,
 // loadtest/README.md and docs/benchmarks.md as written — against a stack
 // started in process as the recipe's block starts make run (its variables
 // included, every listener on a free port), with a second gateway where
-// the block starts one — shortened to seconds, and checks each one's
-// headline. Addresses the docs give as make run's defaults are mapped to
+// the block starts one — shortened to seconds (those that show the
+// penalty ladder lengthened, as it climbs by the clock), and checks each
+// one's headline. Addresses the docs give as make run's defaults are mapped to
 // the stack's; -pid gets this process (the stack runs in it).
 func TestDocRecipes(t *testing.T) {
 	var recipes []docRecipe
@@ -102,7 +104,7 @@ func TestDocRecipes(t *testing.T) {
 		used[found[0]] = true
 		c := recipeChecks[found[0]]
 		t.Run(name, func(t *testing.T) {
-			run := runRecipe(t, r, c.keep)
+			run := runRecipe(t, r, c.long)
 			c.check(t, run)
 			if t.Failed() {
 				t.Logf("command: %s\nargs: %q\nexit %d\nstdout:\n%s\nstderr (last 4 KB):\n%s", r.cmd, run.args, run.code, run.stdout, tail(run.stderr, 4096))
@@ -134,14 +136,15 @@ type recipeRun struct {
 	redis          string                 // the stack's Redis
 }
 
-// Short bounds of a recipe's run.
+// Bounds of a recipe's run: short ones, and the least a long one gets.
 const (
 	shortDuration = 3 * time.Second
 	maxRequests   = 2000
+	longDuration  = 30 * time.Second
 )
 
 // runRecipe starts what the recipe's block starts and runs its command.
-func runRecipe(t *testing.T, r docRecipe, keep bool) *recipeRun {
+func runRecipe(t *testing.T, r docRecipe, long bool) *recipeRun {
 	dir := t.TempDir()
 	// Files the block writes, at paths of the test's own.
 	paths := map[string]string{}
@@ -208,7 +211,12 @@ func runRecipe(t *testing.T, r docRecipe, keep bool) *recipeRun {
 		args = defaultFlag(args, "admin", "http://"+st.addrs.Aggregator)
 		t.Setenv("TOLLGATE_ADMIN_TOKEN", st.adminToken)
 	} else {
-		if !keep {
+		if i := flagIndex(args, "duration"); long && i >= 0 && i+1 < len(args) {
+			if d, err := time.ParseDuration(args[i+1]); err == nil && d < longDuration {
+				args[i+1] = longDuration.String()
+			}
+		}
+		if !long {
 			if i := flagIndex(args, "duration"); i >= 0 && i+1 < len(args) {
 				if d, err := time.ParseDuration(args[i+1]); err == nil && d > shortDuration {
 					args[i+1] = shortDuration.String()
