@@ -119,9 +119,13 @@ type Addrs struct {
 	Metrics string
 }
 
-// New opens the state in cfg.DataDir and binds the listeners, so Addrs is
-// known when it returns; it starts no goroutine (Run does). log may be nil.
-func New(cfg Config, log *slog.Logger) (*Server, error) {
+// New opens the state in cfg.DataDir, creates the Kafka and Redis clients
+// and binds the listeners, so Addrs is known when it returns. It serves and
+// consumes nothing (Run does), but the clients start goroutines of their
+// own: franz-go's metadata and connection reaper loops, the Redis store's
+// connection workers. Close, or Run's return, stops them. When New fails,
+// it has released everything it opened. log may be nil.
+func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("aggregator: invalid configuration:\n%w", err)
@@ -147,6 +151,11 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	now := time.Now()
 	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db,
 		deps: deps{kafka: newDependency("kafka", log, now), nats: newDependency("nats", log, now), redis: newDependency("redis", log, now)}}
+	defer func() {
+		if err != nil {
+			_ = s.release()
+		}
+	}()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"aggregator": cfg.ID}, s.reg)
 	s.proc = consume.New(consume.Config{
@@ -184,12 +193,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second),
 		kgo.RecordPartitioner(commandPartitioner(cfg.Kafka.DecisionsTopic)))
 	if err != nil {
-		_ = db.Close()
 		return nil, fmt.Errorf("aggregator: kafka client: %w", err)
 	}
 	if s.redis, err = redisstore.NewClient(cfg.Redis.Client()); err != nil {
-		s.kafka.Close()
-		_ = db.Close()
 		return nil, fmt.Errorf("aggregator: redis: %w", err)
 	}
 	s.store = redisstore.New(s.redis, redisstore.WithTimeout(cfg.Redis.Timeout), redisstore.WithKeyPrefix(cfg.Redis.KeyPrefix),
@@ -208,10 +214,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.api = &http.Server{Handler: s.authorize(s.gate(mux)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	if s.apiLn, err = net.Listen("tcp", cfg.Listen); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("aggregator: aggregator_listen: %w", err)
-	}
+	ls := []service.Listener{{Name: "api", Addr: cfg.Listen, Var: configs.EnvName("aggregator_listen")}}
 	if cfg.MetricsListen != Off {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
@@ -219,11 +222,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		mm.HandleFunc("GET /readyz", s.readyz)
 		s.metrics = &http.Server{Handler: mm, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-		if s.metLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			_ = s.apiLn.Close()
-			_ = db.Close()
-			return nil, fmt.Errorf("aggregator: aggregator_metrics_listen: %w", err)
-		}
+		ls = append(ls, service.Listener{Name: "metrics", Addr: cfg.MetricsListen, Var: configs.EnvName("aggregator_metrics_listen")})
+	}
+	lns, err := service.ListenAll(ls)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
+	s.apiLn = lns[0]
+	if s.metrics != nil {
+		s.metLn = lns[1]
 	}
 	return s, nil
 }
@@ -366,10 +373,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	})
 	err = g.Wait()
-	s.kafka.Close()
-	_ = s.store.Close()
-	_ = s.redis.Close()
-	if cerr := s.db.Close(); cerr != nil && err == nil {
+	if cerr := s.release(); cerr != nil && err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -386,17 +390,32 @@ func (s *Server) drainingSince() time.Time { return time.Unix(0, s.drainingAt.Lo
 // Close stops a running server and waits for Run to return, or releases
 // what New acquired. Idempotent, safe from many goroutines.
 func (s *Server) Close() error {
-	s.life.Close(func() {
-		_ = s.apiLn.Close()
-		if s.metLn != nil {
-			_ = s.metLn.Close()
-		}
-		s.kafka.Close()
-		_ = s.store.Close()
-		_ = s.redis.Close()
-		_ = s.db.Close()
-	})
+	s.life.Close(func() { _ = s.release() })
 	return nil
+}
+
+// release closes everything New opened, the last opened first: the
+// listeners, the Redis store and its client, the Kafka client and Pebble.
+// It is the one release path: New calls it when a step fails, Run when it
+// returns, Close when Run never ran; each calls it once. It skips what was
+// not opened, and returns Pebble's error (the others' say nothing a caller
+// could act on).
+func (s *Server) release() error {
+	for _, ln := range []net.Listener{s.metLn, s.apiLn} {
+		if ln != nil {
+			_ = ln.Close() // after Serve, already closed
+		}
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
+	if s.redis != nil {
+		_ = s.redis.Close()
+	}
+	if s.kafka != nil {
+		s.kafka.Close()
+	}
+	return s.db.Close()
 }
 
 // hashedGuard is a guard for one ruleset.
