@@ -649,7 +649,9 @@ func (s *Server) newEvents() error {
 	if dir == "" {
 		dir = events.DefaultSpoolDir(cfg.DataDir, cfg.GatewayID)
 	}
-	p, err := events.New(events.Config{
+	// New takes no context: the partition count's read is bounded by
+	// events.Config.MetadataTimeout alone.
+	p, err := events.New(context.Background(), events.Config{
 		Brokers:       cfg.Kafka.Brokers,
 		Topic:         cfg.Kafka.DecisionsTopic,
 		GatewayID:     cfg.GatewayID,

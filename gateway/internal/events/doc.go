@@ -5,7 +5,7 @@
 //
 // # Use
 //
-//	p, err := events.New(events.Config{Brokers: brokers, GatewayID: id,
+//	p, err := events.New(ctx, events.Config{Brokers: brokers, GatewayID: id,
 //		SpoolDir: events.DefaultSpoolDir(dataDir, id), Log: log, Registerer: reg})
 //	go func() { errc <- p.Run(ctx) }()   // until ctx ends; then it drains
 //	p.Record(req, decision, "proxy")      // per check, from any goroutine

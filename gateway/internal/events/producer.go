@@ -312,8 +312,8 @@ const (
 )
 
 // New opens the spool in cfg.SpoolDir, reads the topic's partition count
-// from Kafka (waiting at most cfg.MetadataTimeout; else the count the spool
-// remembers, else cfg.Partitions), draws a new boot epoch and reserves its
+// from Kafka (waiting at most cfg.MetadataTimeout, and no longer than ctx
+// allows; else the count the spool remembers, else cfg.Partitions), draws a new boot epoch and reserves its
 // first sequence numbers durably in the spool's metadata. When the
 // metadata names an earlier epoch, New queues one EpochClosed marker per
 // partition of it, to be sent after the spool's segments and before any
@@ -322,7 +322,7 @@ const (
 // New starts no goroutine of its own (the franz-go client that reads the
 // partition count is closed before it returns). Call Run to send, and
 // Close if Run is never called, to release the spool's lock.
-func New(cfg Config) (*Producer, error) {
+func New(ctx context.Context, cfg Config) (*Producer, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func New(cfg Config) (*Producer, error) {
 				slog.Any("error", err))
 		}
 	}
-	p, err := newProducer(cfg, log, sp, led)
+	p, err := newProducer(ctx, cfg, log, sp, led)
 	if err != nil {
 		led.close(false)
 		_ = sp.Close()
@@ -348,7 +348,7 @@ func New(cfg Config) (*Producer, error) {
 	return p, nil
 }
 
-func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*Producer, error) {
+func newProducer(ctx context.Context, cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*Producer, error) {
 	old := meta{}
 	blob, err := sp.ReadMeta()
 	switch {
@@ -367,7 +367,7 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 			slog.Uint64("epoch", led.prev.epoch))
 	}
 
-	parts, up := topicPartitions(cfg, log)
+	parts, up := topicPartitions(ctx, cfg, log)
 	switch {
 	case parts > 0:
 	case old.Partitions > 0:
@@ -493,16 +493,16 @@ func (p *Producer) stopLedger(metaWritten bool) {
 }
 
 // topicPartitions asks Kafka for the topic's partition count, within
-// cfg.MetadataTimeout; 0 when it cannot tell. up reports whether Kafka
+// cfg.MetadataTimeout and ctx; 0 when it cannot tell. up reports whether Kafka
 // answered.
-func topicPartitions(cfg Config, log *slog.Logger) (n int32, up bool) {
+func topicPartitions(ctx context.Context, cfg Config, log *slog.Logger) (n int32, up bool) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kafkalog.New(log)))
 	if err != nil {
 		log.Warn("events: cannot create a Kafka client to read the topic's partitions", slog.Any("error", err))
 		return 0, false
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.MetadataTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cfg.MetadataTimeout)
 	defer cancel()
 	td, err := kadm.NewClient(cl).ListTopics(ctx, cfg.Topic)
 	if err != nil {
