@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -37,7 +38,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
@@ -450,12 +450,20 @@ type commander struct {
 	topic string
 }
 
-// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q.
+// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q, with
+// the decision stream's codec. A value beyond its bound, or not UTF-8, is
+// refused: the partition's owner would refuse the command.
 func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reason string, at time.Time) error {
-	v, err := proto.Marshal(&tollgatev1.DecisionEvent{Partition: q, TimeUnixMicros: at.UnixMicro(),
-		Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyId: keyID, Tenant: tenant, CommandActor: actor, CommandReason: reason})
-	if err != nil {
-		return fmt.Errorf("aggregator: encode lift: %w", err)
+	for _, s := range [...]string{keyID, tenant, actor, reason} {
+		if !utf8.ValidString(s) {
+			return errors.New("aggregator: encode lift: a value is not UTF-8")
+		}
+	}
+	v, corrected := tollgatev1.AppendDecision(nil, &tollgatev1.Decision[string]{Partition: q,
+		TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyID: keyID, Tenant: tenant,
+		CommandActor: actor, CommandReason: reason})
+	if corrected != 0 {
+		return fmt.Errorf("aggregator: encode lift: %v beyond its bound", corrected)
 	}
 	if err := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: q, Key: []byte(tenant), Value: v}).FirstErr(); err != nil {
 		return fmt.Errorf("aggregator: produce lift: %w", err)
