@@ -326,10 +326,11 @@ var ErrMalformedDecision = errors.New("tollgatev1: malformed DecisionEvent")
 // bits is read truncated, as the generated code reads it.
 func DecodeDecision(b []byte, into *Decision[[]byte]) (FieldSet, error) {
 	// This loop runs for every decision the aggregator reads. It decodes
-	// into a local and stores it once (stores into a local need no write
+	// into locals and stores them once (stores into a local need no write
 	// barriers), in one function (a call per field, given the local's
 	// address, costs about a fifth of the decoding).
 	d := Decision[[]byte]{ShadowWouldReject: into.ShadowWouldReject[:0]}
+	var varints [FieldPenaltyLevel + 1]uint64 // by number; the varint fields' values
 	var out FieldSet
 	var err error
 	for len(b) > 0 {
@@ -350,41 +351,8 @@ func DecodeDecision(b []byte, into *Decision[[]byte]) (FieldSet, error) {
 				break
 			}
 			b = b[n:]
-			x := int32(v) // an int32 or enum: the generated code keeps the low 32 bits
-			switch f {
-			case FieldEpoch:
-				d.Epoch = v
-			case FieldPartition:
-				d.Partition = x
-			case FieldSeq:
-				d.Seq = v
-			case FieldTimeUnixMicros:
-				d.TimeUnixMicros = int64(v)
-			case FieldKind:
-				d.Kind = DecisionEvent_Kind(x)
-			case FieldCost:
-				d.Cost = int64(v)
-			case FieldAllowed:
-				d.Allowed = protowire.DecodeBool(v)
-			case FieldStatus:
-				d.Status = x
-			case FieldRemaining:
-				d.Remaining = int64(v)
-			case FieldRetryAfterSeconds:
-				d.RetryAfterSeconds = int64(v)
-			case FieldDegraded:
-				d.Degraded = protowire.DecodeBool(v)
-			case FieldLastSeq:
-				d.LastSeq = v
-			case FieldPenaltyLevel:
-				d.PenaltyLevel = x
-			}
-			switch {
-			case !int32Fields.Has(f):
-			case int64(x) != int64(v):
-				out |= f.bit() // does not fit in 32 bits
-			default:
-				out &^= f.bit() // the last value is the field's
+			if f < DecisionField(len(varints)) {
+				varints[f] = v // the last value is the field's
 			}
 			continue
 		}
@@ -443,6 +411,18 @@ func DecodeDecision(b []byte, into *Decision[[]byte]) (FieldSet, error) {
 			d.CommandReason = s
 		}
 	}
+	v := &varints
+	d.Epoch, d.Seq, d.TimeUnixMicros, d.Cost = v[FieldEpoch], v[FieldSeq], int64(v[FieldTimeUnixMicros]), int64(v[FieldCost])
+	d.Allowed, d.Degraded = v[FieldAllowed] != 0, v[FieldDegraded] != 0
+	d.Remaining, d.RetryAfterSeconds, d.LastSeq = int64(v[FieldRemaining]), int64(v[FieldRetryAfterSeconds]), v[FieldLastSeq]
+	// An int32 or enum keeps its low 32 bits, as the generated code reads it.
+	d.Partition, d.Kind = int32(v[FieldPartition]), DecisionEvent_Kind(v[FieldKind])
+	d.Status, d.PenaltyLevel = int32(v[FieldStatus]), int32(v[FieldPenaltyLevel])
+	for _, f := range [...]DecisionField{FieldPartition, FieldKind, FieldStatus, FieldPenaltyLevel} {
+		if int64(int32(v[f])) != int64(v[f]) {
+			out |= f.bit() // does not fit in 32 bits
+		}
+	}
 	*into = d
 	return out, err
 }
@@ -463,9 +443,6 @@ func consumeBytes(b []byte) ([]byte, int) {
 	}
 	return protowire.ConsumeBytes(b)
 }
-
-// int32Fields are the int32 and enum fields.
-var int32Fields = FieldsOf(FieldPartition, FieldKind, FieldStatus, FieldPenaltyLevel)
 
 // DecisionTenant returns the tenant of an encoded DecisionEvent (a
 // decisions record's key) without decoding the rest: the first tenant
