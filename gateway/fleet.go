@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // natsStartWait is how long Run waits for NATS at start, in fleet mode,
@@ -178,7 +179,15 @@ const maxLadderLevel = 3
 // fleetCollectors are the fleet mode's gauges, read from the Syncer at
 // scrape time.
 func (s *Server) fleetCollectors() []prometheus.Collector {
-	return []prometheus.Collector{
+	var corrupt []prometheus.Collector
+	for _, bucket := range []string{tollgatev1.BucketRules, tollgatev1.BucketBlocklist, tollgatev1.BucketOverrides} {
+		corrupt = append(corrupt, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "tollgate_nats_corrupt_entries",
+			Help:        "Entries of the NATS KV bucket that do not decode or sit under the wrong key, as the gateway last read them (every gateway treats them alike: a corrupt blocklist entry blocks its key_id, a corrupt override or allowlisting applies nowhere, a corrupt ruleset leaves the newest good one in force). Repair them through the operator API.",
+			ConstLabels: prometheus.Labels{"bucket": bucket},
+		}, func() float64 { return float64(s.sync.Status().Corrupt[bucket]) }))
+	}
+	return append(corrupt,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tollgate_nats_connected",
 			Help: "1 while the gateway is connected to NATS (fleet mode), else 0: the rules and controls in force stay meanwhile.",
@@ -198,5 +207,5 @@ func (s *Server) fleetCollectors() []prometheus.Collector {
 			}
 			return float64(t.UnixMilli()) / 1e3
 		}),
-	}
+	)
 }

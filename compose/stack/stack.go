@@ -53,8 +53,9 @@ import (
 // Errors; match them with errors.Is.
 var (
 	// ErrAddrInUse means a listener's address is taken; the error is an
-	// *AddrInUseError naming the variable that moves it.
-	ErrAddrInUse = errors.New("stack: address in use")
+	// *AddrInUseError naming the variable that moves it. It is
+	// service.ErrAddrInUse, which bin/gateway's errors match too.
+	ErrAddrInUse = service.ErrAddrInUse
 	// ErrRunning is returned by a second call of Run.
 	ErrRunning = errors.New("stack: Run called more than once")
 )
@@ -169,25 +170,14 @@ func probe(addr string) error {
 
 func addrInUse(l listener, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path)}
+		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path), Err: err}
 	}
 	return fmt.Errorf("stack: cannot listen on %s (%s): %w", l.addr, configs.EnvName(l.path), err)
 }
 
-// AddrInUseError is the error of a listener whose address is taken. It
-// matches ErrAddrInUse.
-type AddrInUseError struct {
-	Addr string // the address, host:port
-	Var  string // the variable that moves it, e.g. TOLLGATE_LISTEN
-}
-
-func (e *AddrInUseError) Error() string {
-	return fmt.Sprintf("stack: %s is already in use (%s): stop what listens there, or set %s to another address (port 0 picks a free one)",
-		e.Addr, e.Var, e.Var)
-}
-
-// Is reports whether target is ErrAddrInUse.
-func (e *AddrInUseError) Is(target error) bool { return target == ErrAddrInUse }
+// AddrInUseError is the error of a listener whose address is taken, as
+// bin/gateway reports it too. It matches ErrAddrInUse.
+type AddrInUseError = service.AddrInUseError
 
 // Ready is closed once every part is serving and the banner is printed;
 // Addrs and RedisBackend are valid from then on. It is never closed when

@@ -13,7 +13,10 @@
 package publish
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,7 +35,42 @@ var (
 	ErrConflict = errors.New("publish: entry changed meanwhile")
 	// ErrNotFound: no such entry (or version).
 	ErrNotFound = errors.New("publish: not found")
+	// ErrCorrupt: an entry is present but does not decode, or sits under a
+	// KV key its content does not belong to (written to NATS by hand, or
+	// damaged); errors.As finds the *CorruptError with its revision.
+	ErrCorrupt = errors.New("publish: corrupt entry")
+	// ErrUnknownOutcome: a write failed in a way that leaves open whether
+	// NATS applied it, and reading the entry back failed too.
+	ErrUnknownOutcome = errors.New("publish: outcome of the write unknown")
+	// ErrTooLarge: a value larger than NATS accepts (KV.MaxValue).
+	ErrTooLarge = errors.New("publish: value too large")
 )
+
+// CorruptError is an entry that is present but does not decode, or does
+// not belong under its KV key. Reads return it (with the entry's revision
+// beside it, so that a conditional write can replace or delete it).
+type CorruptError struct {
+	Bucket   string
+	Key      string
+	Revision uint64
+	// Bytes and SHA256 (hex) identify the stored value; its content is
+	// not kept (it may be anything).
+	Bytes  int
+	SHA256 string
+	Err    error // why it is corrupt
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("publish: %s entry %q (revision %d, %d bytes) is corrupt: %v", e.Bucket, e.Key, e.Revision, e.Bytes, e.Err)
+}
+
+// Unwrap makes errors.Is(err, ErrCorrupt) true, and reaches the cause.
+func (e *CorruptError) Unwrap() []error { return []error{ErrCorrupt, e.Err} }
+
+func corrupt(bucket, key string, rev uint64, value []byte, err error) *CorruptError {
+	sum := sha256.Sum256(value)
+	return &CorruptError{Bucket: bucket, Key: key, Revision: rev, Bytes: len(value), SHA256: hex.EncodeToString(sum[:]), Err: err}
+}
 
 // RulesHistory is how many ruleset versions the rules bucket keeps for
 // rollback (JetStream's maximum).
@@ -62,6 +100,21 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 type KV struct {
 	Rules, Lists, Overrides jetstream.KeyValue
 	nc                      *nats.Conn
+}
+
+// valueHeadroom is what a KV put's subject and headers may take of the
+// server's maximum payload.
+const valueHeadroom = 4 << 10
+
+// MaxValue is the largest value a put accepts: the server's maximum
+// payload (max_payload, 1 MiB by default) less room for the subject and
+// headers. Larger values are refused with ErrTooLarge before anything is
+// sent.
+func (k *KV) MaxValue() int {
+	if k.nc == nil {
+		return 1<<20 - valueHeadroom
+	}
+	return int(k.nc.MaxPayload()) - valueHeadroom
 }
 
 // CountersChanged tells every gateway (tollgatev1.SubjectCounters) that the
@@ -122,7 +175,16 @@ func get(ctx context.Context, kv jetstream.KeyValue, key string) ([]byte, uint64
 	return e.Value(), e.Revision(), nil
 }
 
-// put writes key if its revision is still rev (0: it must not exist).
+// verifyTimeout bounds reading an entry back after a write whose answer
+// was lost.
+const verifyTimeout = 2 * time.Second
+
+// put writes key if its revision is still rev (0: it must not exist) and
+// returns the new revision. A lost race is ErrConflict. A write that
+// failed otherwise (a timeout, a dropped connection) may still have been
+// applied, so the entry is read back: holding exactly value at a newer
+// revision, the write counts as done; unchanged, the error stands; when
+// the read fails too, ErrUnknownOutcome.
 func put(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) (uint64, error) {
 	var n uint64
 	var err error
@@ -134,10 +196,23 @@ func put(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, r
 	if errors.Is(err, jetstream.ErrKeyExists) || isWrongSequence(err) {
 		return 0, ErrConflict
 	}
-	if err != nil {
+	if err == nil {
+		return n, nil
+	}
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
+	defer cancel()
+	e, gerr := kv.Get(vctx, key)
+	switch {
+	case gerr == nil && e.Revision() > rev && bytes.Equal(e.Value(), value):
+		return e.Revision(), nil
+	case gerr == nil && e.Revision() != rev:
+		return 0, ErrConflict
+	case errors.Is(gerr, jetstream.ErrKeyNotFound) && rev != 0:
+		return 0, ErrConflict // deleted meanwhile
+	case gerr == nil, errors.Is(gerr, jetstream.ErrKeyNotFound):
 		return 0, fmt.Errorf("publish: write %s: %w", key, err)
 	}
-	return n, nil
+	return 0, fmt.Errorf("publish: write %s: %w (%w: reading it back: %v)", key, err, ErrUnknownOutcome, gerr)
 }
 
 func isWrongSequence(err error) bool {
@@ -146,29 +221,59 @@ func isWrongSequence(err error) bool {
 }
 
 // ActiveRules returns the active ruleset entry and its KV revision (nil, 0
-// when none was ever written).
+// when none was ever written). An entry that does not decode is a
+// *CorruptError, returned with its revision.
 func (k *KV) ActiveRules(ctx context.Context) (*tollgatev1.RulesEntry, uint64, error) {
 	b, rev, err := get(ctx, k.Rules, tollgatev1.RulesKey)
 	if err != nil || b == nil {
 		return nil, 0, err
 	}
 	e, err := tollgatev1.DecodeRulesEntry(b)
-	return e, rev, err
+	if err != nil {
+		return nil, rev, corrupt(tollgatev1.BucketRules, tollgatev1.RulesKey, rev, b, err)
+	}
+	return e, rev, nil
 }
 
 // PutRules writes e as the active ruleset if the entry's revision is still
 // rev.
 func (k *KV) PutRules(ctx context.Context, e *tollgatev1.RulesEntry, rev uint64) (uint64, error) {
-	b, err := json.Marshal(e)
+	b, err := k.encode(e)
 	if err != nil {
 		return 0, err
 	}
 	return put(ctx, k.Rules, tollgatev1.RulesKey, b, rev)
 }
 
+// EncodedSize is the size of e as a KV value, to compare with MaxValue.
+func EncodedSize(e any) (int, error) {
+	b, err := json.Marshal(e)
+	return len(b), err
+}
+
+// encode renders a value, refusing one above MaxValue.
+func (k *KV) encode(e any) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("publish: encode: %w", err)
+	}
+	if max := k.MaxValue(); len(b) > max {
+		return nil, fmt.Errorf("%w: %d bytes encoded, NATS takes at most %d", ErrTooLarge, len(b), max)
+	}
+	return b, nil
+}
+
+// RulesVersion is one ruleset in the rules bucket's history: Entry, or
+// Corrupt when the value does not decode.
+type RulesVersion struct {
+	Revision uint64
+	Entry    *tollgatev1.RulesEntry
+	Corrupt  *CorruptError
+}
+
 // RulesVersions returns the rulesets the bucket's history holds, oldest
-// first.
-func (k *KV) RulesVersions(ctx context.Context) ([]*tollgatev1.RulesEntry, error) {
+// first, corrupt ones included (Corrupt set).
+func (k *KV) RulesVersions(ctx context.Context) ([]RulesVersion, error) {
 	hist, err := k.Rules.History(ctx, tollgatev1.RulesKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil
@@ -176,52 +281,71 @@ func (k *KV) RulesVersions(ctx context.Context) ([]*tollgatev1.RulesEntry, error
 	if err != nil {
 		return nil, fmt.Errorf("publish: rules history: %w", err)
 	}
-	var out []*tollgatev1.RulesEntry
+	var out []RulesVersion
 	for _, h := range hist {
 		if h.Operation() != jetstream.KeyValuePut {
 			continue
 		}
+		v := RulesVersion{Revision: h.Revision()}
 		if e, err := tollgatev1.DecodeRulesEntry(h.Value()); err == nil {
-			out = append(out, e)
+			v.Entry = e
+		} else {
+			v.Corrupt = corrupt(tollgatev1.BucketRules, tollgatev1.RulesKey, h.Revision(), h.Value(), err)
 		}
+		out = append(out, v)
 	}
 	return out, nil
 }
 
 // List returns a blocklist bucket entry and its revision (nil, 0 when
-// absent).
+// absent). An entry that does not decode, or does not belong under key,
+// is a *CorruptError, returned with its revision.
 func (k *KV) List(ctx context.Context, key string) (*tollgatev1.ListEntry, uint64, error) {
 	b, rev, err := get(ctx, k.Lists, key)
 	if err != nil || b == nil {
 		return nil, 0, err
 	}
 	e, err := tollgatev1.DecodeListEntry(b)
-	return e, rev, err
+	if err == nil {
+		err = tollgatev1.CheckListKey(key, e)
+	}
+	if err != nil {
+		return nil, rev, corrupt(tollgatev1.BucketBlocklist, key, rev, b, err)
+	}
+	return e, rev, nil
 }
 
 // PutList writes a blocklist bucket entry under key if its revision is
 // still rev.
 func (k *KV) PutList(ctx context.Context, key string, e *tollgatev1.ListEntry, rev uint64) (uint64, error) {
-	b, err := json.Marshal(e)
+	b, err := k.encode(e)
 	if err != nil {
 		return 0, err
 	}
 	return put(ctx, k.Lists, key, b, rev)
 }
 
-// Override returns an override entry and its revision (nil, 0 when absent).
+// Override returns an override entry and its revision (nil, 0 when
+// absent). An entry that does not decode, or does not belong under key,
+// is a *CorruptError, returned with its revision.
 func (k *KV) Override(ctx context.Context, key string) (*tollgatev1.OverrideEntry, uint64, error) {
 	b, rev, err := get(ctx, k.Overrides, key)
 	if err != nil || b == nil {
 		return nil, 0, err
 	}
 	e, err := tollgatev1.DecodeOverrideEntry(b)
-	return e, rev, err
+	if err == nil {
+		err = tollgatev1.CheckOverrideKey(key, e)
+	}
+	if err != nil {
+		return nil, rev, corrupt(tollgatev1.BucketOverrides, key, rev, b, err)
+	}
+	return e, rev, nil
 }
 
 // PutOverride writes an override under key if its revision is still rev.
 func (k *KV) PutOverride(ctx context.Context, key string, e *tollgatev1.OverrideEntry, rev uint64) (uint64, error) {
-	b, err := json.Marshal(e)
+	b, err := k.encode(e)
 	if err != nil {
 		return 0, err
 	}
@@ -229,7 +353,9 @@ func (k *KV) PutOverride(ctx context.Context, key string, e *tollgatev1.Override
 }
 
 // Delete removes key from kv if its revision is still rev (0: whatever it
-// is).
+// is). A lost race is ErrConflict. As put does, a delete that failed
+// otherwise is checked by reading the key back: gone, it counts as done;
+// when the read fails too, ErrUnknownOutcome.
 func Delete(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
 	var opts []jetstream.KVDeleteOpt
 	if rev != 0 {
@@ -239,8 +365,19 @@ func Delete(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) 
 	if isWrongSequence(err) {
 		return ErrConflict
 	}
-	if err != nil {
+	if err == nil {
+		return nil
+	}
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
+	defer cancel()
+	e, gerr := kv.Get(vctx, key)
+	switch {
+	case errors.Is(gerr, jetstream.ErrKeyNotFound):
+		return nil
+	case gerr == nil && rev != 0 && e.Revision() != rev:
+		return ErrConflict
+	case gerr == nil:
 		return fmt.Errorf("publish: delete %s: %w", key, err)
 	}
-	return nil
+	return fmt.Errorf("publish: delete %s: %w (%w: reading it back: %v)", key, err, ErrUnknownOutcome, gerr)
 }

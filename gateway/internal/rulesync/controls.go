@@ -3,9 +3,11 @@ package rulesync
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -31,30 +33,6 @@ func penaltyUntil(t time.Time) int64 {
 		return math.MaxInt64
 	}
 	return t.UnixMicro()
-}
-
-// checkListKey checks that a blocklist bucket entry sits under the KV key
-// its content names: key_id for block and penalty, allow.<key_id> for
-// allow. Every KV key then holds one kind of control of one key_id, so a
-// change of one never touches another's.
-func checkListKey(kvKey string, e *tollgatev1.ListEntry) error {
-	want := tollgatev1.BlocklistKey(e.KeyID)
-	if e.Action == tollgatev1.ActionAllow {
-		want = tollgatev1.AllowlistKey(e.KeyID)
-	}
-	if kvKey != want {
-		return fmt.Errorf("a %s entry for key_id %s belongs under KV key %q", e.Action, e.KeyID, want)
-	}
-	return nil
-}
-
-// checkOverrideKey checks that an override sits under the KV key its
-// scope and subject name.
-func checkOverrideKey(kvKey string, e *tollgatev1.OverrideEntry) error {
-	if want := tollgatev1.OverrideKey(e.Scope, e.Subject); kvKey != want {
-		return fmt.Errorf("a %s override belongs under KV key %q", e.Scope, want)
-	}
-	return nil
 }
 
 // addList puts a blocklist bucket entry's control into c.
@@ -111,8 +89,35 @@ func removeOverride(c *guard.ControlSet, e *tollgatev1.OverrideEntry) {
 	}
 }
 
+// corruptBlockID returns the key_id a corrupt blocklist bucket entry
+// blocks: its KV key, when that is a key_id (block and penalty entries sit
+// under their key_id); none for allow.<key_id> (a corrupt allowlisting
+// allowlists nothing) or a KV key that names no key_id.
+func corruptBlockID(kvKey string) (string, bool) {
+	if strings.HasPrefix(kvKey, "allow.") || !keyid.Valid(kvKey) {
+		return strings.TrimPrefix(kvKey, "allow."), false
+	}
+	return kvKey, true
+}
+
+// addCorruptList puts a corrupt blocklist bucket entry's control into c:
+// a block of its key_id (see the package's notes on corrupt entries).
+func addCorruptList(c *guard.ControlSet, kvKey string, rev uint64) {
+	if id, ok := corruptBlockID(kvKey); ok {
+		c.Blocked[id] = guard.Entry{Reason: fmt.Sprintf("corrupt blocklist entry (revision %d)", rev)}
+	}
+}
+
+// removeCorruptList takes a corrupt blocklist bucket entry's control out
+// of c.
+func removeCorruptList(c *guard.ControlSet, kvKey string) {
+	if id, ok := corruptBlockID(kvKey); ok {
+		delete(c.Blocked, id)
+	}
+}
+
 // buildControls is the whole ControlSet of the buckets' entries.
-func buildControls(lists map[string]*tollgatev1.ListEntry, overrides map[string]*tollgatev1.OverrideEntry) *guard.ControlSet {
+func buildControls(st state) *guard.ControlSet {
 	c := &guard.ControlSet{
 		Blocked:         map[string]guard.Entry{},
 		Allowed:         map[string]guard.Entry{},
@@ -120,10 +125,13 @@ func buildControls(lists map[string]*tollgatev1.ListEntry, overrides map[string]
 		KeyOverrides:    map[string]guard.Override{},
 		TenantOverrides: map[string]guard.Override{},
 	}
-	for _, e := range lists {
+	for _, e := range st.lists {
 		addList(c, e)
 	}
-	for _, e := range overrides {
+	for k, rev := range st.corruptLists {
+		addCorruptList(c, k, rev)
+	}
+	for _, e := range st.overrides {
 		addOverride(c, e)
 	}
 	return c

@@ -28,6 +28,10 @@ type lkg struct {
 	Rules     *tollgatev1.RulesEntry               `json:"rules,omitempty"`
 	Blocklist map[string]*tollgatev1.ListEntry     `json:"blocklist"`
 	Overrides map[string]*tollgatev1.OverrideEntry `json:"overrides"`
+	// CorruptBlocklist holds the blocklist bucket's corrupt entries, by KV
+	// key: their revision (they block their key_id; see the package's
+	// notes). Absent in copies of older gateways.
+	CorruptBlocklist map[string]uint64 `json:"corrupt_blocklist,omitempty"`
 }
 
 // LKG describes a last-known-good copy read from disk.
@@ -39,8 +43,8 @@ type LKG struct {
 	// Rules is its ruleset, nil when it holds none (NATS had none yet, or
 	// it no longer passes the gateway's checks).
 	Rules *rulefile.Ruleset
-	// Entries is the number of blocklist entries and overrides put in
-	// force.
+	// Entries is the number of blocklist entries (corrupt ones
+	// included) and overrides put in force.
 	Entries int
 }
 
@@ -69,16 +73,19 @@ func (s *Syncer) LoadLKG() (*LKG, error) {
 	}
 	st := newState()
 	for k, e := range f.Blocklist {
-		if e != nil && validList(e) && checkListKey(k, e) == nil {
+		if e != nil && validList(e) && tollgatev1.CheckListKey(k, e) == nil {
 			st.lists[k] = e
 		}
 	}
 	for k, e := range f.Overrides {
-		if e != nil && validOverride(e) && checkOverrideKey(k, e) == nil {
+		if e != nil && validOverride(e) && tollgatev1.CheckOverrideKey(k, e) == nil {
 			st.overrides[k] = e
 		}
 	}
-	out := &LKG{Path: path, SavedAt: f.SavedAt, Entries: len(st.lists) + len(st.overrides)}
+	for k, rev := range f.CorruptBlocklist {
+		st.corruptLists[k] = rev
+	}
+	out := &LKG{Path: path, SavedAt: f.SavedAt, Entries: len(st.lists) + len(st.overrides) + len(st.corruptLists)}
 	if f.Rules != nil {
 		rs, err := rulefile.ParseVersion([]byte(f.Rules.Source), f.Rules.Version)
 		if err == nil && s.cfg.Check != nil {
@@ -92,7 +99,8 @@ func (s *Syncer) LoadLKG() (*LKG, error) {
 		}
 	}
 	s.state = st
-	s.cfg.Controls.Replace(buildControls(st.lists, st.overrides))
+	s.cfg.Controls.Replace(buildControls(st))
+	s.countCorrupt()
 	return out, nil
 }
 
@@ -119,7 +127,7 @@ func validOverride(e *tollgatev1.OverrideEntry) bool {
 // encode renders the state as the last-known-good copy.
 func (s *Syncer) encode() ([]byte, error) {
 	f := lkg{Format: lkgFormat, SavedAt: time.Now().UTC(), Rules: s.state.rules,
-		Blocklist: s.state.lists, Overrides: s.state.overrides}
+		Blocklist: s.state.lists, Overrides: s.state.overrides, CorruptBlocklist: s.state.corruptLists}
 	b, err := json.MarshalIndent(&f, "", " ")
 	if err != nil {
 		return nil, fmt.Errorf("rulesync: encode last-known-good copy: %w", err)

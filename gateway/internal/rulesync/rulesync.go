@@ -31,9 +31,37 @@
 // up (its top, a block). An override maps to a key
 // override (key.<key_id>) or a tenant override (tenant.<base64url>): limit
 // is absolute, factor multiplicative (rules.Override). Entries are named by
-// key_id, so decisions on blocked keys need no Redis round trip. An entry
-// that does not decode, or whose KV key does not match its content, is
-// logged and ignored.
+// key_id, so decisions on blocked keys need no Redis round trip.
+//
+// # Corrupt entries
+//
+// An entry that does not decode, or whose KV key does not match its
+// content (written to NATS by hand, or damaged), is corrupt. Every gateway
+// treats one the same way, from the bucket's content alone — never from
+// its own history, which differs between a gateway that ran through the
+// change, one that restarts from its last-known-good copy and a new one —
+// so that corruption never splits the fleet:
+//
+//   - In tollgate_blocklist, a corrupt entry under a key_id's KV key blocks
+//     that key_id (403 KEY_BLOCKED) until it is replaced or deleted: the
+//     entries there are blocks and penalties, so the one that is unreadable
+//     most likely restricted the key, and failing closed for that one key
+//     is visible and bounded, where failing open would let a revoked or
+//     abusive key back in on some gateways. A corrupt allow.<key_id> entry
+//     allowlists nothing (the key is limited by the rules, as any other).
+//     A KV key that is no key_id matches no request.
+//   - In tollgate_overrides, a corrupt entry is no override: the rules' own
+//     limits apply.
+//   - A corrupt (or refused) active ruleset leaves the running ruleset in
+//     force; a gateway that (re)syncs meanwhile puts in force the newest
+//     version in the rules bucket's history that decodes and passes — the
+//     one the others run.
+//
+// Each is logged (once per KV key and revision) with the operator API call
+// that repairs it, and counted in Status().Corrupt (the gateway's
+// tollgate_nats_corrupt_entries gauge). The operator API shows such
+// entries (409 RULES_CORRUPT or ENTRY_CORRUPT) and replaces or deletes
+// them.
 //
 // # Reconnects
 //
@@ -158,7 +186,8 @@ type Syncer struct {
 	retiring sync.WaitGroup // stopWatchers of ended sessions; Run waits
 
 	syncedFlag  atomic.Bool
-	lastApplied atomic.Int64 // Unix ns of the last applied change; 0: none
+	lastApplied atomic.Int64    // Unix ns of the last applied change; 0: none
+	corrupt     [3]atomic.Int64 // corrupt entries now, by bucket (inRules, inLists, inOverrides)
 
 	// Owned by Run's goroutine (and by LoadLKG before Run).
 	state   state
@@ -166,7 +195,9 @@ type Syncer struct {
 	refused string            // identity of the last refused ruleset
 	failing string            // the session problem last logged
 	ladder  ladderLog         // the penalty ladder's moves last logged
-	toSave  chan []byte       // to the saver: the newest copy not written yet
+	// corruptLogged: the corrupt entries logged, by bucket/key/revision.
+	corruptLogged map[string]bool
+	toSave        chan []byte // to the saver: the newest copy not written yet
 }
 
 // state is what the Syncer holds from the buckets, by KV key.
@@ -174,11 +205,25 @@ type state struct {
 	rules     *tollgatev1.RulesEntry // the ruleset in force; nil: none from NATS
 	lists     map[string]*tollgatev1.ListEntry
 	overrides map[string]*tollgatev1.OverrideEntry
+	// corruptLists and corruptOverrides are the corrupt entries, by KV
+	// key: their revision. corruptRules: the active ruleset entry is
+	// corrupt.
+	corruptLists     map[string]uint64
+	corruptOverrides map[string]uint64
+	corruptRules     bool
 }
 
 func newState() state {
-	return state{lists: map[string]*tollgatev1.ListEntry{}, overrides: map[string]*tollgatev1.OverrideEntry{}}
+	return state{lists: map[string]*tollgatev1.ListEntry{}, overrides: map[string]*tollgatev1.OverrideEntry{},
+		corruptLists: map[string]uint64{}, corruptOverrides: map[string]uint64{}}
 }
+
+// Buckets, as Syncer.corrupt counts them.
+const (
+	inRules = iota
+	inLists
+	inOverrides
+)
 
 // New returns a Syncer for cfg. It does no I/O and starts nothing.
 func New(cfg Config) (*Syncer, error) {
@@ -224,6 +269,10 @@ type Status struct {
 	// LastApplied is when a change from NATS (or the first sync) was last
 	// put in force; zero before the first.
 	LastApplied time.Time
+	// Corrupt counts the corrupt entries the buckets hold now, by bucket
+	// name (tollgatev1.BucketRules: 0 or 1, the active ruleset), as the
+	// gateway last read them (see the package's notes).
+	Corrupt map[string]int
 }
 
 // Status returns the Syncer's status. It is safe to call from any
@@ -236,7 +285,23 @@ func (s *Syncer) Status() Status {
 	if ns := s.lastApplied.Load(); ns != 0 {
 		st.LastApplied = time.Unix(0, ns)
 	}
+	st.Corrupt = map[string]int{
+		tollgatev1.BucketRules:     int(s.corrupt[inRules].Load()),
+		tollgatev1.BucketBlocklist: int(s.corrupt[inLists].Load()),
+		tollgatev1.BucketOverrides: int(s.corrupt[inOverrides].Load()),
+	}
 	return st
+}
+
+// countCorrupt publishes the state's corrupt entries to Status.
+func (s *Syncer) countCorrupt() {
+	rules := int64(0)
+	if s.state.corruptRules {
+		rules = 1
+	}
+	s.corrupt[inRules].Store(rules)
+	s.corrupt[inLists].Store(int64(len(s.state.corruptLists)))
+	s.corrupt[inOverrides].Store(int64(len(s.state.corruptOverrides)))
 }
 
 // Run connects to NATS and keeps the rules and controls in step with the
@@ -340,9 +405,11 @@ func (s *Syncer) countersChanged(m *nats.Msg) {
 	}
 }
 
-// buckets are one session's watchers.
+// buckets are one session's watchers, and the rules bucket (for its
+// history).
 type buckets struct {
 	rules, lists, overrides jetstream.KeyWatcher
+	rulesKV                 jetstream.KeyValue
 }
 
 // session reads the three buckets whole, puts their state in force, then
@@ -403,7 +470,7 @@ func (s *Syncer) session(ctx context.Context, nc *nats.Conn, js jetstream.JetStr
 			open--
 		}
 	}
-	s.resync(next, rulesEntry)
+	s.resync(ctx, next, rulesEntry, w.rulesKV)
 	if s.failing != "" {
 		s.failing = ""
 		s.log.Info("control plane reachable again")
@@ -464,6 +531,9 @@ func (s *Syncer) watch(ctx context.Context, js jetstream.JetStream) (*buckets, e
 		kv, err := js.KeyValue(octx, b.name)
 		cancel()
 		if err == nil {
+			if b.name == tollgatev1.BucketRules {
+				w.rulesKV = kv
+			}
 			*b.dst, err = s.watchKeys(ctx, kv, b.keys)
 		}
 		if err != nil {
@@ -540,10 +610,18 @@ func stopWatchers(kws ...jetstream.KeyWatcher) {
 
 // resync puts a whole state read from the buckets in force: the ruleset
 // (rulesEntry, nil when the bucket holds none) and every control at once.
-func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
+// An active ruleset that is corrupt or refused is replaced by the newest
+// good one of the bucket's history (rulesKV), so that every gateway that
+// syncs runs the same one.
+func (s *Syncer) resync(ctx context.Context, next state, rulesEntry jetstream.KeyValueEntry, rulesKV jetstream.KeyValue) {
 	next.rules = s.state.rules
 	if rulesEntry != nil && rulesEntry.Operation() == jetstream.KeyValuePut {
-		if e, rs := s.decodeRules(rulesEntry); rs != nil {
+		e, rs, ok := s.decodeRules(rulesEntry)
+		next.corruptRules = e == nil && !ok
+		if rs == nil && rulesKV != nil {
+			e, rs = s.newestGoodRules(ctx, rulesKV, rulesEntry.Revision())
+		}
+		if rs != nil {
 			// Applied even when it is the ruleset in force (same pointer):
 			// the rules now come from NATS, whatever the gateway started
 			// from.
@@ -552,14 +630,50 @@ func (s *Syncer) resync(next state, rulesEntry jetstream.KeyValueEntry) {
 		}
 	}
 	s.state = next
-	s.cfg.Controls.Replace(buildControls(next.lists, next.overrides))
+	s.cfg.Controls.Replace(buildControls(next))
+	s.countCorrupt()
 	s.changed()
 	s.noteLadderAll()
 	if !s.syncedFlag.Swap(true) {
 		close(s.synced)
 	}
 	s.log.Info("control plane read", slog.Int64("rules_version", rulesVersion(s.state.rules)),
-		slog.Int("list_entries", len(next.lists)), slog.Int("overrides", len(next.overrides)))
+		slog.Int("list_entries", len(next.lists)), slog.Int("overrides", len(next.overrides)),
+		slog.Int("corrupt_entries", len(next.corruptLists)+len(next.corruptOverrides)))
+}
+
+// newestGoodRules returns the newest ruleset of the rules bucket's history
+// below revision below that decodes and passes (the same pointer as the
+// one in force when it is that one), or nil ones when there is none or the
+// history cannot be read (logged).
+func (s *Syncer) newestGoodRules(ctx context.Context, kv jetstream.KeyValue, below uint64) (*tollgatev1.RulesEntry, *rulefile.Ruleset) {
+	hctx, cancel := context.WithTimeout(ctx, initialTimeout)
+	defer cancel()
+	hist, err := kv.History(hctx, tollgatev1.RulesKey)
+	if err != nil {
+		s.log.Warn("the active ruleset is refused and the rules history unreadable; the rules in force stay",
+			slog.String("error", err.Error()))
+		return nil, nil
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		h := hist[i]
+		if h.Revision() >= below || h.Operation() != jetstream.KeyValuePut {
+			continue
+		}
+		e, err := tollgatev1.DecodeRulesEntry(h.Value())
+		if err != nil {
+			continue
+		}
+		if rs, err := s.checkRules(e); err == nil {
+			if rs == s.applied {
+				return s.state.rules, rs
+			}
+			s.log.Warn("the active ruleset is refused; putting in force the newest good version of the rules history, as every gateway does",
+				slog.Int64("version", e.Version), slog.Uint64("revision", h.Revision()))
+			return e, rs
+		}
+	}
+	return nil, nil
 }
 
 // changed records an applied change: the time, and the last-known-good
@@ -604,13 +718,16 @@ func rulesVersion(e *tollgatev1.RulesEntry) int64 {
 	return e.Version
 }
 
-// changeRules applies a change of the rules bucket's active key.
+// changeRules applies a change of the rules bucket's active key. A corrupt
+// or refused ruleset leaves the running one in force.
 func (s *Syncer) changeRules(kve jetstream.KeyValueEntry) {
 	if kve.Operation() != jetstream.KeyValuePut {
 		s.log.Warn("the ruleset was deleted from NATS; the rules in force stay", slog.Uint64("revision", kve.Revision()))
 		return
 	}
-	e, rs := s.decodeRules(kve)
+	e, rs, ok := s.decodeRules(kve)
+	s.state.corruptRules = e == nil && !ok
+	s.countCorrupt()
 	if rs == nil {
 		return
 	}
@@ -621,25 +738,42 @@ func (s *Syncer) changeRules(kve jetstream.KeyValueEntry) {
 
 // decodeRules decodes and checks a ruleset entry. It returns a nil
 // ruleset for one refused (logged and reported once) or already in force
-// (then the one in force is returned: same pointer).
-func (s *Syncer) decodeRules(kve jetstream.KeyValueEntry) (*tollgatev1.RulesEntry, *rulefile.Ruleset) {
+// (then the one in force is returned: same pointer); ok is false for an
+// entry that does not decode (corrupt, e nil too).
+func (s *Syncer) decodeRules(kve jetstream.KeyValueEntry) (e *tollgatev1.RulesEntry, rs *rulefile.Ruleset, ok bool) {
 	e, err := tollgatev1.DecodeRulesEntry(kve.Value())
 	if err != nil {
-		s.refuse(fmt.Sprintf("revision %d", kve.Revision()), 0, err, slog.Uint64("revision", kve.Revision()))
-		return nil, nil
+		s.refuse(fmt.Sprintf("revision %d", kve.Revision()), 0, err, slog.Uint64("revision", kve.Revision()),
+			slog.String("repair", fmt.Sprintf("PUT /admin/v1/rules with If-Match: r%d, or POST /admin/v1/rules/rollback", kve.Revision())))
+		return nil, nil, false
 	}
 	if cur := s.state.rules; cur != nil && s.applied != nil && cur.Version == e.Version && cur.Source == e.Source {
-		return cur, s.applied
+		return cur, s.applied, true
+	}
+	rs, err = s.checkRules(e)
+	if err != nil {
+		s.refuse(fmt.Sprintf("%d/%s", e.Version, e.Source), e.Version, err, slog.String("actor", e.Actor))
+		return e, nil, true
+	}
+	for _, w := range rs.Rules.Warnings() {
+		s.log.Warn("ruleset from NATS put in force with allow_total_block: it refuses every request",
+			slog.Int64("version", e.Version), slog.String("rule", w.Rule), slog.String("field", w.Field), slog.Int("line", w.Line),
+			slog.String("problem", w.Msg))
+	}
+	return e, rs, true
+}
+
+// checkRules parses and checks a ruleset entry's source; the ruleset in
+// force is returned as is (same pointer).
+func (s *Syncer) checkRules(e *tollgatev1.RulesEntry) (*rulefile.Ruleset, error) {
+	if cur := s.state.rules; cur != nil && s.applied != nil && cur.Version == e.Version && cur.Source == e.Source {
+		return s.applied, nil
 	}
 	rs, err := rulefile.ParseVersion([]byte(e.Source), e.Version)
 	if err == nil && s.cfg.Check != nil {
 		err = s.cfg.Check(rs.Rules)
 	}
-	if err != nil {
-		s.refuse(fmt.Sprintf("%d/%s", e.Version, e.Source), e.Version, err, slog.String("actor", e.Actor))
-		return nil, nil
-	}
-	return e, rs
+	return rs, err
 }
 
 // refuse logs and reports a refused ruleset, once per distinct one (id).
@@ -655,19 +789,27 @@ func (s *Syncer) refuse(id string, version int64, err error, attrs ...any) {
 
 // changeList applies a change of one blocklist bucket key.
 func (s *Syncer) changeList(kve jetstream.KeyValueEntry) {
-	old := s.state.lists[kve.Key()]
-	if !s.putList(&s.state, kve) {
-		return
-	}
-	e := s.state.lists[kve.Key()]
+	key := kve.Key()
+	old := s.state.lists[key]
+	_, oldCorrupt := s.state.corruptLists[key]
+	s.putList(&s.state, kve)
+	e := s.state.lists[key]
+	_, nowCorrupt := s.state.corruptLists[key]
 	s.cfg.Controls.Update(func(c *guard.ControlSet) {
 		if old != nil {
 			removeList(c, old)
 		}
+		if oldCorrupt {
+			removeCorruptList(c, key)
+		}
 		if e != nil {
 			addList(c, e)
 		}
+		if nowCorrupt {
+			addCorruptList(c, key, s.state.corruptLists[key])
+		}
 	})
+	s.countCorrupt()
 	s.changed()
 	for _, x := range []*tollgatev1.ListEntry{old, e} {
 		if x != nil && x.Action != tollgatev1.ActionAllow {
@@ -679,9 +821,7 @@ func (s *Syncer) changeList(kve jetstream.KeyValueEntry) {
 // changeOverride applies a change of one overrides bucket key.
 func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
 	old := s.state.overrides[kve.Key()]
-	if !s.putOverride(&s.state, kve) {
-		return
-	}
+	s.putOverride(&s.state, kve)
 	e := s.state.overrides[kve.Key()]
 	s.cfg.Controls.Update(func(c *guard.ControlSet) {
 		if old != nil {
@@ -691,6 +831,7 @@ func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
 			addOverride(c, e)
 		}
 	})
+	s.countCorrupt()
 	s.changed()
 	for _, x := range []*tollgatev1.OverrideEntry{old, e} {
 		if x != nil && x.Scope == tollgatev1.ScopeKey {
@@ -699,42 +840,74 @@ func (s *Syncer) changeOverride(kve jetstream.KeyValueEntry) {
 	}
 }
 
-// putList records a blocklist bucket entry (or its deletion) in st. It
-// reports false, having logged why, for an entry it ignores.
-func (s *Syncer) putList(st *state, kve jetstream.KeyValueEntry) bool {
+// putList records a blocklist bucket entry (or its deletion) in st: a
+// corrupt one (logged) under corruptLists.
+func (s *Syncer) putList(st *state, kve jetstream.KeyValueEntry) {
+	key := kve.Key()
+	delete(st.lists, key)
+	delete(st.corruptLists, key)
 	if kve.Operation() != jetstream.KeyValuePut {
-		delete(st.lists, kve.Key())
-		return true
+		return
 	}
 	e, err := tollgatev1.DecodeListEntry(kve.Value())
 	if err == nil {
-		err = checkListKey(kve.Key(), e)
+		err = tollgatev1.CheckListKey(key, e)
 	}
 	if err != nil {
-		s.log.Warn("blocklist entry ignored", slog.String("kv_key", kve.Key()), slog.String("error", err.Error()))
-		return false
+		st.corruptLists[key] = kve.Revision()
+		s.corruptLog(tollgatev1.BucketBlocklist, key, kve.Revision(), err)
+		return
 	}
-	st.lists[kve.Key()] = e
-	return true
+	st.lists[key] = e
 }
 
-// putOverride records an overrides bucket entry (or its deletion) in st.
-// It reports false, having logged why, for an entry it ignores.
-func (s *Syncer) putOverride(st *state, kve jetstream.KeyValueEntry) bool {
+// putOverride records an overrides bucket entry (or its deletion) in st:
+// a corrupt one (logged) under corruptOverrides.
+func (s *Syncer) putOverride(st *state, kve jetstream.KeyValueEntry) {
+	key := kve.Key()
+	delete(st.overrides, key)
+	delete(st.corruptOverrides, key)
 	if kve.Operation() != jetstream.KeyValuePut {
-		delete(st.overrides, kve.Key())
-		return true
+		return
 	}
 	e, err := tollgatev1.DecodeOverrideEntry(kve.Value())
 	if err == nil {
-		err = checkOverrideKey(kve.Key(), e)
+		err = tollgatev1.CheckOverrideKey(key, e)
 	}
 	if err != nil {
-		s.log.Warn("override ignored", slog.String("kv_key", kve.Key()), slog.String("error", err.Error()))
-		return false
+		st.corruptOverrides[key] = kve.Revision()
+		s.corruptLog(tollgatev1.BucketOverrides, key, kve.Revision(), err)
+		return
 	}
-	st.overrides[kve.Key()] = e
-	return true
+	st.overrides[key] = e
+}
+
+// corruptLog logs a corrupt blocklist or overrides entry, once per KV key
+// and revision (a resync reads it again), saying what the gateway does
+// with it and which operator API call repairs it.
+func (s *Syncer) corruptLog(bucket, key string, rev uint64, err error) {
+	id := fmt.Sprintf("%s/%s/%d", bucket, key, rev)
+	if s.corruptLogged[id] {
+		return
+	}
+	if s.corruptLogged == nil || len(s.corruptLogged) > 10_000 {
+		s.corruptLogged = map[string]bool{}
+	}
+	s.corruptLogged[id] = true
+	effect, repair := "ignored: the rules' own limits apply", "DELETE or PUT /admin/v1/overrides/{key}"
+	if bucket == tollgatev1.BucketBlocklist {
+		switch id, blocks := corruptBlockID(key); {
+		case blocks:
+			effect, repair = "the key_id is blocked (403) until it is replaced or deleted", "DELETE /admin/v1/blocklist/kid:"+id
+		case strings.HasPrefix(key, "allow."):
+			effect, repair = "the key is not allowlisted", "DELETE /admin/v1/allowlist/kid:"+strings.TrimPrefix(key, "allow.")
+		default:
+			effect, repair = "no key_id: it matches no request", "delete the KV key"
+		}
+	}
+	s.log.Warn("corrupt entry in NATS; every gateway treats it the same way", slog.String("bucket", bucket),
+		slog.String("kv_key", key), slog.Uint64("revision", rev), slog.String("error", err.Error()),
+		slog.String("effect", effect), slog.String("repair", repair))
 }
 
 // redactURL drops user information from NATS URLs for logs.
