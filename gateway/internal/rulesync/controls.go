@@ -12,11 +12,6 @@ import (
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-// closeLevel is the penalty ladder's first level whose entries may ask
-// for the connection-level answer (Connection: close): the top of the
-// ladder. A lower level's close flag is ignored.
-const closeLevel = 3
-
 // micros converts an expiry to Unix microseconds; a zero time (never) is
 // 0, as guard.Entry and rules.Override read it.
 func micros(t time.Time) int64 {
@@ -40,12 +35,12 @@ func addList(c *guard.ControlSet, e *tollgatev1.ListEntry) {
 	switch e.Action {
 	case tollgatev1.ActionBlock:
 		c.Blocked[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason, Level: e.Level,
-			Close: e.Close && e.Level >= closeLevel}
+			Close: e.Close && tollgatev1.LadderRung(e.Level).Close}
 	case tollgatev1.ActionAllow:
 		c.Allowed[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason}
 	case tollgatev1.ActionPenalty:
 		c.Penalties[e.KeyID] = guard.Penalty{Level: e.Level, Until: penaltyUntil(e.ExpiresAt), Reason: e.Reason,
-			Close: e.Close && e.Level >= closeLevel}
+			Close: e.Close && tollgatev1.LadderRung(e.Level).Close}
 	}
 }
 

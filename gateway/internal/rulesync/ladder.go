@@ -29,13 +29,6 @@ const (
 	ladderEndDelay = time.Second
 )
 
-// Ladder actions as logged.
-const (
-	actionReducedLimit = "reduced_limit"
-	actionCooldown     = "cooldown"
-	actionBlocklist    = "blocklist"
-)
-
 // ladderLog is what the Syncer last logged of the ladder. Owned by Run's
 // goroutine.
 type ladderLog struct {
@@ -64,15 +57,13 @@ type ladderState struct {
 // highest level (0 without one).
 func (s *Syncer) ladderOf(keyID string, now time.Time) ladderState {
 	var st ladderState
-	if e := s.state.lists[tollgatev1.BlocklistKey(keyID)]; e != nil && e.Level > 0 && tollgatev1.Live(e.ExpiresAt, now) {
-		st = ladderState{level: e.Level, action: actionCooldown, prefix: e.KeyPrefix, expires: e.ExpiresAt}
-		if e.Action == tollgatev1.ActionBlock {
-			st.action = actionBlocklist
-		}
+	if e := s.state.lists[tollgatev1.BlocklistKey(keyID)]; e != nil && e.Level > tollgatev1.LevelNone && tollgatev1.Live(e.ExpiresAt, now) {
+		st = ladderState{level: e.Level, prefix: e.KeyPrefix, expires: e.ExpiresAt}
 	}
 	if e := s.state.overrides[tollgatev1.OverrideKey(tollgatev1.ScopeKey, keyID)]; e != nil && e.Level > st.level && tollgatev1.Live(e.ExpiresAt, now) {
-		st = ladderState{level: e.Level, action: actionReducedLimit, prefix: e.KeyPrefix, expires: e.ExpiresAt}
+		st = ladderState{level: e.Level, prefix: e.KeyPrefix, expires: e.ExpiresAt}
 	}
+	st.action = tollgatev1.LadderRung(st.level).Action
 	return st
 }
 

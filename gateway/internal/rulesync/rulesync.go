@@ -27,8 +27,8 @@
 // (403 KEY_BLOCKED), penalty → a guard.Penalty (429 PENALTY, Retry-After
 // the time left), allow → Allow. The ladder's level travels with its
 // entries (the reduced limit's override too), and close, the
-// connection-level answer, is honoured only for the ladder's level 3 and
-// up (its top, a block). An override maps to a key
+// connection-level answer, is honoured only at a level that calls for it
+// (tollgatev1.LadderRung). An override maps to a key
 // override (key.<key_id>) or a tenant override (tenant.<base64url>): limit
 // is absolute, factor multiplicative (rules.Override). Entries are named by
 // key_id, so decisions on blocked keys need no Redis round trip.
