@@ -43,7 +43,6 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/outbox"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
@@ -52,6 +51,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -67,7 +67,7 @@ type Server struct {
 	proc  *consume.Processor
 	audit *audit.Store
 	kafka *kgo.Client // producer of audit entries and lift commands
-	kv    atomic.Pointer[publish.KV]
+	kv    atomic.Pointer[fleetkv.KV]
 	// outbox applies committed penalty steps to NATS KV (nil without
 	// NATS).
 	outbox *outbox.Reconciler
@@ -389,15 +389,15 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 // empty, and holds the connection until ctx is done.
 func (s *Server) connectNATS(ctx context.Context) error {
 	log := s.log.With(slog.String("component", "nats"))
-	nc, err := publish.Connect(s.cfg.NATS.URL, "tollgate-aggregator-"+s.cfg.ID, log)
+	nc, err := fleetkv.Connect(s.cfg.NATS.URL, fleetkv.Options{Name: "tollgate-aggregator-" + s.cfg.ID, Log: log})
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer nc.Close()
-	var kv *publish.KV
+	var kv *fleetkv.KV
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		kv, err = publish.Open(octx, nc)
+		kv, err = fleetkv.Open(octx, nc)
 		cancel()
 		if err == nil {
 			break
@@ -424,7 +424,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 
 // seedRules writes rules_file as version 1 when the bucket holds no
 // ruleset; a concurrent seeder's win is fine.
-func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
+func (s *Server) seedRules(ctx context.Context, kv *fleetkv.KV) error {
 	if s.cfg.RulesFile == "" {
 		return nil
 	}
@@ -445,7 +445,7 @@ func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
 		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
 	if _, err := kv.PutRules(ctx, e, 0); err != nil {
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			return nil
 		}
 		return err

@@ -37,8 +37,8 @@ import (
 	"github.com/twmb/franz-go/plugin/kslog"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -66,7 +66,7 @@ type Config struct {
 	SessionTimeout time.Duration
 	// KV returns the buckets; nil while NATS is unreachable (the
 	// reconciler waits).
-	KV func() *publish.KV
+	KV func() *fleetkv.KV
 	// States is the materialized state, for the stale check (may be nil).
 	States States
 	Log    *slog.Logger
@@ -202,7 +202,7 @@ const (
 // Apply makes KV hold what ev calls for (see the package comment) and
 // returns what it did. Errors are NATS's.
 func (r *Reconciler) Apply(ctx context.Context, ev *tollgatev1.PenaltyEvent) (string, error) {
-	var kv *publish.KV
+	var kv *fleetkv.KV
 	if r.cfg.KV != nil {
 		kv = r.cfg.KV()
 	}
@@ -225,14 +225,14 @@ func (r *Reconciler) Apply(ctx context.Context, ev *tollgatev1.PenaltyEvent) (st
 	defer cancel()
 	for attempt := 0; ; attempt++ {
 		res, err := r.apply(octx, kv, ev, now)
-		if !errors.Is(err, publish.ErrConflict) || attempt == 4 {
+		if !errors.Is(err, fleetkv.ErrConflict) || attempt == 4 {
 			return res, err
 		}
 		// Someone wrote the entry meanwhile: read it again.
 	}
 }
 
-func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.PenaltyEvent, now time.Time) (string, error) {
+func (r *Reconciler) apply(ctx context.Context, kv *fleetkv.KV, ev *tollgatev1.PenaltyEvent, now time.Time) (string, error) {
 	id := ev.KeyId
 	listKey, ovKey := tollgatev1.BlocklistKey(id), tollgatev1.OverrideKey(tollgatev1.ScopeKey, id)
 	list, lrev, err := kv.List(ctx, listKey)
@@ -303,13 +303,13 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 	// penalty goes, the override comes) never leaves a moment in which
 	// gateways enforce neither.
 	if deleteList {
-		if err := publish.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
+		if err := fleetkv.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
 			return "", err
 		}
 		changed = true
 	}
 	if deleteOv {
-		if err := publish.Delete(ctx, kv.Overrides, ovKey, orev); err != nil {
+		if err := fleetkv.Delete(ctx, kv.Overrides, ovKey, orev); err != nil {
 			return "", err
 		}
 		changed = true
