@@ -332,16 +332,16 @@ func (s *ControlSet) status(keyID string, now int64) rules.ListStatus {
 	return rules.Unlisted
 }
 
-// ladderBlock returns the penalty ladder's level and close flag of a
-// key_id's live blocklist entry: (0, false) for an operator's block, or
-// when there is none. A decision reads it only once it knows the key is
-// blocked, from the controls as they are then (a cached resolution
-// carries the list status, not the entry).
-func (s *ControlSet) ladderBlock(keyID string, now int64) (level int, close bool) {
+// blockEntry returns a key_id's live blocklist entry, if any: its Level
+// says whether the penalty ladder imposed it (0: an operator's block). A
+// decision reads it only once it knows the key is blocked, from the
+// controls as they are then (a cached resolution carries the list status,
+// not the entry).
+func (s *ControlSet) blockEntry(keyID string, now int64) (Entry, bool) {
 	if e, ok := s.Blocked[keyID]; ok && live(e.Expiry, now) {
-		return e.Level, e.Close
+		return e, true
 	}
-	return 0, false
+	return Entry{}, false
 }
 
 // penalty returns a key_id's penalty, if one applies at now (µs).

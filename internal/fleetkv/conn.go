@@ -112,6 +112,14 @@ func (c *Conn) signalUp() {
 // from any goroutine.
 func (c *Conn) IsConnected() bool { return c.nc.IsConnected() }
 
+// Status is the connection's state as nats.go names it (CONNECTED,
+// RECONNECTING, …), for health reports.
+func (c *Conn) Status() string { return c.nc.Status().String() }
+
+// LastError is the last error the connection met (nil if none), for
+// health reports.
+func (c *Conn) LastError() error { return c.nc.LastError() }
+
 // Close closes the connection, which ends the requests of watchers still
 // being stopped, and waits for them.
 func (c *Conn) Close() {

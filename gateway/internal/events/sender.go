@@ -275,6 +275,12 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
+		// One produce request per broker at a time: with two, a batch
+		// could be written while the one before it on its partition
+		// fails (a broker takes any first sequence number from a
+		// producer it has no state for on that partition), and the
+		// failed records, re-sent later, would land after it.
+		kgo.MaxProduceRequestsInflightPerBroker(1),
 		kgo.WithLogger(kafkalog.New(p.log)),
 	}
 	cl, err := kgo.NewClient(opts...)
