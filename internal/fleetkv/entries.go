@@ -56,15 +56,7 @@ func NewEntries() Entries {
 func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
 	switch c.Bucket {
 	case tollgatev1.BucketBlocklist:
-		old, oldCorrupt := es.Lists[c.Key], es.CorruptLists[c.Key] != nil
-		delete(es.Lists, c.Key)
-		delete(es.CorruptLists, c.Key)
-		if c.List != nil {
-			es.Lists[c.Key] = c.List
-		}
-		if c.Corrupt != nil {
-			es.CorruptLists[c.Key] = c.Corrupt
-		}
+		old, oldCorrupt := replace(es.Lists, es.CorruptLists, c.Key, c.List, c.Corrupt)
 		return func(cs *guard.ControlSet) {
 			if old != nil {
 				removeList(cs, old)
@@ -80,15 +72,7 @@ func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
 			}
 		}
 	case tollgatev1.BucketOverrides:
-		old := es.Overrides[c.Key]
-		delete(es.Overrides, c.Key)
-		delete(es.CorruptOverrides, c.Key)
-		if c.Override != nil {
-			es.Overrides[c.Key] = c.Override
-		}
-		if c.Corrupt != nil {
-			es.CorruptOverrides[c.Key] = c.Corrupt
-		}
+		old, _ := replace(es.Overrides, es.CorruptOverrides, c.Key, c.Override, c.Corrupt)
 		return func(cs *guard.ControlSet) {
 			if old != nil {
 				removeOverride(cs, old)
@@ -99,6 +83,21 @@ func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
 		}
 	}
 	return func(*guard.ControlSet) {}
+}
+
+// replace puts a bucket's entry under key — decoded (v), corrupt (ce) or
+// neither (deleted) — in place of the one before, which it returns.
+func replace[V any](vals map[string]*V, corrupt map[string]*CorruptError, key string, v *V, ce *CorruptError) (old *V, oldCorrupt bool) {
+	old, oldCorrupt = vals[key], corrupt[key] != nil
+	delete(vals, key)
+	delete(corrupt, key)
+	if v != nil {
+		vals[key] = v
+	}
+	if ce != nil {
+		corrupt[key] = ce
+	}
+	return old, oldCorrupt
 }
 
 // ControlSet is the whole guard.ControlSet of the entries.
