@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -475,7 +474,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
 	}
 	s.kv.Store(kv)
-	log.Info("control plane ready", slog.String("nats", redactURL(s.cfg.NATS.URL)))
+	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
 	<-ctx.Done()
 	s.kv.Store(nil)
 	return nil
@@ -547,15 +546,6 @@ func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reas
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// redactURL drops user information from a URL for logs.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }
 
 // tailAudit materializes the audit topic into Pebble, once the topic

@@ -147,13 +147,21 @@ func (c *Conn) OnCountersChanged(fn func(tollgatev1.CountersChanged, error)) err
 	return nil
 }
 
-// RedactURL drops user information from NATS URLs (several
-// comma-separated), for logs.
+// RedactURL hides the secrets in NATS URLs (several comma-separated), for
+// logs: a password (the user name stays), or a token (nats://<token>@host,
+// which sits where a user name would).
 func RedactURL(raw string) string {
 	parts := strings.Split(raw, ",")
 	for i, p := range parts {
-		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, password := u.User.Password(); password {
 			parts[i] = u.Redacted()
+		} else {
+			u.User = url.User("xxxxx")
+			parts[i] = u.String()
 		}
 	}
 	return strings.Join(parts, ",")

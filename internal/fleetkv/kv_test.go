@@ -239,3 +239,19 @@ func TestReadsReportCorruptEntries(t *testing.T) {
 		t.Fatalf("readBack after the caller's deadline: %v", err)
 	}
 }
+
+// TestRedactURL: neither a password nor a token reaches a log line, in
+// any of several comma-separated URLs.
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"nats://user:secret@nats-1:4222", "nats://user:xxxxx@nats-1:4222"},
+		{"nats://a:secret@nats-1:4222,nats://b:secret@nats-2:4222", "nats://a:xxxxx@nats-1:4222,nats://b:xxxxx@nats-2:4222"},
+		{"nats://token-secret@nats-1:4222", "nats://xxxxx@nats-1:4222"},
+	} {
+		if got := RedactURL(tc.in); got != tc.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
