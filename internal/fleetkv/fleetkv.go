@@ -49,7 +49,7 @@ import (
 var (
 	// ErrConflict: the entry changed since the revision the write expected.
 	ErrConflict = errors.New("fleetkv: entry changed meanwhile")
-	// ErrNotFound: no such entry (or version).
+	// ErrNotFound: a bucket does not exist (yet).
 	ErrNotFound = errors.New("fleetkv: not found")
 	// ErrCorrupt: an entry is present but does not decode, or sits under a
 	// KV key its content does not belong to; errors.As finds the

@@ -236,20 +236,19 @@ func (f *follower) watch(ctx context.Context) (*watchers, error) {
 	w := &watchers{}
 	for i, b := range buckets {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		kv, err := f.c.js.KeyValue(octx, b.name)
+		kv, err := bind(octx, f.c.js, b.name)
 		cancel()
 		if err == nil {
 			if b.name == tollgatev1.BucketRules {
 				w.rules = kv
 			}
-			w.kw[i], err = f.watchKeys(ctx, kv, b.watch)
+			if w.kw[i], err = f.watchKeys(ctx, kv, b.watch); err != nil {
+				err = fmt.Errorf("fleetkv: watch bucket %s: %w", b.name, err)
+			}
 		}
 		if err != nil {
 			f.c.retire(w.kw[:]...)
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				return nil, fmt.Errorf("fleetkv: bucket %s does not exist yet (the aggregator creates it)", b.name)
-			}
-			return nil, fmt.Errorf("fleetkv: watch bucket %s: %w", b.name, err)
+			return nil, err
 		}
 	}
 	return w, nil

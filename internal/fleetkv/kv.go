@@ -52,6 +52,33 @@ func Open(ctx context.Context, c *Conn) (*KV, error) {
 	return k, nil
 }
 
+// Bind returns the buckets, which must exist (Open creates them): a
+// missing one is ErrNotFound. It creates and changes nothing.
+func Bind(ctx context.Context, c *Conn) (*KV, error) {
+	k := &KV{c: c}
+	dst := []*jetstream.KeyValue{&k.Rules, &k.Lists, &k.Overrides}
+	for i, b := range buckets {
+		kv, err := bind(ctx, c.js, b.name)
+		if err != nil {
+			return nil, err
+		}
+		*dst[i] = kv
+	}
+	return k, nil
+}
+
+// bind returns an existing bucket; a missing one is ErrNotFound.
+func bind(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: bucket %s does not exist yet (the aggregator creates it)", ErrNotFound, bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fleetkv: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
 // valueHeadroom is what a KV put's subject and headers may take of the
 // server's maximum payload.
 const valueHeadroom = 4 << 10

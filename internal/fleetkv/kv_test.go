@@ -57,6 +57,31 @@ func TestOpenSettings(t *testing.T) {
 	}
 }
 
+// TestBind: Bind finds the buckets Open made and creates none: before
+// Open, a missing bucket is ErrNotFound, named.
+func TestBind(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	c, err := Connect(ns.ClientURL(), Options{Name: "fleetkv-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if _, err := Bind(t.Context(), c); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "does not exist yet") {
+		t.Fatalf("Bind before Open: %v, want ErrNotFound naming the bucket", err)
+	}
+	if _, err := Open(t.Context(), c); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := Bind(t.Context(), c)
+	if err != nil {
+		t.Fatalf("Bind after Open: %v", err)
+	}
+	if _, rev, err := kv.ActiveRules(t.Context()); err != nil || rev != 0 {
+		t.Fatalf("ActiveRules of an empty bucket: revision %d, %v", rev, err)
+	}
+}
+
 // TestConditionalWrites: every write names the revision it replaces, and
 // a write against another one is ErrConflict, changing nothing.
 func TestConditionalWrites(t *testing.T) {
