@@ -13,8 +13,8 @@ import (
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-// openKV opens the buckets on a NATS server of the test's own.
-func openKV(t *testing.T) *KV {
+// connect connects to a NATS server of the test's own.
+func connect(t *testing.T) *Conn {
 	t.Helper()
 	ns := natstest.StartTB(t)
 	c, err := Connect(ns.ClientURL(), Options{Name: "fleetkv-test"})
@@ -22,7 +22,13 @@ func openKV(t *testing.T) *KV {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	kv, err := Open(t.Context(), c)
+	return c
+}
+
+// openKV opens the buckets on a NATS server of the test's own.
+func openKV(t *testing.T) *KV {
+	t.Helper()
+	kv, err := Open(t.Context(), connect(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,12 +67,7 @@ func TestOpenSettings(t *testing.T) {
 // Open, a missing bucket is ErrNotFound, named.
 func TestBind(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	c, err := Connect(ns.ClientURL(), Options{Name: "fleetkv-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := connect(t)
 	if _, err := Bind(t.Context(), c); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "does not exist yet") {
 		t.Fatalf("Bind before Open: %v, want ErrNotFound naming the bucket", err)
 	}
