@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -33,8 +32,6 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -47,7 +44,6 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/outbox"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
@@ -56,6 +52,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -71,7 +68,7 @@ type Server struct {
 	proc  *consume.Processor
 	audit *audit.Store
 	kafka *kgo.Client // producer of audit entries and lift commands
-	kv    atomic.Pointer[publish.KV]
+	kv    atomic.Pointer[fleetkv.KV]
 	// outbox applies committed penalty steps to NATS KV (nil without
 	// NATS).
 	outbox *outbox.Reconciler
@@ -83,9 +80,9 @@ type Server struct {
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
 
-	deps       deps                      // what the probes learnt of Kafka, NATS and Redis
-	nc         atomic.Pointer[nats.Conn] // the NATS connection, once made
-	setUp      atomic.Bool               // the processor's Setup is done: Kafka answered
+	deps       deps                         // what the probes learnt of Kafka, NATS and Redis
+	nc         atomic.Pointer[fleetkv.Conn] // the NATS connection, once made
+	setUp      atomic.Bool                  // the processor's Setup is done: Kafka answered
 	draining   atomic.Bool
 	drainingAt atomic.Int64 // unix nanoseconds
 
@@ -448,17 +445,17 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 // empty, and holds the connection until ctx is done.
 func (s *Server) connectNATS(ctx context.Context) error {
 	log := s.log.With(slog.String("component", "nats"))
-	nc, err := publish.Connect(s.cfg.NATS.URL, "tollgate-aggregator-"+s.cfg.ID, log)
+	nc, err := fleetkv.Connect(s.cfg.NATS.URL, fleetkv.Options{Name: "tollgate-aggregator-" + s.cfg.ID, Log: log})
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer nc.Close()
 	s.nc.Store(nc)
 	defer s.nc.Store(nil)
-	var kv *publish.KV
+	var kv *fleetkv.KV
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		kv, err = publish.Open(octx, nc)
+		kv, err = fleetkv.Open(octx, nc)
 		cancel()
 		if err == nil {
 			break
@@ -477,7 +474,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
 	}
 	s.kv.Store(kv)
-	log.Info("control plane ready", slog.String("nats", redactURL(s.cfg.NATS.URL)))
+	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
 	<-ctx.Done()
 	s.kv.Store(nil)
 	return nil
@@ -485,7 +482,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 
 // seedRules writes rules_file as version 1 when the bucket holds no
 // ruleset; a concurrent seeder's win is fine.
-func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
+func (s *Server) seedRules(ctx context.Context, kv *fleetkv.KV) error {
 	if s.cfg.RulesFile == "" {
 		return nil
 	}
@@ -506,7 +503,7 @@ func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
 		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
 	if _, err := kv.PutRules(ctx, e, 0); err != nil {
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			return nil
 		}
 		return err
@@ -557,15 +554,6 @@ func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reas
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// redactURL drops user information from a URL for logs.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }
 
 // tailAudit materializes the audit topic into Pebble, once the topic
