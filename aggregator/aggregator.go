@@ -24,28 +24,24 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/nats-io/nats.go"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/outbox"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
@@ -54,6 +50,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -70,7 +67,7 @@ type Server struct {
 	audit *audit.Store
 	snaps *state.Snapshots
 	kafka *kgo.Client // producer of audit entries and lift commands
-	kv    atomic.Pointer[publish.KV]
+	kv    atomic.Pointer[fleetkv.KV]
 	// outbox applies committed penalty steps to NATS KV (nil without
 	// NATS).
 	outbox *outbox.Reconciler
@@ -82,9 +79,9 @@ type Server struct {
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
 
-	deps       deps                      // what the probes learnt of Kafka, NATS and Redis
-	nc         atomic.Pointer[nats.Conn] // the NATS connection, once made
-	setUp      atomic.Bool               // the processor's Setup is done: Kafka answered
+	deps       deps                         // what the probes learnt of Kafka, NATS and Redis
+	nc         atomic.Pointer[fleetkv.Conn] // the NATS connection, once made
+	setUp      atomic.Bool                  // the processor's Setup is done: Kafka answered
 	draining   atomic.Bool
 	drainingAt atomic.Int64 // unix nanoseconds
 
@@ -469,17 +466,17 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 // empty, and holds the connection until ctx is done.
 func (s *Server) connectNATS(ctx context.Context) error {
 	log := s.log.With(slog.String("component", "nats"))
-	nc, err := publish.Connect(s.cfg.NATS.URL, "tollgate-aggregator-"+s.cfg.ID, log)
+	nc, err := fleetkv.Connect(s.cfg.NATS.URL, fleetkv.Options{Name: "tollgate-aggregator-" + s.cfg.ID, Log: log})
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer nc.Close()
 	s.nc.Store(nc)
 	defer s.nc.Store(nil)
-	var kv *publish.KV
+	var kv *fleetkv.KV
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		kv, err = publish.Open(octx, nc)
+		kv, err = fleetkv.Open(octx, nc)
 		cancel()
 		if err == nil {
 			break
@@ -498,7 +495,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
 	}
 	s.kv.Store(kv)
-	log.Info("control plane ready", slog.String("nats", redactURL(s.cfg.NATS.URL)))
+	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
 	<-ctx.Done()
 	s.kv.Store(nil)
 	return nil
@@ -506,7 +503,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 
 // seedRules writes rules_file as version 1 when the bucket holds no
 // ruleset; a concurrent seeder's win is fine.
-func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
+func (s *Server) seedRules(ctx context.Context, kv *fleetkv.KV) error {
 	if s.cfg.RulesFile == "" {
 		return nil
 	}
@@ -527,7 +524,7 @@ func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
 		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
 	if _, err := kv.PutRules(ctx, e, 0); err != nil {
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			return nil
 		}
 		return err
@@ -554,12 +551,20 @@ type commander struct {
 	topic string
 }
 
-// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q.
+// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q, with
+// the decision stream's codec. A value beyond its bound, or not UTF-8, is
+// refused: the partition's owner would refuse the command.
 func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reason string, at time.Time) error {
-	v, err := proto.Marshal(&tollgatev1.DecisionEvent{Partition: q, TimeUnixMicros: at.UnixMicro(),
-		Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyId: keyID, Tenant: tenant, CommandActor: actor, CommandReason: reason})
-	if err != nil {
-		return fmt.Errorf("aggregator: encode lift: %w", err)
+	for _, s := range [...]string{keyID, tenant, actor, reason} {
+		if !utf8.ValidString(s) {
+			return errors.New("aggregator: encode lift: a value is not UTF-8")
+		}
+	}
+	v, corrected := tollgatev1.AppendDecision(nil, &tollgatev1.Decision[string]{Partition: q,
+		TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyID: keyID, Tenant: tenant,
+		CommandActor: actor, CommandReason: reason})
+	if corrected != 0 {
+		return fmt.Errorf("aggregator: encode lift: %v beyond its bound", corrected)
 	}
 	if err := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: q, Key: []byte(tenant), Value: v}).FirstErr(); err != nil {
 		return fmt.Errorf("aggregator: produce lift: %w", err)
@@ -570,15 +575,6 @@ func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reas
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// redactURL drops user information from a URL for logs.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }
 
 // SnapshotDir is where snapshots are written.

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 )
 
 // Statuses of a dependency in /readyz.
@@ -304,7 +304,7 @@ func probe(ctx context.Context, d *dependency, check func(context.Context) error
 // natsKV returns the KV buckets for the operator API while NATS is
 // connected, and nil otherwise, so that a route needing NATS answers 503
 // NATS_UNAVAILABLE at once instead of waiting for a reconnect.
-func (s *Server) natsKV() *publish.KV {
+func (s *Server) natsKV() *fleetkv.KV {
 	kv := s.kv.Load()
 	if kv == nil {
 		return nil

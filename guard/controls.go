@@ -52,9 +52,11 @@ type ControlSet struct {
 
 // Entry is a blocklist or allowlist entry. Expiry is Unix microseconds, 0
 // for none. Level is the penalty ladder's level of a block the ladder
-// imposed (0 for an operator's entry); Close asks gateways to answer the
-// key at the connection level where the peer is the client itself, as for
-// Penalty.Close (the ladder's top level is a block).
+// imposed (0 for an operator's entry), reported in Decision.PenaltyLevel;
+// Close asks gateways to answer the key at the connection level where the
+// peer is the client itself, as for Penalty.Close. What each level means,
+// and which may close, is the control plane's (package
+// schemas/tollgatev1); the guard only carries them.
 type Entry struct {
 	Expiry int64
 	Reason string
@@ -76,8 +78,7 @@ type Penalty struct {
 
 // Override is a temporary override of every rule of one scope (key or
 // tenant), or of one rule when Rule is set. Level is the penalty ladder's
-// level of an override the ladder imposed (its first level: a reduced
-// limit), 0 for an operator's.
+// level of an override the ladder imposed, 0 for an operator's.
 type Override struct {
 	rules.Override
 	Rule  string

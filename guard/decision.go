@@ -127,7 +127,7 @@ type Decision struct {
 	// ReasonPenalty, or ReasonBlocklisted for a block the ladder imposed
 	// (0 for an operator's block); CloseConnection asks the HTTP layer to
 	// answer with Connection: close where the peer is the client itself
-	// (the top of the ladder). Both are decided from memory, without the
+	// (the controls' Close). Both are decided from memory, without the
 	// store.
 	PenaltyLevel    int
 	CloseConnection bool
