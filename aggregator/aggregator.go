@@ -17,7 +17,6 @@ package aggregator
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -30,7 +29,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,14 +44,11 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/configs"
-	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
-	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
-	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Server is an aggregator instance. Create it with New, then call Run
@@ -413,168 +408,6 @@ func (s *Server) release() error {
 		s.kafka.Close()
 	}
 	return s.db.Close()
-}
-
-// hashedGuard is a guard for one ruleset.
-type hashedGuard struct {
-	hash string
-	g    *guard.Guard
-}
-
-// keyGuard returns a guard with the fleet's active ruleset (the rules
-// bucket, else rules_file) over the gateways' Redis, for the operator
-// API's keys/{key} routes. It is rebuilt when the ruleset changes.
-func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
-	var src []byte
-	if kv := s.kv.Load(); kv != nil {
-		e, _, err := kv.ActiveRules(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if e != nil {
-			src = []byte(e.Source)
-		}
-	}
-	if src == nil && s.cfg.RulesFile != "" {
-		b, err := os.ReadFile(s.cfg.RulesFile)
-		if err != nil {
-			return nil, fmt.Errorf("rules_file: %w", err)
-		}
-		src = b
-	}
-	if src == nil {
-		return nil, errors.New("no ruleset: the rules bucket is empty and rules_file is not set")
-	}
-	rs, err := rules.Load(src)
-	if err != nil {
-		return nil, err
-	}
-	if cur := s.keyGard.Load(); cur != nil && cur.hash == rs.Hash() {
-		return cur.g, nil
-	}
-	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs,
-		guard.WithLogger(s.log.With(slog.String("component", "guard"))))
-	if err != nil {
-		return nil, err
-	}
-	s.keyGard.Store(&hashedGuard{hash: rs.Hash(), g: g})
-	return g, nil
-}
-
-// connectNATS connects to NATS, opens the KV buckets (retrying until
-// JetStream answers), seeds the rules bucket from rules_file when it is
-// empty, and holds the connection until ctx is done.
-func (s *Server) connectNATS(ctx context.Context) error {
-	log := s.log.With(slog.String("component", "nats"))
-	nc, err := fleetkv.Connect(s.cfg.NATS.URL, fleetkv.Options{Name: "tollgate-aggregator-" + s.cfg.ID, Log: log})
-	if err != nil {
-		return fmt.Errorf("aggregator: %w", err)
-	}
-	defer nc.Close()
-	s.nc.Store(nc)
-	defer s.nc.Store(nil)
-	var kv *fleetkv.KV
-	for {
-		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		kv, err = fleetkv.Open(octx, nc)
-		cancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		log.Warn("NATS JetStream unavailable; the control plane answers 503 until it is", slog.String("error", err.Error()))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
-	}
-	if err := s.seedRules(ctx, kv); err != nil {
-		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
-	}
-	s.kv.Store(kv)
-	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
-	<-ctx.Done()
-	s.kv.Store(nil)
-	return nil
-}
-
-// seedRules writes rules_file as version 1 when the bucket holds no
-// ruleset; a concurrent seeder's win is fine.
-func (s *Server) seedRules(ctx context.Context, kv *fleetkv.KV) error {
-	if s.cfg.RulesFile == "" {
-		return nil
-	}
-	cur, _, err := kv.ActiveRules(ctx)
-	if err != nil || cur != nil {
-		return err
-	}
-	src, err := os.ReadFile(s.cfg.RulesFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if _, err := rules.Load(src); err != nil {
-		return fmt.Errorf("rules_file %s: %w", s.cfg.RulesFile, err)
-	}
-	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
-		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
-	if _, err := kv.PutRules(ctx, e, 0); err != nil {
-		if errors.Is(err, fleetkv.ErrConflict) {
-			return nil
-		}
-		return err
-	}
-	s.log.Info("rules bucket seeded", slog.String("rules_file", s.cfg.RulesFile))
-	return audit.NewWriter(s.kafka, s.cfg.Kafka.AuditTopic).Write(ctx, &tollgatev1.AuditEntry{Actor: e.Actor, Kind: audit.KindRules,
-		Subject: "rules", Reason: e.Reason, Version: 1, Before: []byte(`{"version":0}`), After: mustJSON(map[string]any{"version": 1})})
-}
-
-// commandPartitioner sends records of the decisions topic (lift commands)
-// to the partition they name, and hashes the others' keys.
-func commandPartitioner(decisions string) kgo.Partitioner {
-	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
-		if topic == decisions {
-			return func(r *kgo.Record, n int) int { return int(r.Partition) % n }
-		}
-		return kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition
-	})
-}
-
-// commander writes lift commands into the decisions topic.
-type commander struct {
-	cl    *kgo.Client
-	topic string
-}
-
-// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q, with
-// the decision stream's codec. A value beyond its bound, or not UTF-8, is
-// refused: the partition's owner would refuse the command.
-func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reason string, at time.Time) error {
-	for _, s := range [...]string{keyID, tenant, actor, reason} {
-		if !utf8.ValidString(s) {
-			return errors.New("aggregator: encode lift: a value is not UTF-8")
-		}
-	}
-	v, corrected := tollgatev1.AppendDecision(nil, &tollgatev1.Decision[string]{Partition: q,
-		TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyID: keyID, Tenant: tenant,
-		CommandActor: actor, CommandReason: reason})
-	if corrected != 0 {
-		return fmt.Errorf("aggregator: encode lift: %v beyond its bound", corrected)
-	}
-	if err := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: q, Key: []byte(tenant), Value: v}).FirstErr(); err != nil {
-		return fmt.Errorf("aggregator: produce lift: %w", err)
-	}
-	return nil
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
 }
 
 // SnapshotDir is where snapshots are written.
