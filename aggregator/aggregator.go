@@ -114,8 +114,8 @@ type Addrs struct {
 // New opens the state in cfg.DataDir, creates the Kafka and Redis clients
 // and binds the listeners, so Addrs is known when it returns. It serves and
 // consumes nothing (Run does), but the clients start goroutines of their
-// own: franz-go's metadata and connection reaper loops, the Redis store's
-// connection workers. Close, or Run's return, stops them. When New fails,
+// own: franz-go's metadata, connection-reaper and metrics loops, the Redis store's
+// batching goroutines. Close, or Run's return, stops them. When New fails,
 // it has released everything it opened. log may be nil.
 func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	cfg.SetDefaults()
