@@ -57,7 +57,8 @@ func miscopartition(t *testing.T, brokers []string, decisions, changelog string)
 // TestStartFailuresReleaseEverything fails the start at each point — a
 // busy API or metrics listener in New, a Setup the processor refuses in
 // Run — and closes a server never run, and checks that nothing New or Run
-// opened is left running afterwards. It is not parallel: it counts the
+// opened is left running afterwards, and that a second start on the same
+// data_dir and API address succeeds (Pebble's lock and the port are free). It is not parallel: it counts the
 // process's goroutines.
 func TestStartFailuresReleaseEverything(t *testing.T) {
 	brokers := []string{kafkatest.StartTB(t).Addr()}
@@ -69,27 +70,32 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 	defer busy.Close()
 	config := func(t *testing.T, name string) aggregator.Config {
 		cfg := testConfig(brokers, name, t.TempDir())
+		// A fixed API address, so that a second start shows it was let go.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Listen = ln.Addr().String()
+		_ = ln.Close()
 		cfg.Redis.Addrs = []string{redisAddr}
 		cfg.Kafka.DecisionsTopic, cfg.Kafka.ChangelogTopic = name+".decisions", name+".changelog"
 		return cfg
 	}
 	tests := []struct {
 		name      string
-		start     func(t *testing.T, cfg aggregator.Config) error
+		start     func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error)
 		want      string // in the start's error; "" when it must succeed
 		addrInUse bool   // the error is service.ErrAddrInUse
 	}{
-		{"api listener busy", func(t *testing.T, cfg aggregator.Config) error {
+		{"api listener busy", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			cfg.Listen = busy.Addr().String()
-			_, err := aggregator.New(cfg, testLogger(t))
-			return err
+			return aggregator.New(cfg, testLogger(t))
 		}, configs.EnvName("aggregator_listen"), true},
-		{"metrics listener busy", func(t *testing.T, cfg aggregator.Config) error {
+		{"metrics listener busy", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			cfg.MetricsListen = busy.Addr().String()
-			_, err := aggregator.New(cfg, testLogger(t))
-			return err
+			return aggregator.New(cfg, testLogger(t))
 		}, configs.EnvName("aggregator_metrics_listen"), true},
-		{"setup refused", func(t *testing.T, cfg aggregator.Config) error {
+		{"setup refused", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			miscopartition(t, brokers, cfg.Kafka.DecisionsTopic, cfg.Kafka.ChangelogTopic)
 			srv, err := aggregator.New(cfg, testLogger(t))
 			if err != nil {
@@ -97,21 +103,21 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
-			return srv.Run(ctx)
+			return srv, srv.Run(ctx)
 		}, "co-partitioned", false},
-		{"closed before run", func(t *testing.T, cfg aggregator.Config) error {
+		{"closed before run", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			srv, err := aggregator.New(cfg, testLogger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			return srv.Close()
+			return srv, srv.Close()
 		}, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := config(t, strings.ReplaceAll(tt.name, " ", "-"))
 			before := runtime.NumGoroutine()
-			err := tt.start(t, cfg)
+			first, err := tt.start(t, cfg)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("start: %v", err)
@@ -121,6 +127,17 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 				t.Errorf("start = %v, want service.ErrAddrInUse", err)
 			}
 			settled(t, before)
+			// Pebble's lock on data_dir and the API address are free again.
+			again, err := aggregator.New(cfg, testLogger(t))
+			if err != nil {
+				t.Fatalf("a second start on the same data_dir and address: %v", err)
+			}
+			if err := again.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// Reachable until now: a listener left open must not be
+			// closed by its finalizer instead.
+			runtime.KeepAlive(first)
 		})
 	}
 }
