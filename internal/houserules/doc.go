@@ -10,7 +10,12 @@
 //     package: slog.Info, slog.Default, slog.SetDefault, log.Printf and the
 //     like; take a *slog.Logger instead (nil: discard);
 //   - a package without a package comment: add a doc.go starting
-//     "// Package name ...".
+//     "// Package name ...";
+//   - in non-test code, an API error code written as a string literal
+//     outside guard/apierror, a code-shaped literal answered as a code that
+//     is not in its table, or a code answered with an HTTP status its
+//     table does not give it: every surface answers from that one table
+//     (tests spell the wire as it is).
 //
 // It also reads every file git tracks (docs, READMEs, comments, --help
 // texts, configs, scripts, test messages) and fails on a citation of a
@@ -19,9 +24,9 @@
 // number: users cannot follow them, so say the fact, or link the doc in
 // docs/ that holds it.
 //
-// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist
-// and citationAllowlist; each entry says why, and a stale entry fails the
-// test.
+// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist,
+// errorCodeAllowlist and citationAllowlist; each entry says why, and a
+// stale entry fails the test.
 //
 // Directories named testdata or vendor, or starting with "." or "_", and
 // nested modules are not checked. The package has no exported API.
