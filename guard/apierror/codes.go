@@ -1,6 +1,9 @@
 package apierror
 
-import "slices"
+import (
+	"slices"
+	"strconv"
+)
 
 // The API error codes. A code is part of the contract: clients branch on
 // it, so a code is never renamed and never changes its meaning. A new code
@@ -107,6 +110,20 @@ const (
 	// Aggregator: the aggregator's operator API and usage reports.
 	Aggregator
 )
+
+// String returns the surface's name: "decisions", "gateway" or
+// "aggregator".
+func (s Surface) String() string {
+	switch s {
+	case Decisions:
+		return "decisions"
+	case Gateway:
+		return "gateway"
+	case Aggregator:
+		return "aggregator"
+	}
+	return "surface(" + strconv.Itoa(int(s)) + ")"
+}
 
 // Surfaces lists every surface, in the reference's order.
 func Surfaces() []Surface { return []Surface{Decisions, Gateway, Aggregator} }

@@ -140,3 +140,17 @@ func TestRowsIsACopy(t *testing.T) {
 		t.Error("Rows returned the table itself")
 	}
 }
+
+func TestSurfaceString(t *testing.T) {
+	t.Parallel()
+	var names []string
+	for _, s := range Surfaces() {
+		names = append(names, s.String())
+	}
+	if want := []string{"decisions", "gateway", "aggregator"}; !slices.Equal(names, want) {
+		t.Errorf("names %v, want %v", names, want)
+	}
+	if got := Surface(9).String(); got != "surface(9)" {
+		t.Errorf("Surface(9) = %q", got)
+	}
+}
