@@ -23,7 +23,7 @@ import (
 type Config struct {
 	Listen        string `yaml:"aggregator_listen" doc:"Address of the operator API and the usage reports (bearer admin_token). Loopback by default; a non-loopback address needs admin_token."`
 	MetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz (no token); off disables it."`
-	ID            string `yaml:"aggregator_id" doc:"This instance's unique name; its Kafka transactional id derives from it. Empty: hostname-pid."`
+	ID            string `yaml:"aggregator_id" doc:"This instance's unique name; its Kafka transactional id derives from it. An instance whose id a live member of the consumer group already has refuses to start. Empty: hostname-pid."`
 	DataDir       string `yaml:"data_dir" doc:"Directory of this instance's state (Pebble: the materialized changelog and audit log; checkpoints). One per instance."`
 	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>), at least 16 characters (generate one with: openssl rand -base64 32). Required unless admin_insecure."`
 	AdminInsecure bool   `yaml:"admin_insecure" doc:"Run the operator API without admin_token, on a loopback aggregator_listen only (a local experiment): any bearer token is accepted, and a request without an Authorization header is still refused, so that no web page can forge a change. Logged as a warning at start and shown on /readyz."`
@@ -37,7 +37,7 @@ type Config struct {
 
 	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
 	SessionTimeout     time.Duration `yaml:"aggregator_session_timeout" doc:"How long the group waits for a silent instance before its partitions move to the others."`
-	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers."`
+	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers. /readyz fails when polled events wait twice this long for their commit."`
 	CommitInterval     time.Duration `yaml:"aggregator_commit_interval" doc:"Longest time one Kafka transaction folds in a backlog before it commits: a row many events touch is written once per transaction. Longer: less CPU per event under load, later report rows. A lull commits at once."`
 
 	Usage   UsageConfig   `yaml:"usage"`

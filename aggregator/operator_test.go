@@ -52,14 +52,6 @@ func kvHas(t *testing.T, js jetstream.JetStream, bucket, key string) bool {
 }
 
 // errorCode is the code of an operator API error answer.
-func errorCode(b []byte) string {
-	var e struct {
-		Error struct{ Code string } `json:"error"`
-	}
-	_ = json.Unmarshal(b, &e)
-	return e.Error.Code
-}
-
 // waitAudit waits until the audit log holds an entry of kind whose JSON
 // contains every want.
 func waitAudit(t *testing.T, addr, kind string, want ...string) {

@@ -152,10 +152,10 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 		{"key_override", len(s.KeyOverrides)}, {"tenant_override", len(s.TenantOverrides)}} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k.n), k.kind)
 	}
-	var levels [maxLadderLevel + 1]int
+	var levels [tollgatev1.MaxLevel + 1]int
 	now := time.Now().UnixMicro()
 	count := func(level int, expiry int64) {
-		if level > 0 && level <= maxLadderLevel && (expiry == 0 || expiry > now) {
+		if level > 0 && level <= tollgatev1.MaxLevel && (expiry == 0 || expiry > now) {
 			levels[level]++
 		}
 	}
@@ -168,13 +168,10 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range s.Blocked {
 		count(e.Level, e.Expiry)
 	}
-	for level := 1; level <= maxLadderLevel; level++ {
+	for level := 1; level <= tollgatev1.MaxLevel; level++ {
 		ch <- prometheus.MustNewConstMetric(c.levels, prometheus.GaugeValue, float64(levels[level]), strconv.Itoa(level))
 	}
 }
-
-// maxLadderLevel is the penalty ladder's top level.
-const maxLadderLevel = 3
 
 // fleetCollectors are the fleet mode's gauges, read from the Syncer at
 // scrape time.

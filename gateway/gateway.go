@@ -45,6 +45,7 @@ import (
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/service"
 )
 
@@ -411,7 +412,7 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
 		slog.Any("exposed", s.exposed()),
 		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
-		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", redactURL(s.cfg.NATS.URL)),
+		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 

@@ -36,9 +36,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
@@ -46,6 +43,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -501,29 +499,24 @@ func rulesFromNATS(body []byte) bool {
 func (s *Stack) waitControlPlane(ctx context.Context, natsURL string, agg *task) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	nc, err := nats.Connect(natsURL, nats.Name("tollgate-stack"), nats.Timeout(time.Second))
+	nc, err := fleetkv.Connect(natsURL, fleetkv.Options{Name: "tollgate-stack"})
 	if err != nil {
-		return fmt.Errorf("stack: nats: %w", err)
+		return fmt.Errorf("stack: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("stack: nats: %w", err)
-	}
 	seeded := func() error {
 		octx, ocancel := context.WithTimeout(ctx, time.Second)
 		defer ocancel()
-		for _, b := range []string{tollgatev1.BucketBlocklist, tollgatev1.BucketOverrides, tollgatev1.BucketRules} {
-			kv, err := js.KeyValue(octx, b)
-			if err != nil {
-				return fmt.Errorf("bucket %s: %w", b, err)
-			}
-			if b != tollgatev1.BucketRules {
-				continue
-			}
-			if _, err := kv.Get(octx, tollgatev1.RulesKey); err != nil {
-				return fmt.Errorf("bucket %s, key %s: %w", b, tollgatev1.RulesKey, err)
-			}
+		kv, err := fleetkv.Bind(octx, nc)
+		if err != nil {
+			return err
+		}
+		_, rev, err := kv.ActiveRules(octx)
+		if err != nil && !errors.Is(err, fleetkv.ErrCorrupt) {
+			return err
+		}
+		if rev == 0 {
+			return fmt.Errorf("bucket %s holds no ruleset yet", tollgatev1.BucketRules)
 		}
 		return nil
 	}

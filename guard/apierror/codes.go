@@ -72,7 +72,8 @@ const (
 	// OutcomeUnknown: a change was sent but whether it took effect is
 	// unknown (502).
 	OutcomeUnknown = "OUTCOME_UNKNOWN"
-	// KafkaUnavailable: a lift command could not be written to Kafka (502).
+	// KafkaUnavailable: Kafka did not answer: a lift command could not be
+	// written (502), or a change or the control plane waits for it (503).
 	KafkaUnavailable = "KAFKA_UNAVAILABLE"
 	// AuditFailed: a change's audit entry could not be written; nothing
 	// changed (503).
@@ -88,10 +89,9 @@ const (
 	// RedisUnavailable: Redis did not answer, or refused a change before
 	// it was attempted (503).
 	RedisUnavailable = "REDIS_UNAVAILABLE"
-
-	// The aggregator's codes for answers it cannot give yet (its state
-	// still restoring from the changelog, Kafka unreachable), 503, go
-	// here, with their rows under Aggregator in the table.
+	// StateRestoring: the aggregator's state is still being restored from
+	// the changelog, so a read of it would be incomplete (503).
+	StateRestoring = "STATE_RESTORING"
 )
 
 // Surface is a group of HTTP surfaces that answer with the same codes: one
@@ -177,6 +177,8 @@ var table = []Row{
 	{Aggregator, 502, NATSUnavailable, "NATS did not take the change (nothing changed)"},
 	{Aggregator, 502, OutcomeUnknown, "the change was sent but its answer was lost and reading it back failed: read it again (the audit log says so too)"},
 	{Aggregator, 502, KafkaUnavailable, "a penalty lift could not be sent to Kafka"},
+	{Aggregator, 503, KafkaUnavailable, "a change while Kafka does not answer (every change is audited through Kafka first, so nothing is changed), and the control-plane routes until Kafka first answers; with `Retry-After: 1`"},
+	{Aggregator, 503, StateRestoring, "usage reports, `GET /admin/v1/audit` and `penalties/{key}` before the instance's state is restored (the answer would be incomplete); with `Retry-After: 1`"},
 	{Aggregator, 503, AuditFailed, "the change's audit entry could not be written (Kafka down): nothing changed, since a change is audited before it takes effect"},
 	{Aggregator, 503, NATSNotConfigured, "a control-plane route on an aggregator without `TOLLGATE_NATS_URL`"},
 	{Aggregator, 503, NATSUnavailable, "NATS JetStream not reached yet"},
@@ -184,8 +186,6 @@ var table = []Row{
 	{Aggregator, 503, RulesUnavailable, "`keys/{key}` routes before the ruleset is known"},
 	{Aggregator, 503, NotConfigured, "`keys/{key}` routes on an aggregator without Redis settings"},
 	{Aggregator, 503, Unavailable, "`penalties/{key}` on an instance that does not serve penalty state; a change that gave up waiting for another change on the same instance to finish"},
-	// The aggregator's 503s for a state still restoring or Kafka
-	// unreachable go here.
 }
 
 // Rows returns the table: every code on every surface that answers it,

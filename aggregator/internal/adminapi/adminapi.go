@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -25,7 +25,7 @@ type Config struct {
 	Hasher *keyid.Hasher
 	// KV returns the fleet configuration in NATS; nil without NATS or
 	// before it is reached (the control-plane routes then answer 503).
-	KV func() *publish.KV
+	KV func() *fleetkv.KV
 	// Auditor appends the audit entry of every change.
 	Auditor Auditor
 	// Guard serves keys/{key} (nil: those routes answer 503).

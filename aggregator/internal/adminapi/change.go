@@ -15,8 +15,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard/apierror"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -95,7 +95,7 @@ func (a *api) apply(r *http.Request, e *tollgatev1.AuditEntry, do func(ctx conte
 		return nil
 	}
 	outcome := outcomeNotApplied
-	if errors.Is(err, publish.ErrUnknownOutcome) || errors.Is(err, errMaybeApplied) {
+	if errors.Is(err, fleetkv.ErrUnknownOutcome) || errors.Is(err, errMaybeApplied) {
 		outcome = outcomeUnknown
 	}
 	f := &tollgatev1.AuditEntry{Actor: e.Actor, Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix,
@@ -119,9 +119,9 @@ func changeFailed(w http.ResponseWriter, err error, code string) {
 	case errors.Is(err, errAudit):
 		apierror.Write(w, http.StatusServiceUnavailable, apierror.AuditFailed,
 			"nothing was changed: the change's audit entry could not be written to Kafka: "+err.Error())
-	case errors.Is(err, publish.ErrTooLarge):
+	case errors.Is(err, fleetkv.ErrTooLarge):
 		apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.RulesTooLarge, err.Error())
-	case errors.Is(err, publish.ErrUnknownOutcome), errors.Is(err, errMaybeApplied):
+	case errors.Is(err, fleetkv.ErrUnknownOutcome), errors.Is(err, errMaybeApplied):
 		apierror.Write(w, http.StatusBadGateway, apierror.OutcomeUnknown,
 			"the change may or may not have taken effect: read it again (the audit log records this): "+err.Error())
 	case code == apierror.RedisUnavailable:
@@ -178,14 +178,14 @@ func digest(b []byte) []byte {
 }
 
 // corruptState is the audit log's before of a corrupt entry.
-func corruptState(ce *publish.CorruptError) []byte {
+func corruptState(ce *fleetkv.CorruptError) []byte {
 	return mustJSON(map[string]any{"corrupt": true, "revision": ce.Revision, "bytes": ce.Bytes, "sha256": ce.SHA256,
 		"cause": ce.Err.Error()})
 }
 
 // corruptAnswer answers 409 code for a corrupt entry, with what identifies
 // it, its revision as the ETag (etag), and how to repair it.
-func corruptAnswer(w http.ResponseWriter, code, etag string, ce *publish.CorruptError, repair string) {
+func corruptAnswer(w http.ResponseWriter, code, etag string, ce *fleetkv.CorruptError, repair string) {
 	w.Header().Set("ETag", strconv.Quote(etag))
 	msg := fmt.Sprintf("the %s entry %q in NATS (revision %d, %d bytes) is corrupt: %v. %s", ce.Bucket, ce.Key,
 		ce.Revision, ce.Bytes, ce.Err, repair)

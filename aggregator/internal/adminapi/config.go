@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -36,8 +36,8 @@ func actor(r *http.Request) string {
 	return "operator"
 }
 
-func (a *api) kv(w http.ResponseWriter) *publish.KV {
-	var kv *publish.KV
+func (a *api) kv(w http.ResponseWriter) *fleetkv.KV {
+	var kv *fleetkv.KV
 	if a.cfg.KV != nil {
 		kv = a.cfg.KV()
 	}
@@ -124,7 +124,7 @@ func rulesState(version int64, src string) []byte {
 }
 
 // corruptRules answers the corrupt active ruleset entry.
-func corruptRules(w http.ResponseWriter, ce *publish.CorruptError) {
+func corruptRules(w http.ResponseWriter, ce *fleetkv.CorruptError) {
 	corruptAnswer(w, apierror.RulesCorrupt, fmt.Sprintf("r%d", ce.Revision), ce, fmt.Sprintf(
 		"Gateways keep the rules they enforce. Replace it: PUT /admin/v1/rules with If-Match: r%d, or roll back to a good version (GET /admin/v1/rules/versions).",
 		ce.Revision))
@@ -136,7 +136,7 @@ func (a *api) getRules(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e, _, err := kv.ActiveRules(r.Context())
-	var ce *publish.CorruptError
+	var ce *fleetkv.CorruptError
 	switch {
 	case errors.As(err, &ce):
 		corruptRules(w, ce)
@@ -198,7 +198,7 @@ func (a *api) putRules(w http.ResponseWriter, r *http.Request) {
 
 // newestVersion is the highest version among the history's entries that
 // decode: what a write over a corrupt active entry counts from.
-func newestVersion(ctx context.Context, kv *publish.KV) (int64, error) {
+func newestVersion(ctx context.Context, kv *fleetkv.KV) (int64, error) {
 	hist, err := kv.RulesVersions(ctx)
 	if err != nil {
 		return 0, err
@@ -216,7 +216,7 @@ func newestVersion(ctx context.Context, kv *publish.KV) (int64, error) {
 // If-Match (a version, or r<revision> over a corrupt entry), audited
 // before it takes effect. Without If-Match a write that another writer
 // beat is retried on the new current version.
-func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *publish.KV, src, format string, rs *rules.Ruleset, kind, reason string) {
+func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV, src, format string, rs *rules.Ruleset, kind, reason string) {
 	pre, err := ifMatch(r)
 	if err != nil {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
@@ -230,7 +230,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *publish.KV,
 	var e *tollgatev1.RulesEntry
 	for attempt := 1; ; attempt++ {
 		cur, rev, err := kv.ActiveRules(r.Context())
-		var ce *publish.CorruptError
+		var ce *fleetkv.CorruptError
 		isCorrupt := errors.As(err, &ce)
 		if err != nil && !isCorrupt {
 			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
@@ -261,7 +261,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *publish.KV,
 			return
 		}
 		e = &tollgatev1.RulesEntry{Version: curVersion + 1, Source: src, Format: format, Actor: actor(r), Reason: reason, Time: time.Now().UTC()}
-		if n, err := publish.EncodedSize(e); err != nil || n > kv.MaxValue() {
+		if n, err := fleetkv.EncodedSize(e); err != nil || n > kv.MaxValue() {
 			apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.RulesTooLarge,
 				fmt.Sprintf("the ruleset takes %d bytes as a NATS value, more than the %d NATS accepts", n, kv.MaxValue()))
 			return
@@ -274,7 +274,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *publish.KV,
 		if err == nil {
 			break
 		}
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}
@@ -312,7 +312,7 @@ func (a *api) rulesVersions(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, v)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"versions": out, "kept": publish.RulesHistory})
+	writeJSON(w, http.StatusOK, map[string]any{"versions": out, "kept": fleetkv.RulesHistory})
 }
 
 func (a *api) rollback(w http.ResponseWriter, r *http.Request) {

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -47,7 +47,7 @@ func listKey(action, id string) (name, kind string) {
 }
 
 // corruptList answers a corrupt blocklist bucket entry.
-func corruptList(w http.ResponseWriter, kind string, ce *publish.CorruptError) {
+func corruptList(w http.ResponseWriter, kind string, ce *fleetkv.CorruptError) {
 	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
 		"Replace it with PUT or remove it with DELETE on this route. Meanwhile gateways %s.", corruptListEffect(kind)))
 }
@@ -72,7 +72,7 @@ func (a *api) getList(action string) http.HandlerFunc {
 		}
 		name, kind := listKey(action, id)
 		cur, rev, err := kv.List(r.Context(), name)
-		var ce *publish.CorruptError
+		var ce *fleetkv.CorruptError
 		switch {
 		case errors.As(err, &ce):
 			corruptList(w, kind, ce)
@@ -116,7 +116,7 @@ func (a *api) putList(action string) http.HandlerFunc {
 		for attempt := 1; ; attempt++ {
 			cur, rev, err := kv.List(r.Context(), name)
 			before := mustJSON(cur)
-			var ce *publish.CorruptError
+			var ce *fleetkv.CorruptError
 			if errors.As(err, &ce) {
 				before = corruptState(ce) // replaced: the PUT repairs it
 			} else if err != nil {
@@ -136,7 +136,7 @@ func (a *api) putList(action string) http.HandlerFunc {
 			if err == nil {
 				break
 			}
-			if errors.Is(err, publish.ErrConflict) {
+			if errors.Is(err, fleetkv.ErrConflict) {
 				if attempt < writeAttempts {
 					continue
 				}
@@ -171,7 +171,7 @@ func (a *api) deleteList(action string) http.HandlerFunc {
 		defer unlock()
 		for attempt := 1; ; attempt++ {
 			cur, rev, err := kv.List(r.Context(), name)
-			var ce *publish.CorruptError
+			var ce *fleetkv.CorruptError
 			var before []byte
 			switch {
 			case errors.As(err, &ce):
@@ -187,12 +187,12 @@ func (a *api) deleteList(action string) http.HandlerFunc {
 			}
 			err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
 				Before: before, After: []byte("null")}, func(ctx context.Context) error {
-				return publish.Delete(ctx, kv.Lists, name, rev)
+				return fleetkv.Delete(ctx, kv.Lists, name, rev)
 			})
 			if err == nil {
 				break
 			}
-			if errors.Is(err, publish.ErrConflict) {
+			if errors.Is(err, fleetkv.ErrConflict) {
 				if attempt < writeAttempts {
 					continue
 				}
@@ -229,7 +229,7 @@ func (a *api) overrideSubject(w http.ResponseWriter, r *http.Request) (scope, su
 }
 
 // corruptOverride answers a corrupt overrides bucket entry.
-func corruptOverride(w http.ResponseWriter, ce *publish.CorruptError) {
+func corruptOverride(w http.ResponseWriter, ce *fleetkv.CorruptError) {
 	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
 		"Replace it with PUT (If-Match: %d) or remove it with DELETE on this route. Meanwhile gateways ignore it: the rules' own limits apply.",
 		ce.Revision))
@@ -245,7 +245,7 @@ func (a *api) getOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cur, rev, err := kv.Override(r.Context(), tollgatev1.OverrideKey(scope, subject))
-	var ce *publish.CorruptError
+	var ce *fleetkv.CorruptError
 	switch {
 	case errors.As(err, &ce):
 		corruptOverride(w, ce)
@@ -293,7 +293,7 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 	for attempt := 1; ; attempt++ {
 		cur, rev, err := kv.Override(r.Context(), name)
 		before := mustJSON(cur)
-		var ce *publish.CorruptError
+		var ce *fleetkv.CorruptError
 		if errors.As(err, &ce) {
 			before = corruptState(ce)
 		} else if err != nil {
@@ -326,7 +326,7 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}
@@ -362,7 +362,7 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	defer unlock()
 	for attempt := 1; ; attempt++ {
 		cur, rev, err := kv.Override(r.Context(), name)
-		var ce *publish.CorruptError
+		var ce *fleetkv.CorruptError
 		var before []byte
 		switch {
 		case errors.As(err, &ce):
@@ -383,12 +383,12 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		}
 		err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix,
 			Reason: r.URL.Query().Get("reason"), Before: before, After: []byte("null")}, func(ctx context.Context) error {
-			return publish.Delete(ctx, kv.Overrides, name, rev)
+			return fleetkv.Delete(ctx, kv.Overrides, name, rev)
 		})
 		if err == nil {
 			break
 		}
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}

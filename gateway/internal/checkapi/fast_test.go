@@ -2,6 +2,7 @@ package checkapi
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"testing"
@@ -58,10 +59,21 @@ type decisionJSON struct {
 }
 
 // errorJSON is the error object of every answer that is not an admission.
+// Details is a *detailsJSON for a rule's rejection, a *penaltyDetailsJSON
+// for an answer of the penalty ladder.
 type errorJSON struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Details *detailsJSON `json:"details,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}
+
+// penaltyDetailsJSON are the details of an answer of the penalty ladder:
+// retry_after_seconds for a 429 PENALTY.
+type penaltyDetailsJSON struct {
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	PenaltyLevel      int    `json:"penalty_level"`
+	PenaltyReason     string `json:"penalty_reason,omitempty"`
+	ExpiresAt         string `json:"expires_at,omitempty"`
 }
 
 type detailsJSON struct {
@@ -94,6 +106,17 @@ func referenceDecision(d *guard.Decision, status int) []byte {
 		if status == http.StatusTooManyRequests && dr != nil {
 			j.Error.Details = &detailsJSON{Rule: dr.ID, Limit: dr.Limit, WindowSeconds: dr.Window,
 				RetryAfterSeconds: d.RetryAfter, ResetAt: time.Unix(dr.Reset, 0).UTC().Format(time.RFC3339)}
+		} else if dr == nil && d.PenaltyLevel > 0 && (code == guard.CodePenalty ||
+			(code == guard.CodeKeyBlocked && d.Reason == guard.ReasonBlocklisted)) {
+			pd := &penaltyDetailsJSON{PenaltyLevel: d.PenaltyLevel, PenaltyReason: d.PenaltyReason}
+			if code == guard.CodePenalty {
+				ra := max(d.RetryAfter, 1)
+				pd.RetryAfterSeconds = &ra
+			}
+			if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+				pd.ExpiresAt = time.Unix((d.PenaltyUntil+999_999)/1_000_000, 0).UTC().Format(time.RFC3339)
+			}
+			j.Error.Details = pd
 		}
 	}
 	out, _ := json.Marshal(&j)
@@ -116,6 +139,12 @@ func TestAppendDecisionMatchesJSON(t *testing.T) {
 			RetryAfter: rng.Int64N(100),
 			Deciding:   -1,
 			Cost:       1 + rng.Int64N(5),
+		}
+		if rng.IntN(3) == 0 { // an answer of the penalty ladder
+			d.Reason = []guard.Reason{guard.ReasonPenalty, guard.ReasonBlocklisted}[rng.IntN(2)]
+			d.PenaltyLevel = 1 + rng.IntN(3)
+			d.PenaltyReason = odd[rng.IntN(len(odd))]
+			d.PenaltyUntil = []int64{0, math.MaxInt64, 1_795_398_524_000_001}[rng.IntN(3)]
 		}
 		if rng.IntN(5) > 0 {
 			d.Rules = []guard.RuleResult{{

@@ -29,8 +29,9 @@
 // Partition PartitionOf(tenant, partitions) = fnv32a(tenant) mod the
 // topic's partition count (read from Kafka at New; when Kafka is down, the
 // count the spool remembers, else Config.Partitions), key the tenant,
-// value the DecisionEvent encoded by hand with protowire (the tests hold it
-// byte for byte to proto.Marshal and to the schema's field list).
+// value the DecisionEvent written by the decision stream's codec
+// (tollgatev1.AppendDecision: the bytes proto.Marshal writes, without
+// allocating).
 // Anonymous requests have key_id "" and tenant "" and are grouped under the
 // empty tenant. The event time is the decision's Redis time; decisions made
 // without Redis (blocklist, allowlist, no rule) carry none and get the

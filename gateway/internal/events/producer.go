@@ -251,7 +251,6 @@ type Producer struct {
 	sp         *spool.Spool
 	parts      int32
 	epoch      uint64
-	header     []byte // gateway_id and epoch, encoded
 	chunkBytes int
 	nChunks    int
 	wake       chan struct{} // capacity 1: a pending wake-up of Run
@@ -274,6 +273,7 @@ type Producer struct {
 	recorded    uint64
 	dropped     [numDropReasons]uint64
 	corrected   [numFixes]uint64 // events corrected to fit the schema's bounds
+	shadow      []string         // the event's shadow ids, reused from event to event
 	overruns    uint64
 	memEvents   int64 // events in chunks not yet released
 	memChunks   int   // chunks (pooled) in use
@@ -394,7 +394,6 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 		sp:         sp,
 		parts:      parts,
 		epoch:      epoch,
-		header:     appendHeader(nil, cfg.GatewayID, epoch),
 		chunkBytes: chunkBytes,
 		nChunks:    cfg.MemoryBytes / chunkBytes,
 		wake:       make(chan struct{}, 1),
@@ -587,7 +586,6 @@ func (p *Producer) Report(req *guard.Request, d *guard.Decision, surface string)
 func recordable(status int) bool { return status == 200 || status == 429 || status == 403 }
 
 func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface string) {
-	part := PartitionOf(boundedTenant(d.Tenant), p.parts)
 	// Decisions made without Redis (blocklist, allowlist, no rule) carry
 	// no Redis time: they get the gateway's clock, and so does one whose
 	// Redis clock is too far from it for the aggregator to take.
@@ -599,7 +597,12 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 		}
 		t = now
 	}
-	need := frameHeader + len(p.header) + maxEventSize(req, d, surface)
+	var ip [maxIPText]byte
+	ev := eventOf(k, t, req, d, surface, ip[:0])
+	// The tenant as the event holds it (cut to its bound) chooses the
+	// partition, so that the partition, the record key and the event agree.
+	part := PartitionOf(tollgatev1.FieldTenant.Cut(d.Tenant), p.parts)
+	ev.GatewayID, ev.Epoch, ev.Partition = p.cfg.GatewayID, p.epoch, part
 	signal := false
 
 	p.mu.Lock()
@@ -616,6 +619,9 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 	if seq > p.reserved[part] {
 		p.overruns++
 	}
+	p.shadow = shadowIDs(p.shadow[:0], d)
+	ev.Seq, ev.ShadowWouldReject = seq, p.shadow
+	need := frameHeader + tollgatev1.MaxDecisionSize(&ev)
 	c := p.open
 	if c == nil || len(c.buf)+need > cap(c.buf) {
 		if need > p.chunkBytes {
@@ -645,8 +651,11 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 	}
 	start := len(c.buf)
 	b := append(c.buf, make([]byte, frameHeader)...)
-	b, f := appendEvent(b, p.header, part, seq, k, t, req, d, surface)
-	if fx |= f; fx != 0 {
+	b, corrected := tollgatev1.AppendDecision(b, &ev)
+	if corrected != 0 {
+		fx |= fixesOf(corrected)
+	}
+	if fx != 0 {
 		for i := range numFixes {
 			if fx&(1<<i) != 0 {
 				p.corrected[i]++

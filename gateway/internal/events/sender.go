@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/internal/kafkalog"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // segment is one element of the FIFO: a sealed chunk, a segment read back
@@ -275,6 +276,12 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
+		// One produce request per broker at a time: with two, a batch
+		// could be written while the one before it on its partition
+		// fails (a broker takes any first sequence number from a
+		// producer it has no state for on that partition), and the
+		// failed records, re-sent later, would land after it.
+		kgo.MaxProduceRequestsInflightPerBroker(1),
 		kgo.WithLogger(kafkalog.New(p.log)),
 	}
 	cl, err := kgo.NewClient(opts...)
@@ -739,7 +746,7 @@ func (s *sender) activate() (*segment, error) {
 			g := s.newSegment()
 			g.spoolID, g.n, g.firstAt = seg.ID, len(seg.Records), time.Now()
 			for _, r := range seg.Records {
-				g.items = append(g.items, item{part: r.Partition, key: tenantOf(r.Payload), val: r.Payload})
+				g.items = append(g.items, item{part: r.Partition, key: tollgatev1.DecisionTenant(r.Payload), val: r.Payload})
 			}
 			p.replayed.Add(uint64(len(seg.Records)))
 			s.prepare(g)
@@ -757,7 +764,7 @@ func (s *sender) activate() (*segment, error) {
 		n := int(binary.LittleEndian.Uint32(b))
 		part := int32(binary.LittleEndian.Uint32(b[4:]))
 		val := b[frameHeader : frameHeader+n : frameHeader+n]
-		g.items = append(g.items, item{part: part, key: tenantOf(val), val: val})
+		g.items = append(g.items, item{part: part, key: tollgatev1.DecisionTenant(val), val: val})
 		b = b[frameHeader+n:]
 	}
 	s.prepare(g)
