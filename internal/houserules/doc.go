@@ -12,7 +12,8 @@
 //   - a package without a package comment: add a doc.go starting
 //     "// Package name ...";
 //   - in non-test code, an API error code written as a string literal
-//     outside guard/apierror, a code-shaped literal answered as a code that
+//     outside guard/apierror (alone, or inside a JSON fragment such as
+//     `"code":"PENALTY"`), a code-shaped literal answered as a code that
 //     is not in its table, or a code answered with an HTTP status its
 //     table does not give it: every surface answers from that one table
 //     (tests spell the wire as it is).

@@ -46,6 +46,9 @@ type vocabulary struct {
 // codeShape is what an API error code looks like.
 var codeShape = regexp.MustCompile(`^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$|^[A-Z]{4,}$`)
 
+// jsonCode finds a code spelled inside a JSON fragment: "code":"PENALTY".
+var jsonCode = regexp.MustCompile(`"code"\s*:\s*"([A-Z][A-Z0-9_]*)"`)
+
 // checkErrorCodes reports, in the non-test, non-generated Go files of
 // fsys outside the vocabulary package:
 //
@@ -111,6 +114,8 @@ func checkErrorCodes(fsys fs.FS, v vocabulary) ([]violation, error) {
 					if s, ok := stringLit(n); ok && v.known(s) && !flagged[n] {
 						out = append(out, violation{ruleErrorCode, at(n), fmt.Sprintf(
 							"the API error code %q as a string literal: use the constant of %s", s, v.dir)})
+					} else if ok {
+						out = append(out, jsonFragment(v, at(n), s)...)
 					}
 				case *ast.CallExpr:
 					for i := 0; i+1 < len(n.Args); i++ {
@@ -222,6 +227,25 @@ func (r resolver) pair(v vocabulary, at func(ast.Node) string, flagged map[ast.N
 	flagged[lit] = true
 	return []violation{{ruleErrorCode, at(lit), fmt.Sprintf(
 		"%q answered with status %d is not an API error code of %s: add it to the table there", s, status, v.dir)}}
+}
+
+// jsonFragment checks the codes a string literal spells in a JSON
+// fragment (a body written or matched by hand): each must be built from
+// the vocabulary's constant.
+func jsonFragment(v vocabulary, pos, s string) []violation {
+	var out []violation
+	for _, m := range jsonCode.FindAllStringSubmatch(s, -1) {
+		c := m[1]
+		switch {
+		case v.known(c):
+			out = append(out, violation{ruleErrorCode, pos, fmt.Sprintf(
+				"the API error code %q inside a JSON string literal: build it from the constant of %s", c, v.dir)})
+		case codeShape.MatchString(c):
+			out = append(out, violation{ruleErrorCode, pos, fmt.Sprintf(
+				"%q inside a JSON string literal is not an API error code of %s: add it to the table there", c, v.dir)})
+		}
+	}
+	return out
 }
 
 func stringLit(l *ast.BasicLit) (string, bool) {
@@ -417,7 +441,11 @@ func Bad(w http.ResponseWriter) {
 	_ = Decision{Code: "NEW_CODE"}
 	_ = map[string]any{"code": "OTHER_CODE"}
 	_ = "LIMITED"
+	_ = []byte(` + "`" + `{"error":{"code":"LIMITED"}}` + "`" + `)
+	_ = ` + "`" + `"code": "FRESH_CODE"` + "`" + `
 }
+
+func FineFragment() []byte { return []byte(` + "`" + `"code":"` + "`" + ` + vocab.Limited + ` + "`" + `"` + "`" + `) }
 `),
 		"other/other.go": file(`// Package other uses lib's alias.
 package other
@@ -458,6 +486,8 @@ func F() { _ = l.Decision{Status: http.StatusForbidden, Code: l.CodeLimited} }
 		"lib/lib.go:32", // Code: "NEW_CODE"
 		"lib/lib.go:33", // "code": "OTHER_CODE"
 		"lib/lib.go:34", // "LIMITED"
+		"lib/lib.go:35", // a known code in a JSON fragment
+		"lib/lib.go:36", // an unknown one
 		"other/other.go:10",
 	}
 	slices.Sort(gotS)
