@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -90,12 +91,7 @@ func checkErrorCodes(fsys fs.FS, v vocabulary) ([]violation, error) {
 	codes := codeConstants(parsed, module, v.dir)
 
 	var out []violation
-	keys := make([]string, 0, len(parsed))
-	for dir := range parsed {
-		keys = append(keys, dir)
-	}
-	slices.Sort(keys)
-	for _, dir := range keys {
+	for _, dir := range slices.Sorted(maps.Keys(parsed)) {
 		if dir == v.dir {
 			continue
 		}
@@ -264,22 +260,8 @@ func codeConstants(parsed map[string][]goFile, module, vocab string) map[string]
 	out := map[string]map[string]string{vocabPath: {}}
 	eachConst := func(files []goFile, fn func(f goFile, name string, value ast.Expr)) {
 		for _, f := range files {
-			if f.test {
-				continue
-			}
-			for _, decl := range f.ast.Decls {
-				gd, ok := decl.(*ast.GenDecl)
-				if !ok || gd.Tok != token.CONST {
-					continue
-				}
-				for _, spec := range gd.Specs {
-					vs := spec.(*ast.ValueSpec)
-					for i, name := range vs.Names {
-						if i < len(vs.Values) {
-							fn(f, name.Name, vs.Values[i])
-						}
-					}
-				}
+			if !f.test {
+				constValues(f.ast, func(name string, value ast.Expr) { fn(f, name, value) })
 			}
 		}
 	}
@@ -315,6 +297,24 @@ func codeConstants(parsed map[string][]goFile, module, vocab string) map[string]
 	return out
 }
 
+// constValues calls fn with every constant of f that is given a value.
+func constValues(f *ast.File, fn func(name string, value ast.Expr)) {
+	for _, decl := range f.Decls {
+		gd, ok := decl.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if i < len(vs.Values) {
+					fn(name.Name, vs.Values[i])
+				}
+			}
+		}
+	}
+}
+
 // modulePath reads the module path from fsys's go.mod.
 func modulePath(fsys fs.FS) (string, error) {
 	data, err := fs.ReadFile(fsys, "go.mod")
@@ -339,26 +339,13 @@ func httpStatuses(t *testing.T) map[string]int {
 		t.Fatalf("reading net/http's statuses: %v", err)
 	}
 	out := map[string]int{}
-	for _, decl := range f.Decls {
-		gd, ok := decl.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i >= len(vs.Values) {
-					continue
-				}
-				if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.INT && strings.HasPrefix(name.Name, "Status") {
-					n, err := strconv.Atoi(lit.Value)
-					if err == nil {
-						out[name.Name] = n
-					}
-				}
+	constValues(f, func(name string, value ast.Expr) {
+		if lit, ok := value.(*ast.BasicLit); ok && lit.Kind == token.INT && strings.HasPrefix(name, "Status") {
+			if n, err := strconv.Atoi(lit.Value); err == nil {
+				out[name] = n
 			}
 		}
-	}
+	})
 	if out["StatusTooManyRequests"] != 429 || out["StatusNotFound"] != 404 {
 		t.Fatalf("read %d statuses from %s, not net/http's", len(out), file)
 	}
