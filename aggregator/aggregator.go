@@ -44,6 +44,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/internal/fleetkv"
@@ -277,7 +278,7 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 		}
 		if len(presented) == 0 || (len(token) > 0 && subtle.ConstantTimeCompare(presented, token) != 1) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
-			reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
+			apierror.Write(w, http.StatusUnauthorized, apierror.Unauthorized, "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
 			return
 		}
 		next.ServeHTTP(w, r)

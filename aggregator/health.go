@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
-	"github.com/tollgate/tollgate/aggregator/internal/reports"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 )
 
@@ -342,19 +342,19 @@ func (s *Server) gate(next http.Handler) http.Handler {
 			if k := s.deps.kafka.get(); k.Status == depDisconnected {
 				msg += "; Kafka has not answered since " + k.Since.Format(time.RFC3339) + ": " + k.Error
 			}
-			unavailable(w, "STATE_RESTORING", msg)
+			unavailable(w, apierror.StateRestoring, msg)
 			return
 		}
 		if controlPlane && !s.setUp.Load() {
 			if k := s.deps.kafka.get(); k.Status == depDisconnected {
-				unavailable(w, "KAFKA_UNAVAILABLE", "the control plane opens once Kafka answers (its changes are audited "+
+				unavailable(w, apierror.KafkaUnavailable, "the control plane opens once Kafka answers (its changes are audited "+
 					"through it); Kafka has not answered since "+k.Since.Format(time.RFC3339)+": "+k.Error)
 				return
 			}
 		}
 		if change {
 			if k := s.deps.kafka.get(); k.Status == depDisconnected {
-				unavailable(w, "KAFKA_UNAVAILABLE", "Kafka has not answered since "+k.Since.Format(time.RFC3339)+
+				unavailable(w, apierror.KafkaUnavailable, "Kafka has not answered since "+k.Since.Format(time.RFC3339)+
 					" and every change is audited through it; nothing was changed: "+k.Error)
 				return
 			}
@@ -366,5 +366,5 @@ func (s *Server) gate(next http.Handler) http.Handler {
 // unavailable answers 503 with Retry-After: 1.
 func unavailable(w http.ResponseWriter, code, msg string) {
 	w.Header().Set("Retry-After", "1")
-	reports.Error(w, http.StatusServiceUnavailable, code, msg)
+	apierror.Write(w, http.StatusServiceUnavailable, code, msg)
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -128,7 +129,7 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 				ds[i].Cost = c.Cost
 				ds[i].RefusingRule, ds[i].RefusingLimit = apps[i][j].rule.ID, c.Params.Limit
 				ds[i].Rules = ds[i].Rules[:0]
-				ds[i].reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+				ds[i].reject(400, apierror.CostExceedsLimit, ReasonCostExceedsLimit)
 				apps[i] = nil
 				rejected = true
 			}

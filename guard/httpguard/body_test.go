@@ -300,30 +300,6 @@ func TestWriteError(t *testing.T) {
 	}
 }
 
-func TestAppendJSONString(t *testing.T) {
-	t.Parallel()
-	for _, s := range []string{"", "plain", "q\"b\\s/", "\x00\x1f\t\r\n", "é€😀", "bad\xffutf8\xc3", "\u2028\u2029", "<&>"} {
-		t.Run(s, func(t *testing.T) {
-			t.Parallel()
-			b := appendJSONString(nil, s)
-			var got string
-			if err := json.Unmarshal(b, &got); err != nil {
-				t.Fatalf("%s: %v", b, err)
-			}
-			want := strings.ToValidUTF8(s, "\ufffd")
-			if s == "bad\xffutf8\xc3" {
-				want = "bad\ufffdutf8\ufffd"
-			}
-			if got != want {
-				t.Errorf("round trip of %q = %q", s, got)
-			}
-			if strings.ContainsAny(string(b), "\u2028\u2029") {
-				t.Errorf("%s holds a raw line separator", b)
-			}
-		})
-	}
-}
-
 func TestWantsProblem(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 )
 
 // Prebuilt answers to the decisions the guard makes from its controls
@@ -63,11 +64,11 @@ func prebuiltCode(d *guard.Decision) string {
 	}
 	switch {
 	case d.Reason == guard.ReasonPenalty && d.Status == http.StatusTooManyRequests &&
-		(d.Code == guard.CodePenalty || d.Code == ""):
-		return guard.CodePenalty
+		(d.Code == apierror.Penalty || d.Code == ""):
+		return apierror.Penalty
 	case d.Reason == guard.ReasonBlocklisted && d.Status == http.StatusForbidden &&
-		(d.Code == guard.CodeKeyBlocked || d.Code == ""):
-		return guard.CodeKeyBlocked
+		(d.Code == apierror.KeyBlocked || d.Code == ""):
+		return apierror.KeyBlocked
 	}
 	return ""
 }
@@ -81,7 +82,7 @@ func (a *answers) get(r *http.Request, d *guard.Decision) *answer {
 	}
 	problem := wantsProblem(r.Header["Accept"])
 	var retry int64
-	if code == guard.CodePenalty {
+	if code == apierror.Penalty {
 		retry = retryAfter(d)
 	}
 	var until int64
@@ -89,7 +90,7 @@ func (a *answers) get(r *http.Request, d *guard.Decision) *answer {
 		until = d.PenaltyUntil
 	}
 	i := uint64(retry)*4 + uint64(until/1_000_000)*8
-	if code == guard.CodePenalty {
+	if code == apierror.Penalty {
 		i += 2
 	}
 	if problem {

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -186,7 +187,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// a spelling the limiter would have refused or read differently.
 		clean, ok := rules.CleanPath(path)
 		if !ok {
-			WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidPath, invalidPathMessage)
+			WriteError(w, r, http.StatusBadRequest, apierror.InvalidPath, invalidPathMessage)
 			return
 		}
 		h.cfg.onError(w, withPath(r, path, clean), h.next, err)

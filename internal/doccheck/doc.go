@@ -12,6 +12,9 @@
 //     command line in the docs uses a flag the command does not define (the
 //     flags are read from the commands' source: their flag sets);
 //   - a field of an event message is missing from docs/reference/events.md;
+//   - the error tables of docs/reference/http.md differ from the table of
+//     guard/apierror (go test ./internal/doccheck -run TestErrorTables
+//     -update rewrites them);
 //   - a tollgate_* name (a metric, a KV bucket) in the docs is not in the
 //     code;
 //   - a relative link or an anchor in the docs leads nowhere.

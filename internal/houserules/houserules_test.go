@@ -92,33 +92,9 @@ type goFile struct {
 // check applies the house rules to every package directory in fsys and
 // returns the violations and the number of package directories checked.
 func check(fsys fs.FS) ([]violation, int, error) {
-	dirs := map[string][]string{} // dir → .go files
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p == "." {
-				return nil
-			}
-			name := d.Name()
-			if name == "testdata" || name == "vendor" || name == "node_modules" ||
-				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
-				return fs.SkipDir
-			}
-			if _, err := fs.Stat(fsys, path.Join(p, "go.mod")); err == nil {
-				return fs.SkipDir // a nested module has its own rules
-			}
-			return nil
-		}
-		if strings.HasSuffix(p, ".go") && d.Type().IsRegular() {
-			dir := path.Dir(p)
-			dirs[dir] = append(dirs[dir], p)
-		}
-		return nil
-	})
+	dirs, err := goFilesByDir(fsys)
 	if err != nil {
-		return nil, 0, fmt.Errorf("walk: %w", err)
+		return nil, 0, err
 	}
 
 	var out []violation
@@ -145,6 +121,42 @@ func check(fsys fs.FS) ([]violation, int, error) {
 		out = append(out, checkPackage(fset, dir, files)...)
 	}
 	return out, len(keys), nil
+}
+
+// goFilesByDir returns the .go files of fsys (slash paths) by directory,
+// leaving out what the house rules do not check: directories named
+// testdata, vendor or node_modules, or starting with "." or "_", and
+// nested modules.
+func goFilesByDir(fsys fs.FS) (map[string][]string, error) {
+	dirs := map[string][]string{} // dir → .go files
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p == "." {
+				return nil
+			}
+			name := d.Name()
+			if name == "testdata" || name == "vendor" || name == "node_modules" ||
+				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+				return fs.SkipDir
+			}
+			if _, err := fs.Stat(fsys, path.Join(p, "go.mod")); err == nil {
+				return fs.SkipDir // a nested module has its own rules
+			}
+			return nil
+		}
+		if strings.HasSuffix(p, ".go") && d.Type().IsRegular() {
+			dir := path.Dir(p)
+			dirs[dir] = append(dirs[dir], p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk: %w", err)
+	}
+	return dirs, nil
 }
 
 // checkPackage applies the rules to the files of one directory.

@@ -1,7 +1,8 @@
 // Package adminapi is the aggregator's operator API under /admin/v1/
 // (docs/aggregator.md): rules, blocklist, allowlist, overrides, keys, penalties and
 // the audit log. Every route needs the operator token (the aggregator
-// wraps the listener); errors are JSON {"error":{"code","message"}}.
+// wraps the listener); errors are JSON {"error":{"code","message"}}, with
+// the codes and statuses of package apierror's table.
 package adminapi
 
 import (
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -62,7 +64,7 @@ func Register(mux *http.ServeMux, cfg Config) {
 	mux.HandleFunc("GET /admin/v1/penalties/{key}", a.getPenalty)
 	mux.HandleFunc("DELETE /admin/v1/penalties/{key}", a.deletePenalty)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
-		Error(w, http.StatusNotFound, CodeNotFound, "no such operator API route: "+r.Method+" "+r.URL.Path)
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no such operator API route: "+r.Method+" "+r.URL.Path)
 	})
 }
 
@@ -82,16 +84,9 @@ func (a *api) lockWrites(w http.ResponseWriter, r *http.Request) (unlock func(),
 	case a.writing <- struct{}{}:
 		return func() { <-a.writing }, true
 	case <-r.Context().Done():
-		Error(w, http.StatusServiceUnavailable, CodeUnavailable, "gave up waiting for another change to finish")
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.Unavailable, "gave up waiting for another change to finish")
 		return nil, false
 	}
-}
-
-// Error writes a JSON error.
-func Error(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }
 
 // writeJSON writes v with status.
@@ -143,7 +138,7 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	if k := v.Get("key"); k != "" {
 		id, ok := subject(a.cfg.Hasher, k)
 		if !ok {
-			Error(w, http.StatusBadRequest, CodeInvalidKey, "key: an API key or kid:<key_id>")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "key: an API key or kid:<key_id>")
 			return
 		}
 		q.Subject = id
@@ -154,7 +149,7 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 		if s := v.Get(name); s != "" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
-				Error(w, http.StatusBadRequest, CodeInvalidRequest, name+": not an RFC 3339 time")
+				apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, name+": not an RFC 3339 time")
 				return
 			}
 			*dst = t
@@ -163,14 +158,14 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 10_000 {
-			Error(w, http.StatusBadRequest, CodeInvalidRequest, "limit: 1 to 10000")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "limit: 1 to 10000")
 			return
 		}
 		q.Limit = n
 	}
 	entries, err := a.cfg.Audit.Query(q)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, CodeInternal, "reading the audit log failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the audit log failed")
 		return
 	}
 	out := make([]Entry, 0, len(entries))

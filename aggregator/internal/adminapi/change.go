@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -116,17 +117,17 @@ func (a *api) apply(r *http.Request, e *tollgatev1.AuditEntry, do func(ctx conte
 func changeFailed(w http.ResponseWriter, err error, code string) {
 	switch {
 	case errors.Is(err, errAudit):
-		Error(w, http.StatusServiceUnavailable, CodeAuditFailed,
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.AuditFailed,
 			"nothing was changed: the change's audit entry could not be written to Kafka: "+err.Error())
 	case errors.Is(err, fleetkv.ErrTooLarge):
-		Error(w, http.StatusRequestEntityTooLarge, CodeRulesTooLarge, err.Error())
+		apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.RulesTooLarge, err.Error())
 	case errors.Is(err, fleetkv.ErrUnknownOutcome), errors.Is(err, errMaybeApplied):
-		Error(w, http.StatusBadGateway, CodeOutcomeUnknown,
+		apierror.Write(w, http.StatusBadGateway, apierror.OutcomeUnknown,
 			"the change may or may not have taken effect: read it again (the audit log records this): "+err.Error())
-	case code == CodeRedisUnavailable:
-		Error(w, http.StatusServiceUnavailable, code, err.Error())
+	case code == apierror.RedisUnavailable:
+		apierror.Write(w, http.StatusServiceUnavailable, code, err.Error())
 	default:
-		Error(w, http.StatusBadGateway, code, err.Error())
+		apierror.Write(w, http.StatusBadGateway, code, err.Error())
 	}
 }
 
@@ -186,11 +187,10 @@ func corruptState(ce *fleetkv.CorruptError) []byte {
 // it, its revision as the ETag (etag), and how to repair it.
 func corruptAnswer(w http.ResponseWriter, code, etag string, ce *fleetkv.CorruptError, repair string) {
 	w.Header().Set("ETag", strconv.Quote(etag))
-	writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{
-		"code": code,
-		"message": fmt.Sprintf("the %s entry %q in NATS (revision %d, %d bytes) is corrupt: %v. %s", ce.Bucket, ce.Key,
-			ce.Revision, ce.Bytes, ce.Err, repair),
-		"revision": ce.Revision, "bytes": ce.Bytes, "sha256": ce.SHA256, "cause": ce.Err.Error()}})
+	msg := fmt.Sprintf("the %s entry %q in NATS (revision %d, %d bytes) is corrupt: %v. %s", ce.Bucket, ce.Key,
+		ce.Revision, ce.Bytes, ce.Err, repair)
+	writeJSON(w, http.StatusConflict, apierror.Value(code, msg, map[string]any{
+		"revision": ce.Revision, "bytes": ce.Bytes, "sha256": ce.SHA256, "cause": ce.Err.Error()}))
 }
 
 // precondition is a request's If-Match.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -42,9 +43,9 @@ func (a *api) kv(w http.ResponseWriter) *fleetkv.KV {
 	}
 	if kv == nil {
 		if a.cfg.KV == nil {
-			Error(w, http.StatusServiceUnavailable, CodeNATSNotConfigured, "the control plane needs NATS: set TOLLGATE_NATS_URL")
+			apierror.Write(w, http.StatusServiceUnavailable, apierror.NATSNotConfigured, "the control plane needs NATS: set TOLLGATE_NATS_URL")
 		} else {
-			Error(w, http.StatusServiceUnavailable, CodeNATSUnavailable, "NATS JetStream is not reachable yet")
+			apierror.Write(w, http.StatusServiceUnavailable, apierror.NATSUnavailable, "NATS JetStream is not reachable yet")
 		}
 		return nil
 	}
@@ -83,8 +84,7 @@ func invalidRules(w http.ResponseWriter, err error) {
 		list = append(list, fieldError{Message: err.Error()})
 	}
 	walk(err)
-	writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{
-		"code": CodeInvalidRules, "message": err.Error(), "details": list}})
+	writeJSON(w, http.StatusBadRequest, apierror.Value(apierror.InvalidRules, err.Error(), map[string]any{"details": list}))
 }
 
 // rulesAnswer is the answer of a ruleset accepted (PUT, rollback,
@@ -106,9 +106,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			Error(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("body larger than %d bytes", limit))
+			apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.BodyTooLarge, fmt.Sprintf("body larger than %d bytes", limit))
 		} else {
-			Error(w, http.StatusBadRequest, CodeInvalidRequest, "reading the body failed")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "reading the body failed")
 		}
 		return nil, false
 	}
@@ -125,7 +125,7 @@ func rulesState(version int64, src string) []byte {
 
 // corruptRules answers the corrupt active ruleset entry.
 func corruptRules(w http.ResponseWriter, ce *fleetkv.CorruptError) {
-	corruptAnswer(w, CodeRulesCorrupt, fmt.Sprintf("r%d", ce.Revision), ce, fmt.Sprintf(
+	corruptAnswer(w, apierror.RulesCorrupt, fmt.Sprintf("r%d", ce.Revision), ce, fmt.Sprintf(
 		"Gateways keep the rules they enforce. Replace it: PUT /admin/v1/rules with If-Match: r%d, or roll back to a good version (GET /admin/v1/rules/versions).",
 		ce.Revision))
 }
@@ -142,10 +142,10 @@ func (a *api) getRules(w http.ResponseWriter, r *http.Request) {
 		corruptRules(w, ce)
 		return
 	case err != nil:
-		Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 		return
 	case e == nil:
-		Error(w, http.StatusNotFound, CodeNotFound, "no ruleset has been written yet")
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no ruleset has been written yet")
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(e.Version, 10)))
@@ -219,7 +219,7 @@ func newestVersion(ctx context.Context, kv *fleetkv.KV) (int64, error) {
 func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV, src, format string, rs *rules.Ruleset, kind, reason string) {
 	pre, err := ifMatch(r)
 	if err != nil {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	unlock, ok := a.lockWrites(w, r)
@@ -233,7 +233,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		var ce *fleetkv.CorruptError
 		isCorrupt := errors.As(err, &ce)
 		if err != nil && !isCorrupt {
-			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 			return
 		}
 		var curVersion int64
@@ -241,7 +241,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		switch {
 		case isCorrupt:
 			if curVersion, err = newestVersion(r.Context(), kv); err != nil {
-				Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 				return
 			}
 			before = corruptState(ce)
@@ -251,18 +251,18 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		switch {
 		case pre.set && isCorrupt && pre.rev != ce.Revision:
 			w.Header().Set("ETag", strconv.Quote(fmt.Sprintf("r%d", ce.Revision)))
-			Error(w, http.StatusPreconditionFailed, CodeRulesCorrupt, fmt.Sprintf(
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.RulesCorrupt, fmt.Sprintf(
 				"the active ruleset entry (revision %d) is corrupt: to replace it, send If-Match: r%d", ce.Revision, ce.Revision))
 			return
 		case pre.set && !isCorrupt && (pre.rev != 0 || pre.version != curVersion):
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(curVersion, 10)))
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch,
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch,
 				fmt.Sprintf("the rules are at version %d, not %s: another change came first", curVersion, r.Header.Get("If-Match")))
 			return
 		}
 		e = &tollgatev1.RulesEntry{Version: curVersion + 1, Source: src, Format: format, Actor: actor(r), Reason: reason, Time: time.Now().UTC()}
 		if n, err := fleetkv.EncodedSize(e); err != nil || n > kv.MaxValue() {
-			Error(w, http.StatusRequestEntityTooLarge, CodeRulesTooLarge,
+			apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.RulesTooLarge,
 				fmt.Sprintf("the ruleset takes %d bytes as a NATS value, more than the %d NATS accepts", n, kv.MaxValue()))
 			return
 		}
@@ -278,10 +278,10 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, "the rules changed meanwhile: read them again")
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the rules changed meanwhile: read them again")
 			return
 		}
-		changeFailed(w, err, CodeNATSUnavailable)
+		changeFailed(w, err, apierror.NATSUnavailable)
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(e.Version, 10)))
@@ -295,7 +295,7 @@ func (a *api) rulesVersions(w http.ResponseWriter, r *http.Request) {
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 		return
 	}
 	out := make([]map[string]any, 0, len(hist))
@@ -326,12 +326,12 @@ func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := parseRollbackBody(body)
 	if err != nil {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 		return
 	}
 	var found *tollgatev1.RulesEntry
@@ -341,7 +341,7 @@ func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if found == nil {
-		Error(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("version %d is not in the kept history (GET /admin/v1/rules/versions)", req.Version))
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, fmt.Sprintf("version %d is not in the kept history (GET /admin/v1/rules/versions)", req.Version))
 		return
 	}
 	rs, err := rules.Load([]byte(found.Source))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -44,13 +45,13 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 			return nil, nil, keyRequest{}, false
 		}
 		if k = registeredKey(g.Rules(), a.cfg.Hasher, id); k == "" {
-			Error(w, http.StatusBadRequest, CodeInvalidKey,
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey,
 				"keys/{key} takes kid:<key_id> only for a key of the key registry; give the API key itself: which rules apply depends on it (api_key globs, tiers by pattern, the lists)")
 			return nil, nil, keyRequest{}, false
 		}
 	}
 	if !guard.ValidKey(k) || k == "" {
-		Error(w, http.StatusBadRequest, CodeInvalidKey, "{key}: an API key of at most 256 bytes without control characters")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "{key}: an API key of at most 256 bytes without control characters")
 		return nil, nil, keyRequest{}, false
 	}
 	var kr keyRequest
@@ -64,7 +65,7 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 		}
 		if len(strings.TrimSpace(string(body))) > 0 {
 			if err := strictJSON(body, &kr); err != nil {
-				Error(w, http.StatusBadRequest, CodeInvalidRequest, `body: {"endpoint","method","ip","tenant","tokens","reason"} (all optional but tokens for quota): `+err.Error())
+				apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, `body: {"endpoint","method","ip","tenant","tokens","reason"} (all optional but tokens for quota): `+err.Error())
 				return nil, nil, kr, false
 			}
 		}
@@ -79,7 +80,7 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 	if kr.IP != "" {
 		ip, err := netip.ParseAddr(kr.IP)
 		if err != nil {
-			Error(w, http.StatusBadRequest, CodeInvalidRequest, "ip: not an IP address")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "ip: not an IP address")
 			return nil, nil, kr, false
 		}
 		req.IP = ip.Unmap()
@@ -96,12 +97,12 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 // returns nil.
 func (a *api) guard(w http.ResponseWriter, r *http.Request) *guard.Guard {
 	if a.cfg.Guard == nil {
-		Error(w, http.StatusServiceUnavailable, CodeNotConfigured, "keys/{key} needs the rules and Redis")
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.NotConfigured, "keys/{key} needs the rules and Redis")
 		return nil
 	}
 	g, err := a.cfg.Guard(r.Context())
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, CodeRulesUnavailable, err.Error())
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.RulesUnavailable, err.Error())
 		return nil
 	}
 	return g
@@ -164,7 +165,7 @@ func (a *api) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := g.State(r.Context(), req)
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, err.Error())
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.RedisUnavailable, err.Error())
 		return
 	}
 	_, prefix, _ := a.key(w, r)
@@ -179,7 +180,7 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 	id, prefix, _ := a.key(w, r)
 	before, err := g.State(r.Context(), req)
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.RedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
 		return
 	}
 	var d *guard.Decision
@@ -193,7 +194,7 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 			return nil
 		})
 	if err != nil {
-		changeFailed(w, err, CodeRedisUnavailable)
+		changeFailed(w, err, apierror.RedisUnavailable)
 		return
 	}
 	a.countersChanged(tollgatev1.CountersReset, id, g.CounterNames(req))
@@ -206,13 +207,13 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if kr.Tokens < 1 || kr.Tokens > 1<<40 {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, `body: {"tokens": N} with N ≥ 1`)
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, `body: {"tokens": N} with N ≥ 1`)
 		return
 	}
 	id, prefix, _ := a.key(w, r)
 	before, err := g.State(r.Context(), req)
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.RedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
 		return
 	}
 	var d *guard.Decision
@@ -226,7 +227,7 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 			return nil
 		})
 	if err != nil {
-		changeFailed(w, err, CodeRedisUnavailable)
+		changeFailed(w, err, apierror.RedisUnavailable)
 		return
 	}
 	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))

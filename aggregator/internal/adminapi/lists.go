@@ -11,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
@@ -47,7 +48,7 @@ func listKey(action, id string) (name, kind string) {
 
 // corruptList answers a corrupt blocklist bucket entry.
 func corruptList(w http.ResponseWriter, kind string, ce *fleetkv.CorruptError) {
-	corruptAnswer(w, CodeEntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
+	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
 		"Replace it with PUT or remove it with DELETE on this route. Meanwhile gateways %s.", corruptListEffect(kind)))
 }
 
@@ -76,9 +77,9 @@ func (a *api) getList(action string) http.HandlerFunc {
 		case errors.As(err, &ce):
 			corruptList(w, kind, ce)
 		case err != nil:
-			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 		case cur == nil:
-			Error(w, http.StatusNotFound, CodeNotFound, "the key is not on the "+kind)
+			apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
 		default:
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
 			writeJSON(w, http.StatusOK, cur)
@@ -102,7 +103,7 @@ func (a *api) putList(action string) http.HandlerFunc {
 		}
 		req, ttl, err := parseListBody(body)
 		if err != nil {
-			Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 			return
 		}
 		name, kind := listKey(action, id)
@@ -119,7 +120,7 @@ func (a *api) putList(action string) http.HandlerFunc {
 			if errors.As(err, &ce) {
 				before = corruptState(ce) // replaced: the PUT repairs it
 			} else if err != nil {
-				Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 				return
 			}
 			now := time.Now().UTC()
@@ -139,10 +140,10 @@ func (a *api) putList(action string) http.HandlerFunc {
 				if attempt < writeAttempts {
 					continue
 				}
-				Error(w, http.StatusConflict, CodeConflict, "the entry kept changing meanwhile: try again")
+				apierror.Write(w, http.StatusConflict, apierror.Conflict, "the entry kept changing meanwhile: try again")
 				return
 			}
-			changeFailed(w, err, CodeNATSUnavailable)
+			changeFailed(w, err, apierror.NATSUnavailable)
 			return
 		}
 		if action == tollgatev1.ActionAllow {
@@ -176,10 +177,10 @@ func (a *api) deleteList(action string) http.HandlerFunc {
 			case errors.As(err, &ce):
 				before = corruptState(ce) // a corrupt entry can always be deleted
 			case err != nil:
-				Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 				return
 			case cur == nil || (action != tollgatev1.ActionAllow && cur.Action != action):
-				Error(w, http.StatusNotFound, CodeNotFound, "the key is not on the "+kind)
+				apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
 				return
 			default:
 				before = mustJSON(cur)
@@ -195,10 +196,10 @@ func (a *api) deleteList(action string) http.HandlerFunc {
 				if attempt < writeAttempts {
 					continue
 				}
-				Error(w, http.StatusConflict, CodeConflict, "the entry kept changing meanwhile: try again")
+				apierror.Write(w, http.StatusConflict, apierror.Conflict, "the entry kept changing meanwhile: try again")
 				return
 			}
-			changeFailed(w, err, CodeNATSUnavailable)
+			changeFailed(w, err, apierror.NATSUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -218,7 +219,7 @@ type overrideBody struct {
 func (a *api) overrideSubject(w http.ResponseWriter, r *http.Request) (scope, subject, prefix string, ok bool) {
 	if t, isTenant := strings.CutPrefix(r.PathValue("key"), "tenant:"); isTenant {
 		if err := rules.CheckName(t); err != nil {
-			Error(w, http.StatusBadRequest, CodeInvalidRequest, "tenant: "+err.Error())
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "tenant: "+err.Error())
 			return "", "", "", false
 		}
 		return tollgatev1.ScopeTenant, t, "", true
@@ -229,7 +230,7 @@ func (a *api) overrideSubject(w http.ResponseWriter, r *http.Request) (scope, su
 
 // corruptOverride answers a corrupt overrides bucket entry.
 func corruptOverride(w http.ResponseWriter, ce *fleetkv.CorruptError) {
-	corruptAnswer(w, CodeEntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
+	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
 		"Replace it with PUT (If-Match: %d) or remove it with DELETE on this route. Meanwhile gateways ignore it: the rules' own limits apply.",
 		ce.Revision))
 }
@@ -249,9 +250,9 @@ func (a *api) getOverride(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &ce):
 		corruptOverride(w, ce)
 	case err != nil:
-		Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 	case cur == nil:
-		Error(w, http.StatusNotFound, CodeNotFound, "no override")
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no override")
 	default:
 		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
 		writeJSON(w, http.StatusOK, map[string]any{"version": rev, "override": cur})
@@ -273,12 +274,12 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 	}
 	req, ttl, err := parseOverrideBody(body)
 	if err != nil {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	pre, err := ifMatch(r)
 	if err != nil {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	name := tollgatev1.OverrideKey(scope, subject)
@@ -296,12 +297,12 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &ce) {
 			before = corruptState(ce)
 		} else if err != nil {
-			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 			return
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, fmt.Sprintf("the override is at version %d, not %s", rev, r.Header.Get("If-Match")))
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, fmt.Sprintf("the override is at version %d, not %s", rev, r.Header.Get("If-Match")))
 			return
 		}
 		now := time.Now().UTC()
@@ -329,10 +330,10 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, "the override changed meanwhile: read it again")
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the override changed meanwhile: read it again")
 			return
 		}
-		changeFailed(w, err, CodeNATSUnavailable)
+		changeFailed(w, err, apierror.NATSUnavailable)
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(nrev, 10)))
@@ -350,7 +351,7 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	}
 	pre, err := ifMatch(r)
 	if err != nil {
-		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	name := tollgatev1.OverrideKey(scope, subject)
@@ -367,17 +368,17 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		case errors.As(err, &ce):
 			before = corruptState(ce)
 		case err != nil:
-			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
 			return
 		case cur == nil:
-			Error(w, http.StatusNotFound, CodeNotFound, "no override")
+			apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no override")
 			return
 		default:
 			before = mustJSON(cur)
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, fmt.Sprintf("the override is at version %d", rev))
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, fmt.Sprintf("the override is at version %d", rev))
 			return
 		}
 		err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix,
@@ -391,10 +392,10 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 			if !pre.set && attempt < writeAttempts {
 				continue
 			}
-			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, "the override changed meanwhile: read it again")
+			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the override changed meanwhile: read it again")
 			return
 		}
-		changeFailed(w, err, CodeNATSUnavailable)
+		changeFailed(w, err, apierror.NATSUnavailable)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -406,7 +407,7 @@ func (a *api) key(w http.ResponseWriter, r *http.Request) (id, prefix string, ok
 	k := r.PathValue("key")
 	id, ok = subject(a.cfg.Hasher, k)
 	if !ok {
-		Error(w, http.StatusBadRequest, CodeInvalidKey,
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey,
 			"{key}: an API key (at most 256 bytes, no spaces or control characters: what a gateway accepts) or kid:<key_id>")
 		return "", "", false
 	}

@@ -8,7 +8,8 @@
 // hour or day; default hour), format (json or csv; default json), limit
 // (rows per answer, default and maximum Config.MaxRows) and cursor (the
 // next_cursor of an earlier answer). The totals always cover the whole
-// range, whatever page is asked for.
+// range, whatever page is asked for. Errors are apierror's
+// {"error":{"code","message"}}.
 //
 // Every instance holds a replica of every partition's rows (package
 // state), so any instance answers completely once it is ready.
@@ -26,6 +27,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 )
 
@@ -56,17 +58,10 @@ func Register(mux *http.ServeMux, cfg Config) {
 
 type handler struct{ cfg Config }
 
-// Error writes a JSON error {"error":{"code","message"}}.
-func Error(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
-}
-
 func (h *handler) tenant(w http.ResponseWriter, r *http.Request) {
 	t := r.PathValue("tenant")
 	if t == "" || len(t) > 256 {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "tenant: 1 to 256 bytes")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "tenant: 1 to 256 bytes")
 		return
 	}
 	h.serve(w, r, state.Query{Tenant: t})
@@ -78,11 +73,11 @@ func (h *handler) key(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case ok:
 		if !keyid.Valid(id) {
-			Error(w, http.StatusBadRequest, "INVALID_KEY", "kid: must be followed by a 22-character key_id")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "kid: must be followed by a 22-character key_id")
 			return
 		}
 	case k == "" || len(k) > 256:
-		Error(w, http.StatusBadRequest, "INVALID_KEY", "key: 1 to 256 bytes, or kid:<key_id>")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "key: 1 to 256 bytes, or kid:<key_id>")
 		return
 	default:
 		id = h.cfg.Hasher.ID(k)
@@ -125,16 +120,16 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	now := h.cfg.Now()
 	to, err := parseTime(v.Get("to"), now)
 	if err != nil {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "to: "+err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "to: "+err.Error())
 		return
 	}
 	from, err := parseTime(v.Get("from"), to.Add(-24*time.Hour))
 	if err != nil {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "from: "+err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "from: "+err.Error())
 		return
 	}
 	if !from.Before(to) {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "from must be before to")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "from must be before to")
 		return
 	}
 	gname := v.Get("granularity")
@@ -143,7 +138,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	g, ok := windows.ParseGranularity(gname)
 	if !ok {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "granularity: minute, hour or day")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "granularity: minute, hour or day")
 		return
 	}
 	format := v.Get("format")
@@ -151,14 +146,14 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 		format = "json"
 	}
 	if format != "json" && format != "csv" {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "format: json or csv")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "format: json or csv")
 		return
 	}
 	limit := h.cfg.MaxRows
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > h.cfg.MaxRows {
-			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "limit: 1 to "+strconv.Itoa(h.cfg.MaxRows))
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "limit: 1 to "+strconv.Itoa(h.cfg.MaxRows))
 			return
 		}
 		limit = n
@@ -173,17 +168,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	rows, next, err := h.cfg.DB.Report(q)
 	if errors.Is(err, state.ErrBadCursor) {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "cursor: not one this service returned for this query")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "cursor: not one this service returned for this query")
 		return
 	}
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading usage failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading usage failed")
 		return
 	}
 	var tot Totals
 	tot.Allowed, tot.Rejected, tot.Cost, err = h.cfg.DB.Totals(q)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading usage failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading usage failed")
 		return
 	}
 	ans := Answer{Tenant: q.Tenant, KeyID: q.KeyID, From: time.Unix(q.From, 0).UTC().Format(time.RFC3339),

@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -67,7 +68,7 @@ func (h *handler) authz(w http.ResponseWriter, r *http.Request) {
 		r = withoutAccept(r)
 	}
 	if h.token != nil && !h.proxyAuthorized(r) {
-		httpguard.WriteError(w, r, http.StatusUnauthorized, guard.CodeUnauthorized,
+		httpguard.WriteError(w, r, http.StatusUnauthorized, apierror.Unauthorized,
 			"The calling proxy must send "+HeaderToken+": <api_token> or be one of identity.trusted_proxies.")
 		return
 	}
@@ -104,7 +105,7 @@ func (h *handler) authzFailOpen(w http.ResponseWriter, r *http.Request, path str
 			slog.String("error", err.Error()))
 	}
 	if _, ok := rules.CleanPath(path); !ok {
-		httpguard.WriteDecision(w, r, &guard.Decision{Status: http.StatusBadRequest, Code: guard.CodeInvalidPath,
+		httpguard.WriteDecision(w, r, &guard.Decision{Status: http.StatusBadRequest, Code: apierror.InvalidPath,
 			Reason: guard.ReasonInvalidPath, Deciding: -1})
 		return
 	}
@@ -131,15 +132,15 @@ func (h *handler) proxyAuthorized(r *http.Request) bool {
 func forwarded(r *http.Request) (fwd *http.Request, code, msg string) {
 	uri := firstHeader(r.Header, uriHeaders[:])
 	if uri == "" {
-		return nil, guard.CodeInvalidRequest, "The forwarded request's URI is missing: send X-Forwarded-Uri or X-Original-URI."
+		return nil, apierror.InvalidRequest, "The forwarded request's URI is missing: send X-Forwarded-Uri or X-Original-URI."
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil {
-		return nil, guard.CodeInvalidPath, "The request path is invalid: the forwarded URI cannot be parsed."
+		return nil, apierror.InvalidPath, "The request path is invalid: the forwarded URI cannot be parsed."
 	}
 	method := firstHeader(r.Header, methodHeaders[:])
 	if len(method) > maxMethodLen || !token(method) {
-		return nil, guard.CodeInvalidRequest, "The forwarded method is not an HTTP method token."
+		return nil, apierror.InvalidRequest, "The forwarded method is not an HTTP method token."
 	}
 	fwd = r.WithContext(r.Context()) // a shallow copy: r is not changed
 	fwd.URL = u

@@ -25,12 +25,9 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 )
-
-// CodeBadGateway is the error code of a request the upstream did not
-// answer (502).
-const CodeBadGateway = "UPSTREAM_UNAVAILABLE"
 
 // Config configures the proxy.
 type Config struct {
@@ -101,7 +98,7 @@ func New(cfg Config) http.Handler {
 			}
 			log.LogAttrs(r.Context(), slog.LevelWarn, "proxy: upstream request failed",
 				slog.String("method", r.Method), slog.String("error", err.Error()))
-			httpguard.WriteError(w, r, http.StatusBadGateway, CodeBadGateway, "The upstream did not answer.")
+			httpguard.WriteError(w, r, http.StatusBadGateway, apierror.UpstreamUnavailable, "The upstream did not answer.")
 		},
 	}
 	var next http.Handler = rp

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/loadtest/internal/gen"
 	"github.com/tollgate/tollgate/loadtest/internal/report"
 )
@@ -80,7 +81,7 @@ func ClassifyHTTP(code int) int {
 // proxy's, the check API's, problem+json alike): a 429's error code
 // PENALTY; a 403 whose details carry the ladder's level.
 var (
-	penaltyCode  = []byte(`"code":"PENALTY"`)
+	penaltyCode  = []byte(`"code":"` + apierror.Penalty + `"`)
 	penaltyLevel = []byte(`"penalty_level":`)
 )
 
