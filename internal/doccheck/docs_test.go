@@ -109,8 +109,33 @@ func TestDocumentedVariablesExist(t *testing.T) {
 }
 
 // endpointRef matches a Tollgate endpoint in the docs, with its method when
-// one precedes it. Other paths (an upstream's /v1/users/42) are examples.
+// one precedes it. Other paths (an upstream's /v1/users/42) are examples,
+// and so is a match inside a file path (aggregator/internal/adminapi):
+// see endpointRefs.
 var endpointRef = regexp.MustCompile(`(?:\b(GET|PUT|POST|DELETE|PATCH|HEAD) )?(/(?:v1/(?:check|report|authz|usage)|admin|metrics|healthz|readyz|debug/pprof)[A-Za-z0-9_{}./:-]*)`)
+
+// endpointRefs returns endpointRef's matches in line, but for those whose
+// path follows a letter or an underscore: a file path such as
+// aggregator/internal/adminapi, not a URL (whose path follows a host or a
+// port).
+func endpointRefs(line string) [][]string {
+	var out [][]string
+	for _, ix := range endpointRef.FindAllStringSubmatchIndex(line, -1) {
+		if at := ix[4]; at > 0 {
+			if c := line[at-1]; c == '_' || (c|0x20 >= 'a' && c|0x20 <= 'z') {
+				continue
+			}
+		}
+		m := make([]string, len(ix)/2)
+		for i := range m {
+			if ix[2*i] >= 0 {
+				m[i] = line[ix[2*i]:ix[2*i+1]]
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
 
 // matchRoute reports whether the documented path p is served by r.
 func matchRoute(r route, p string) bool {
@@ -145,7 +170,7 @@ func TestDocumentedEndpointsServed(t *testing.T) {
 	}
 	for _, d := range docs {
 		for i, line := range d.Lines {
-			for _, m := range endpointRef.FindAllStringSubmatch(line, -1) {
+			for _, m := range endpointRefs(line) {
 				method, p := m[1], strings.TrimRight(m[2], ".:,")
 				p, _, _ = strings.Cut(p, "?")
 				ok := slices.ContainsFunc(routes, func(r route) bool {
@@ -605,6 +630,30 @@ func TestDocumentedNamesExist(t *testing.T) {
 					t.Errorf("%s:%d: %s is not a name the code uses (a metric, a bucket)", d.Path, i+1, m)
 				}
 			}
+		}
+	}
+}
+
+// TestEndpointRefs: URLs and bare paths are endpoints; a file path that
+// contains one is not.
+func TestEndpointRefs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		line string
+		want []string
+	}{
+		{"curl http://127.0.0.1:8081/admin/v1/rules", []string{"/admin/v1/rules"}},
+		{"`GET /readyz` answers", []string{"GET /readyz"}},
+		{"see aggregator/internal/adminapi and /metrics", []string{"/metrics"}},
+		{"guard/internal_metrics/x", nil},
+		{"(/healthz)", []string{"/healthz"}},
+	} {
+		var got []string
+		for _, m := range endpointRefs(tc.line) {
+			got = append(got, m[0])
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("endpointRefs(%q) = %q, want %q", tc.line, got, tc.want)
 		}
 	}
 }
