@@ -11,9 +11,10 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-// specVars are the variables SPEC §4 names: a contract.
+// specVars are the variables users and operators rely on: a contract.
 var specVars = []string{
 	"TOLLGATE_LISTEN", "TOLLGATE_UPSTREAM", "TOLLGATE_API_LISTEN", "TOLLGATE_API_TOKEN",
 	"TOLLGATE_METRICS_LISTEN", "TOLLGATE_GRPC_LISTEN", "TOLLGATE_RULES_FILE", "TOLLGATE_KEY_SECRET",
@@ -39,7 +40,7 @@ func TestVarsCoverSpecAndAreDocumented(t *testing.T) {
 	}
 	for _, name := range specVars {
 		if _, ok := byName[name]; !ok {
-			t.Errorf("SPEC variable %s is missing", name)
+			t.Errorf("contract variable %s is missing", name)
 		}
 	}
 	for name, def := range map[string]string{
@@ -201,6 +202,23 @@ func TestDocsListEveryVariable(t *testing.T) {
 	for _, v := range vars {
 		if !strings.Contains(string(doc), "| `"+v.Name+"` | `"+v.Path+"` |") {
 			t.Errorf("docs/gateway.md has no table row for %s (%s)", v.Name, v.Path)
+		}
+	}
+}
+
+// TestMaxCostWithinTheEventBound: a max_cost above what a decision event
+// may carry is refused rather than clamped in every event.
+func TestMaxCostWithinTheEventBound(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cost int64
+		bad  bool
+	}{{1, false}, {tollgatev1.MaxCost, false}, {tollgatev1.MaxCost + 1, true}} {
+		c := gateway.Config{MaxCost: tc.cost}
+		c.SetDefaults()
+		err := c.Validate()
+		if got := err != nil && strings.Contains(err.Error(), "max_cost"); got != tc.bad {
+			t.Errorf("max_cost %d: %v", tc.cost, err)
 		}
 	}
 }

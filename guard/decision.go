@@ -3,6 +3,7 @@ package guard
 import (
 	"net/netip"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -62,19 +63,21 @@ const (
 	ReasonCallRejected Reason = "call_rejected"
 )
 
-// API error codes (SPEC §3, §4). One table for every surface.
+// API error codes of the decisions, for the guard's users: the same
+// constants as package apierror's, which holds every surface's codes with
+// their statuses and meanings.
 const (
-	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED" // 429
-	CodeKeyBlocked        = "KEY_BLOCKED"         // 403: blocklist, or a block rule selecting keys only
-	CodeEndpointBlocked   = "ENDPOINT_BLOCKED"    // 403: a block rule selecting requests (endpoint, method, ...)
-	CodePenalty           = "PENALTY"             // 429
-	CodeCostExceedsLimit  = "COST_EXCEEDS_LIMIT"  // 400
-	CodeInvalidKey        = "INVALID_KEY"         // 400
-	CodeInvalidPath       = "INVALID_PATH"        // 400: a path above the root, or with %2F, %5C or %00
-	CodeTooManyRules      = "TOO_MANY_RULES"      // 500: more rules matched than max_rules_per_request
-	CodeBatchTooLarge     = "BATCH_TOO_LARGE"     // 400
-	CodeInvalidRequest    = "INVALID_REQUEST"     // 400
-	CodeUnauthorized      = "UNAUTHORIZED"        // 401
+	CodeRateLimitExceeded = apierror.RateLimitExceeded // 429
+	CodeKeyBlocked        = apierror.KeyBlocked        // 403: blocklist, or a block rule selecting keys only
+	CodeEndpointBlocked   = apierror.EndpointBlocked   // 403: a block rule selecting requests (endpoint, method, ...)
+	CodePenalty           = apierror.Penalty           // 429
+	CodeCostExceedsLimit  = apierror.CostExceedsLimit  // 400
+	CodeInvalidKey        = apierror.InvalidKey        // 400
+	CodeInvalidPath       = apierror.InvalidPath       // 400: a path above the root, or with %2F, %5C or %00
+	CodeTooManyRules      = apierror.TooManyRules      // 500: more rules matched than max_rules_per_request
+	CodeBatchTooLarge     = apierror.BatchTooLarge     // 400
+	CodeInvalidRequest    = apierror.InvalidRequest    // 400
+	CodeUnauthorized      = apierror.Unauthorized      // 401
 )
 
 // RuleResult is the state of one applicable rule after a decision.
@@ -109,7 +112,7 @@ type RuleResult struct {
 	FailOpen bool
 }
 
-// Decision is the answer for one request: everything the SPEC §3 headers,
+// Decision is the answer for one request: everything the rate-limit headers,
 // the check API, Envoy RLS and decision events need.
 type Decision struct {
 	Allowed bool
@@ -127,10 +130,20 @@ type Decision struct {
 	// ReasonPenalty, or ReasonBlocklisted for a block the ladder imposed
 	// (0 for an operator's block); CloseConnection asks the HTTP layer to
 	// answer with Connection: close where the peer is the client itself
-	// (the top of the ladder). Both are decided from memory, without the
+	// (the controls' Close). Both are decided from memory, without the
 	// store.
 	PenaltyLevel    int
 	CloseConnection bool
+	// PenaltyUntil and PenaltyReason, for a decision of the penalty ladder
+	// (PenaltyLevel > 0): when the penalty ends (Unix microseconds;
+	// math.MaxInt64 until it is lifted, 0 unknown) and why the ladder
+	// imposed it, in the words of the step that did ("20 of 20 requests in
+	// 60s arrived while a Retry-After was running (100%)"; empty when not
+	// known). The HTTP layer tells the client both, so that a penalised
+	// client, or whoever runs a load test, sees what happened and until
+	// when.
+	PenaltyUntil  int64
+	PenaltyReason string
 
 	// Rules holds the applicable enforced rules, in ruleset order, then the
 	// shadow rules. Deciding indexes the rule whose values go into the

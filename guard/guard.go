@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -319,7 +320,7 @@ func (g *Guard) AddQuota(ctx context.Context, req *Request, n int64) (*Decision,
 	return d, g.decide(ctx, OpAddQuota, &r, d)
 }
 
-// ValidKey reports whether key is an acceptable API key (SPEC §3): at most
+// ValidKey reports whether key is an acceptable API key: at most
 // MaxKeyLen bytes of valid UTF-8 holding no control character (C0, DEL, C1:
 // U+0000–U+001F, U+007F–U+009F) and no space (U+0020, which no header or
 // query source could carry unambiguously). Other Unicode is fine. The empty
@@ -400,16 +401,16 @@ func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision
 // resolved afresh every time.
 func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
-	// The one place every surface normalises its path (SPEC §3): before the
+	// The one place every surface normalises its path: before the
 	// lists, so that no request, allowlisted or not, goes on with a path
 	// the limiter and the upstream would read differently.
 	path, ok := rules.CleanPath(req.Path)
 	if !ok {
 		if !ValidKey(req.Key) {
-			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			d.reject(400, apierror.InvalidKey, ReasonInvalidKey)
 			return apps, false
 		}
-		d.reject(400, CodeInvalidPath, ReasonInvalidPath)
+		d.reject(400, apierror.InvalidPath, ReasonInvalidPath)
 		return apps, false
 	}
 	endpoint := rs.Normalize(path)
@@ -420,7 +421,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 
 	if g.cache == nil || (len(req.Descriptor) > 0 && rs.MatchesDescriptors()) {
 		if !ValidKey(req.Key) {
-			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			d.reject(400, apierror.InvalidKey, ReasonInvalidKey)
 			return apps, false
 		}
 		now := g.clock()
@@ -441,7 +442,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		// A cached resolution's key was valid: only a new one needs the
 		// check.
 		if !ValidKey(req.Key) {
-			d.reject(400, CodeInvalidKey, ReasonInvalidKey)
+			d.reject(400, apierror.InvalidKey, ReasonInvalidKey)
 			return apps, false
 		}
 		if now == 0 {
@@ -465,17 +466,28 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		d.KeyID, d.KeyPrefix = r.keyID, r.keyPrefix
 		switch r.status {
 		case rules.Blocklisted:
-			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
-			d.PenaltyLevel, d.CloseConnection = g.controls.Snapshot().ladderBlock(d.KeyID, now)
+			d.reject(403, apierror.KeyBlocked, ReasonBlocklisted)
+			if e, ok := g.controls.Snapshot().blockEntry(d.KeyID, now); ok {
+				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
+				if e.Level > 0 {
+					d.PenaltyUntil, d.PenaltyReason = e.Expiry, e.Reason
+					if d.PenaltyUntil == 0 {
+						d.PenaltyUntil = math.MaxInt64
+					}
+				}
+			}
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted
 			return apps, false
 		}
 		if p := r.penalty; r.penalised && p.Until > now && op == OpCheck {
-			d.reject(429, CodePenalty, ReasonPenalty)
+			d.reject(429, apierror.Penalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
+			if p.Level > 0 {
+				d.PenaltyUntil, d.PenaltyReason = p.Until, p.Reason
+			}
 			d.Time = now
 			return apps, false
 		}
@@ -486,7 +498,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		return apps, false
 	}
 	if r.matched > g.maxRules {
-		d.reject(500, CodeTooManyRules, ReasonTooManyRules)
+		d.reject(500, apierror.TooManyRules, ReasonTooManyRules)
 		g.tooManyRules(r.matched, d.Endpoint)
 		return apps, false
 	}
@@ -500,7 +512,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 	}
 	if (op == OpCheck || op == OpReport) && cost > g.maxCost {
 		d.Cost, d.RefusingLimit = cost, g.maxCost
-		d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+		d.reject(400, apierror.CostExceedsLimit, ReasonCostExceedsLimit)
 		return apps, false
 	}
 
@@ -511,9 +523,9 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 			if rule.Shadow {
 				continue
 			}
-			code := CodeEndpointBlocked
+			code := apierror.EndpointBlocked
 			if rule.SelectsKeysOnly() {
-				code = CodeKeyBlocked
+				code = apierror.KeyBlocked
 			}
 			d.RefusingRule = rule.ID
 			d.reject(403, code, ReasonBlockRule)
@@ -525,7 +537,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		}
 		if !rule.Shadow && (op == OpCheck || op == OpPeek) && c > rr.params.Limit {
 			d.Cost, d.RefusingRule, d.RefusingLimit = c, rule.ID, rr.params.Limit
-			d.reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+			d.reject(400, apierror.CostExceedsLimit, ReasonCostExceedsLimit)
 			return apps, false
 		}
 		apps = append(apps, applicable{
@@ -659,7 +671,7 @@ func (g *Guard) finish(op Op, apps []applicable, res []CounterResult, at []int, 
 	// A state says what a check of req's cost would get now: the 429 a
 	// rule that could not take it would give, charging nothing.
 	if !admitted && (op == OpCheck || op == OpPeek || op == OpState) {
-		d.reject(429, CodeRateLimitExceeded, ReasonRateLimited)
+		d.reject(429, apierror.RateLimitExceeded, ReasonRateLimited)
 		d.RetryAfter = d.Rules[deciding].RetryAfter
 	}
 	d.Peek = op == OpPeek
@@ -763,7 +775,7 @@ func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counte
 	return now, nil
 }
 
-// counterID returns the identity of rule r's counter for req (SPEC §2):
+// counterID returns the identity of rule r's counter for req:
 // anonymous requests count key- and tenant-scope rules per client IP.
 func counterID(r *rules.Rule, req *rules.Request) CounterID {
 	id := CounterID{Rule: r.Tag, Scope: r.Scope}

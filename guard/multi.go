@@ -6,11 +6,12 @@ import (
 	"math"
 	"time"
 
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
 // CheckMany decides reqs as one all-or-nothing call (an Envoy rate-limit
-// request with several descriptors, SPEC §4): the call is admitted only if
+// request with several descriptors): the call is admitted only if
 // every request is, and a rejected call charges nothing at all. ds[i]
 // receives the decision of reqs[i] (reusing its Rules' storage; a nil
 // ds[i] is replaced by a new Decision); len(ds) must equal len(reqs).
@@ -128,7 +129,7 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 				ds[i].Cost = c.Cost
 				ds[i].RefusingRule, ds[i].RefusingLimit = apps[i][j].rule.ID, c.Params.Limit
 				ds[i].Rules = ds[i].Rules[:0]
-				ds[i].reject(400, CodeCostExceedsLimit, ReasonCostExceedsLimit)
+				ds[i].reject(400, apierror.CostExceedsLimit, ReasonCostExceedsLimit)
 				apps[i] = nil
 				rejected = true
 			}
@@ -184,7 +185,7 @@ func rejectCall(ds []*Decision) {
 
 // CallDeciding returns the index of the decision that answers a call of
 // several requests (CheckMany, a multi-descriptor Envoy call), whose
-// headers (SPEC §3) the call's response carries: when any request was
+// headers the call's response carries: when any request was
 // rejected on its own, the one with the longest RetryAfter (400 and 403
 // have none), else, among the decisions with headers, the one whose
 // deciding rule has the least remaining, ties to the smallest limit; the

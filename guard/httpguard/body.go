@@ -1,12 +1,13 @@
 package httpguard
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 )
 
 // Problem types of draft-ietf-httpapi-ratelimit-headers, used as the RFC
@@ -36,6 +37,11 @@ const (
 //     INVALID_KEY, INVALID_PATH, ...) and 500 (TOO_MANY_RULES):
 //     {"error":{"code","message"}}, the message naming the refusing rule
 //     where there is one (see [Message]).
+//   - An answer of the penalty ladder (429 PENALTY, or 403 KEY_BLOCKED at
+//     its top) says so in its message — the level, until when, the
+//     ladder's reason — and its details carry penalty_level,
+//     penalty_reason (when known) and expires_at (RFC 3339, UTC; absent
+//     for a penalty that lasts until it is lifted).
 //
 // When the request's Accept header asks for application/problem+json
 // (named explicitly with q > 0, and application/json not weighted higher;
@@ -99,8 +105,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, code, messag
 		b = appendProblemHead(b, problemTypeBlank, http.StatusText(status), status, code, message)
 		b = append(b, '}')
 	} else {
-		b = appendErrorHead(b, code, message)
-		b = append(b, "}}"...)
+		b = apierror.AppendBody(b, code, message, apierror.EscapeJSON)
 	}
 	writeBody(w, status, problem, b)
 }
@@ -143,15 +148,15 @@ func defaultCode(d *guard.Decision, status int) string {
 	switch status {
 	case http.StatusTooManyRequests:
 		if d.Reason == guard.ReasonPenalty {
-			return guard.CodePenalty
+			return apierror.Penalty
 		}
-		return guard.CodeRateLimitExceeded
+		return apierror.RateLimitExceeded
 	case http.StatusForbidden:
-		return guard.CodeKeyBlocked
+		return apierror.KeyBlocked
 	case http.StatusInternalServerError:
-		return guard.CodeTooManyRules
+		return apierror.TooManyRules
 	}
-	return guard.CodeInvalidRequest
+	return apierror.InvalidRequest
 }
 
 // decisionMessage appends the human-readable message of a non-admission.
@@ -159,7 +164,7 @@ func defaultCode(d *guard.Decision, status int) string {
 func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 	dr := d.DecidingRule()
 	switch code {
-	case guard.CodeRateLimitExceeded:
+	case apierror.RateLimitExceeded:
 		if dr == nil {
 			b = append(b, "Rate limit exceeded."...)
 		} else {
@@ -174,21 +179,42 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 		b = append(b, " Retry after "...)
 		b = appendSeconds(b, retryAfter(d))
 		return append(b, '.')
-	case guard.CodePenalty:
-		b = append(b, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after "...)
+	case apierror.Penalty:
+		if d.PenaltyLevel <= 0 {
+			b = append(b, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after "...)
+		} else {
+			b = append(b, "This API key is at level "...)
+			b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+			b = append(b, " of the penalty ladder (cooldown: every request is refused until it ends)"...)
+			b = appendPenaltyReason(b, d)
+			b = append(b, ". Retry after "...)
+		}
 		b = appendSeconds(b, retryAfter(d))
 		return append(b, '.')
-	case guard.CodeKeyBlocked, guard.CodeEndpointBlocked:
+	case apierror.KeyBlocked, apierror.EndpointBlocked:
+		if d.PenaltyLevel > 0 && code == apierror.KeyBlocked && d.Reason == guard.ReasonBlocklisted {
+			b = append(b, "This API key is blocked at level "...)
+			b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+			b = append(b, " of the penalty ladder "...)
+			if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+				b = append(b, "until "...)
+				b = appendUnixMicros(b, d.PenaltyUntil)
+			} else {
+				b = append(b, "until an operator lifts it"...)
+			}
+			b = appendPenaltyReason(b, d)
+			return append(b, '.')
+		}
 		if d.Reason == guard.ReasonBlockRule && d.RefusingRule != "" {
 			b = append(b, "Requests matching rule "...)
 			b = appendSFString(b, d.RefusingRule)
 			return append(b, " are blocked."...)
 		}
-		if code == guard.CodeEndpointBlocked {
+		if code == apierror.EndpointBlocked {
 			return append(b, "Requests to this endpoint are blocked."...)
 		}
 		return append(b, "This API key is blocked."...)
-	case guard.CodeCostExceedsLimit:
+	case apierror.CostExceedsLimit:
 		b = append(b, "The request's cost"...)
 		if d.Cost > 0 {
 			b = append(b, " of "...)
@@ -213,14 +239,101 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 			}
 		}
 		return append(b, "; it can never be admitted."...)
-	case guard.CodeInvalidKey:
+	case apierror.InvalidKey:
 		return append(b, "The API key is malformed: longer than 256 bytes, not valid UTF-8, or holding a space or a control character."...)
-	case guard.CodeInvalidPath:
+	case apierror.InvalidPath:
 		return append(b, invalidPathMessage...)
-	case guard.CodeTooManyRules:
+	case apierror.TooManyRules:
 		return append(b, "The request matches more rate-limit rules than one request may; the gateway's rules need fixing."...)
 	}
 	return append(b, http.StatusText(decisionStatus(d))...)
+}
+
+// maxReasonBytes bounds the penalty ladder's reason in a message.
+const maxReasonBytes = 200
+
+// appendPenaltyReason appends "; the ladder's reason: <reason>" for a
+// decision of the penalty ladder that carries one, as printable ASCII
+// (anything else becomes '?'), at most maxReasonBytes of it.
+func appendPenaltyReason(b []byte, d *guard.Decision) []byte {
+	if d.PenaltyReason == "" {
+		return b
+	}
+	b = append(b, "; the ladder's reason: "...)
+	return appendPrintable(b, d.PenaltyReason, maxReasonBytes)
+}
+
+// appendPrintable appends at most n bytes of s, each byte outside
+// printable ASCII replaced by '?'.
+func appendPrintable(b []byte, s string, n int) []byte {
+	for i := 0; i < len(s) && i < n; i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e {
+			c = '?'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// appendUnixMicros appends t (Unix microseconds) in RFC 3339, UTC, whole
+// seconds rounded up: the moment something that ends at t has ended.
+func appendUnixMicros(b []byte, t int64) []byte {
+	return time.Unix(ceilDiv(t, 1_000_000), 0).UTC().AppendFormat(b, time.RFC3339)
+}
+
+func ceilDiv(x, y int64) int64 {
+	q := x / y
+	if x%y != 0 && (x < 0) == (y < 0) {
+		q++
+	}
+	return q
+}
+
+// PenaltyAnswer reports whether d, answered with error code code, is an
+// answer of the penalty ladder (a 429 PENALTY, or a 403 KEY_BLOCKED the
+// ladder imposed, without a deciding rule), whose error details carry
+// penalty_level, penalty_reason and expires_at; expires is when it ends,
+// Unix seconds rounded up, or 0 when it lasts until it is lifted.
+// Surfaces that write their own error object (the check API) carry the
+// same details with it.
+func PenaltyAnswer(d *guard.Decision, code string) (expires int64, ok bool) {
+	if d.DecidingRule() != nil || !hasPenaltyDetails(d, code) {
+		return 0, false
+	}
+	if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+		expires = ceilDiv(d.PenaltyUntil, 1_000_000)
+	}
+	return expires, true
+}
+
+// hasPenaltyDetails reports whether d's JSON error body carries the
+// penalty ladder's details: a 429 PENALTY or a 403 the ladder imposed.
+func hasPenaltyDetails(d *guard.Decision, code string) bool {
+	return d.PenaltyLevel > 0 && (code == apierror.Penalty ||
+		(code == apierror.KeyBlocked && d.Reason == guard.ReasonBlocklisted))
+}
+
+// appendPenaltyDetails appends the penalty ladder's members of an error's
+// details: penalty_level, penalty_reason (when known) and expires_at (when
+// the penalty ends by itself); after a comma when more follows members
+// already written.
+func appendPenaltyDetails(b []byte, d *guard.Decision, more bool) []byte {
+	if more {
+		b = append(b, ',')
+	}
+	b = append(b, `"penalty_level":`...)
+	b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+	if d.PenaltyReason != "" {
+		b = append(b, `,"penalty_reason":`...)
+		b = apierror.AppendString(b, d.PenaltyReason, apierror.EscapeJSON)
+	}
+	if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+		b = append(b, `,"expires_at":"`...)
+		b = appendUnixMicros(b, d.PenaltyUntil)
+		b = append(b, '"')
+	}
+	return b
 }
 
 // retryAfter is the Retry-After of d in seconds, as SetHeaders writes it.
@@ -240,21 +353,14 @@ func appendSeconds(b []byte, s int64) []byte {
 	return append(b, " seconds"...)
 }
 
-// appendErrorHead appends `{"error":{"code":…,"message":…` (unterminated).
-func appendErrorHead[M string | []byte](b []byte, code string, msg M) []byte {
-	b = append(b, `{"error":{"code":`...)
-	b = appendJSONString(b, code)
-	b = append(b, `,"message":`...)
-	return appendJSONString(b, msg)
-}
-
 func appendDecisionJSON(b []byte, d *guard.Decision, status int, code string, msg []byte) []byte {
-	b = appendErrorHead(b, code, msg)
+	b = append(b, `{"error":{`...)
+	b = apierror.AppendFields(b, code, msg, apierror.EscapeJSON)
 	if status == http.StatusTooManyRequests {
 		b = append(b, `,"details":{`...)
 		if dr := d.DecidingRule(); dr != nil {
 			b = append(b, `"rule":`...)
-			b = appendJSONString(b, dr.ID)
+			b = apierror.AppendString(b, dr.ID, apierror.EscapeJSON)
 			b = append(b, `,"limit":`...)
 			b = strconv.AppendInt(b, dr.Limit, 10)
 			b = append(b, `,"remaining":`...)
@@ -269,7 +375,14 @@ func appendDecisionJSON(b []byte, d *guard.Decision, status int, code string, ms
 		} else {
 			b = append(b, `"retry_after_seconds":`...)
 			b = strconv.AppendInt(b, retryAfter(d), 10)
+			if hasPenaltyDetails(d, code) {
+				b = appendPenaltyDetails(b, d, true)
+			}
 		}
+		b = append(b, '}')
+	} else if hasPenaltyDetails(d, code) {
+		b = append(b, `,"details":{`...)
+		b = appendPenaltyDetails(b, d, false)
 		b = append(b, '}')
 	}
 	return append(b, "}}"...)
@@ -278,22 +391,22 @@ func appendDecisionJSON(b []byte, d *guard.Decision, status int, code string, ms
 // appendProblemHead appends the members every problem has, unterminated.
 func appendProblemHead[M string | []byte](b []byte, typ, title string, status int, code string, detail M) []byte {
 	b = append(b, `{"type":`...)
-	b = appendJSONString(b, typ)
+	b = apierror.AppendString(b, typ, apierror.EscapeJSON)
 	b = append(b, `,"title":`...)
-	b = appendJSONString(b, title)
+	b = apierror.AppendString(b, title, apierror.EscapeJSON)
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
-	b = appendJSONString(b, detail)
+	b = apierror.AppendString(b, detail, apierror.EscapeJSON)
 	b = append(b, `,"code":`...)
-	return appendJSONString(b, code)
+	return apierror.AppendString(b, code, apierror.EscapeJSON)
 }
 
 func appendDecisionProblem(b []byte, d *guard.Decision, status int, code string, msg []byte) []byte {
 	typ, title := problemTypeBlank, http.StatusText(status)
 	if status == http.StatusTooManyRequests {
 		typ, title = ProblemQuotaExceeded, problemTitleQuotaExceeded
-		if code == guard.CodePenalty {
+		if code == apierror.Penalty {
 			typ, title = ProblemAbnormalUsage, problemTitleAbnormalUsage
 		}
 	}
@@ -310,69 +423,9 @@ func appendDecisionProblem(b []byte, d *guard.Decision, status int, code string,
 				b = append(b, ',')
 			}
 			n++
-			b = appendJSONString(b, rr.ID)
+			b = apierror.AppendString(b, rr.ID, apierror.EscapeJSON)
 		}
 		b = append(b, ']')
 	}
 	return append(b, '}')
-}
-
-// appendJSONString appends s as a JSON string: quotes, backslashes and
-// control characters escaped, invalid UTF-8 replaced by U+FFFD, and U+2028
-// and U+2029 escaped so that the body is also valid JavaScript. It takes
-// []byte too, so messages built in a stack buffer need no string copy.
-func appendJSONString[S string | []byte](b []byte, s S) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, `\n`...)
-			case '\r':
-				b = append(b, `\r`...)
-			case '\t':
-				b = append(b, `\t`...)
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := decodeRune(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, `\u202`...)
-			b = append(b, hex[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}
-
-// decodeRune is utf8.DecodeRune for a string or a byte slice, without
-// converting (and copying) either.
-func decodeRune[S string | []byte](s S) (rune, int) {
-	var buf [utf8.UTFMax]byte
-	n := copy(buf[:], s)
-	return utf8.DecodeRune(buf[:n])
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 )
 
 // Prebuilt answers to the decisions the guard makes from its controls
@@ -13,8 +14,9 @@ import (
 // what a retry storm gets once it is penalised: the guard answers them from
 // memory, without the store, so the HTTP layer should not spend more on
 // them than net/http itself does. Their bodies depend only on the code, the
-// body's format (JSON or problem+json) and the Retry-After, so each is
-// built once and then written as is: no rendering, no allocation.
+// body's format (JSON or problem+json), the Retry-After and, for the
+// penalty ladder's answers, the level, end and reason they state, so each
+// is built once and then written as is: no rendering, no allocation.
 
 // answerSlots is the size of a middleware's cache of prebuilt answers. A
 // penalty's Retry-After counts down one second at a time, so a few
@@ -33,10 +35,14 @@ var (
 
 // answer is one prebuilt answer. It is immutable once built.
 type answer struct {
-	// The cache key: code, problem+json, Retry-After.
+	// The cache key: code, problem+json, Retry-After, and for the penalty
+	// ladder's answers the level, end and reason the body states.
 	code    string
 	problem bool
 	retry   int64
+	level   int
+	until   int64
+	reason  string
 
 	status        int
 	body          []byte
@@ -58,11 +64,11 @@ func prebuiltCode(d *guard.Decision) string {
 	}
 	switch {
 	case d.Reason == guard.ReasonPenalty && d.Status == http.StatusTooManyRequests &&
-		(d.Code == guard.CodePenalty || d.Code == ""):
-		return guard.CodePenalty
+		(d.Code == apierror.Penalty || d.Code == ""):
+		return apierror.Penalty
 	case d.Reason == guard.ReasonBlocklisted && d.Status == http.StatusForbidden &&
-		(d.Code == guard.CodeKeyBlocked || d.Code == ""):
-		return guard.CodeKeyBlocked
+		(d.Code == apierror.KeyBlocked || d.Code == ""):
+		return apierror.KeyBlocked
 	}
 	return ""
 }
@@ -76,21 +82,27 @@ func (a *answers) get(r *http.Request, d *guard.Decision) *answer {
 	}
 	problem := wantsProblem(r.Header["Accept"])
 	var retry int64
-	if code == guard.CodePenalty {
+	if code == apierror.Penalty {
 		retry = retryAfter(d)
 	}
-	i := uint64(retry) * 4
-	if code == guard.CodePenalty {
+	var until int64
+	if d.PenaltyLevel > 0 {
+		until = d.PenaltyUntil
+	}
+	i := uint64(retry)*4 + uint64(until/1_000_000)*8
+	if code == apierror.Penalty {
 		i += 2
 	}
 	if problem {
 		i++
 	}
 	slot := &a.slots[i%answerSlots]
-	if p := slot.Load(); p != nil && p.code == code && p.problem == problem && p.retry == retry {
+	if p := slot.Load(); p != nil && p.code == code && p.problem == problem && p.retry == retry &&
+		p.level == d.PenaltyLevel && p.until == until && p.reason == d.PenaltyReason {
 		return p
 	}
 	p := buildAnswer(d, code, problem, retry)
+	p.level, p.until, p.reason = d.PenaltyLevel, until, d.PenaltyReason
 	slot.Store(p)
 	return p
 }

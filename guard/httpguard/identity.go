@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 )
 
 // Errors of identity extraction. Match them with errors.Is: the errors
@@ -31,7 +32,7 @@ var (
 )
 
 // DefaultMaxKeyLen is the longest key accepted when Identity.MaxKeyLen is
-// zero (SPEC §3): guard.MaxKeyLen.
+// zero: guard.MaxKeyLen.
 const DefaultMaxKeyLen = guard.MaxKeyLen
 
 type sourceKind uint8
@@ -252,9 +253,9 @@ func WriteIdentityError(w http.ResponseWriter, r *http.Request, err error) {
 // identityRefusal is the API error code and message of an Extract error.
 func identityRefusal(err error) (code, msg string) {
 	if errors.Is(err, ErrInvalidKey) {
-		return guard.CodeInvalidKey, "The API key is malformed."
+		return apierror.InvalidKey, "The API key is malformed."
 	}
-	return guard.CodeInvalidRequest, "The request's cost is not a positive integer."
+	return apierror.InvalidRequest, "The request's cost is not a positive integer."
 }
 
 func (id *Identity) maxKeyLen() int {

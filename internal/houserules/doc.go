@@ -10,10 +10,26 @@
 //     package: slog.Info, slog.Default, slog.SetDefault, log.Printf and the
 //     like; take a *slog.Logger instead (nil: discard);
 //   - a package without a package comment: add a doc.go starting
-//     "// Package name ...".
+//     "// Package name ...";
+//   - a function or method longer than 150 lines (func line to closing
+//     brace) outside tests and generated code: split it into steps;
+//   - in non-test code, an API error code written as a string literal
+//     outside guard/apierror (alone, or inside a JSON fragment such as
+//     `"code":"PENALTY"`), a code-shaped literal answered as a code that
+//     is not in its table, or a code answered with an HTTP status its
+//     table does not give it: every surface answers from that one table
+//     (tests spell the wire as it is).
 //
-// Exceptions live in two allowlists in the test, sleepAllowlist and
-// docAllowlist; each entry says why, and a stale entry fails the test.
+// It also reads every file git tracks (docs, READMEs, comments, --help
+// texts, configs, scripts, test messages) and fails on a citation of a
+// document that is not in the repository — the product contract or the
+// dependency notes the project is built from, by name — or of an issue
+// number: users cannot follow them, so say the fact, or link the doc in
+// docs/ that holds it.
+//
+// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist,
+// longFuncAllowlist, errorCodeAllowlist and citationAllowlist; each entry
+// says why, and a stale entry fails the test.
 //
 // Directories named testdata or vendor, or starting with "." or "_", and
 // nested modules are not checked. The package has no exported API.

@@ -43,12 +43,16 @@ const (
 	// decision; allowed, reason, status and remaining are not meaningful.
 	DecisionEvent_KIND_REPORT DecisionEvent_Kind = 2
 	// A marker that closes a previous epoch of this gateway on this
-	// partition: last_seq is the last sequence number reserved in that
-	// epoch, so a consumer can count the killed epoch's lost tail. Only
+	// partition: last_seq is the last sequence number the gateway used in
+	// that epoch (or, when it cannot know, after a machine crash, the last
+	// one it reserved), so a consumer can count the killed epoch's lost
+	// tail. Only
 	// gateway_id, epoch (the closed epoch), partition, seq, time_unix_micros,
 	// kind and last_seq are set, and seq is last_seq + 1, so the marker
 	// passes the high-water-mark deduplication like any record; a marker
-	// replayed twice is a duplicate. No record of that epoch follows it.
+	// replayed twice is a duplicate. No record of that epoch follows it (a
+	// consumer should not let a marker silence records above its mark:
+	// only a record that is not the gateway's makes that happen).
 	DecisionEvent_KIND_EPOCH_CLOSED DecisionEvent_Kind = 3
 	// A command, not a decision: lift the penalty of key_id (an operator's
 	// DELETE /admin/v1/penalties/{key}). Written by the aggregator's
@@ -122,10 +126,17 @@ func (DecisionEvent_Kind) EnumDescriptor() ([]byte, []int) {
 // Numbers 100 and above are the fields of command records the aggregator
 // writes into this topic (KIND_PENALTY_LIFT); do not use them for decision
 // fields.
+//
+// Every field has a bound (package tollgatev1, bounds.go): strings of at most
+// 128 bytes (gateway_id 256, endpoint 2048, command_reason 1024), cost from 0
+// to 1e9, retry_after_seconds up to 366 days, time_unix_micros within 30 days
+// before and 10 minutes after the record's timestamp. Gateways never write a
+// value outside them (a longer string is cut and ends with "…"); the
+// aggregator refuses a record that has one and counts it.
 type DecisionEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The gateway that made the decision: its configured id (hostname by
-	// default). Stable across restarts of the same gateway.
+	// The gateway that made the decision: its configured gateway_id (default
+	// hostname-pid, new at every start; set it to keep it across restarts).
 	GatewayId string `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	// The gateway's boot epoch: a random number drawn at start and kept with
 	// its spool, so a restarted gateway never reuses an event id. For
@@ -178,8 +189,9 @@ type DecisionEvent struct {
 	Allowed bool `protobuf:"varint,16,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Why, as one of the guard's reasons (guard.Reason): "allowed",
 	// "rate_limited", "blocklisted", "allowlisted", "penalty", "no_rule",
-	// "block_rule", "cost_exceeds_limit", "invalid_key", "redis_unavailable",
-	// "call_rejected". Consumers must accept values they do not know.
+	// "block_rule", "cost_exceeds_limit", "invalid_key", "invalid_path",
+	// "too_many_rules", "redis_unavailable", "call_rejected". Consumers must
+	// accept values they do not know.
 	Reason string `protobuf:"bytes,17,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The HTTP status the decision calls for: 200 when allowed, 429 when rate
 	// limited or penalised, 403 when blocked, 400 for a bad request; 0 where
@@ -199,11 +211,13 @@ type DecisionEvent struct {
 	// only), in text form ("203.0.113.7", "2001:db8::1").
 	ClientIp string `protobuf:"bytes,23,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
 	// Where the decision was asked for: "proxy", "check", "batch", "report",
-	// "rls" (Envoy rate-limit service) or "authz" (Envoy ext_authz).
+	// "rls" (Envoy rate-limit service) or "authz" (the check API's
+	// forward-auth endpoint, /v1/authz).
 	Surface string `protobuf:"bytes,24,opt,name=surface,proto3" json:"surface,omitempty"`
-	// KIND_EPOCH_CLOSED only: the last sequence number reserved in the closed
-	// epoch on this partition. Numbers after the last one received and up to
-	// this one were lost (or reserved and never used).
+	// KIND_EPOCH_CLOSED only: the last sequence number used in the closed
+	// epoch on this partition (after a machine crash: the last reserved).
+	// Numbers after the last one received and up to this one were lost (or,
+	// after a machine crash, reserved and never used).
 	LastSeq uint64 `protobuf:"varint,25,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// The key's penalty level when the decision was made (0 = none).
 	PenaltyLevel int32 `protobuf:"varint,26,opt,name=penalty_level,json=penaltyLevel,proto3" json:"penalty_level,omitempty"`

@@ -31,8 +31,17 @@
 //     counts are totals, never deltas.
 //   - DecisionEvent: keep the highest seq applied per (gateway_id, epoch,
 //     partition); a record at or below it is a duplicate. See
-//     DecisionEvent_KIND_EPOCH_CLOSED for the marker that ends an epoch.
+//     DecisionEvent_KIND_EPOCH_CLOSED for the marker that ends an epoch. Do
+//     not let one record move that mark by more than MaxSeqJump, and skip
+//     records with a field outside its bound (bounds.go): anyone allowed to
+//     write the topic can write such a record.
 //   - PenaltyEvent by event_id, AuditEntry by id.
+//
+// A consumer that reads every decision can decode TopicDecisions without
+// allocating: DecodeDecision reads a record into a Decision[[]byte] whose
+// strings are the record's bytes, and reports the fields outside their
+// bounds (AppendDecision is the writer's side). schemas/README.md shows
+// the loop.
 //
 // Topic names are configurable; the constants are the defaults. A consumer of
 // an older build decodes newer records: proto.Unmarshal keeps fields it does

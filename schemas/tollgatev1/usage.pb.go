@@ -128,7 +128,13 @@ type UsageRollup struct {
 	Revision uint32 `protobuf:"varint,12,opt,name=revision,proto3" json:"revision,omitempty"`
 	// When the aggregator closed (or re-closed) the window, in seconds since
 	// the Unix epoch.
-	ClosedAtUnix  int64 `protobuf:"varint,13,opt,name=closed_at_unix,json=closedAtUnix,proto3" json:"closed_at_unix,omitempty"`
+	ClosedAtUnix int64 `protobuf:"varint,13,opt,name=closed_at_unix,json=closedAtUnix,proto3" json:"closed_at_unix,omitempty"`
+	// Set when the record would have exceeded the topic's message size
+	// (max.message.bytes) and was cut to fit: endpoint (in the value and in
+	// the record key) keeps its first bytes followed by "…#" and 16 hex
+	// digits of a hash of the whole endpoint, so that two cut endpoints stay
+	// apart; key_prefix and rules_hit may be emptied. The counts are whole.
+	Truncated     bool `protobuf:"varint,14,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -254,11 +260,18 @@ func (x *UsageRollup) GetClosedAtUnix() int64 {
 	return 0
 }
 
+func (x *UsageRollup) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_tollgate_v1_usage_proto protoreflect.FileDescriptor
 
 const file_tollgate_v1_usage_proto_rawDesc = "" +
 	"\n" +
-	"\x17tollgate/v1/usage.proto\x12\vtollgate.v1\"\xaf\x03\n" +
+	"\x17tollgate/v1/usage.proto\x12\vtollgate.v1\"\xcd\x03\n" +
 	"\vUsageRollup\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06key_id\x18\x02 \x01(\tR\x05keyId\x12\x1d\n" +
@@ -274,7 +287,8 @@ const file_tollgate_v1_usage_proto_rawDesc = "" +
 	" \x01(\x03R\x04cost\x12\x1b\n" +
 	"\trules_hit\x18\v \x03(\tR\brulesHit\x12\x1a\n" +
 	"\brevision\x18\f \x01(\rR\brevision\x12$\n" +
-	"\x0eclosed_at_unix\x18\r \x01(\x03R\fclosedAtUnix*m\n" +
+	"\x0eclosed_at_unix\x18\r \x01(\x03R\fclosedAtUnix\x12\x1c\n" +
+	"\ttruncated\x18\x0e \x01(\bR\ttruncated*m\n" +
 	"\vGranularity\x12\x1b\n" +
 	"\x17GRANULARITY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12GRANULARITY_MINUTE\x10\x01\x12\x14\n" +

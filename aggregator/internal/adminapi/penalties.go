@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/guard/apierror"
 )
 
 // Penalties reads keys' committed penalty state (state.DB).
@@ -120,17 +121,17 @@ func (a *api) getPenalty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.cfg.Penalties == nil {
-		Error(w, http.StatusServiceUnavailable, "UNAVAILABLE", "penalty state is not served by this instance")
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.Unavailable, "penalty state is not served by this instance")
 		return
 	}
 	states, err := a.cfg.Penalties.Penalties(id)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the penalty state failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the penalty state failed")
 		return
 	}
 	v, err := a.penaltyView(id, prefix, states, time.Now())
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the audit log failed")
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -147,26 +148,26 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.cfg.Penalties == nil || a.cfg.Commands == nil {
-		Error(w, http.StatusServiceUnavailable, "UNAVAILABLE", "penalties cannot be lifted through this instance")
+		apierror.Write(w, http.StatusServiceUnavailable, apierror.Unavailable, "penalties cannot be lifted through this instance")
 		return
 	}
 	reason := r.URL.Query().Get("reason")
 	if len(reason) > maxReason {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "reason: too long")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "reason: too long")
 		return
 	}
 	states, err := a.cfg.Penalties.Penalties(id)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the penalty state failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the penalty state failed")
 		return
 	}
 	if len(states) == 0 {
-		Error(w, http.StatusNotFound, "NOT_FOUND", "the key has no penalty state: nothing to lift")
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key has no penalty state: nothing to lift")
 		return
 	}
 	at, err := a.lift(r.Context(), id, states, actor(r), reason)
 	if err != nil {
-		Error(w, http.StatusBadGateway, "KAFKA_UNAVAILABLE", "the lift could not be sent: "+err.Error())
+		apierror.Write(w, http.StatusBadGateway, apierror.KafkaUnavailable, "the lift could not be sent: "+err.Error())
 		return
 	}
 	deadline := time.Now().Add(liftWait)
@@ -175,7 +176,7 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 		if err == nil && lifted(states, at) {
 			v, err := a.penaltyView(id, prefix, states, time.Now())
 			if err != nil {
-				Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+				apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the audit log failed")
 				return
 			}
 			writeJSON(w, http.StatusOK, v)

@@ -2,42 +2,17 @@ package consume
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
-)
-
-var errBadEvent = errors.New("consume: malformed decision event")
-
-// Field numbers of tollgate.v1.DecisionEvent the aggregator reads.
-const (
-	fGatewayID = 1
-	fEpoch     = 2
-	fPartition = 3
-	fSeq       = 4
-	fTime      = 5
-	fKind      = 6
-	fKeyID     = 7
-	fKeyPrefix = 8
-	fTenant    = 9
-	fEndpoint  = 11
-	fCost      = 13
-	fRuleID    = 14
-	fAllowed   = 16
-	fReason    = 17
-	fRetry     = 20
-	fLastSeq   = 25
-	fCmdActor  = 100
-	fCmdReason = 101
 )
 
 // event is a decoded DecisionEvent: what the usage windows count, and what
@@ -53,102 +28,133 @@ type event struct {
 	Lift      bool
 	Actor     string
 	CmdReason string
+	// TooLong: a string field the aggregator reads is longer than its
+	// bound (it is left empty rather than copied); BadPartition: the
+	// partition field is not a partition number.
+	TooLong      bool
+	BadPartition bool
+
+	// shadow is room for the codec's shadow ids, reused from record to
+	// record.
+	shadow [][]byte
 }
 
 const reasonAllowlisted = "allowlisted"
 
+// readStrings are the string fields the aggregator reads: one beyond its
+// bound makes the event TooLong.
+var readStrings = tollgatev1.FieldsOf(tollgatev1.FieldGatewayID, tollgatev1.FieldKeyID, tollgatev1.FieldKeyPrefix,
+	tollgatev1.FieldTenant, tollgatev1.FieldEndpoint, tollgatev1.FieldRuleID, tollgatev1.FieldCommandActor,
+	tollgatev1.FieldCommandReason)
+
 // decodeEvent reads the fields of a DecisionEvent the usage windows and the
-// abuse detectors need, skipping the rest, without building the whole
-// message (checked against the generated code in the tests). An event
-// whose kind this aggregator does not know decodes with Kind 0 and Lift
-// false, and is skipped by the caller.
+// abuse detectors need with the decision stream's codec
+// (tollgatev1.DecodeDecision), copying only the strings it keeps, and
+// none beyond its bound. An event whose kind this aggregator does not
+// know decodes with Kind 0 and Lift false, and is skipped by the caller.
 func decodeEvent(b []byte, ev *event) error {
-	*ev = event{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errBadEvent
-		}
-		b = b[n:]
-		switch {
-		case typ == protowire.BytesType && num == fReason:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			ev.Allowlisted = string(v) == reasonAllowlisted // no allocation
-			b = b[n:]
-		case typ == protowire.BytesType && (num == fGatewayID || num == fKeyID || num == fKeyPrefix || num == fTenant || num == fEndpoint || num == fRuleID || num == fCmdActor || num == fCmdReason):
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			s := string(v)
-			switch num {
-			case fCmdActor:
-				ev.Actor = s
-			case fCmdReason:
-				ev.CmdReason = s
-			case fGatewayID:
-				ev.Gateway = s
-			case fKeyID:
-				ev.KeyID = s
-			case fKeyPrefix:
-				ev.KeyPrefix = s
-			case fTenant:
-				ev.Tenant = s
-			case fEndpoint:
-				ev.Endpoint = s
-			case fRuleID:
-				ev.Rule = s
-			}
-			b = b[n:]
-		case typ == protowire.VarintType && (num == fEpoch || num == fPartition || num == fSeq || num == fTime || num == fKind || num == fCost || num == fAllowed || num == fLastSeq || num == fRetry):
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			switch num {
-			case fEpoch:
-				ev.Epoch = v
-			case fPartition:
-				ev.Partition = int32(v)
-			case fSeq:
-				ev.Seq = v
-			case fTime:
-				ev.TimeMicros = int64(v)
-			case fKind:
-				switch tollgatev1.DecisionEvent_Kind(v) {
-				case tollgatev1.DecisionEvent_KIND_DECISION:
-					ev.Kind = windows.KindDecision
-				case tollgatev1.DecisionEvent_KIND_REPORT:
-					ev.Kind = windows.KindReport
-				case tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED:
-					ev.Kind = windows.KindEpochClosed
-				case tollgatev1.DecisionEvent_KIND_PENALTY_LIFT:
-					ev.Kind, ev.Lift = 0, true
-				default:
-					ev.Kind, ev.Lift = 0, false
-				}
-			case fCost:
-				ev.Cost = int64(v)
-			case fAllowed:
-				ev.Allowed = v != 0
-			case fLastSeq:
-				ev.LastSeq = v
-			case fRetry:
-				ev.RetryAfter = int64(v)
-			}
-			b = b[n:]
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return errBadEvent
-			}
-			b = b[n:]
-		}
+	// w lives on the stack, not in ev: the codec's copy into it needs no
+	// write barriers, and no reference to the record outlives this call.
+	w := tollgatev1.Decision[[]byte]{ShadowWouldReject: ev.shadow}
+	beyond, err := tollgatev1.DecodeDecision(b, &w)
+	clear(w.ShadowWouldReject) // no reference to the record kept
+	ev.shadow = w.ShadowWouldReject[:0]
+	if err != nil {
+		return err
+	}
+	ev.Event = windows.Event{Source: windows.Source{Gateway: string(w.GatewayID), Epoch: w.Epoch, Partition: w.Partition},
+		Seq: w.Seq, TimeMicros: w.TimeUnixMicros, Tenant: string(w.Tenant), KeyID: string(w.KeyID),
+		KeyPrefix: string(w.KeyPrefix), Endpoint: string(w.Endpoint), Rule: string(w.RuleID), Allowed: w.Allowed,
+		Cost: w.Cost, LastSeq: w.LastSeq}
+	ev.RetryAfter = w.RetryAfterSeconds
+	ev.Allowlisted = string(w.Reason) == reasonAllowlisted // no allocation
+	ev.Actor, ev.CmdReason = string(w.CommandActor), string(w.CommandReason)
+	ev.TooLong = beyond&readStrings != 0
+	ev.BadPartition = beyond.Has(tollgatev1.FieldPartition) || w.Partition < 0
+	ev.Lift = false
+	switch w.Kind {
+	case tollgatev1.DecisionEvent_KIND_DECISION:
+		ev.Kind = windows.KindDecision
+	case tollgatev1.DecisionEvent_KIND_REPORT:
+		ev.Kind = windows.KindReport
+	case tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED:
+		ev.Kind = windows.KindEpochClosed
+	case tollgatev1.DecisionEvent_KIND_PENALTY_LIFT:
+		ev.Kind, ev.Lift = 0, true
+	default:
+		ev.Kind = 0
 	}
 	return nil
+}
+
+// Why an event is refused: the values of the reason label of
+// tollgate_aggregator_events_invalid_total.
+const (
+	// invalidIdentity: no gateway_id, epoch or seq, a gateway_id longer
+	// than its bound, or a partition field that is not the record's
+	// partition. The event touches no mark.
+	invalidIdentity = "identity"
+	// invalidMarker: an EpochClosed marker whose seq is not last_seq + 1.
+	invalidMarker = "marker"
+	// The others: a field out of its bound. The event passes through its
+	// source's mark (its number was used: it is not missing) and is not
+	// counted.
+	invalidCost       = "cost"
+	invalidTime       = "time"
+	invalidLength     = "length"
+	invalidRetryAfter = "retry_after"
+)
+
+var invalidReasons = []string{invalidIdentity, invalidMarker, invalidCost, invalidTime, invalidLength, invalidRetryAfter}
+
+// check returns why ev, read from a record of partition q with timestamp
+// ts, cannot be counted ("" when it can) and whether the fault is in its
+// identity, so that it must not touch its source's mark either. now is the
+// wall clock. Event times must lie within tollgatev1.MaxEventAge before
+// and MaxEventAhead after the record's timestamp, and never more than
+// MaxEventAhead ahead of now; a timestamp itself outside that window of
+// now (a producer's clock gone wrong, a forged one) is replaced by now.
+func check(ev *event, q int32, ts, now time.Time) (reason string, identity bool) {
+	switch {
+	case ev.BadPartition || ev.Partition != q:
+		return invalidIdentity, true
+	case ev.Lift:
+		if ev.KeyID == "" {
+			return invalidIdentity, true
+		}
+	case ev.Gateway == "" && !ev.TooLong || ev.Epoch == 0 || ev.Seq == 0:
+		return invalidIdentity, true
+	case ev.Kind == windows.KindEpochClosed && (ev.LastSeq == 0 || ev.Seq != ev.LastSeq+1):
+		return invalidMarker, true
+	}
+	if ev.TooLong {
+		if ev.Gateway == "" && !ev.Lift {
+			return invalidIdentity, true // the gateway_id was the long one
+		}
+		return invalidLength, false
+	}
+	if !timeWithin(ev.TimeMicros, ts, now) {
+		return invalidTime, false
+	}
+	if ev.Cost < 0 || ev.Cost > tollgatev1.MaxCost {
+		return invalidCost, false
+	}
+	if ev.RetryAfter < 0 || ev.RetryAfter > tollgatev1.MaxRetryAfterSeconds {
+		return invalidRetryAfter, false
+	}
+	return "", false
+}
+
+// timeWithin reports whether an event time (Unix µs) is within the bounds
+// of its record's timestamp ts and the wall clock now (see check).
+func timeWithin(t int64, ts, now time.Time) bool {
+	ahead, age := tollgatev1.MaxEventAhead.Microseconds(), tollgatev1.MaxEventAge.Microseconds()
+	n := now.UnixMicro()
+	ref := ts.UnixMicro()
+	if ts.IsZero() || ref < n-age || ref > n+ahead {
+		ref = n
+	}
+	return t >= ref-age && t <= ref+ahead && t <= n+ahead
 }
 
 // rollupKey is the usage topic's record key: tenant/key_id/endpoint/window,
@@ -179,7 +185,15 @@ func granularity(g windows.Granularity) tollgatev1.Granularity {
 
 // rollupValue encodes a published window.
 func rollupValue(k windows.RowKey, r *windows.Row, closedAt int64) ([]byte, error) {
-	return proto.Marshal(&tollgatev1.UsageRollup{
+	b, err := proto.Marshal(rollup(k, r, closedAt))
+	if err != nil {
+		return nil, fmt.Errorf("consume: encode usage rollup: %w", err)
+	}
+	return b, nil
+}
+
+func rollup(k windows.RowKey, r *windows.Row, closedAt int64) *tollgatev1.UsageRollup {
+	return &tollgatev1.UsageRollup{
 		Tenant:          k.Tenant,
 		KeyId:           k.KeyID,
 		KeyPrefix:       r.KeyPrefix,
@@ -193,7 +207,58 @@ func rollupValue(k windows.RowKey, r *windows.Row, closedAt int64) ([]byte, erro
 		RulesHit:        r.Rules,
 		Revision:        r.Revision,
 		ClosedAtUnix:    closedAt,
-	})
+	}
+}
+
+// recordOverhead is more than a record adds to its key and value in a
+// produce request's record batch (the batch header, lengths, attributes,
+// offset and timestamp deltas).
+const recordOverhead = 128
+
+// fitRollup returns the key and value of a published window's usage
+// record, at most limit bytes together with recordOverhead. A record that
+// would be larger is cut: the endpoint keeps its first bytes followed by
+// "…#" and a hash of the whole endpoint (in the key and the value), then
+// key_prefix and rules_hit are dropped, and the value says truncated. ok
+// is false when even that does not fit (tenant and key_id are bounded, so
+// only a limit of a few hundred bytes does that).
+func fitRollup(k windows.RowKey, r *windows.Row, closedAt int64, limit int) (key, value []byte, truncated, ok bool, err error) {
+	key = rollupKey(k)
+	if value, err = rollupValue(k, r, closedAt); err != nil {
+		return nil, nil, false, false, err
+	}
+	if len(key)+len(value)+recordOverhead <= limit {
+		return key, value, false, true, nil
+	}
+	u := rollup(k, r, closedAt)
+	u.Truncated = true
+	u.KeyPrefix, u.RulesHit = "", nil
+	value, err = proto.Marshal(u)
+	if err != nil {
+		return nil, nil, false, false, fmt.Errorf("consume: encode usage rollup: %w", err)
+	}
+	if len(key)+len(value)+recordOverhead > limit {
+		// The endpoint appears twice (key and value): what is left,
+		// halved, for each.
+		room := (limit - recordOverhead - len(key) - len(value) + 2*len(k.Endpoint)) / 2
+		sum := fnv.New64a()
+		_, _ = sum.Write([]byte(k.Endpoint))
+		suffix := fmt.Sprintf("%s#%016x", tollgatev1.TruncationMark, sum.Sum64())
+		if room < len(suffix) {
+			return nil, nil, true, false, nil
+		}
+		cut := tollgatev1.CutLen(k.Endpoint, room-len(suffix)+len(tollgatev1.TruncationMark))
+		k.Endpoint = k.Endpoint[:cut] + suffix
+		u.Endpoint = k.Endpoint
+		key = rollupKey(k)
+		if value, err = proto.Marshal(u); err != nil {
+			return nil, nil, false, false, fmt.Errorf("consume: encode usage rollup: %w", err)
+		}
+	}
+	if len(key)+len(value)+recordOverhead > limit {
+		return nil, nil, true, false, nil
+	}
+	return key, value, true, true, nil
 }
 
 // stepRecords turns a ladder step into its PenaltyEvent and its AuditEntry

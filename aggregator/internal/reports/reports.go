@@ -1,4 +1,4 @@
-// Package reports serves the usage reports (SPEC §6):
+// Package reports serves the usage reports:
 //
 //	GET /v1/usage/tenants/{tenant}
 //	GET /v1/usage/keys/{key}        ({key}: an API key, or kid:<key_id>)
@@ -8,16 +8,18 @@
 // hour or day; default hour), format (json or csv; default json), limit
 // (rows per answer, default and maximum Config.MaxRows) and cursor (the
 // next_cursor of an earlier answer). The totals always cover the whole
-// range, whatever page is asked for.
+// range, whatever page is asked for. Errors are apierror's
+// {"error":{"code","message"}}.
 //
 // Every instance holds a replica of every partition's rows (package
 // state), so any instance answers completely once it is ready.
 package reports
 
 import (
-	"encoding/csv"
+	"bufio"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 )
 
@@ -55,17 +58,10 @@ func Register(mux *http.ServeMux, cfg Config) {
 
 type handler struct{ cfg Config }
 
-// Error writes a JSON error {"error":{"code","message"}}.
-func Error(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
-}
-
 func (h *handler) tenant(w http.ResponseWriter, r *http.Request) {
 	t := r.PathValue("tenant")
 	if t == "" || len(t) > 256 {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "tenant: 1 to 256 bytes")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "tenant: 1 to 256 bytes")
 		return
 	}
 	h.serve(w, r, state.Query{Tenant: t})
@@ -77,11 +73,11 @@ func (h *handler) key(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case ok:
 		if !keyid.Valid(id) {
-			Error(w, http.StatusBadRequest, "INVALID_KEY", "kid: must be followed by a 22-character key_id")
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "kid: must be followed by a 22-character key_id")
 			return
 		}
 	case k == "" || len(k) > 256:
-		Error(w, http.StatusBadRequest, "INVALID_KEY", "key: 1 to 256 bytes, or kid:<key_id>")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidKey, "key: 1 to 256 bytes, or kid:<key_id>")
 		return
 	default:
 		id = h.cfg.Hasher.ID(k)
@@ -124,16 +120,16 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	now := h.cfg.Now()
 	to, err := parseTime(v.Get("to"), now)
 	if err != nil {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "to: "+err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "to: "+err.Error())
 		return
 	}
 	from, err := parseTime(v.Get("from"), to.Add(-24*time.Hour))
 	if err != nil {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "from: "+err.Error())
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "from: "+err.Error())
 		return
 	}
 	if !from.Before(to) {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "from must be before to")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "from must be before to")
 		return
 	}
 	gname := v.Get("granularity")
@@ -142,7 +138,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	g, ok := windows.ParseGranularity(gname)
 	if !ok {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "granularity: minute, hour or day")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "granularity: minute, hour or day")
 		return
 	}
 	format := v.Get("format")
@@ -150,14 +146,14 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 		format = "json"
 	}
 	if format != "json" && format != "csv" {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "format: json or csv")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "format: json or csv")
 		return
 	}
 	limit := h.cfg.MaxRows
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > h.cfg.MaxRows {
-			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "limit: 1 to "+strconv.Itoa(h.cfg.MaxRows))
+			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "limit: 1 to "+strconv.Itoa(h.cfg.MaxRows))
 			return
 		}
 		limit = n
@@ -172,17 +168,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	rows, next, err := h.cfg.DB.Report(q)
 	if errors.Is(err, state.ErrBadCursor) {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "cursor: not one this service returned for this query")
+		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "cursor: not one this service returned for this query")
 		return
 	}
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading usage failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading usage failed")
 		return
 	}
 	var tot Totals
 	tot.Allowed, tot.Rejected, tot.Cost, err = h.cfg.DB.Totals(q)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading usage failed")
+		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading usage failed")
 		return
 	}
 	ans := Answer{Tenant: q.Tenant, KeyID: q.KeyID, From: time.Unix(q.From, 0).UTC().Format(time.RFC3339),
@@ -199,13 +195,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	if format == "csv" {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"window_start", "key_id", "key_prefix", "endpoint", "allowed", "rejected", "cost"})
-		for _, rr := range ans.Rows {
-			_ = cw.Write([]string{rr.WindowStart, rr.KeyID, rr.KeyPrefix, rr.Endpoint,
-				strconv.FormatInt(rr.Allowed, 10), strconv.FormatInt(rr.Rejected, 10), strconv.FormatInt(rr.Cost, 10)})
-		}
-		cw.Flush()
+		_ = writeCSV(w, ans.Rows)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -231,4 +221,51 @@ func mod(a, b int64) int64 {
 		m += b
 	}
 	return m
+}
+
+// csvHeader is the first line of a CSV report.
+var csvHeader = []string{"window_start", "key_id", "key_prefix", "endpoint", "allowed", "rejected", "cost"}
+
+// writeCSV writes rows as CSV (RFC 4180 quoting, one line per row ending
+// in LF, as encoding/csv writes), the header first. Every cell is safe to open in a spreadsheet: one that starts with
+// '=', '+', '-', '@', a tab or a carriage return — which Excel, LibreOffice
+// and Google Sheets would read as a formula — is neutralised as OWASP
+// recommends: a single quote is put before it and the cell is quoted. Any
+// client chooses its API key and its path, so key prefixes and endpoints
+// are hostile input; key_ids (base64url) may start with '-' too. A program
+// reading the CSV drops the leading quote of a quoted cell that starts
+// with "'" followed by one of those characters.
+func writeCSV(w io.Writer, rows []Row) error {
+	bw := bufio.NewWriter(w)
+	writeCSVLine(bw, csvHeader)
+	for _, rr := range rows {
+		writeCSVLine(bw, []string{rr.WindowStart, rr.KeyID, rr.KeyPrefix, rr.Endpoint,
+			strconv.FormatInt(rr.Allowed, 10), strconv.FormatInt(rr.Rejected, 10), strconv.FormatInt(rr.Cost, 10)})
+	}
+	return bw.Flush()
+}
+
+func writeCSVLine(w *bufio.Writer, cells []string) {
+	for i, c := range cells {
+		if i > 0 {
+			_ = w.WriteByte(',')
+		}
+		_, _ = w.WriteString(csvCell(c))
+	}
+	_ = w.WriteByte('\n')
+}
+
+// csvCell returns one cell as written in a CSV report: neutralised when a
+// spreadsheet would take it for a formula (a leading single quote, and
+// quoted), quoted when it holds a comma, a double quote, a line break or
+// leading or trailing space, else as is.
+func csvCell(c string) string {
+	formula := c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0]))
+	if formula {
+		c = "'" + c
+	}
+	if !formula && !strings.ContainsAny(c, ",\"\r\n") && strings.TrimSpace(c) == c {
+		return c
+	}
+	return `"` + strings.ReplaceAll(c, `"`, `""`) + `"`
 }

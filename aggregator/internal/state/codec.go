@@ -23,8 +23,7 @@ const (
 	// partition that owns it, and an index to find it by key_id alone.
 	spacePenalty      = 'p' // p partition key_id → abuse.State
 	spacePenaltyByKey = 'q' // q key_id partition → (index)
-	// 'a' and 'A' belong to package audit (the audit log, by time and by
-	// subject).
+	// 'a' and 'A' hold the audit log, by time and by subject (audit.go).
 )
 
 // Topics materialized into the store, as the tag of their offsets.
@@ -215,7 +214,11 @@ func DecodeMarkKey(b []byte) (windows.Source, error) {
 	return s, nil
 }
 
-// MarkValue encodes a mark.
+// MarkValue encodes a mark: version 1, the high-water mark, missing,
+// closed and seen, then — only when one of them is set — the held run and
+// the open gap. A reader that knows only the first part ignores the rest
+// (they were added later), so instances of both builds can share a
+// changelog while they are upgraded.
 func MarkValue(m windows.Mark) []byte {
 	b := []byte{1}
 	b = binary.AppendUvarint(b, m.HWM)
@@ -225,7 +228,14 @@ func MarkValue(m windows.Mark) []byte {
 		c = 1
 	}
 	b = append(b, c)
-	return binary.AppendVarint(b, m.Seen)
+	b = binary.AppendVarint(b, m.Seen)
+	if m.HeldCount == 0 && m.GapNext == 0 {
+		return b
+	}
+	for _, v := range []uint64{m.HeldFirst, m.HeldLast, m.HeldCount, m.GapNext, m.GapLast} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
 }
 
 // DecodeMarkValue is the inverse of MarkValue.
@@ -249,6 +259,19 @@ func DecodeMarkValue(b []byte) (windows.Mark, error) {
 	}
 	m.Closed, b = b[0] == 1, b[1:]
 	if m.Seen, n = binary.Varint(b); n <= 0 {
+		return m, errCorrupt
+	}
+	b = b[n:]
+	if len(b) == 0 {
+		return m, nil
+	}
+	for _, p := range []*uint64{&m.HeldFirst, &m.HeldLast, &m.HeldCount, &m.GapNext, &m.GapLast} {
+		if *p, n = binary.Uvarint(b); n <= 0 {
+			return m, errCorrupt
+		}
+		b = b[n:]
+	}
+	if len(b) != 0 || m.HeldCount > 0 && m.HeldFirst+m.HeldCount-1 != m.HeldLast || m.GapNext > m.GapLast {
 		return m, errCorrupt
 	}
 	return m, nil
@@ -279,15 +302,6 @@ func expiryKey(k windows.RowKey, primary []byte) []byte {
 }
 
 func offsetKey(topic byte, p int32) []byte { return appendPartition([]byte{spaceOffset, topic}, p) }
-
-// OffsetKey is the key of the next offset to read of partition p of a
-// materialized topic; EncodeOffset its value. Packages that materialize a
-// topic into their own key space (audit) write both in the batch that
-// applies the records.
-func OffsetKey(topic byte, p int32) []byte { return offsetKey(topic, p) }
-
-// EncodeOffset encodes an offset for OffsetKey.
-func EncodeOffset(off int64) []byte { return appendInt64(nil, off) }
 
 func metaKey(name string) []byte { return append([]byte{spaceMeta}, name...) }
 

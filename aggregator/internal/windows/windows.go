@@ -1,7 +1,7 @@
 // Package windows is the aggregator's usage logic without Kafka or disk:
 // decision events in, per-(tenant, key_id, endpoint) minute, hour and day
 // rows out, with the deduplication and gap counting that make the stream
-// exactly once (SPEC §5, §6).
+// exactly once.
 //
 // A Table holds the state of one decisions partition: its rows that are
 // still open or recently written, and one Mark per event source (gateway,
@@ -17,13 +17,24 @@
 // reconnect or a spool replay. An event whose sequence number is not above
 // its source's high-water mark is a duplicate and changes nothing. A jump
 // over numbers counts them as missing; an EpochClosed marker counts the
-// numbers reserved after the mark and never delivered (an upper bound).
+// numbers after the mark up to the last one the gateway used.
+//
+// No single record can silence a source: a jump of more than MaxSeqJump
+// numbers is held, not applied, until a run of ConfirmRun events continues
+// it with nothing arriving from below (an event from below discards it);
+// the numbers the last jump skipped stay open, so that events arriving in
+// them later are applied rather than taken for duplicates (an in-order
+// gateway never sends them: only a record that is not the gateway's makes
+// this happen); and a closed source still applies events above its mark.
 package windows
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
+
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Granularity is the size of a usage window.
@@ -165,16 +176,27 @@ func (r *Row) addRule(id string) {
 
 // Mark is a source's deduplication state.
 type Mark struct {
-	// HWM is the highest sequence number applied.
+	// HWM is the highest sequence number applied (or passed through the
+	// marks and refused for a bad field).
 	HWM uint64
-	// Missing counts sequence numbers skipped or, after an EpochClosed
-	// marker, reserved and never delivered.
+	// Missing counts sequence numbers skipped and, after an EpochClosed
+	// marker, used by the gateway and never delivered; less the numbers
+	// that arrived late in the open gap.
 	Missing uint64
-	// Closed: an EpochClosed marker was applied; no later event of the
-	// source counts.
+	// Closed: an EpochClosed marker was applied. The gateway sends nothing
+	// of the source after it; an event above HWM is applied all the same
+	// (and counted in Stats.AfterClose), so a forged marker cannot silence
+	// a live source.
 	Closed bool
 	// Seen is the Unix second the mark last changed (for retention).
 	Seen int64
+	// HeldFirst..HeldLast is a run of HeldCount consecutive events that
+	// jumped more than MaxSeqJump above HWM, not applied; HeldCount 0: none.
+	HeldFirst, HeldLast, HeldCount uint64
+	// GapNext..GapLast are the numbers the last jump skipped that have not
+	// arrived (counted in Missing); GapNext 0: none. An event in it is
+	// applied, not taken for a duplicate.
+	GapNext, GapLast uint64
 }
 
 // Config holds the windowing parameters.
@@ -190,6 +212,13 @@ type Config struct {
 	// MarkRetention: marks of closed epochs unchanged for this long are
 	// deleted (default 30 days).
 	MarkRetention time.Duration
+	// MaxSeqJump is the largest jump of a source's high-water mark one
+	// event may make; a longer one is held (default
+	// tollgatev1.MaxSeqJump).
+	MaxSeqJump uint64
+	// ConfirmRun is the run of events that confirms a held jump (default
+	// tollgatev1.SeqConfirmRun).
+	ConfirmRun uint64
 }
 
 // SetDefaults fills zero fields.
@@ -208,6 +237,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MarkRetention <= 0 {
 		c.MarkRetention = 30 * 24 * time.Hour
+	}
+	if c.MaxSeqJump == 0 {
+		c.MaxSeqJump = tollgatev1.MaxSeqJump
+	}
+	if c.ConfirmRun == 0 {
+		c.ConfirmRun = tollgatev1.SeqConfirmRun
 	}
 }
 
@@ -300,6 +335,21 @@ type Stats struct {
 	Late       int // events for windows already published
 	Missing    uint64
 	Expired    int // rows deleted by retention
+	// Refused counts events passed through the marks but not counted
+	// (Refuse: a field out of bounds).
+	Refused int
+	// Held counts events that jumped beyond MaxSeqJump and were held;
+	// Discarded, held events dropped because their source went on from
+	// below; Accepted, held runs confirmed (their events count as
+	// missing).
+	Held      int
+	Discarded int
+	Accepted  int
+	// Filled counts events applied in the open gap of their source, and
+	// AfterClose events applied above the mark of a closed source: neither
+	// happens with records that are all the gateway's.
+	Filled     int
+	AfterClose int
 }
 
 // Stats returns the transaction's counts so far.
@@ -341,28 +391,142 @@ func (x *Txn) mark(s Source) *Mark {
 	return m
 }
 
-// Apply counts ev, decided at nowSec (Unix seconds, wall clock). It returns
-// false for a duplicate. An error comes only from the Loader.
-func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
+// admission is what the marks make of an event.
+type admission uint8
+
+const (
+	admitDuplicate admission = iota // at or below the mark, or a closed source's marker again
+	admitHeld                       // beyond MaxSeqJump: held, not applied
+	admitNew                        // to be counted
+	admitMarker                     // an EpochClosed marker that closed its source
+)
+
+// admit passes ev through its source's mark (see the package comment).
+func (x *Txn) admit(ev *Event, nowSec int64) admission {
 	m := x.mark(ev.Source)
-	if m.Closed || ev.Seq <= m.HWM {
-		x.stats.Duplicates++
-		return false, nil
-	}
+	cfg := &x.t.cfg
 	if ev.Kind == KindEpochClosed {
-		if ev.LastSeq > m.HWM {
-			m.Missing += ev.LastSeq - m.HWM
-			x.stats.Missing += ev.LastSeq - m.HWM
+		if m.Closed {
+			x.stats.Duplicates++
+			return admitDuplicate
 		}
-		m.HWM = max(m.HWM, ev.Seq, ev.LastSeq)
+		if m.HeldCount > 0 {
+			// The gateway says it used numbers up to LastSeq: a held run
+			// within them is its own.
+			if ev.LastSeq >= m.HeldLast {
+				x.accept(m)
+			} else {
+				x.discard(m)
+			}
+		}
+		if ev.LastSeq > m.HWM {
+			x.missing(m, ev.LastSeq-m.HWM)
+		}
 		m.Closed, m.Seen = true, nowSec
+		return admitMarker
+	}
+	s := ev.Seq
+	switch {
+	case s <= m.HWM:
+		if m.GapNext == 0 || s < m.GapNext || s > m.GapLast {
+			x.stats.Duplicates++
+			return admitDuplicate
+		}
+		// In the open gap: never applied, so not a duplicate. The numbers
+		// below it stay missing.
+		m.GapNext = s + 1
+		if m.GapNext > m.GapLast {
+			m.GapNext, m.GapLast = 0, 0
+		}
+		if m.Missing > 0 {
+			m.Missing--
+		}
+		m.Seen = nowSec
+		x.stats.Filled++
+		return admitNew
+	case s-m.HWM <= cfg.MaxSeqJump:
+		if m.HeldCount > 0 {
+			x.discard(m) // the source went on from below
+		}
+		if s > m.HWM+1 {
+			x.missing(m, s-m.HWM-1)
+			m.GapNext, m.GapLast = m.HWM+1, s-1
+		}
+		if m.Closed {
+			x.stats.AfterClose++
+		}
+		m.HWM, m.Seen = s, nowSec
+		return admitNew
+	}
+	// A jump beyond the bound.
+	m.Seen = nowSec
+	if m.HeldCount > 0 && s >= m.HeldFirst && s <= m.HeldLast {
+		x.stats.Duplicates++ // a replay of the held run
+		return admitDuplicate
+	}
+	if m.HeldCount > 0 && s == m.HeldLast+1 {
+		m.HeldLast++
+		m.HeldCount++
+	} else {
+		if m.HeldCount > 0 {
+			x.discard(m)
+		}
+		m.HeldFirst, m.HeldLast, m.HeldCount = s, s, 1
+	}
+	x.stats.Held++
+	if m.HeldCount >= cfg.ConfirmRun {
+		x.accept(m)
+	}
+	return admitHeld
+}
+
+// missing counts n numbers of m as never delivered.
+func (x *Txn) missing(m *Mark, n uint64) {
+	m.Missing += n
+	x.stats.Missing += n
+}
+
+// accept confirms m's held run: the numbers it skipped and its own events
+// (never applied) count as missing, the skipped ones become the open gap,
+// and the mark moves to the run's end.
+func (x *Txn) accept(m *Mark) {
+	x.missing(m, m.HeldLast-m.HWM)
+	m.GapNext, m.GapLast = m.HWM+1, m.HeldFirst-1
+	m.HWM = m.HeldLast
+	m.HeldFirst, m.HeldLast, m.HeldCount = 0, 0, 0
+	x.stats.Accepted++
+}
+
+// discard drops m's held run.
+func (x *Txn) discard(m *Mark) {
+	x.stats.Discarded += int(m.HeldCount)
+	m.HeldFirst, m.HeldLast, m.HeldCount = 0, 0, 0
+}
+
+// Refuse passes ev through its source's mark without counting it (a field
+// out of bounds): its number is used, so it is neither missing nor applied
+// later. It reports whether ev was new (not a duplicate, not held).
+func (x *Txn) Refuse(ev *Event, nowSec int64) bool {
+	switch x.admit(ev, nowSec) {
+	case admitNew:
+		x.stats.Refused++
+		return true
+	case admitMarker:
+		return true
+	}
+	return false
+}
+
+// Apply counts ev, decided at nowSec (Unix seconds, wall clock). It returns
+// false for a duplicate and for an event held beyond MaxSeqJump. An error
+// comes only from the Loader.
+func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
+	switch x.admit(ev, nowSec) {
+	case admitDuplicate, admitHeld:
+		return false, nil
+	case admitMarker:
 		return true, nil
 	}
-	if ev.Seq > m.HWM+1 {
-		m.Missing += ev.Seq - m.HWM - 1
-		x.stats.Missing += ev.Seq - m.HWM - 1
-	}
-	m.HWM, m.Seen = ev.Seq, nowSec
 	x.stats.Applied++
 	sec := floorDiv(ev.TimeMicros, 1_000_000)
 	late := false
@@ -378,12 +542,12 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 		}
 		switch {
 		case ev.Kind == KindReport:
-			r.Cost += ev.Cost
+			r.Cost = AddSat(r.Cost, ev.Cost)
 		case ev.Allowed:
-			r.Allowed++
-			r.Cost += ev.Cost
+			r.Allowed = AddSat(r.Allowed, 1)
+			r.Cost = AddSat(r.Cost, ev.Cost)
 		default:
-			r.Rejected++
+			r.Rejected = AddSat(r.Rejected, 1)
 		}
 		r.addRule(ev.Rule)
 		if r.Closed {
@@ -542,6 +706,19 @@ func (x *Txn) Commit(written int64) {
 // Empty reports whether the transaction changes nothing.
 func (x *Txn) Empty() bool {
 	return len(x.rows) == 0 && len(x.marks) == 0 && len(x.deleted) == 0 && len(x.dmarks) == 0 && len(x.publish) == 0
+}
+
+// AddSat returns a+b, saturating at the bounds of int64 instead of
+// wrapping: a total that reached them stays there.
+func AddSat(a, b int64) int64 {
+	s := a + b
+	if (s > a) != (b > 0) {
+		if b > 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
+	}
+	return s
 }
 
 func floorDiv(a, b int64) int64 {

@@ -2,7 +2,9 @@ package windows
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -135,24 +137,39 @@ func TestTableMatchesModel(t *testing.T) {
 						t.Fatalf("published row not closed: %+v", c)
 					}
 				}
-				// The reference: what this committed prefix adds.
+				// The reference: what this committed prefix adds. An event
+				// that was lost and comes back in a replay after a later one
+				// counts if it falls in the last gap of its source.
 				marks := tab.Marks()
 				for i := range n {
 					ev := queue[i]
 					m := marks[ev.Source]
-					if m.Closed || ev.Seq <= m.HWM {
-						continue
-					}
-					if ev.Kind == KindEpochClosed {
+					switch {
+					case ev.Kind == KindEpochClosed:
+						if m.Closed {
+							continue
+						}
 						if ev.LastSeq > m.HWM {
 							wantMissing += ev.LastSeq - m.HWM
 						}
 						m.Closed = true
-						m.HWM = max(m.HWM, ev.LastSeq, ev.Seq)
-					} else {
-						wantMissing += ev.Seq - m.HWM - 1
+					case ev.Seq <= m.HWM:
+						if m.GapNext == 0 || ev.Seq < m.GapNext || ev.Seq > m.GapLast {
+							continue
+						}
+						m.GapNext = ev.Seq + 1
+						wantMissing--
+						count(ev)
+					default:
+						if ev.Seq > m.HWM+1 {
+							wantMissing += ev.Seq - m.HWM - 1
+							m.GapNext, m.GapLast = m.HWM+1, ev.Seq-1
+						}
 						m.HWM = ev.Seq
 						count(ev)
+					}
+					if m.GapNext > m.GapLast {
+						m.GapNext, m.GapLast = 0, 0
 					}
 					marks[ev.Source] = m
 				}
@@ -269,5 +286,182 @@ func TestExpire(t *testing.T) {
 	}
 	if deleted != 1 {
 		t.Fatalf("deleted %d rows, want 1", deleted)
+	}
+}
+
+// TestSequencesCannotBeForgedIntoSilence feeds sources whose records are
+// not all the gateway's, or whose gateway dropped many decisions in a row,
+// and checks what is counted: a forged jump never makes the gateway's own
+// later events duplicates, and a real long gap is still counted.
+func TestSequencesCannotBeForgedIntoSilence(t *testing.T) {
+	t.Parallel()
+	const bound, run = 1000, 4
+	src := Source{Gateway: "gw-1", Epoch: 7, Partition: 0}
+	ev := func(seq uint64) Event {
+		return Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: "k", Endpoint: "/x", Allowed: true, Cost: 1,
+			TimeMicros: 1_700_000_000_000_000}
+	}
+	seqs := func(from, to uint64) []Event {
+		var out []Event
+		for s := from; s <= to; s++ {
+			out = append(out, ev(s))
+		}
+		return out
+	}
+	marker := func(last uint64) Event {
+		return Event{Source: src, Seq: last + 1, Kind: KindEpochClosed, LastSeq: last}
+	}
+	cat := func(parts ...[]Event) []Event { return slices.Concat(parts...) }
+	for _, tc := range []struct {
+		name string
+		in   []Event
+		// what is counted: events applied, numbers missing, and the mark
+		applied int
+		missing uint64
+		hwm     uint64
+		check   func(t *testing.T, m Mark, s Stats)
+	}{
+		{
+			name:    "a forged jump far ahead is held and the gateway's events go on counting",
+			in:      cat(seqs(1, 33), []Event{ev(1_000_000)}, seqs(34, 100)),
+			applied: 100, missing: 0, hwm: 100,
+			check: func(t *testing.T, m Mark, s Stats) {
+				if s.Held != 1 || s.Discarded != 1 || m.HeldCount != 0 {
+					t.Errorf("held %d, discarded %d, still held %d: want the forged event held, then discarded", s.Held, s.Discarded, m.HeldCount)
+				}
+			},
+		},
+		{
+			name:    "a forged jump is held across many gateway events and never applied",
+			in:      cat(seqs(1, 10), []Event{ev(5000)}, seqs(11, 20), []Event{ev(5001)}, seqs(21, 30)),
+			applied: 30, missing: 0, hwm: 30,
+		},
+		{
+			name:    "a gateway that dropped more than the bound in a row is counted once the run confirms it",
+			in:      cat(seqs(1, 10), seqs(5000, 5009)),
+			applied: 10 + (10 - run), missing: 5000 - 11 + run, hwm: 5009,
+			check: func(t *testing.T, m Mark, s Stats) {
+				if s.Accepted != 1 || s.Held != run {
+					t.Errorf("accepted %d runs, held %d events; want 1 and %d", s.Accepted, s.Held, run)
+				}
+			},
+		},
+		{
+			name:    "a replayed held event does not confirm its run",
+			in:      cat(seqs(1, 10), []Event{ev(5000), ev(5000), ev(5000), ev(5000), ev(5000)}),
+			applied: 10, missing: 0, hwm: 10,
+			check: func(t *testing.T, m Mark, s Stats) {
+				if m.HeldCount != 1 || s.Duplicates != 4 {
+					t.Errorf("held %d, duplicates %d; want 1 held, 4 duplicates", m.HeldCount, s.Duplicates)
+				}
+			},
+		},
+		{
+			name:    "a forged jump within the bound leaves its gap open to the gateway's events",
+			in:      cat(seqs(1, 10), []Event{ev(500)}, seqs(11, 600)),
+			applied: 600, missing: 0, hwm: 600, // the forged 500 counts; the gateway's own 500 is its duplicate
+			check: func(t *testing.T, m Mark, s Stats) {
+				if s.Filled != 489 {
+					t.Errorf("filled %d, want 489", s.Filled)
+				}
+			},
+		},
+		{
+			name:    "a forged marker does not close a live source",
+			in:      cat(seqs(1, 10), []Event{marker(10)}, seqs(11, 20)),
+			applied: 20, missing: 0, hwm: 20,
+			check: func(t *testing.T, m Mark, s Stats) {
+				if s.AfterClose != 10 || !m.Closed {
+					t.Errorf("after close %d, closed %v; want 10 and true", s.AfterClose, m.Closed)
+				}
+			},
+		},
+		{
+			name:    "a marker counts the numbers used after the last delivered",
+			in:      cat(seqs(1, 10), []Event{marker(15), marker(15)}),
+			applied: 10, missing: 5, hwm: 10,
+		},
+		{
+			name:    "a marker at or past a held run confirms it",
+			in:      cat(seqs(1, 10), seqs(5000, 5001), []Event{marker(5003)}),
+			applied: 10, missing: 5003 - 10, hwm: 5001,
+		},
+		{
+			name:    "a marker below a held run discards it",
+			in:      cat(seqs(1, 10), seqs(5000, 5001), []Event{marker(12)}),
+			applied: 10, missing: 2, hwm: 10,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tab := NewTable(Config{MaxSeqJump: bound, ConfirmRun: run}, 0, nil, nil, nil)
+			// Every event in its own transaction, committed: the marks
+			// carry everything from one to the next.
+			var total Stats
+			applied := 0
+			for i := range tc.in {
+				x := tab.Begin()
+				ok, err := x.Apply(&tc.in[i], 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok && tc.in[i].Kind != KindEpochClosed {
+					applied++
+				}
+				s := x.Stats()
+				total.Held += s.Held
+				total.Discarded += s.Discarded
+				total.Accepted += s.Accepted
+				total.Filled += s.Filled
+				total.AfterClose += s.AfterClose
+				total.Duplicates += s.Duplicates
+				total.Missing += s.Missing
+				x.Changes()
+				x.Commit(int64(i + 1))
+			}
+			m := tab.Marks()[src]
+			var allowed int64
+			for k, e := range tab.rows {
+				if k.Gran == Minute {
+					allowed += e.row.Allowed
+				}
+			}
+			if applied != tc.applied || allowed != int64(tc.applied) {
+				t.Errorf("applied %d (rows say %d), want %d", applied, allowed, tc.applied)
+			}
+			if m.Missing != tc.missing || m.HWM != tc.hwm {
+				t.Errorf("mark %+v: want missing %d, hwm %d", m, tc.missing, tc.hwm)
+			}
+			if tc.check != nil {
+				tc.check(t, m, total)
+			}
+		})
+	}
+}
+
+// TestTotalsSaturate adds costs whose sum overflows int64: the row stays at
+// the largest int64 instead of wrapping negative.
+func TestTotalsSaturate(t *testing.T) {
+	t.Parallel()
+	tab := NewTable(Config{}, 0, nil, nil, nil)
+	x := tab.Begin()
+	for seq := range uint64(2) {
+		ev := Event{Source: Source{Gateway: "g", Epoch: 1}, Seq: seq + 1, Kind: KindReport, Tenant: "t", KeyID: "k",
+			Cost: 9_000_000_000_000_000_000, TimeMicros: 1_700_000_000_000_000}
+		if _, err := x.Apply(&ev, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range x.Changes() {
+		if c.Row != nil && c.Value.Cost != math.MaxInt64 {
+			t.Errorf("row %v: cost %d, want %d", c.Row.Gran, c.Value.Cost, int64(math.MaxInt64))
+		}
+	}
+	for _, tc := range []struct{ a, b, want int64 }{
+		{1, 2, 3}, {math.MaxInt64, 1, math.MaxInt64}, {math.MinInt64, -1, math.MinInt64}, {-5, 3, -2}, {math.MaxInt64, math.MinInt64, -1},
+	} {
+		if got := AddSat(tc.a, tc.b); got != tc.want {
+			t.Errorf("AddSat(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
 	}
 }

@@ -11,11 +11,12 @@ import (
 	"strconv"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
-// Headers of the forward-auth endpoint, /v1/authz (SPEC §4).
+// Headers of the forward-auth endpoint, /v1/authz.
 const (
 	// HeaderToken carries api_token from the calling proxy: Authorization
 	// belongs to the client whose request is being decided.
@@ -34,7 +35,7 @@ const (
 // any other status becomes a 500 and an error-log line, and the
 // subrequest's body is dropped. So in this mode every answer that is not
 // an admission is sent as 401 with the real status in X-Tollgate-Status
-// and the JSON body in X-Tollgate-Body, next to the SPEC §3 headers;
+// and the JSON body in X-Tollgate-Body, next to the rate-limit headers;
 // configs/nginx/tollgate.conf maps it back with error_page 401 and
 // `return <status> $body`. The body is always application/json there
 // (nginx cannot choose the content type per answer).
@@ -55,7 +56,7 @@ var (
 // URI from X-Forwarded-Method / X-Original-Method and X-Forwarded-Uri /
 // X-Original-URI; the URI's query is not part of the endpoint but a
 // `query:` key source reads it. The answer is the proxy's: 200 with the
-// SPEC §3 headers, or the decision's status with headers and body. A check
+// rate-limit headers, or the decision's status with headers and body. A check
 // that cannot be decided at all is admitted without headers (fail open, as
 // the proxy does).
 func (h *handler) authz(w http.ResponseWriter, r *http.Request) {
@@ -67,7 +68,7 @@ func (h *handler) authz(w http.ResponseWriter, r *http.Request) {
 		r = withoutAccept(r)
 	}
 	if h.token != nil && !h.proxyAuthorized(r) {
-		httpguard.WriteError(w, r, http.StatusUnauthorized, guard.CodeUnauthorized,
+		httpguard.WriteError(w, r, http.StatusUnauthorized, apierror.Unauthorized,
 			"The calling proxy must send "+HeaderToken+": <api_token> or be one of identity.trusted_proxies.")
 		return
 	}
@@ -104,7 +105,7 @@ func (h *handler) authzFailOpen(w http.ResponseWriter, r *http.Request, path str
 			slog.String("error", err.Error()))
 	}
 	if _, ok := rules.CleanPath(path); !ok {
-		httpguard.WriteDecision(w, r, &guard.Decision{Status: http.StatusBadRequest, Code: guard.CodeInvalidPath,
+		httpguard.WriteDecision(w, r, &guard.Decision{Status: http.StatusBadRequest, Code: apierror.InvalidPath,
 			Reason: guard.ReasonInvalidPath, Deciding: -1})
 		return
 	}
@@ -131,15 +132,15 @@ func (h *handler) proxyAuthorized(r *http.Request) bool {
 func forwarded(r *http.Request) (fwd *http.Request, code, msg string) {
 	uri := firstHeader(r.Header, uriHeaders[:])
 	if uri == "" {
-		return nil, guard.CodeInvalidRequest, "The forwarded request's URI is missing: send X-Forwarded-Uri or X-Original-URI."
+		return nil, apierror.InvalidRequest, "The forwarded request's URI is missing: send X-Forwarded-Uri or X-Original-URI."
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil {
-		return nil, guard.CodeInvalidPath, "The request path is invalid: the forwarded URI cannot be parsed."
+		return nil, apierror.InvalidPath, "The request path is invalid: the forwarded URI cannot be parsed."
 	}
 	method := firstHeader(r.Header, methodHeaders[:])
 	if len(method) > maxMethodLen || !token(method) {
-		return nil, guard.CodeInvalidRequest, "The forwarded method is not an HTTP method token."
+		return nil, apierror.InvalidRequest, "The forwarded method is not an HTTP method token."
 	}
 	fwd = r.WithContext(r.Context()) // a shallow copy: r is not changed
 	fwd.URL = u

@@ -1,4 +1,4 @@
-// Package checkapi is the gateway's check API (SPEC §4), for gateways
+// Package checkapi is the gateway's check API, for gateways
 // written in other languages: POST /v1/check, POST /v1/check/batch and
 // POST /v1/report, optionally behind a bearer token; and /v1/authz, the
 // forward-auth form of a check for proxies that ask an authorization
@@ -8,8 +8,8 @@
 //
 // Bodies are decoded strictly (unknown fields, trailing data and wrong
 // types are 400 INVALID_REQUEST) and bounded in size (413 BODY_TOO_LARGE).
-// A check answers with the decision's HTTP status, the SPEC §3 headers and
-// the decision as JSON, with the §3 error object when it is not an
+// A check answers with the decision's HTTP status, the rate-limit headers and
+// the decision as JSON, with the error object when it is not an
 // admission. A batch is always 200 with one decision per item, decided in
 // order, each with its own status.
 package checkapi
@@ -18,7 +18,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,15 +26,8 @@ import (
 	"sync"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
-)
-
-// API error codes of the check API beyond guard's table (guard.Code*).
-const (
-	CodeBodyTooLarge     = "BODY_TOO_LARGE"
-	CodeNotFound         = "NOT_FOUND"
-	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
-	CodeUnavailable      = "UNAVAILABLE"
 )
 
 // reasonInvalidRequest is the `reason` of a batch item whose body is
@@ -97,7 +89,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if h.token != nil && !h.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
-		httpguard.WriteError(w, r, http.StatusUnauthorized, guard.CodeUnauthorized, "A valid bearer token is required (Authorization: Bearer <api_token>).")
+		httpguard.WriteError(w, r, http.StatusUnauthorized, apierror.Unauthorized, "A valid bearer token is required (Authorization: Bearer <api_token>).")
 		return
 	}
 	var serve func(http.ResponseWriter, *http.Request, []byte)
@@ -109,12 +101,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/report":
 		serve = h.report
 	default:
-		httpguard.WriteError(w, r, http.StatusNotFound, CodeNotFound, "No such endpoint; the check API serves POST /v1/check, /v1/check/batch and /v1/report, and /v1/authz.")
+		httpguard.WriteError(w, r, http.StatusNotFound, apierror.NotFound, "No such endpoint; the check API serves POST /v1/check, /v1/check/batch and /v1/report, and /v1/authz.")
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		httpguard.WriteError(w, r, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Use POST.")
+		httpguard.WriteError(w, r, http.StatusMethodNotAllowed, apierror.MethodNotAllowed, "Use POST.")
 		return
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
@@ -130,11 +122,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			httpguard.WriteError(w, r, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			httpguard.WriteError(w, r, http.StatusRequestEntityTooLarge, apierror.BodyTooLarge,
 				fmt.Sprintf("The body is larger than %d bytes.", h.cfg.MaxBody))
 			return
 		}
-		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, "The body could not be read.")
+		httpguard.WriteError(w, r, http.StatusBadRequest, apierror.InvalidRequest, "The body could not be read.")
 		return
 	}
 	serve(w, r, body)
@@ -177,7 +169,7 @@ func validBearer(v, token []byte) bool {
 func (h *handler) check(w http.ResponseWriter, r *http.Request, body []byte) {
 	req, peek, err := decodeCheck(body)
 	if err != nil {
-		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		httpguard.WriteError(w, r, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	pd := decisionPool.Get().(*guard.Decision)
@@ -226,11 +218,11 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request, body []byte) {
 	if !ok {
 		_, err := decodeBatch(body, h.cfg.MaxBatch)
 		if errors.Is(err, errTooLarge) {
-			httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeBatchTooLarge,
+			httpguard.WriteError(w, r, http.StatusBadRequest, apierror.BatchTooLarge,
 				fmt.Sprintf("A batch holds at most %d checks.", h.cfg.MaxBatch))
 			return
 		}
-		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		httpguard.WriteError(w, r, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -252,14 +244,14 @@ func (h *handler) batchBody(ctx context.Context, body []byte) ([]byte, bool) {
 		}
 		req, peek, err := decodeCheck(raw)
 		if err != nil {
-			out = appendItemError(out, http.StatusBadRequest, guard.CodeInvalidRequest, reasonInvalidRequest, err.Error())
+			out = appendItemError(out, http.StatusBadRequest, apierror.InvalidRequest, reasonInvalidRequest, err.Error())
 			continue
 		}
 		req.Surface = "batch"
 		dd, err := h.decideInto(ctx, &req, peek, &d)
 		if err != nil {
 			h.cfg.Log.LogAttrs(ctx, slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
-			out = appendItemError(out, http.StatusServiceUnavailable, CodeUnavailable, "error", "No decision could be made.")
+			out = appendItemError(out, http.StatusServiceUnavailable, apierror.Unavailable, "error", "No decision could be made.")
 			continue
 		}
 		status := dd.Status
@@ -274,7 +266,7 @@ func (h *handler) batchBody(ctx context.Context, body []byte) ([]byte, bool) {
 func (h *handler) report(w http.ResponseWriter, r *http.Request, body []byte) {
 	req, peek, err := decodeCheck(body)
 	if err != nil {
-		httpguard.WriteError(w, r, http.StatusBadRequest, guard.CodeInvalidRequest, err.Error())
+		httpguard.WriteError(w, r, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	if peek { // cost 0: nothing to charge
@@ -309,7 +301,7 @@ func (h *handler) unavailable(w http.ResponseWriter, r *http.Request, err error)
 		h.cfg.Log.LogAttrs(r.Context(), slog.LevelWarn, "checkapi: no decision", slog.String("error", err.Error()))
 	}
 	w.Header().Set("Retry-After", "1")
-	httpguard.WriteError(w, r, http.StatusServiceUnavailable, CodeUnavailable, "No decision could be made; retry shortly.")
+	httpguard.WriteError(w, r, http.StatusServiceUnavailable, apierror.Unavailable, "No decision could be made; retry shortly.")
 }
 
 // writeJSON writes body and a final newline, as curl users expect.
@@ -323,40 +315,12 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// decisionJSON is a decision as the check API writes it (SPEC §4).
-type decisionJSON struct {
-	Allowed    bool       `json:"allowed"`
-	Status     int        `json:"status"`
-	Limit      int64      `json:"limit"`
-	Remaining  int64      `json:"remaining"`
-	Reset      int64      `json:"reset"`
-	RetryAfter int64      `json:"retry_after"`
-	Rule       string     `json:"rule"`
-	Algorithm  string     `json:"algorithm"`
-	Degraded   bool       `json:"degraded"`
-	Reason     string     `json:"reason"`
-	Error      *errorJSON `json:"error,omitempty"`
-}
-
-// errorJSON is SPEC §3's error object.
-type errorJSON struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Details *detailsJSON `json:"details,omitempty"`
-}
-
-type detailsJSON struct {
-	Rule              string `json:"rule"`
-	Limit             int64  `json:"limit"`
-	Remaining         int64  `json:"remaining"`
-	WindowSeconds     int64  `json:"window_seconds"`
-	RetryAfterSeconds int64  `json:"retry_after_seconds"`
-	ResetAt           string `json:"reset_at"`
-}
-
-// appendItemError appends a batch item that got no decision from the guard.
+// appendItemError appends a batch item that got no decision from the
+// guard: appendDecision's layout, with no rule, reason and the error
+// object.
 func appendItemError(b []byte, status int, code, reason, msg string) []byte {
-	j := decisionJSON{Status: status, Reason: reason, Error: &errorJSON{Code: code, Message: msg}}
-	out, _ := json.Marshal(&j)
-	return append(b, out...)
+	b = appendDecisionHead(b, &guard.Decision{Reason: guard.Reason(reason), Deciding: -1}, status)
+	b = append(b, `,"error":{`...)
+	b = apierror.AppendFields(b, code, msg, apierror.EscapeHTML)
+	return append(b, "}}"...)
 }

@@ -4,9 +4,9 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
@@ -166,62 +166,6 @@ func methodString(b []byte) string {
 	return string(b)
 }
 
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string exactly as encoding/json writes
-// it: HTML characters and U+2028/U+2029 escaped, invalid UTF-8 as U+FFFD.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}
-
 func appendField(b []byte, name string) []byte {
 	b = append(b, '"')
 	b = append(b, name...)
@@ -235,11 +179,50 @@ func appendBool(b []byte, v bool) []byte {
 	return append(b, "false"...)
 }
 
+// appendPenaltyDetails appends the details of an answer of the penalty
+// ladder (penaltyDetailsJSON's layout), as the proxy's error body has
+// them; expires is Unix seconds, 0 for none.
+func appendPenaltyDetails(b []byte, d *guard.Decision, code string, expires int64) []byte {
+	b = append(b, ',')
+	b = appendField(b, "details")
+	b = append(b, '{')
+	if code == apierror.Penalty {
+		b = appendField(b, "retry_after_seconds")
+		b = strconv.AppendInt(b, max(d.RetryAfter, 1), 10)
+		b = append(b, ',')
+	}
+	b = appendField(b, "penalty_level")
+	b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+	if d.PenaltyReason != "" {
+		b = append(b, ',')
+		b = appendField(b, "penalty_reason")
+		b = apierror.AppendString(b, d.PenaltyReason, apierror.EscapeHTML)
+	}
+	if expires > 0 {
+		b = append(b, ',')
+		b = appendField(b, "expires_at")
+		b = append(b, '"')
+		b = time.Unix(expires, 0).UTC().AppendFormat(b, time.RFC3339)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
 // appendDecision appends d as JSON (decisionJSON's layout). Without a
 // deciding rule (allowlisted, no rule matched, blocked) rule and algorithm
 // are empty and limit, remaining and reset 0; while the deciding rule
 // fails open remaining is -1, as in X-RateLimit-Remaining.
 func appendDecision(b []byte, d *guard.Decision, status int) []byte {
+	b = appendDecisionHead(b, d, status)
+	if !d.Allowed {
+		b = appendDecisionError(b, d, status)
+	}
+	return append(b, '}')
+}
+
+// appendDecisionHead appends d as appendDecision does up to its error
+// object, without the closing brace.
+func appendDecisionHead(b []byte, d *guard.Decision, status int) []byte {
 	var limit, remaining, reset int64
 	var rule, alg string
 	dr := d.DecidingRule()
@@ -270,54 +253,57 @@ func appendDecision(b []byte, d *guard.Decision, status int) []byte {
 	b = strconv.AppendInt(b, d.RetryAfter, 10)
 	b = append(b, ',')
 	b = appendField(b, "rule")
-	b = appendString(b, rule)
+	b = apierror.AppendString(b, rule, apierror.EscapeHTML)
 	b = append(b, ',')
 	b = appendField(b, "algorithm")
-	b = appendString(b, alg)
+	b = apierror.AppendString(b, alg, apierror.EscapeHTML)
 	b = append(b, ',')
 	b = appendField(b, "degraded")
 	b = appendBool(b, d.Degraded)
 	b = append(b, ',')
 	b = appendField(b, "reason")
-	b = appendString(b, string(d.Reason))
-	if !d.Allowed {
-		code := d.Code
-		if code == "" {
-			code = guard.CodeRateLimitExceeded
-		}
-		b = append(b, ',')
-		b = appendField(b, "error")
-		b = append(b, '{')
-		b = appendField(b, "code")
-		b = appendString(b, code)
-		b = append(b, ',')
-		b = appendField(b, "message")
-		b = appendString(b, httpguard.Message(d))
-		if status == http.StatusTooManyRequests && dr != nil {
-			b = append(b, ',')
-			b = appendField(b, "details")
-			b = append(b, '{')
-			b = appendField(b, "rule")
-			b = appendString(b, dr.ID)
-			b = append(b, ',')
-			b = appendField(b, "limit")
-			b = strconv.AppendInt(b, dr.Limit, 10)
-			b = append(b, ',')
-			b = appendField(b, "remaining")
-			b = append(b, '0')
-			b = append(b, ',')
-			b = appendField(b, "window_seconds")
-			b = strconv.AppendInt(b, dr.Window, 10)
-			b = append(b, ',')
-			b = appendField(b, "retry_after_seconds")
-			b = strconv.AppendInt(b, d.RetryAfter, 10)
-			b = append(b, ',')
-			b = appendField(b, "reset_at")
-			b = append(b, '"')
-			b = time.Unix(dr.Reset, 0).UTC().AppendFormat(b, time.RFC3339)
-			b = append(b, '"', '}')
-		}
-		b = append(b, '}')
+	b = apierror.AppendString(b, string(d.Reason), apierror.EscapeHTML)
+	return b
+}
+
+// appendDecisionError appends the error object of a decision that is not
+// an admission, with the deciding rule's details on a 429.
+func appendDecisionError(b []byte, d *guard.Decision, status int) []byte {
+	dr := d.DecidingRule()
+	code := d.Code
+	if code == "" {
+		code = apierror.RateLimitExceeded
 	}
-	return append(b, '}')
+	b = append(b, ',')
+	b = appendField(b, "error")
+	b = append(b, '{')
+	b = apierror.AppendFields(b, code, httpguard.Message(d), apierror.EscapeHTML)
+	if status == http.StatusTooManyRequests && dr != nil {
+		b = append(b, ',')
+		b = appendField(b, "details")
+		b = append(b, '{')
+		b = appendField(b, "rule")
+		b = apierror.AppendString(b, dr.ID, apierror.EscapeHTML)
+		b = append(b, ',')
+		b = appendField(b, "limit")
+		b = strconv.AppendInt(b, dr.Limit, 10)
+		b = append(b, ',')
+		b = appendField(b, "remaining")
+		b = append(b, '0')
+		b = append(b, ',')
+		b = appendField(b, "window_seconds")
+		b = strconv.AppendInt(b, dr.Window, 10)
+		b = append(b, ',')
+		b = appendField(b, "retry_after_seconds")
+		b = strconv.AppendInt(b, d.RetryAfter, 10)
+		b = append(b, ',')
+		b = appendField(b, "reset_at")
+		b = append(b, '"')
+		b = time.Unix(dr.Reset, 0).UTC().AppendFormat(b, time.RFC3339)
+		b = append(b, '"', '}')
+	} else if expires, ok := httpguard.PenaltyAnswer(d, code); ok {
+		b = appendPenaltyDetails(b, d, code, expires)
+	}
+	b = append(b, '}')
+	return b
 }

@@ -2,12 +2,14 @@ package checkapi
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -40,8 +42,51 @@ func FuzzFastBody(f *testing.F) {
 	})
 }
 
+// decisionJSON is a decision as the check API documents it: the layout
+// appendDecision writes by hand, checked against encoding/json here.
+type decisionJSON struct {
+	Allowed    bool       `json:"allowed"`
+	Status     int        `json:"status"`
+	Limit      int64      `json:"limit"`
+	Remaining  int64      `json:"remaining"`
+	Reset      int64      `json:"reset"`
+	RetryAfter int64      `json:"retry_after"`
+	Rule       string     `json:"rule"`
+	Algorithm  string     `json:"algorithm"`
+	Degraded   bool       `json:"degraded"`
+	Reason     string     `json:"reason"`
+	Error      *errorJSON `json:"error,omitempty"`
+}
+
+// errorJSON is the error object of every answer that is not an admission.
+// Details is a *detailsJSON for a rule's rejection, a *penaltyDetailsJSON
+// for an answer of the penalty ladder.
+type errorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}
+
+// penaltyDetailsJSON are the details of an answer of the penalty ladder:
+// retry_after_seconds for a 429 PENALTY.
+type penaltyDetailsJSON struct {
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	PenaltyLevel      int    `json:"penalty_level"`
+	PenaltyReason     string `json:"penalty_reason,omitempty"`
+	ExpiresAt         string `json:"expires_at,omitempty"`
+}
+
+type detailsJSON struct {
+	Rule              string `json:"rule"`
+	Limit             int64  `json:"limit"`
+	Remaining         int64  `json:"remaining"`
+	WindowSeconds     int64  `json:"window_seconds"`
+	RetryAfterSeconds int64  `json:"retry_after_seconds"`
+	ResetAt           string `json:"reset_at"`
+}
+
 // referenceDecision is appendDecision through encoding/json: the layout
-// SPEC §4 fixes (decisionJSON).
+// the check API documents (decisionJSON).
 func referenceDecision(d *guard.Decision, status int) []byte {
 	j := decisionJSON{Allowed: d.Allowed, Status: status, RetryAfter: d.RetryAfter, Degraded: d.Degraded, Reason: string(d.Reason)}
 	dr := d.DecidingRule()
@@ -61,6 +106,17 @@ func referenceDecision(d *guard.Decision, status int) []byte {
 		if status == http.StatusTooManyRequests && dr != nil {
 			j.Error.Details = &detailsJSON{Rule: dr.ID, Limit: dr.Limit, WindowSeconds: dr.Window,
 				RetryAfterSeconds: d.RetryAfter, ResetAt: time.Unix(dr.Reset, 0).UTC().Format(time.RFC3339)}
+		} else if dr == nil && d.PenaltyLevel > 0 && (code == guard.CodePenalty ||
+			(code == guard.CodeKeyBlocked && d.Reason == guard.ReasonBlocklisted)) {
+			pd := &penaltyDetailsJSON{PenaltyLevel: d.PenaltyLevel, PenaltyReason: d.PenaltyReason}
+			if code == guard.CodePenalty {
+				ra := max(d.RetryAfter, 1)
+				pd.RetryAfterSeconds = &ra
+			}
+			if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+				pd.ExpiresAt = time.Unix((d.PenaltyUntil+999_999)/1_000_000, 0).UTC().Format(time.RFC3339)
+			}
+			j.Error.Details = pd
 		}
 	}
 	out, _ := json.Marshal(&j)
@@ -84,6 +140,12 @@ func TestAppendDecisionMatchesJSON(t *testing.T) {
 			Deciding:   -1,
 			Cost:       1 + rng.Int64N(5),
 		}
+		if rng.IntN(3) == 0 { // an answer of the penalty ladder
+			d.Reason = []guard.Reason{guard.ReasonPenalty, guard.ReasonBlocklisted}[rng.IntN(2)]
+			d.PenaltyLevel = 1 + rng.IntN(3)
+			d.PenaltyReason = odd[rng.IntN(len(odd))]
+			d.PenaltyUntil = []int64{0, math.MaxInt64, 1_795_398_524_000_001}[rng.IntN(3)]
+		}
 		if rng.IntN(5) > 0 {
 			d.Rules = []guard.RuleResult{{
 				ID: odd[rng.IntN(len(odd))], Algorithm: rules.Algorithm(odd[rng.IntN(len(odd))]),
@@ -97,5 +159,30 @@ func TestAppendDecisionMatchesJSON(t *testing.T) {
 		if string(got) != string(want) {
 			t.Fatalf("decision %d:\n got %s\nwant %s", i, got, want)
 		}
+	}
+}
+
+// TestAppendItemErrorMatchesJSON: a batch item the guard did not decide
+// is written as encoding/json writes the documented layout with only
+// status, reason and the error object, odd messages included.
+func TestAppendItemErrorMatchesJSON(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name              string
+		status            int
+		code, reason, msg string
+	}{
+		{"invalid", http.StatusBadRequest, apierror.InvalidRequest, reasonInvalidRequest, `json: unknown field "x"`},
+		{"unavailable", http.StatusServiceUnavailable, apierror.Unavailable, "error", "No decision could be made."},
+		{"odd", http.StatusBadRequest, apierror.InvalidRequest, "a<b>", "tab\t \"q\" <&> \xff \u2028 \b\f"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			want, _ := json.Marshal(&decisionJSON{Status: tt.status, Reason: tt.reason, Error: &errorJSON{Code: tt.code, Message: tt.msg}})
+			if got := appendItemError([]byte("["), tt.status, tt.code, tt.reason, tt.msg); string(got) != "["+string(want) {
+				t.Errorf("got  %s\nwant [%s", got, want)
+			}
+		})
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
@@ -291,7 +292,7 @@ func (f *fastHandler) unavailable(ctx *fasthttp.RequestCtx, err error) {
 		r = http.Request{Header: http.Header{}}
 	}
 	w := &fastWriter{ctx: ctx, h: http.Header{}}
-	httpguard.WriteError(w, &r, http.StatusServiceUnavailable, CodeUnavailable, "No decision could be made; retry shortly.")
+	httpguard.WriteError(w, &r, http.StatusServiceUnavailable, apierror.Unavailable, "No decision could be made; retry shortly.")
 }
 
 // fastJSON writes body and a final newline, as writeJSON.
@@ -381,9 +382,9 @@ func (f *fastHandler) readError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	w := &fastWriter{ctx: ctx, h: http.Header{}}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		httpguard.WriteError(w, &r, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+		httpguard.WriteError(w, &r, http.StatusRequestEntityTooLarge, apierror.BodyTooLarge,
 			fmt.Sprintf("The body is larger than %d bytes.", f.h.cfg.MaxBody))
 	} else {
-		httpguard.WriteError(w, &r, http.StatusBadRequest, guard.CodeInvalidRequest, "The body could not be read.")
+		httpguard.WriteError(w, &r, http.StatusBadRequest, apierror.InvalidRequest, "The body could not be read.")
 	}
 }

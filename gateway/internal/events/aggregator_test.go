@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,10 @@ import (
 // EpochClosed markers and a graceful restart, and requires its counts of
 // applied, duplicate and missing events to equal what aggregate computes
 // from the same topic: the tests' dedupe model is the aggregator's. A
-// graceful stop adds nothing missing.
+// graceful stop adds nothing missing, and the aggregator's missing count is
+// what the killed gateway really lost: at least the decisions it recorded
+// that never arrived, at most those and the ones it recorded after its
+// last report (one batch).
 func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 	t.Parallel()
 	brokers := startKafka(t, 0, "", kfake.GroupMinSessionTimeout(100*time.Millisecond)).ListenAddrs()
@@ -33,13 +37,17 @@ func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for n := 0; n < 15_000; {
-		n, _ = parseRecorded(t, ch.line(t, "recorded "))
+	recorded := 0
+	for recorded < 15_000 {
+		recorded, _ = parseRecorded(t, ch.line(t, "recorded "))
 	}
 	if err := ch.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	for ch.out.Scan() {
+	for ch.out.Scan() { // what it printed before it died
+		if s, ok := strings.CutPrefix(ch.out.Text(), "recorded "); ok {
+			recorded, _ = parseRecorded(t, s)
+		}
 	}
 	_ = ch.cmd.Wait()
 
@@ -87,6 +95,16 @@ func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 		return nil
 	})
 	t.Logf("aggregator agreed after %v", took)
+	// What the gateway's clients saw decided, against what the aggregator
+	// says is missing: the killed epoch's loss, and nothing for the
+	// graceful stops.
+	lost := uint64(recorded - want.byEpoch[killed])
+	missing := uint64(gather(t, agg.Registry(), "tollgate_aggregator_events_missing_total"))
+	t.Logf("the killed gateway recorded %d decisions, %d arrived: %d lost; the aggregator counts %d missing", recorded,
+		want.byEpoch[killed], lost, missing)
+	if missing < lost || missing > lost+recordBatch {
+		t.Errorf("the aggregator counts %d missing; the gateway lost between %d and %d", missing, lost, lost+recordBatch)
+	}
 	// The killed epoch's markers count its lost tail; the gracefully
 	// stopped one closes with nothing missing.
 	closed := map[uint64]int{}

@@ -1,11 +1,11 @@
 // Package events is the gateway's decision event producer: every decision
 // (and every charge after the fact) becomes one DecisionEvent record on
-// Kafka's decisions topic (SPEC §5), without blocking or slowing the
+// Kafka's decisions topic, without blocking or slowing the
 // request path, and without losing events when Kafka is slow or down.
 //
 // # Use
 //
-//	p, err := events.New(events.Config{Brokers: brokers, GatewayID: id,
+//	p, err := events.New(ctx, events.Config{Brokers: brokers, GatewayID: id,
 //		SpoolDir: events.DefaultSpoolDir(dataDir, id), Log: log, Registerer: reg})
 //	go func() { errc <- p.Run(ctx) }()   // until ctx ends; then it drains
 //	p.Record(req, decision, "proxy")      // per check, from any goroutine
@@ -29,12 +29,21 @@
 // Partition PartitionOf(tenant, partitions) = fnv32a(tenant) mod the
 // topic's partition count (read from Kafka at New; when Kafka is down, the
 // count the spool remembers, else Config.Partitions), key the tenant,
-// value the DecisionEvent encoded by hand with protowire (the tests hold it
-// byte for byte to proto.Marshal and to the schema's field list).
+// value the DecisionEvent written by the decision stream's codec
+// (tollgatev1.AppendDecision: the bytes proto.Marshal writes, without
+// allocating).
 // Anonymous requests have key_id "" and tenant "" and are grouped under the
 // empty tenant. The event time is the decision's Redis time; decisions made
 // without Redis (blocklist, allowlist, no rule) carry none and get the
-// gateway's clock. A rejection's cost is 0 (it took nothing).
+// gateway's clock, and so do decisions whose Redis time is more than
+// tollgatev1.MaxEventAhead (10 minutes) from it. A rejection's cost is 0
+// (it took nothing). Every value is kept within the schema's bounds
+// (tollgatev1, bounds.go), which the aggregator refuses events beyond: a
+// longer string is cut on a rune boundary and ends with "…", a cost is
+// clamped to 0..1e9 and a Retry-After to 366 days, each correction counted
+// in tollgate_events_corrected_total{field} and logged once per 10 s; the
+// event is kept. A tenant is cut before its partition is chosen, so the
+// partition, the record key and the event agree.
 //
 // Identity: (gateway id, epoch, partition, seq). The epoch is drawn from
 // crypto/rand by New; seq counts from 1 per partition. Numbers are reserved
@@ -48,13 +57,36 @@
 // (BenchmarkPipelinePaced); a burst from idle to ~4M/s (BenchmarkRecord,
 // with spool writes competing for the disk) overruns by 2–8 % of its events
 // until the ranges have grown. A graceful stop lowers the reservations to
-// the last numbers used. New queues, before any new event and after
+// the last numbers used.
+//
+// META is rewritten in place (package spool), so a full disk does not stop
+// it, and a gateway restarts, replays and frees its spool on a full disk.
+// Should META still fail to be written (a META of the spool's first format
+// on a full disk, a copy-on-write file system, an I/O error), New does not
+// fail: the gateway decides and produces all the same, since refusing to
+// start would keep the disk full. Event ids stay unique, because each
+// start draws a new random epoch and numbers from 1 within it; what is
+// missing is the record of the epoch, so until a write succeeds (retried
+// every second) a SIGKILL or crash leaves the epoch unclosed and the loss
+// of its unsent tail uncounted. Meanwhile tollgate_events_reservation_-
+// durable is 0 and every event numbered counts as an overrun; the sequence
+// ledger keeps the previous epoch's numbers until the first write that
+// succeeds, which names them, and then starts counting this epoch's. New queues, before any new event and after
 // everything the spool holds, one EpochClosed marker per partition for each
-// earlier epoch named in META (seq = last reserved + 1, last_seq = last
-// reserved), and forgets those epochs once the markers are in the spool or
-// in Kafka. After a crash the numbers reserved and never used count as
-// missing too: the aggregator's figure is an upper bound, by up to a range
-// per partition.
+// earlier epoch named in META (seq = last + 1, last_seq = last), and
+// forgets those epochs once the markers are in the spool or in Kafka.
+//
+// The last number used: after a graceful stop, META's. After a SIGKILL,
+// the sequence ledger's: the decision path's counters (next) are a file of
+// shared memory (Config.LedgerDir, /dev/shm) mapped into the process, so
+// the store that takes a number records it, at no cost, and the kernel
+// keeps the file when the process dies; New reads it before it starts the
+// new epoch, writes the numbers into META's closing list, and then starts
+// the ledger afresh (a graceful stop deletes it). The aggregator then
+// counts as missing exactly what was lost. Without the ledger (a machine
+// crash: tmpfs is gone; no tmpfs; not Linux) the markers name the last
+// numbers reserved, and the numbers reserved and never used count as
+// missing too: an upper bound, by up to a range per partition.
 //
 // # Pipeline
 //
@@ -122,10 +154,10 @@
 // Kafka keeping up that is the events of the last few milliseconds; with
 // Kafka down, at most FlushInterval of recording (TestSIGKILLLosesOnly-
 // TheMemoryTail measures it: ~5–70 ms of recording at 100 ms). The restart's
-// EpochClosed markers make the aggregator count that tail as missing (an
-// upper bound: numbers reserved and never used count too), so a loss is
-// never silent. A machine crash loses the same plus nothing the spool
-// fsynced.
+// EpochClosed markers make the aggregator count that tail as missing,
+// exactly (the sequence ledger), so a loss is never silent nor overstated.
+// A machine crash loses the same plus nothing the spool fsynced, and the
+// count may exceed it by the unused reservations.
 //
 // A decision is dropped only when no memory chunk is free: the spool
 // refused the oldest ones (its disk budget, SpoolMaxBytes, is spent, or
@@ -150,6 +182,10 @@
 //	tollgate_events_send_errors_total          records franz-go failed (re-sent)
 //	tollgate_events_kafka_up                   1 while Kafka acknowledges
 //	tollgate_events_reservation_overruns_total events numbered past META
+//	tollgate_events_reservation_durable        0 while META cannot be written
+//	tollgate_events_spool_quarantined_total    corrupt spool segments set aside
+//	tollgate_events_spool_torn_total           segments cut short by a crash
+//	tollgate_events_corrected_total{field}     cost, time, length, retry_after
 //
 // No label carries a key, a tenant or a path.
 //

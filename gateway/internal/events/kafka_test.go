@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -142,7 +143,7 @@ func newProducer(t testing.TB, cfg events.Config) *producer {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
-	ep, err := events.New(cfg)
+	ep, err := events.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("new producer: %v", err)
 	}
@@ -327,7 +328,7 @@ type source struct {
 	partition int32
 }
 
-// mark is a source's deduplication state, as SPEC §5 defines it and the
+// mark is a source's deduplication state, as docs/aggregator.md defines it and the
 // aggregator keeps it (aggregator/internal/windows, which code under
 // gateway/ cannot import; TestAggregatorCountsEveryEventOnce runs the
 // aggregator itself): the highest sequence number applied, the numbers
@@ -353,7 +354,7 @@ type tally struct {
 // the aggregator does: per source, an event at or below the high-water mark
 // (or after the marker) is a duplicate; one above it counts, and numbers it
 // jumps over are missing; a marker closes the source and counts the numbers
-// reserved after the mark as missing. It also checks each record's
+// used after the mark as missing. It also checks each record's
 // partition and key against its event.
 func aggregate(t testing.TB, recs []*kgo.Record) tally {
 	t.Helper()
@@ -767,5 +768,42 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 		refused.Load(), errs, got.applied, got.duplicates, got.missing)
 	if got.applied != 10_000 || got.missing != 0 || got.skips != 0 {
 		t.Fatalf("applied %d of 10000, missing %d, %d skips", got.applied, got.missing, got.skips)
+	}
+}
+
+// TestNewStopsWaitingForKafkaWhenContextEnds: with a broker that accepts
+// connections and never answers, New waits for the partition count at most
+// until its context ends, far sooner than MetadataTimeout or franz-go's own
+// retries, and falls back
+// to Config.Partitions.
+func TestNewStopsWaitingForKafkaWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	mute, err := net.Listen("tcp", "127.0.0.1:0") // connections complete in the backlog, unanswered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	cfg := testConfig(t, []string{mute.Addr().String()}, t.TempDir())
+	cfg.MetadataTimeout = 5 * time.Minute
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	done := service.Go(func() error {
+		p, err := events.New(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return p.Close()
+	})
+	// franz-go gives up on a mute broker after about 40 s by itself.
+	testwait.Eventually(t, 15*time.Second, func() error {
+		select {
+		case <-done.Done():
+			return nil
+		default:
+			return errors.New("New still waits for Kafka after its context ended")
+		}
+	})
+	if err := done.Wait(); err != nil {
+		t.Fatalf("New with Kafka down: %v, want the configured partition count", err)
 	}
 }

@@ -22,8 +22,9 @@ const (
 // its spool: what the killed process recorded more than FlushInterval
 // (plus a slack for a loaded machine) before its death arrives; the loss
 // is at most what the memory buffer holds; and the EpochClosed marker makes
-// the aggregator count the lost tail as missing (applied + missing ≥
-// recorded, missing > 0 when something was lost).
+// the aggregator count the lost tail as missing, exactly: recorded ≤
+// applied + missing ≤ recorded + what it recorded after its last report,
+// and missing > 0 when something was lost.
 func TestSIGKILLLosesOnlyTheMemoryTail(t *testing.T) {
 	t.Parallel()
 	const slack = 2 * time.Second
@@ -107,6 +108,11 @@ func TestSIGKILLLosesOnlyTheMemoryTail(t *testing.T) {
 			}
 			if uint64(applied)+missing < uint64(recorded) {
 				t.Errorf("applied %d + missing %d < recorded %d: a loss went uncounted", applied, missing, recorded)
+			}
+			// The marker names the last number used (the sequence ledger):
+			// nothing that was never recorded counts as missing.
+			if uint64(applied)+missing > uint64(recorded+recordBatch) {
+				t.Errorf("applied %d + missing %d > recorded %d + %d: numbers never used counted as lost", applied, missing, recorded, recordBatch)
 			}
 			if lost > 0 && missing == 0 {
 				t.Errorf("%d events lost and none counted missing", lost)

@@ -126,7 +126,7 @@ func recordUntilKilled() error {
 	cfg := configWithLog(strings.Split(os.Getenv(envBrokers), ","), os.Getenv(envSpool), log)
 	cfg.FlushInterval = killFlushInterval
 	cfg.MemoryBytes = killMemoryBytes
-	p, err := events.New(cfg)
+	p, err := events.New(context.Background(), cfg)
 	if err != nil {
 		return err
 	}
@@ -144,8 +144,8 @@ func recordUntilKilled() error {
 		case err := <-done:
 			return fmt.Errorf("run returned before the kill: %v", err)
 		}
-		recordBatch(p, n, 50)
-		n += 50
+		recordBatchOf(p, n, recordBatch)
+		n += recordBatch
 		fmt.Fprintf(w, "recorded %d %d\n", n, time.Now().UnixNano())
 		if err := w.Flush(); err != nil {
 			return err
@@ -153,7 +153,12 @@ func recordUntilKilled() error {
 	}
 }
 
-func recordBatch(p *events.Producer, first, n int) {
+// recordBatch is how many decisions the "record" helper records between
+// two reports: after a SIGKILL it has recorded at least the last number it
+// printed and less than that plus recordBatch.
+const recordBatch = 50
+
+func recordBatchOf(p *events.Producer, first, n int) {
 	for i := first; i < first+n; i++ {
 		req, d := decision(i)
 		p.Record(req, d, "proxy")

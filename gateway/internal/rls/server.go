@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
@@ -134,11 +135,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Error(codes.Unavailable, "tollgate: no rate-limit decision could be made")
 	}
 	for _, d := range ds {
-		if d != nil && d.Code == guard.CodeTooManyRules {
+		if d != nil && d.Code == apierror.TooManyRules {
 			// HTTP's 500: a fault of the rules, not of the client, so not
 			// OVER_LIMIT; Envoy's failure_mode_deny decides. The guard
 			// logs it (rate-limited) and the metrics count it.
-			return nil, status.Error(codes.Internal, "tollgate: "+guard.CodeTooManyRules+": a descriptor matches more rules than max_rules_per_request")
+			return nil, status.Error(codes.Internal, "tollgate: "+apierror.TooManyRules+": a descriptor matches more rules than max_rules_per_request")
 		}
 	}
 	return s.answer(c.reqs, ds), nil
