@@ -627,4 +627,3 @@ func (s *Sim) Share(c *Counter, i int) (share, used int64) {
 
 // Static is every region's static share of c.
 func (s *Sim) Static(c *Counter) []int64 { return s.fleet.Static(c.Limit.Units) }
-
