@@ -493,9 +493,12 @@ func TestFleetNATSOutage(t *testing.T) {
 		return nil
 	})
 	t.Logf("version %d, written after NATS came back, enforced by 3 gateways %v after the answer (%v with this check)", v, took, time.Since(answered))
-	if r := f.readyz(f.gws[0]); r.NATS == nil || r.NATS.Status != "connected" || !r.NATS.Synced {
-		t.Errorf("readyz nats %+v after the outage", r.NATS)
-	}
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if r := f.readyz(f.gws[0]); r.NATS == nil || r.NATS.Status != "connected" || !r.NATS.Synced {
+			return fmt.Errorf("readyz nats %+v after the outage", r.NATS)
+		}
+		return nil
+	})
 }
 
 // TestFleetRestartWithoutNATS restarts a gateway while NATS is down: it

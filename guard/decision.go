@@ -127,10 +127,20 @@ type Decision struct {
 	// ReasonPenalty, or ReasonBlocklisted for a block the ladder imposed
 	// (0 for an operator's block); CloseConnection asks the HTTP layer to
 	// answer with Connection: close where the peer is the client itself
-	// (the top of the ladder). Both are decided from memory, without the
+	// (the controls' Close). Both are decided from memory, without the
 	// store.
 	PenaltyLevel    int
 	CloseConnection bool
+	// PenaltyUntil and PenaltyReason, for a decision of the penalty ladder
+	// (PenaltyLevel > 0): when the penalty ends (Unix microseconds;
+	// math.MaxInt64 until it is lifted, 0 unknown) and why the ladder
+	// imposed it, in the words of the step that did ("20 of 20 requests in
+	// 60s arrived while a Retry-After was running (100%)"; empty when not
+	// known). The HTTP layer tells the client both, so that a penalised
+	// client, or whoever runs a load test, sees what happened and until
+	// when.
+	PenaltyUntil  int64
+	PenaltyReason string
 
 	// Rules holds the applicable enforced rules, in ruleset order, then the
 	// shadow rules. Deciding indexes the rule whose values go into the

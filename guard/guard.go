@@ -466,7 +466,15 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
-			d.PenaltyLevel, d.CloseConnection = g.controls.Snapshot().ladderBlock(d.KeyID, now)
+			if e, ok := g.controls.Snapshot().blockEntry(d.KeyID, now); ok {
+				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
+				if e.Level > 0 {
+					d.PenaltyUntil, d.PenaltyReason = e.Expiry, e.Reason
+					if d.PenaltyUntil == 0 {
+						d.PenaltyUntil = math.MaxInt64
+					}
+				}
+			}
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted
@@ -476,6 +484,9 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
+			if p.Level > 0 {
+				d.PenaltyUntil, d.PenaltyReason = p.Until, p.Reason
+			}
 			d.Time = now
 			return apps, false
 		}

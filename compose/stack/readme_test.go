@@ -453,6 +453,13 @@ func TestREADMEWalkthrough(t *testing.T) {
 			applied("the block", r.addrs.Metrics, func(_ int, c map[string]float64) bool { return c["blocked"] == 1 })
 			expect(proxy, "sk_free_demo", 403, "KEY_BLOCKED")
 		}},
+		{"-H \"$auth\" $API/blocklist/sk_free_demo", checked(func(o shellOut) error {
+			var e struct{ Action string }
+			if err := expectJSON(o, 200, &e); err != nil || e.Action != "block" {
+				return fmt.Errorf("GET blocklist: want the block entry: %v %s", err, o.text)
+			}
+			return nil
+		})},
 		{"-X DELETE -H \"$auth\" $API/blocklist/sk_free_demo", func(t *testing.T, st statement) {
 			if o := sh.run(st.text); o.status() != http.StatusNoContent {
 				t.Fatalf("DELETE blocklist: %d %s, want 204", o.status(), o.text)

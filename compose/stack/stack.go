@@ -36,9 +36,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
@@ -46,6 +43,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -53,8 +51,9 @@ import (
 // Errors; match them with errors.Is.
 var (
 	// ErrAddrInUse means a listener's address is taken; the error is an
-	// *AddrInUseError naming the variable that moves it.
-	ErrAddrInUse = errors.New("stack: address in use")
+	// *AddrInUseError naming the variable that moves it. It is
+	// service.ErrAddrInUse, which bin/gateway's errors match too.
+	ErrAddrInUse = service.ErrAddrInUse
 	// ErrRunning is returned by a second call of Run.
 	ErrRunning = errors.New("stack: Run called more than once")
 )
@@ -169,25 +168,14 @@ func probe(addr string) error {
 
 func addrInUse(l listener, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path)}
+		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path), Err: err}
 	}
 	return fmt.Errorf("stack: cannot listen on %s (%s): %w", l.addr, configs.EnvName(l.path), err)
 }
 
-// AddrInUseError is the error of a listener whose address is taken. It
-// matches ErrAddrInUse.
-type AddrInUseError struct {
-	Addr string // the address, host:port
-	Var  string // the variable that moves it, e.g. TOLLGATE_LISTEN
-}
-
-func (e *AddrInUseError) Error() string {
-	return fmt.Sprintf("stack: %s is already in use (%s): stop what listens there, or set %s to another address (port 0 picks a free one)",
-		e.Addr, e.Var, e.Var)
-}
-
-// Is reports whether target is ErrAddrInUse.
-func (e *AddrInUseError) Is(target error) bool { return target == ErrAddrInUse }
+// AddrInUseError is the error of a listener whose address is taken, as
+// bin/gateway reports it too. It matches ErrAddrInUse.
+type AddrInUseError = service.AddrInUseError
 
 // Ready is closed once every part is serving and the banner is printed;
 // Addrs and RedisBackend are valid from then on. It is never closed when
@@ -511,29 +499,24 @@ func rulesFromNATS(body []byte) bool {
 func (s *Stack) waitControlPlane(ctx context.Context, natsURL string, agg *task) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	nc, err := nats.Connect(natsURL, nats.Name("tollgate-stack"), nats.Timeout(time.Second))
+	nc, err := fleetkv.Connect(natsURL, fleetkv.Options{Name: "tollgate-stack"})
 	if err != nil {
-		return fmt.Errorf("stack: nats: %w", err)
+		return fmt.Errorf("stack: %w", err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("stack: nats: %w", err)
-	}
 	seeded := func() error {
 		octx, ocancel := context.WithTimeout(ctx, time.Second)
 		defer ocancel()
-		for _, b := range []string{tollgatev1.BucketBlocklist, tollgatev1.BucketOverrides, tollgatev1.BucketRules} {
-			kv, err := js.KeyValue(octx, b)
-			if err != nil {
-				return fmt.Errorf("bucket %s: %w", b, err)
-			}
-			if b != tollgatev1.BucketRules {
-				continue
-			}
-			if _, err := kv.Get(octx, tollgatev1.RulesKey); err != nil {
-				return fmt.Errorf("bucket %s, key %s: %w", b, tollgatev1.RulesKey, err)
-			}
+		kv, err := fleetkv.Bind(octx, nc)
+		if err != nil {
+			return err
+		}
+		_, rev, err := kv.ActiveRules(octx)
+		if err != nil && !errors.Is(err, fleetkv.ErrCorrupt) {
+			return err
+		}
+		if rev == 0 {
+			return fmt.Errorf("bucket %s holds no ruleset yet", tollgatev1.BucketRules)
 		}
 		return nil
 	}

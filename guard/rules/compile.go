@@ -49,6 +49,9 @@ func Compile(doc *Document) (*Ruleset, error) {
 	c.rs.blocklist = c.globList("blocklist", doc.Blocklist)
 	c.routes()
 	c.rules()
+	if len(c.errs) == 0 {
+		c.totalBlocks()
+	}
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
 	}
@@ -95,6 +98,12 @@ func checkName(s string) error {
 	}
 	return nil
 }
+
+// CheckName validates a tenant, tier, domain or descriptor name as a
+// ruleset's are validated (1 to 128 bytes of UTF-8 without control
+// characters), so that other inputs naming a tenant refuse what no ruleset
+// could name.
+func CheckName(s string) error { return checkName(s) }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 

@@ -157,7 +157,7 @@ func TestListed(t *testing.T) {
 			t.Errorf("Listed(%q) = %v, want %v", key, got, want)
 		}
 	}
-	if got := mustLoad(t, "allowlist: ['*']\nblocklist: ['*']\n").Listed(""); got != Unlisted {
+	if got := mustLoad(t, "allow_total_block: true\nallowlist: ['*']\nblocklist: ['*']\n").Listed(""); got != Unlisted {
 		t.Errorf("anonymous request listed: %v", got)
 	}
 }

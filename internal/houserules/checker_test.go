@@ -88,6 +88,10 @@ import "log/slog"
 func init() { slog.Info("x") }
 `),
 
+		// A long function fails; a long test function does not.
+		"long/long.go":      file("// Package long has a long function.\npackage long\n\nfunc Short() {}\n\nfunc Long() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-1) + "}\n\nfunc Edge() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-2) + "}\n"),
+		"long/long_test.go": file("package long\n\nfunc helper() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines) + "}\n"),
+
 		// Not checked at all.
 		"lib/testdata/bad.go":  file("package util\nimport \"log/slog\"\nfunc f() { slog.Info(\"x\") }\n"),
 		"nested/go.mod":        file("module example.com/nested\n"),
@@ -114,6 +118,7 @@ func init() { slog.Info("x") }
 		ruleDoc + " nodoc",
 		ruleName + " stuff",
 		ruleName + " utils",
+		ruleLength + " long/long.go:Long",
 	}
 	slices.Sort(gotS)
 	slices.Sort(want)
@@ -123,7 +128,7 @@ func init() { slog.Info("x") }
 			t.Log(v)
 		}
 	}
-	if wantPkgs := 8; pkgs != wantPkgs {
+	if wantPkgs := 9; pkgs != wantPkgs {
 		t.Errorf("checked %d package directories, want %d", pkgs, wantPkgs)
 	}
 }

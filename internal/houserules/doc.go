@@ -10,7 +10,9 @@
 //     package: slog.Info, slog.Default, slog.SetDefault, log.Printf and the
 //     like; take a *slog.Logger instead (nil: discard);
 //   - a package without a package comment: add a doc.go starting
-//     "// Package name ...".
+//     "// Package name ...";
+//   - a function or method longer than 150 lines (func line to closing
+//     brace) outside tests and generated code: split it into steps.
 //
 // It also reads every file git tracks (docs, READMEs, comments, --help
 // texts, configs, scripts, test messages) and fails on a citation of a
@@ -19,8 +21,8 @@
 // number: users cannot follow them, so say the fact, or link the doc in
 // docs/ that holds it.
 //
-// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist
-// and citationAllowlist; each entry says why, and a stale entry fails the
+// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist,
+// longFuncAllowlist and citationAllowlist; each entry says why, and a stale entry fails the
 // test.
 //
 // Directories named testdata or vendor, or starting with "." or "_", and

@@ -19,8 +19,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 func main() {
@@ -77,6 +80,10 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 		return 2
 	}
 	log := cfg.Log.NewLogger(stderr)
+	// go-redis logs every failed dial through its own process-wide logger:
+	// route it into ours at debug level (/readyz and one log line per
+	// outage say that Redis is down).
+	redis.SetLogger(redisstore.SlogLogger{Log: log})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv, err := aggregator.New(cfg, log)

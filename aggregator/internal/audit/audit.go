@@ -4,28 +4,27 @@
 //
 // Entries are appended to the retained topic tollgate.audit.v1 (Writer, or
 // inside the aggregator's Kafka transaction for penalties) and every
-// aggregator instance materializes the whole topic into its Pebble (Tailer
-// and Store), so no entry depends on one disk; Pebble checkpoints of the
-// aggregator's store are the audit snapshots, and Store reads them offline
-// as well as live.
+// aggregator instance materializes the whole topic into its state
+// (Store.Tail, through package state, which owns Pebble), so no entry
+// depends on one disk; the state's snapshots are the audit snapshots, and
+// Store reads them offline as well as live.
 package audit
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -54,12 +53,6 @@ type PenaltyState struct {
 	Enforced  bool    `json:"enforced,omitempty"`
 	ExpiresAt string  `json:"expires_at,omitempty"` // RFC 3339
 }
-
-// Key spaces in the aggregator's Pebble (see package state).
-const (
-	spaceByTime    = 'a' // a time(8) id → entry
-	spaceBySubject = 'A' // A len subject time(8) id → (index)
-)
 
 // NewID returns a new entry id: its time in microseconds and 8 random
 // bytes, hex (sortable by time).
@@ -126,20 +119,6 @@ func NewStore(db *state.DB, log *slog.Logger) *Store {
 	return &Store{db: db, log: log}
 }
 
-func timeKey(e *tollgatev1.AuditEntry) []byte {
-	b := []byte{spaceByTime}
-	b = binary.BigEndian.AppendUint64(b, uint64(e.TimeUnixMicros)^(1<<63))
-	return append(b, e.Id...)
-}
-
-func subjectKey(e *tollgatev1.AuditEntry) []byte {
-	b := []byte{spaceBySubject}
-	b = binary.AppendUvarint(b, uint64(len(e.Subject)))
-	b = append(b, e.Subject...)
-	b = binary.BigEndian.AppendUint64(b, uint64(e.TimeUnixMicros)^(1<<63))
-	return append(b, e.Id...)
-}
-
 // TopicRecord is one audit topic record to materialize.
 type TopicRecord struct {
 	Partition int32
@@ -151,50 +130,24 @@ type TopicRecord struct {
 // Apply materializes audit topic records, in offset order per partition,
 // with the partitions' next offsets, in one batch; records below a
 // partition's recorded offset are skipped (replays are harmless, and an
-// entry's key is its time and id, so a duplicate overwrites itself).
+// entry's key is its time and id, so a duplicate overwrites itself). A
+// record that is not an entry is logged and skipped.
 func (s *Store) Apply(recs []TopicRecord) error {
-	if len(recs) == 0 {
-		return nil
-	}
-	db := s.db.Pebble()
-	b := db.NewBatch()
-	defer b.Close()
-	next := map[int32]int64{}
+	out := make([]state.AuditRecord, 0, len(recs))
 	for _, r := range recs {
-		from, ok := next[r.Partition]
-		if !ok {
-			var err error
-			if from, err = s.db.Offset(state.TopicAudit, r.Partition); err != nil {
-				return err
+		ar := state.AuditRecord{Partition: r.Partition, Offset: r.Offset}
+		if !r.Control && len(r.Value) > 0 {
+			var e tollgatev1.AuditEntry
+			if err := proto.Unmarshal(r.Value, &e); err != nil || e.Id == "" {
+				s.log.Warn("audit record skipped: not an AuditEntry", slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))
+			} else {
+				ar.Entry, ar.TimeMicros, ar.ID, ar.Subject, ar.Value = true, e.TimeUnixMicros, e.Id, e.Subject, r.Value
 			}
 		}
-		if r.Offset < from {
-			next[r.Partition] = from
-			continue
-		}
-		next[r.Partition] = r.Offset + 1
-		if r.Control || len(r.Value) == 0 {
-			continue
-		}
-		var e tollgatev1.AuditEntry
-		if err := proto.Unmarshal(r.Value, &e); err != nil || e.Id == "" {
-			s.log.Warn("audit record skipped: not an AuditEntry", slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))
-			continue
-		}
-		if err := b.Set(timeKey(&e), r.Value, nil); err != nil {
-			return err
-		}
-		if err := b.Set(subjectKey(&e), nil, nil); err != nil {
-			return err
-		}
+		out = append(out, ar)
 	}
-	for p, off := range next {
-		if err := b.Set(state.OffsetKey(state.TopicAudit, p), state.EncodeOffset(off), nil); err != nil {
-			return err
-		}
-	}
-	if err := db.Apply(b, pebble.NoSync); err != nil {
-		return fmt.Errorf("audit: materialize: %w", err)
+	if err := s.db.MaterializeAudit(out); err != nil {
+		return fmt.Errorf("audit: %w", err)
 	}
 	return nil
 }
@@ -213,90 +166,91 @@ func (s *Store) Query(q Query) ([]*tollgatev1.AuditEntry, error) {
 	if q.Limit <= 0 {
 		q.Limit = 1000
 	}
-	from := uint64(q.From.UnixMicro()) ^ (1 << 63)
-	if q.From.IsZero() {
-		from = 0
-	}
-	to := uint64(1<<64 - 1)
-	if !q.To.IsZero() {
-		to = uint64(q.To.UnixMicro()) ^ (1 << 63)
-	}
-	var prefix []byte
-	if q.Subject != "" {
-		prefix = binary.AppendUvarint([]byte{spaceBySubject}, uint64(len(q.Subject)))
-		prefix = append(prefix, q.Subject...)
-	} else {
-		prefix = []byte{spaceByTime}
-	}
-	lower := binary.BigEndian.AppendUint64(bytes.Clone(prefix), from)
-	upper := binary.BigEndian.AppendUint64(bytes.Clone(prefix), to)
-	db := s.db.Pebble()
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
 	var out []*tollgatev1.AuditEntry
-	for it.First(); it.Valid() && len(out) < q.Limit; it.Next() {
-		v := it.Value()
-		if q.Subject != "" {
-			k := append([]byte{spaceByTime}, it.Key()[len(prefix):]...)
-			pv, closer, err := db.Get(k)
-			if errors.Is(err, pebble.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			v = bytes.Clone(pv)
-			_ = closer.Close()
-		}
+	err := s.db.AuditEntries(q.Subject, q.From, q.To, func(v []byte) (bool, error) {
 		var e tollgatev1.AuditEntry
 		if err := proto.Unmarshal(v, &e); err != nil {
-			return nil, fmt.Errorf("audit: decode: %w", err)
+			return false, fmt.Errorf("audit: decode: %w", err)
 		}
-		if q.Kind != "" && e.Kind != q.Kind {
-			continue
+		if q.Kind == "" || e.Kind == q.Kind {
+			out = append(out, &e)
 		}
-		out = append(out, &e)
-	}
-	return out, it.Error()
+		return len(out) < q.Limit, nil
+	})
+	return out, err
 }
 
-// Tail materializes the audit topic into s until ctx is done: a
-// read_committed consumer of every partition, from the offsets Pebble
-// holds. It owns cl's consumption (create cl with ConsumePartitions from
-// Offsets).
-func (s *Store) Tail(ctx context.Context, cl *kgo.Client) error {
+// TailConfig says where the audit topic is.
+type TailConfig struct {
+	Brokers []string
+	Topic   string
+}
+
+// Tail materializes the audit topic into s until ctx is done, when it
+// returns nil: once the topic exists (the aggregator's processor creates
+// it), a read_committed consumer of every partition, from the offsets
+// Pebble holds. Tail owns its one Kafka client, closed when it returns.
+func (s *Store) Tail(ctx context.Context, cfg TailConfig) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.WithLogger(kafkalog.New(s.log)),
+		kgo.MetadataMinAge(250*time.Millisecond), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return fmt.Errorf("audit: kafka client: %w", err)
+	}
+	defer cl.Close()
+	parts := awaitTopic(ctx, kadm.NewClient(cl), cfg.Topic)
+	if ctx.Err() != nil {
+		return nil
+	}
+	offsets := map[int32]kgo.Offset{}
+	for p := range parts {
+		off, err := s.db.Offset(state.TopicAudit, p)
+		if err != nil {
+			return fmt.Errorf("audit: %w", err)
+		}
+		offsets[p] = kgo.NewOffset().At(off)
+	}
+	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{cfg.Topic: offsets})
+	return s.tail(ctx, cl)
+}
+
+// awaitTopic returns the topic's partition count once Kafka lists it with
+// partitions, polling every 200ms until ctx is done (then 0).
+func awaitTopic(ctx context.Context, adm *kadm.Client, topic string) int32 {
+	for {
+		meta, err := adm.Metadata(ctx, topic)
+		if err == nil {
+			if n := int32(len(meta.Topics[topic].Partitions)); n > 0 {
+				return n
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// tail polls cl and materializes what it returns until ctx is done.
+func (s *Store) tail(ctx context.Context, cl *kgo.Client) error {
 	var recs []TopicRecord
 	for {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		fs.EachError(func(_ string, p int32, err error) {
-			s.log.Warn("audit fetch failed", slog.Int("partition", int(p)), slog.String("error", err.Error()))
-		})
+		fs.EachError(s.logFetchError)
 		recs = recs[:0]
-		fs.EachRecord(func(r *kgo.Record) {
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
 			recs = append(recs, TopicRecord{Partition: r.Partition, Offset: r.Offset, Value: r.Value, Control: r.Attrs.IsControl()})
-		})
+		}
 		if err := s.Apply(recs); err != nil {
 			return err
 		}
 	}
 }
 
-// Offsets returns where Tail must resume for each of the topic's
-// partitions.
-func (s *Store) Offsets(topic string, partitions int32) (map[string]map[int32]kgo.Offset, error) {
-	m := map[int32]kgo.Offset{}
-	for p := range partitions {
-		off, err := s.db.Offset(state.TopicAudit, p)
-		if err != nil {
-			return nil, err
-		}
-		m[p] = kgo.NewOffset().At(off)
-	}
-	return map[string]map[int32]kgo.Offset{topic: m}, nil
+func (s *Store) logFetchError(_ string, p int32, err error) {
+	s.log.Warn("audit fetch failed", slog.Int("partition", int(p)), slog.String("error", err.Error()))
 }

@@ -23,8 +23,7 @@ const (
 	// partition that owns it, and an index to find it by key_id alone.
 	spacePenalty      = 'p' // p partition key_id → abuse.State
 	spacePenaltyByKey = 'q' // q key_id partition → (index)
-	// 'a' and 'A' belong to package audit (the audit log, by time and by
-	// subject).
+	// 'a' and 'A' hold the audit log, by time and by subject (audit.go).
 )
 
 // Topics materialized into the store, as the tag of their offsets.
@@ -303,15 +302,6 @@ func expiryKey(k windows.RowKey, primary []byte) []byte {
 }
 
 func offsetKey(topic byte, p int32) []byte { return appendPartition([]byte{spaceOffset, topic}, p) }
-
-// OffsetKey is the key of the next offset to read of partition p of a
-// materialized topic; EncodeOffset its value. Packages that materialize a
-// topic into their own key space (audit) write both in the batch that
-// applies the records.
-func OffsetKey(topic byte, p int32) []byte { return offsetKey(topic, p) }
-
-// EncodeOffset encodes an offset for OffsetKey.
-func EncodeOffset(off int64) []byte { return appendInt64(nil, off) }
 
 func metaKey(name string) []byte { return append([]byte{spaceMeta}, name...) }
 

@@ -1,15 +1,17 @@
-// Package state is the aggregator's Pebble store: each instance's local
-// materialization of the changelog topic (usage rows, deduplication marks
-// and the penalty state of keys, of every partition), with the changelog offsets written in the
-// same Pebble batch as the state they reflect, the indexes reports need,
-// and consistent checkpoints.
+// Package state owns the aggregator's Pebble store — opening it, every
+// write, restoring a partition from it, snapshots — as each instance's
+// local materialization of the changelog topic (usage rows, deduplication
+// marks and the penalty state of keys, of every partition) and of the
+// audit topic, with each topic's offsets written in the same Pebble batch
+// as the state they reflect, the indexes reports need, and consistent
+// checkpoints.
 //
-// The changelog is the truth. Pebble is rebuilt from it: Materialize is
-// the only writer of rows and marks, fed by one goroutine tailing the
+// The changelog is the truth. Pebble is rebuilt from it: the Materializer
+// is the only writer of rows, marks and penalty states, tailing the
 // changelog with read_committed; the processor reads through it (Row,
-// LoadPartition) and never writes it. A DB made against another Kafka
-// cluster or topic is wiped on open (CheckIdentity), so a reused data
-// directory never mixes two histories.
+// Materializer.Restore) and never writes it. A DB made against another
+// Kafka cluster or topic is wiped on open (CheckIdentity), so a reused
+// data directory never mixes two histories.
 //
 // Keys (see codec.go): rows are ordered by tenant, granularity and window
 // start so a tenant's report is one range scan; an index by key_id serves
@@ -89,10 +91,6 @@ func OpenReadOnly(dir string, log *slog.Logger) (*DB, error) {
 // Close closes the store.
 func (d *DB) Close() error { return d.db.Close() }
 
-// Pebble returns the underlying database, for packages that keep their own
-// key spaces in it (the audit log).
-func (d *DB) Pebble() *pebble.DB { return d.db }
-
 // Checkpoint writes a consistent snapshot of the store into dir, which must
 // not exist.
 func (d *DB) Checkpoint(dir string) error {
@@ -162,24 +160,16 @@ func (d *DB) Materialize(recs []Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	next := map[int32]int64{}
 	b := d.db.NewBatch()
 	defer b.Close()
+	next := cursor{d: d, topic: TopicChangelog}
 	for i := range recs {
 		r := &recs[i]
-		from, ok := next[r.Partition]
-		if !ok {
-			var err error
-			if from, err = d.Offset(TopicChangelog, r.Partition); err != nil {
-				return err
-			}
+		fresh, err := next.take(r.Partition, r.Offset)
+		if err != nil {
+			return err
 		}
-		if r.Offset < from {
-			next[r.Partition] = from
-			continue
-		}
-		next[r.Partition] = r.Offset + 1
-		if r.Control || len(r.Key) == 0 {
+		if !fresh || r.Control || len(r.Key) == 0 {
 			continue
 		}
 		if err := applyRecord(b, r); err != nil {
@@ -187,13 +177,51 @@ func (d *DB) Materialize(recs []Record) error {
 				slog.Int64("offset", r.Offset), slog.String("error", err.Error()))
 		}
 	}
-	for p, off := range next {
-		if err := b.Set(offsetKey(TopicChangelog, p), appendInt64(nil, off), nil); err != nil {
-			return err
-		}
+	if err := next.write(b); err != nil {
+		return err
 	}
 	if err := d.db.Apply(b, pebble.NoSync); err != nil {
 		return fmt.Errorf("state: materialize: %w", err)
+	}
+	return nil
+}
+
+// cursor follows, while a batch of a materialized topic's records is
+// built, the next offset of each partition, so that the batch writes them
+// with the records.
+type cursor struct {
+	d     *DB
+	topic byte
+	next  map[int32]int64
+}
+
+// take reports whether the record at off of partition p is new (not below
+// the offset recorded), and moves past it.
+func (c *cursor) take(p int32, off int64) (bool, error) {
+	from, ok := c.next[p]
+	if !ok {
+		var err error
+		if from, err = c.d.Offset(c.topic, p); err != nil {
+			return false, err
+		}
+		if c.next == nil {
+			c.next = map[int32]int64{}
+		}
+	}
+	if off < from {
+		c.next[p] = from
+		return false, nil
+	}
+	c.next[p] = off + 1
+	return true, nil
+}
+
+// write adds the partitions' next offsets to b.
+func (c *cursor) write(b *pebble.Batch) error {
+	for p, off := range c.next {
+		if err := b.Set(offsetKey(c.topic, p), appendInt64(nil, off), nil); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -92,7 +93,13 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	defer stop()
 	srv, err := gateway.New(cfg, log)
 	if err != nil {
-		log.Error("gateway did not start", "error", err.Error())
+		// One line per problem (every busy listener, every invalid
+		// setting), each readable on its own.
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			if line = strings.TrimPrefix(line, "gateway: "); line != "" {
+				log.Error("gateway did not start", "error", line)
+			}
+		}
 		return 1
 	}
 	if err := srv.Run(ctx); err != nil {

@@ -339,10 +339,21 @@ type decisionJSON struct {
 }
 
 // errorJSON is the error object of every answer that is not an admission.
+// Details is a *detailsJSON for a rule's rejection, a *penaltyDetailsJSON
+// for an answer of the penalty ladder.
 type errorJSON struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Details *detailsJSON `json:"details,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}
+
+// penaltyDetailsJSON are the details of an answer of the penalty ladder
+// (httpguard.AppendPenaltyDetails): retry_after_seconds for a 429 PENALTY.
+type penaltyDetailsJSON struct {
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	PenaltyLevel      int    `json:"penalty_level"`
+	PenaltyReason     string `json:"penalty_reason,omitempty"`
+	ExpiresAt         string `json:"expires_at,omitempty"`
 }
 
 type detailsJSON struct {

@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -142,7 +143,7 @@ func newProducer(t testing.TB, cfg events.Config) *producer {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
-	ep, err := events.New(cfg)
+	ep, err := events.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("new producer: %v", err)
 	}
@@ -767,5 +768,42 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 		refused.Load(), errs, got.applied, got.duplicates, got.missing)
 	if got.applied != 10_000 || got.missing != 0 || got.skips != 0 {
 		t.Fatalf("applied %d of 10000, missing %d, %d skips", got.applied, got.missing, got.skips)
+	}
+}
+
+// TestNewStopsWaitingForKafkaWhenContextEnds: with a broker that accepts
+// connections and never answers, New waits for the partition count at most
+// until its context ends, far sooner than MetadataTimeout or franz-go's own
+// retries, and falls back
+// to Config.Partitions.
+func TestNewStopsWaitingForKafkaWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	mute, err := net.Listen("tcp", "127.0.0.1:0") // connections complete in the backlog, unanswered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	cfg := testConfig(t, []string{mute.Addr().String()}, t.TempDir())
+	cfg.MetadataTimeout = 5 * time.Minute
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	done := service.Go(func() error {
+		p, err := events.New(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return p.Close()
+	})
+	// franz-go gives up on a mute broker after about 40 s by itself.
+	testwait.Eventually(t, 15*time.Second, func() error {
+		select {
+		case <-done.Done():
+			return nil
+		default:
+			return errors.New("New still waits for Kafka after its context ended")
+		}
+	})
+	if err := done.Wait(); err != nil {
+		t.Fatalf("New with Kafka down: %v, want the configured partition count", err)
 	}
 }

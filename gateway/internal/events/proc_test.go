@@ -126,7 +126,7 @@ func recordUntilKilled() error {
 	cfg := configWithLog(strings.Split(os.Getenv(envBrokers), ","), os.Getenv(envSpool), log)
 	cfg.FlushInterval = killFlushInterval
 	cfg.MemoryBytes = killMemoryBytes
-	p, err := events.New(cfg)
+	p, err := events.New(context.Background(), cfg)
 	if err != nil {
 		return err
 	}
