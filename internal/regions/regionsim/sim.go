@@ -266,12 +266,26 @@ func (s *Sim) exp(mean float64) int64 {
 // startAgent gives region r a fresh agent (its ledger is its Redis: it
 // stays).
 func (s *Sim) startAgent(r *region) error {
-	a, err := regions.NewRegion(s.cfg, s.fleet, r.name, r.ledger, s.transport(r.idx), s.log, s.local(r))
+	a, err := regions.NewRegion(s.cfg, s.fleet, r.name, countingStore{r.ledger, s}, s.transport(r.idx), s.log, s.local(r))
 	if err != nil {
 		return fmt.Errorf("regionsim: %w", err)
 	}
 	r.agent = a
 	return nil
+}
+
+// countingStore is a region's ledger that counts the transfers it applies.
+type countingStore struct {
+	*regions.Ledger
+	s *Sim
+}
+
+func (c countingStore) Receive(ctx context.Context, t *regions.Transfer, now int64) (bool, string, error) {
+	ok, why, err := c.Ledger.Receive(ctx, t, now)
+	if ok {
+		c.s.stats.Applied++
+	}
+	return ok, why, err
 }
 
 func (s *Sim) startCoordinator(r *region, e regions.Epoch) error {
