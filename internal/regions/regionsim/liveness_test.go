@@ -262,7 +262,7 @@ func TestLivenessFigures(t *testing.T) {
 		t.Logf("heal %-14v periods to converged after a 60 s partition (worst): %s", k,
 			worst(func(seed uint64) (float64, error) { return measureHeal(seed, k, 60*time.Second) }))
 	}
-	for _, hc := range [][2]int{{0, 1000}, {3, 1000}, {10, 0}, {10, 1000}, {30, 1000}} {
+	for _, hc := range [][2]int{{0, 1000}, {3, 1000}, {10, 0}, {10, 1000}, {10, 100_000}, {30, 1000}} {
 		t.Logf("messages hot=%-2d cold=%-4d per period (worst): %s", hc[0], hc[1],
 			worst(func(seed uint64) (float64, error) { return measureMessages(seed, hc[0], hc[1]) }))
 	}
