@@ -35,7 +35,22 @@ type recipeCheck struct {
 	// shorter: the ladder needs seconds to climb, more on a loaded
 	// machine under the race detector.
 	long  bool
-	check func(t *testing.T, r *recipeRun)
+	check func(t checkT, r *recipeRun)
+}
+
+// checkT is what a headline check reports to: the test, or a first
+// attempt's record.
+type checkT interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// attempt records a first attempt's failures instead of failing the test.
+type attempt struct{ errs []string }
+
+func (*attempt) Helper() {}
+func (a *attempt) Errorf(format string, args ...any) {
+	a.errs = append(a.errs, fmt.Sprintf(format, args...))
 }
 
 // recipeChecks holds every load-test recipe of the docs. A recipe in a
@@ -104,7 +119,19 @@ func TestDocRecipes(t *testing.T) {
 		used[found[0]] = true
 		c := recipeChecks[found[0]]
 		t.Run(name, func(t *testing.T) {
+			// A recipe is run a second time when its first run misses
+			// its headline: on a machine busy with other tests, a
+			// seconds-long run can fall short of the load that shows it
+			// (too few requests to reach a limit, answers timed out). A
+			// recipe that is wrong misses it twice.
 			run := runRecipe(t, r, c.long)
+			first := &attempt{}
+			c.check(first, run)
+			if len(first.errs) == 0 {
+				return
+			}
+			t.Logf("first run missed its headline; running it again: %s", strings.Join(first.errs, "; "))
+			run = runRecipe(t, r, c.long)
 			c.check(t, run)
 			if t.Failed() {
 				t.Logf("command: %s\nargs: %q\nexit %d\nstdout:\n%s\nstderr (last 4 KB):\n%s", r.cmd, run.args, run.code, run.stdout, tail(run.stderr, 4096))
@@ -478,8 +505,8 @@ func (s *syncBuffer) String() string {
 
 // Headline checks.
 
-func all(checks ...func(*testing.T, *recipeRun)) func(*testing.T, *recipeRun) {
-	return func(t *testing.T, r *recipeRun) {
+func all(checks ...func(checkT, *recipeRun)) func(checkT, *recipeRun) {
+	return func(t checkT, r *recipeRun) {
 		t.Helper()
 		for _, c := range checks {
 			c(t, r)
@@ -490,7 +517,7 @@ func all(checks ...func(*testing.T, *recipeRun)) func(*testing.T, *recipeRun) {
 // noRejection: the limits fit the load — every answer a 2xx or OK, none
 // of a rule's rejections, none of the penalty ladder's — and few requests
 // failed on the loaded machine.
-func noRejection(t *testing.T, r *recipeRun) {
+func noRejection(t checkT, r *recipeRun) {
 	t.Helper()
 	s := r.sum
 	ok := s.Statuses["2xx"] + s.Statuses["OK"]
@@ -503,7 +530,7 @@ func noRejection(t *testing.T, r *recipeRun) {
 }
 
 // measured: the gateway's CPU and Redis's commands are reported.
-func measured(t *testing.T, r *recipeRun) {
+func measured(t checkT, r *recipeRun) {
 	t.Helper()
 	if g := r.sum.Gateway; g == nil || g.PID != os.Getpid() {
 		t.Errorf("gateway CPU %+v, want this process's", g)
@@ -513,8 +540,8 @@ func measured(t *testing.T, r *recipeRun) {
 	}
 }
 
-func answered(n int64) func(*testing.T, *recipeRun) {
-	return func(t *testing.T, r *recipeRun) {
+func answered(n int64) func(checkT, *recipeRun) {
+	return func(t checkT, r *recipeRun) {
 		t.Helper()
 		if r.sum.Answered != n {
 			t.Errorf("%d answered, want %d", r.sum.Answered, n)
@@ -524,14 +551,14 @@ func answered(n int64) func(*testing.T, *recipeRun) {
 
 // fromLeases: one hot key is answered from leases, so Redis sees fewer
 // calls than decisions.
-func fromLeases(t *testing.T, r *recipeRun) {
+func fromLeases(t checkT, r *recipeRun) {
 	t.Helper()
 	if rd := r.sum.Redis; rd == nil || rd.EvalSHAPerDecision >= 1 {
 		t.Errorf("redis usage %+v, want less than one EVALSHA per decision", rd)
 	}
 }
 
-func latencyReported(t *testing.T, r *recipeRun) {
+func latencyReported(t checkT, r *recipeRun) {
 	t.Helper()
 	if l := r.sum.LatencyUS; l.P99 <= 0 || l.Count != r.sum.Answered {
 		t.Errorf("latency %+v for %d answers", l, r.sum.Answered)
@@ -539,7 +566,7 @@ func latencyReported(t *testing.T, r *recipeRun) {
 }
 
 // reportDrawn: the -report page was written, with charts.
-func reportDrawn(t *testing.T, r *recipeRun) {
+func reportDrawn(t checkT, r *recipeRun) {
 	t.Helper()
 	page, err := os.ReadFile(r.report)
 	if err != nil || strings.Count(string(page), "<svg") < 3 {
@@ -549,7 +576,7 @@ func reportDrawn(t *testing.T, r *recipeRun) {
 
 // throttledNotPenalised: hot keys run dry and get a rule's 429s, the
 // others pass, and the penalty ladder (off) answers none.
-func throttledNotPenalised(t *testing.T, r *recipeRun) {
+func throttledNotPenalised(t checkT, r *recipeRun) {
 	t.Helper()
 	s := r.sum
 	if s.Statuses["2xx"] == 0 || s.Statuses["429"] == 0 || s.PenaltyAnswers != 0 {
@@ -558,7 +585,7 @@ func throttledNotPenalised(t *testing.T, r *recipeRun) {
 }
 
 // penalised: the key climbed the ladder, and the summary says so.
-func penalised(t *testing.T, r *recipeRun) {
+func penalised(t checkT, r *recipeRun) {
 	t.Helper()
 	if r.sum.PenaltyAnswers == 0 || !strings.Contains(r.stderr, "came from the penalty ladder") {
 		t.Errorf("statuses %v, penalty answers %d: want the ladder's, explained", r.sum.Statuses, r.sum.PenaltyAnswers)
@@ -568,7 +595,7 @@ func penalised(t *testing.T, r *recipeRun) {
 // stormReachesTop: the storm key climbed to the top, the polite key was
 // never touched, and the penalised storm cost no Redis call the polite
 // client cannot account for.
-func stormReachesTop(t *testing.T, r *recipeRun) {
+func stormReachesTop(t checkT, r *recipeRun) {
 	t.Helper()
 	s := r.storm
 	if s.StoppedBy != "top level held" {

@@ -1,0 +1,255 @@
+package regions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"slices"
+)
+
+// Region is a region's agent: the owner feeds it the region's decisions
+// (Observe), the messages addressed to it (Handle) and the clock (Tick at
+// every period boundary); it reports hot counters to the coordinator,
+// carries out orders through the Store and applies the loans it receives.
+// Its own state (demand, the highest epoch seen) is only a hint: losing it
+// in a restart costs a period of reports, never safety. It is not safe
+// for concurrent use.
+type Region struct {
+	cfg    Config
+	fleet  Fleet
+	name   string
+	index  int
+	store  Store
+	tr     Transport
+	log    *slog.Logger
+	static map[Limit]int64
+
+	maxEpoch  Epoch
+	lastHeard int64 // the region's clock when it last heard a coordinator
+	period    int64 // the period of the last Tick
+	demand    map[string]*demand
+}
+
+// demand is a counter's decisions in the current and the last period.
+type demand struct {
+	lim                Limit
+	cur, curRejected   int64
+	last, lastRejected int64
+}
+
+// NewRegion is the agent of region name, its Store, sending through tr.
+// now is the region's clock: the failover timer starts from it. A nil log
+// discards.
+func NewRegion(cfg Config, fleet Fleet, name string, store Store, tr Transport, log *slog.Logger, now int64) (*Region, error) {
+	cfg = cfg.WithDefaults()
+	if err := errors.Join(cfg.Validate(), fleet.Validate()); err != nil {
+		return nil, fmt.Errorf("regions: new region: %w", err)
+	}
+	i := fleet.Index(name)
+	if i < 0 {
+		return nil, fmt.Errorf("regions: new region: %w: %q not in the fleet", ErrInvalid, name)
+	}
+	if store == nil || tr == nil {
+		return nil, fmt.Errorf("regions: new region: %w: a store and a transport are required", ErrInvalid)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Region{
+		cfg: cfg, fleet: fleet, name: name, index: i, store: store, tr: tr, log: log,
+		static: map[Limit]int64{}, lastHeard: now, period: fdiv(now, cfg.Period), demand: map[string]*demand{},
+	}, nil
+}
+
+// Name is the region's name.
+func (r *Region) Name() string { return r.name }
+
+// Epoch is the highest coordinator epoch the region has seen.
+func (r *Region) Epoch() Epoch { return r.maxEpoch }
+
+// Observe counts one decision of a global counter: its cost, admitted or
+// not. The aggregator calls it from the decision stream; it needs no
+// exactly-once (demand only steers where units go).
+func (r *Region) Observe(counter string, lim Limit, cost int64, allowed bool) {
+	d := r.demand[counter]
+	if d == nil {
+		d = &demand{lim: lim}
+		r.demand[counter] = d
+	}
+	d.lim = lim
+	d.cur += cost
+	if !allowed {
+		d.curRejected += cost
+	}
+}
+
+func (r *Region) staticOf(lim Limit) int64 {
+	s, ok := r.static[lim]
+	if !ok {
+		if len(r.static) > 4096 {
+			clear(r.static)
+		}
+		s = r.fleet.Static(lim.Units)[r.index]
+		r.static[lim] = s
+	}
+	return s
+}
+
+// hot reports whether a counter's last period calls for the coordinator:
+// it rejected, or its demand exceeded HotFraction of what its static share
+// admits in a period.
+func (r *Region) hot(d *demand) bool {
+	if d.lastRejected > 0 {
+		return true
+	}
+	per := float64(r.staticOf(d.lim)) * float64(r.cfg.Period) / float64(d.lim.Window)
+	return float64(d.last) > r.cfg.HotFraction*per
+}
+
+// need is the units a region wants over a window for a demand of d units
+// in the last period: its rate times the window times the headroom.
+func need(cfg Config, lim Limit, d int64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	n := math.Ceil(float64(d) * float64(lim.Window) / float64(cfg.Period) * cfg.Headroom)
+	if n >= float64(math.MaxInt64/2) {
+		return math.MaxInt64 / 2
+	}
+	return int64(n)
+}
+
+// Tick closes the period when now has entered a new one: the demand
+// counted becomes the last period's, and the region reports its hot
+// counters and every counter holding a loan to the coordinators. Calls
+// within the same period do nothing.
+func (r *Region) Tick(ctx context.Context, now int64) error {
+	k := fdiv(now, r.cfg.Period)
+	if k <= r.period {
+		return nil
+	}
+	gap := k - r.period
+	r.period = k
+	for name, d := range r.demand {
+		if gap == 1 {
+			d.last, d.lastRejected = d.cur, d.curRejected
+		} else {
+			d.last, d.lastRejected = 0, 0
+		}
+		d.cur, d.curRejected = 0, 0
+		if d.last == 0 {
+			delete(r.demand, name)
+		}
+	}
+	report := map[string]Limit{}
+	for name, d := range r.demand {
+		if r.hot(d) {
+			report[name] = d.lim
+		}
+	}
+	active, err := r.store.Active(ctx, now)
+	if err != nil {
+		return fmt.Errorf("regions: tick: %w", err)
+	}
+	for _, a := range active {
+		report[a.Counter] = a.Limit
+	}
+	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(report)) {
+		lim := report[name]
+		st, err := r.store.State(ctx, name, lim, now)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cr := CounterReport{Counter: name, Limit: lim, Share: st.Share, Used: st.Used, Out: st.Out}
+		if d := r.demand[name]; d != nil && d.lim == lim {
+			cr.Demand, cr.Rejected = d.last, d.lastRejected
+		}
+		rep.Counters = append(rep.Counters, cr)
+		if len(rep.Counters) == MaxReportCounters {
+			r.tr.Send(ToCoordinators, rep)
+			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now}
+		}
+	}
+	// An empty report still says the region is there.
+	if len(rep.Counters) > 0 || len(report) == 0 {
+		r.tr.Send(ToCoordinators, rep)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("regions: tick: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// heard notes a coordinator's epoch; false when it is below the highest
+// seen (the sender is fenced and told so).
+func (r *Region) heard(e Epoch, now int64) bool {
+	if e < r.maxEpoch {
+		r.tr.Send(ToCoordinators, &Fenced{Epoch: r.maxEpoch})
+		return false
+	}
+	r.maxEpoch = e
+	r.lastHeard = max(r.lastHeard, now)
+	return true
+}
+
+// Handle takes a message addressed to the region (or broadcast). An
+// invalid message is refused with an error and changes nothing.
+func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
+	if err := m.Validate(r.cfg); err != nil {
+		return fmt.Errorf("regions: region %s: %w", r.name, err)
+	}
+	switch m := m.(type) {
+	case *Heartbeat:
+		r.heard(m.Epoch, now)
+	case *Order:
+		if m.Loan.From != r.name {
+			return fmt.Errorf("regions: region %s: order: %w", r.name, ErrNotMine)
+		}
+		if !r.heard(m.Epoch, now) {
+			return nil
+		}
+		var keep int64
+		if d := r.demand[m.Loan.Counter]; d != nil && d.lim == m.Loan.Limit {
+			keep = need(r.cfg, d.lim, max(d.last, d.cur))
+		}
+		loan, refused, err := r.store.Give(ctx, m, keep, now)
+		if err != nil {
+			return fmt.Errorf("regions: region %s: order %s: %w", r.name, m.Loan.ID, err)
+		}
+		r.tr.Send(ToCoordinators, &GiveResult{Epoch: m.Epoch, Loan: loan, Refused: refused})
+		if refused == "" && loan.Units > 0 {
+			r.tr.Send(Node(loan.To), &Transfer{Loan: loan})
+		}
+	case *Transfer:
+		if _, _, err := r.store.Receive(ctx, m, now); err != nil {
+			return fmt.Errorf("regions: region %s: transfer %s: %w", r.name, m.Loan.ID, err)
+		}
+	}
+	return nil
+}
+
+// Candidate reports whether the region should start a coordinator now, and
+// with which epoch: it has heard none for FailoverPeriods periods plus two
+// per region ahead of it in the fleet's order (so the first region that
+// can stands first). The owner starts a Coordinator with that epoch in
+// this region and calls Lead.
+func (r *Region) Candidate(now int64) (Epoch, bool) {
+	wait := int64(r.cfg.FailoverPeriods+2*r.index) * r.cfg.Period
+	if now-r.lastHeard <= wait {
+		return 0, false
+	}
+	return NewEpoch(r.maxEpoch.Term()+1, r.index), true
+}
+
+// Lead records that the owner started a coordinator of epoch e in this
+// region.
+func (r *Region) Lead(e Epoch, now int64) {
+	r.maxEpoch = max(r.maxEpoch, e)
+	r.lastHeard = max(r.lastHeard, now)
+}

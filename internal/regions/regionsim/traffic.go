@@ -1,0 +1,177 @@
+package regionsim
+
+import (
+	"fmt"
+
+	"github.com/tollgate/tollgate/internal/regions"
+)
+
+// Counter is one global counter of the simulation and its clients.
+type Counter struct {
+	Name    string
+	Limit   regions.Limit
+	traffic Traffic
+	gen     int
+	next    int // the region a rotating client uses next
+	judge   *limiter
+	ref     *limiter
+	Stats   CounterStats
+	// OnDecision, when set, sees every decision the fleet makes for the
+	// counter: the region, and whether the fleet and the reference (one
+	// region alone with the whole limit) admitted it.
+	OnDecision func(region int, allowed, refAllowed bool)
+}
+
+// CounterStats counts one counter's requests.
+type CounterStats struct {
+	Requests, Admitted, Rejected, Lost, FalseRejections int64
+}
+
+// Traffic is a counter's clients: requests of cost 1 arriving as a Poisson
+// stream at Rate per second, sent to a region drawn by the weights of
+// Split (nil: every region alike), or, with Rotate, to each region in
+// turn.
+type Traffic struct {
+	Rate   float64
+	Split  []float64
+	Rotate bool
+}
+
+// RateOf is the rate, in requests per second, at which a counter's limit
+// is used in full: L per window (a bucket: its refill rate).
+func RateOf(lim regions.Limit) float64 { return float64(lim.Units) * 1e6 / float64(lim.Window) }
+
+// AddCounter adds a counter without traffic.
+func (s *Sim) AddCounter(name string, lim regions.Limit) (*Counter, error) {
+	if _, dup := s.counters[name]; dup {
+		return nil, fmt.Errorf("regionsim: counter %q twice", name)
+	}
+	if err := lim.Validate(s.cfg); err != nil {
+		return nil, fmt.Errorf("regionsim: counter %q: %w", name, err)
+	}
+	c := &Counter{Name: name, Limit: lim, judge: newLimiter(lim), ref: newLimiter(lim)}
+	s.counters[name] = c
+	s.order = append(s.order, c)
+	return c, nil
+}
+
+// Counter is the counter of that name, or nil.
+func (s *Sim) Counter(name string) *Counter { return s.counters[name] }
+
+// Counters lists the counters with their own traffic, in the order added.
+func (s *Sim) Counters() []*Counter { return s.order }
+
+// SetTraffic replaces c's clients from now on.
+func (s *Sim) SetTraffic(c *Counter, t Traffic) {
+	c.gen++
+	c.traffic = t
+	s.arrivals(c, c.gen)
+}
+
+func (s *Sim) arrivals(c *Counter, gen int) {
+	if c.traffic.Rate <= 0 {
+		return
+	}
+	s.schedule(s.now+max(s.exp(1e6/c.traffic.Rate), 1), func() {
+		if c.gen != gen {
+			return
+		}
+		s.request(c, s.route(c))
+		s.arrivals(c, gen)
+	})
+}
+
+func (s *Sim) route(c *Counter) int {
+	n := len(s.regs)
+	if c.traffic.Rotate {
+		c.next = (c.next + 1) % n
+		return c.next
+	}
+	if len(c.traffic.Split) == 0 {
+		return s.rng.IntN(n)
+	}
+	var sum float64
+	for _, w := range c.traffic.Split[:min(n, len(c.traffic.Split))] {
+		sum += w
+	}
+	x := s.rng.Float64() * sum
+	for i, w := range c.traffic.Split[:min(n, len(c.traffic.Split))] {
+		if x < w {
+			return i
+		}
+		x -= w
+	}
+	return n - 1
+}
+
+// AddCold adds n counters that share one stream of requests at rate per
+// second each, to regions at random; lim gives each its limit. Cold
+// counters stay far from their limits, so they should cost nothing across
+// regions: they exist to show that.
+func (s *Sim) AddCold(n int, rate float64, lim func(i int) regions.Limit) error {
+	for i := range n {
+		c, err := s.AddCounter(fmt.Sprintf("cold-%d", len(s.cold)), lim(i))
+		if err != nil {
+			return err
+		}
+		s.order = s.order[:len(s.order)-1]
+		s.cold = append(s.cold, c)
+	}
+	s.coldRate += rate * float64(n)
+	s.coldGen++
+	s.coldArrivals(s.coldGen)
+	return nil
+}
+
+func (s *Sim) coldArrivals(gen int) {
+	if s.coldRate <= 0 || len(s.cold) == 0 {
+		return
+	}
+	s.schedule(s.now+max(s.exp(1e6/s.coldRate), 1), func() {
+		if s.coldGen != gen {
+			return
+		}
+		s.request(s.cold[s.rng.IntN(len(s.cold))], s.rng.IntN(len(s.regs)))
+		s.coldArrivals(gen)
+	})
+}
+
+// request is one request of cost 1 for c arriving at region i.
+func (s *Sim) request(c *Counter, i int) {
+	r := s.regs[i]
+	s.stats.Requests++
+	c.Stats.Requests++
+	if !r.up {
+		s.stats.Lost++
+		c.Stats.Lost++
+		return
+	}
+	const cost = 1
+	refOK := c.ref.admit(s.now, cost)
+	a, err := r.ledger.Admit(c.Name, c.Limit, cost, s.local(r))
+	if err != nil {
+		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
+		return
+	}
+	r.agent.Observe(c.Name, c.Limit, cost, a.Allowed)
+	if a.Allowed {
+		s.stats.Admitted++
+		c.Stats.Admitted++
+		if err := c.judge.charge(s.now, cost); err != nil {
+			s.fail(fmt.Errorf("counter %s (%s, L=%d, W=%dµs): region %s admitted beyond the limit: %w%s",
+				c.Name, c.Limit.Kind, c.Limit.Units, c.Limit.Window, r.name, err, s.describe(c)))
+			return
+		}
+	} else {
+		s.stats.Rejected++
+		c.Stats.Rejected++
+		if refOK {
+			s.stats.FalseRejections++
+			c.Stats.FalseRejections++
+		}
+	}
+	if c.OnDecision != nil {
+		c.OnDecision(i, a.Allowed, refOK)
+	}
+	s.checkShares(c)
+}
