@@ -283,4 +283,3 @@ func TestCloseIsIdempotentAndEndsConnections(t *testing.T) {
 		t.Fatalf("after Close: %v, want the connection gone", err)
 	}
 }
-
