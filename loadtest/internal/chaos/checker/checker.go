@@ -70,7 +70,9 @@ func (v *Verdict) violate(format string, args ...any) {
 	}
 }
 
-func (v *Verdict) note(format string, args ...any) { v.Notes = append(v.Notes, fmt.Sprintf(format, args...)) }
+func (v *Verdict) note(format string, args ...any) {
+	v.Notes = append(v.Notes, fmt.Sprintf(format, args...))
+}
 
 // Figures are the run's measurements.
 type Figures struct {

@@ -36,7 +36,7 @@ func base() *history.History {
 			{Name: "b1", Raw: "sk_b1", Tenant: "b"},
 			{Name: "bp", Raw: "sk_bp", Tenant: "b", Polite: true},
 		},
-		Usage: []history.Usage{{Aggregator: "agg1", Tenants: map[string]history.Totals{}}},
+		Usage:  []history.Usage{{Aggregator: "agg1", Tenants: map[string]history.Totals{}}},
 		Counts: history.Counts{Complete: true},
 		Probes: []history.Probe{{What: "propagation", Target: "gw1", Took: sec / 10, OK: true, Measure: "rules"}},
 	}
@@ -365,7 +365,7 @@ func TestFigures(t *testing.T) {
 	h := base()
 	h.Faults = []history.Fault{{ID: 1, Kind: "gw-stop", Target: "gw2", Start: t0 + 10*sec, End: t0 + 12*sec}}
 	admit(h, "a1", "/fw", 1, t0, 10*sec, 100)
-	admit(h, "a1", "/fw", 2, t0+10*sec, 2*sec, 20, func(a *history.Answer) { a.Status = 0 })          // stopped: not counted
+	admit(h, "a1", "/fw", 2, t0+10*sec, 2*sec, 20, func(a *history.Answer) { a.Status = 0 })         // stopped: not counted
 	admit(h, "a1", "/fw", 1, t0+20*sec, sec, 1, func(a *history.Answer) { a.Recv = a.Sent + 2*sec }) // late
 	h.Probes = append(h.Probes,
 		history.Probe{What: "recovery", Kind: "gw-stop", OK: true, Took: sec},
