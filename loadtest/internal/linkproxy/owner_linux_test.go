@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestSocketOwnerFindsThisProcess(t *testing.T) {
+func TestOwnerFindsThisProcess(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -20,13 +20,27 @@ func TestSocketOwnerFindsThisProcess(t *testing.T) {
 	}
 	defer s.Close()
 	peer := netip.MustParseAddrPort(s.RemoteAddr().String())
-	pid, err := SocketOwner(peer, []int{1, os.Getpid()})
-	if err != nil || pid != os.Getpid() {
-		t.Fatalf("SocketOwner(%v) = %d, %v; want %d", peer, pid, err, os.Getpid())
+	local := netip.MustParseAddrPort(s.LocalAddr().String())
+	o := NewOwners()
+	for i := range 2 { // the second from the cache
+		pid, err := o.Owner(peer, local, []int{1, os.Getpid()})
+		if err != nil || pid != os.Getpid() {
+			t.Fatalf("lookup %d: Owner(%v) = %d, %v; want %d", i, peer, pid, err, os.Getpid())
+		}
+	}
+	if pid, err := o.Owner(peer, local, []int{1}); pid != 0 || err != nil {
+		t.Fatalf("Owner among other processes = %d, %v", pid, err)
+	}
+	inode, err := diagInode(peer, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slow, err := procInode(peer); err != nil || slow != inode {
+		t.Fatalf("sock_diag says inode %s, /proc/net/tcp %s (%v)", inode, slow, err)
 	}
 	_ = c
-	if pid, err := SocketOwner(netip.MustParseAddrPort("127.0.0.1:1"), []int{os.Getpid()}); pid != 0 || err != nil {
-		t.Fatalf("SocketOwner of no socket = %d, %v", pid, err)
+	if pid, err := o.Owner(netip.MustParseAddrPort("127.0.0.1:1"), local, []int{os.Getpid()}); pid != 0 {
+		t.Fatalf("Owner of no socket = %d, %v", pid, err)
 	}
 }
 

@@ -7,8 +7,14 @@ import (
 	"net/netip"
 )
 
-// SocketOwner needs /proc: on this system it always answers an error, and
-// every client is Unknown.
-func SocketOwner(netip.AddrPort, []int) (int, error) {
+// Owners finds which process holds the client end of a TCP connection;
+// it needs Linux's /proc and sock_diag.
+type Owners struct{}
+
+// NewOwners returns an empty lookup.
+func NewOwners() *Owners { return &Owners{} }
+
+// Owner always fails on this system: every client is Unknown.
+func (*Owners) Owner(local, remote netip.AddrPort, pids []int) (int, error) {
 	return 0, errors.New("linkproxy: socket owners are found on Linux only")
 }

@@ -4,9 +4,10 @@
 // they hold and the ones they open later.
 //
 // A proxy names each connection's client when it accepts it, with a
-// [Classifier] (for example [SocketOwner], which finds the process holding
-// the peer's socket, so that one proxy in front of a server tells its
-// clients apart). A fault is set for a client name, or for [AnyClient].
+// [Classifier] (for example one built on [Owners], which finds the process
+// holding the peer's socket, so that one proxy in front of a server tells
+// its clients apart). A fault is set for a client name, or for
+// [AnyClient].
 //
 // The chaos soak puts one proxy in front of every server of the fleet
 // (docs/reliability.md).
@@ -79,10 +80,10 @@ const AnyClient = "*"
 // Unknown is the name of a client the classifier could not name.
 const Unknown = "unknown"
 
-// Classifier names the client of a connection from its peer address; ""
-// means Unknown. It is called once per accepted connection, before any
-// byte is forwarded.
-type Classifier func(peer netip.AddrPort) string
+// Classifier names the client of a connection from its peer address and
+// the proxy's own address; "" means Unknown. It is called once per
+// accepted connection, before any byte is forwarded.
+type Classifier func(peer, local netip.AddrPort) string
 
 // Option configures Listen.
 type Option func(*Proxy)
@@ -244,8 +245,10 @@ func (p *Proxy) accept() {
 		}
 		name := Unknown
 		if p.classify != nil {
-			if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-				if n := p.classify(ap); n != "" {
+			ap, err1 := netip.ParseAddrPort(c.RemoteAddr().String())
+			lp, err2 := netip.ParseAddrPort(c.LocalAddr().String())
+			if err1 == nil && err2 == nil {
+				if n := p.classify(ap, lp); n != "" {
 					name = n
 				}
 			}
