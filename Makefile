@@ -15,6 +15,10 @@ BENCHTIME    ?= 2s
 EVALBENCHFLAGS ?=
 FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
+# make test ends with the short chaos soaks (make soak); SOAK=0 skips them.
+SOAK         ?= 1
+SOAKTIME     ?= 40s
+SOAKFLAGS    ?=
 
 # Main packages `make build` builds, each only once its directory holds Go
 # files, so the Makefile works before they exist.
@@ -26,7 +30,7 @@ STACK_PKG     := compose/cmd/tollgate-stack
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
-.PHONY: help build test deps lint ci bench run fuzz tidy-check clean generate loadtest sidebyside
+.PHONY: help build test soak deps lint ci bench run fuzz tidy-check clean generate loadtest sidebyside
 
 help: ## List the targets (default)
 	@echo "Tollgate make targets:"
@@ -44,8 +48,17 @@ endif
 deps: ## Check for redis-server, redis-cli, redis-benchmark, gcc, nginx, caddy, protoc, promtool, prometheus and chromium; install them if root or passwordless sudo
 	@scripts/install-deps.sh
 
-test: deps ## Run all tests with the race detector against real servers (runs deps first)
+test: deps ## Run all tests with the race detector against real servers (runs deps first), then make soak (SOAK=0 skips it)
 	$(GO) test -race -shuffle=on -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(PKGS)
+ifneq ($(SOAK),0)
+	@$(MAKE) --no-print-directory soak
+endif
+
+soak: ## The short chaos soaks: the whole fleet under faults, a fixed seed then a random one (printed), SOAKTIME=40s each, about a minute more for start-up, heal and checks (docs/reliability.md)
+	@mkdir -p $(BIN_DIR)
+	$(GO) build -o $(BIN_DIR)/ ./gateway/cmd/gateway ./aggregator/cmd/aggregator ./loadtest/cmd/loadtest
+	$(BIN_DIR)/loadtest chaos -seed 1 -duration $(SOAKTIME) -quiet $(SOAKFLAGS)
+	$(BIN_DIR)/loadtest chaos -duration $(SOAKTIME) -quiet $(SOAKFLAGS)
 
 lint: ## gofmt -l must print nothing; go vet
 	@unformatted="$$(gofmt -l $(GO_FILES))"; \

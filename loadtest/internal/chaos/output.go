@@ -183,6 +183,9 @@ func (r *Result) WriteHTML(w io.Writer) error {
 	if r.Total > 0 {
 		sum.ThroughputRPS = float64(snap.Answered()) / r.Total.Seconds()
 	}
+	if sum.Sent > 0 {
+		sum.LoadtestCPUMicrosPerRequest = float64(r.HarnessCPU.Microseconds()) / float64(sum.Sent)
+	}
 	for _, o := range outcomes {
 		sum.Order = append(sum.Order, o.Name)
 	}

@@ -24,7 +24,10 @@ const (
 	recoveryBound = 60 * time.Second
 	leaseShare    = 0.01
 	maxLeaseTTL   = 10 * time.Second
-	warmUp        = 5 * time.Second
+	// maxUnscheduled is the share of answers that may be degraded with no
+	// fault in force.
+	maxUnscheduled = 0.01
+	warmUp         = 5 * time.Second
 )
 
 // Result is a soak's outcome.
@@ -101,7 +104,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Rate: cfg.Rate, Kinds: cfg.Kinds, Start: now(), FailureShare: failureShare,
 		ClientDeadline: cfg.ClientDeadline.Microseconds(), FailOpenTail: failOpenTail.Microseconds(),
 		SplitBound: splitBound.Microseconds(), Propagation: propagation.Microseconds(),
-		RecoveryBound: recoveryBound.Microseconds(), LeaseShare: leaseShare, MaxLeaseTTL: maxLeaseTTL.Microseconds()}
+		RecoveryBound: recoveryBound.Microseconds(), LeaseShare: leaseShare, MaxLeaseTTL: maxLeaseTTL.Microseconds(),
+		MaxUnscheduledDegraded: maxUnscheduled}
 
 	sctx, cancel := context.WithTimeout(ctx, cfg.Startup)
 	err := f.start(sctx)

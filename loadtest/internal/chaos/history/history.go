@@ -77,6 +77,10 @@ type Meta struct {
 	MaxLeaseTTL Micros  `json:"max_lease_ttl"`
 	// MissingSlack is what the missing count may exceed the loss by.
 	MissingSlack int64 `json:"missing_slack"`
+	// MaxUnscheduledDegraded is the largest share of answers that may be
+	// degraded outside the schedule's fail-open windows (Redis past its
+	// deadline because the machine is loaded).
+	MaxUnscheduledDegraded float64 `json:"max_unscheduled_degraded"`
 	// Interrupted is set when the run was cut short (its checks are then
 	// incomplete).
 	Interrupted bool `json:"interrupted,omitempty"`
