@@ -87,7 +87,9 @@ func (r *Result) lines() []report.Line {
 		h.Meta.Rate, f.Requests, f.Answered, f.Allowed, f.Rejected, f.Indeterminate, r.Missed)
 	add("answers", "%.1f answers/s in the fault phase; %.3f%% within the %v deadline (of %d requests to gateways not paused, down or recovering)",
 		f.AnswersPerSecond, 100*f.InDeadline, time.Duration(h.Meta.ClientDeadline)*time.Microsecond, f.InDeadlineOf)
-	add("degraded", "%d degraded answers, %d of them outside the schedule's fail-open windows", f.Degraded, f.DegradedOutside)
+	add("degraded", "%d degraded answers; %d outside the schedule's fail-open windows, %d of those during or just after a stall of the machine",
+		f.Degraded, f.DegradedOutside, f.DegradedStalled)
+	add("machine", "%d stalls of the harness over %v, %.1fs in all (load average at the end %s)", f.Stalls, stallLate, f.StalledSeconds, loadAverage())
 	add("faults", "%d applied (%s)", f.Faults, faultCounts(h.Faults))
 	add("operator", "%d changes, %d accepted", len(h.Ops), countOps(h.Ops))
 	add("losses", "%d events counted missing by the aggregators, %d dropped by the gateways", h.Counts.Missing, h.Counts.Dropped)

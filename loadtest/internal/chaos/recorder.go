@@ -135,5 +135,6 @@ func (r *recorder) history() history.History {
 	h.Ops = append([]history.Op(nil), r.h.Ops...)
 	h.Procs = append([]history.Proc(nil), r.h.Procs...)
 	h.Probes = append([]history.Probe(nil), r.h.Probes...)
+	h.Stalls = append([]history.Stall(nil), r.h.Stalls...)
 	return h
 }

@@ -105,7 +105,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		ClientDeadline: cfg.ClientDeadline.Microseconds(), FailOpenTail: failOpenTail.Microseconds(),
 		SplitBound: splitBound.Microseconds(), Propagation: propagation.Microseconds(),
 		RecoveryBound: recoveryBound.Microseconds(), LeaseShare: leaseShare, MaxLeaseTTL: maxLeaseTTL.Microseconds(),
-		MaxUnscheduledDegraded: maxUnscheduled}
+		MaxUnscheduledDegraded: maxUnscheduled, StallTail: stallTail.Microseconds()}
 
 	sctx, cancel := context.WithTimeout(ctx, cfg.Startup)
 	err := f.start(sctx)
@@ -124,8 +124,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	e := newExecutor(f, rec, c, missing, dropped)
 	var bg sync.WaitGroup
 	mctx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
-	bg.Add(1)
+	bg.Add(2)
 	go func() { defer bg.Done(); e.monitor(mctx) }()
+	go func() { defer bg.Done(); rec.detectStalls(mctx) }()
 
 	ld := &load{f: f, c: c, rec: rec, rate: cfg.Rate, seed: cfg.Seed}
 	lctx, stopLoad := context.WithCancel(context.WithoutCancel(ctx))

@@ -90,9 +90,14 @@ type Figures struct {
 	InDeadline   float64 `json:"in_deadline"`
 	InDeadlineOf int64   `json:"in_deadline_of"`
 	// Degraded counts degraded answers; DegradedOutside those outside
-	// every fail-open window of the schedule.
+	// every fail-open window of the schedule, DegradedStalled those of
+	// them during or just after a stall of the machine.
 	Degraded        int64 `json:"degraded"`
 	DegradedOutside int64 `json:"degraded_outside"`
+	DegradedStalled int64 `json:"degraded_stalled"`
+	// Stalls counts the machine's stalls, StalledSeconds their length.
+	Stalls         int     `json:"stalls"`
+	StalledSeconds float64 `json:"stalled_seconds"`
 	// Recovery per fault kind, in seconds.
 	Recovery map[string]RecoveryFigure `json:"recovery"`
 	Faults   int                       `json:"faults"`
@@ -574,7 +579,7 @@ func (c *run) liveness(v *Verdict) {
 	// Outside the schedule's fail-open windows a gateway decides through
 	// Redis; on a loaded machine a call may miss its deadline now and
 	// then, but not often.
-	var answered, outside int64
+	var answered, outside, stalled int64
 	for i := range c.h.Answers {
 		a := &c.h.Answers[i]
 		if a.Status == 0 || a.Cost == 0 {
@@ -582,12 +587,19 @@ func (c *run) liveness(v *Verdict) {
 		}
 		answered++
 		if a.Degraded && !c.fx.inFailOpen(a.Gateway, a.Sent, a.Recv) {
-			outside++
+			if c.fx.inStall(a.Sent, a.Recv) {
+				stalled++
+			} else {
+				outside++
+			}
 		}
 	}
 	if share := c.h.Meta.MaxUnscheduledDegraded; answered > 0 && float64(outside) > share*float64(answered) {
-		v.violate("%d of %d answers (%.2f%%) degraded outside the schedule's fail-open windows, more than %.2f%%: Redis answers too slowly without a fault",
+		v.violate("%d of %d answers (%.2f%%) degraded with no fault in force and no stall of the machine, more than %.2f%%: Redis answers too slowly without a cause",
 			outside, answered, 100*float64(outside)/float64(answered), 100*share)
+	}
+	if stalled+outside > 0 {
+		v.note("%d answers degraded outside the schedule's fail-open windows: %d during or just after a stall of the machine, %d with no cause seen", stalled+outside, stalled, outside)
 	}
 	polite := 0
 	for i := range c.h.Answers {
@@ -644,6 +656,9 @@ func (c *run) figures() Figures {
 			f.Degraded++
 			if !c.fx.inFailOpen(a.Gateway, a.Sent, a.Recv) {
 				f.DegradedOutside++
+				if c.fx.inStall(a.Sent, a.Recv) {
+					f.DegradedStalled++
+				}
 			}
 		}
 		if a.Sent < m.FaultStart || a.Sent >= m.FaultEnd || c.fx.gatewayWasDown(a.Gateway, a.Sent, a.Sent+m.ClientDeadline) {
@@ -664,6 +679,10 @@ func (c *run) figures() Figures {
 		if c.h.Faults[i].Start != 0 {
 			f.Faults++
 		}
+	}
+	for _, st := range c.h.Stalls {
+		f.Stalls++
+		f.StalledSeconds += float64(st.End-st.Start) / 1e6
 	}
 	byKind := map[string][]float64{}
 	failed := map[string]int{}

@@ -341,7 +341,14 @@ func TestLivenessAndExits(t *testing.T) {
 		{"degraded without a fault, too often", Liveness, func(h *history.History) {
 			admit(h, "a1", "/fw", 1, t0, 10*sec, 90)
 			admit(h, "a1", "/fw", 2, t0, 10*sec, 10, degraded)
-		}, "degraded outside the schedule's fail-open windows"},
+		}, "degraded with no fault in force"},
+		{"degraded in a stall of the machine is explained, not after", Liveness, func(h *history.History) {
+			h.Meta.StallTail = sec
+			h.Stalls = []history.Stall{{Start: t0, End: t0 + sec/10}}
+			admit(h, "a1", "/fw", 1, t0, 10*sec, 90)
+			admit(h, "a1", "/fw", 2, t0, sec, 10, degraded)      // explained
+			admit(h, "a1", "/fw", 2, t0+5*sec, sec, 6, degraded) // not
+		}, "6 of 106 answers"},
 		{"a link fault on one gateway does not excuse another", Liveness, func(h *history.History) {
 			h.Faults = []history.Fault{{ID: 1, Kind: "link-cut", Target: "gw2", Link: &history.Link{Client: "gw2", Server: "redis"}, Start: t0, End: t0 + sec}}
 			admit(h, "a1", "/fw", 2, t0, sec, 50, degraded)

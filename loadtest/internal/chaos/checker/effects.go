@@ -102,6 +102,8 @@ type effects struct {
 	// restarts[gw] are the times gateway gw started afresh (its local
 	// limiters empty).
 	restarts map[int][]history.Micros
+	// stalls are the machine's stalls, to the stall tail.
+	stalls []interval
 }
 
 func newEffects(h *history.History) *effects {
@@ -135,7 +137,20 @@ func newEffects(h *history.History) *effects {
 	for _, ivs := range e.failOpen {
 		sortIntervals(ivs)
 	}
+	for _, st := range h.Stalls {
+		e.stalls = append(e.stalls, interval{st.Start, st.End + m.StallTail})
+	}
 	return e
+}
+
+// inStall reports whether [lo, hi] overlaps a stall of the machine.
+func (e *effects) inStall(lo, hi history.Micros) bool {
+	for _, iv := range e.stalls {
+		if iv.overlaps(lo, hi) {
+			return true
+		}
+	}
+	return false
 }
 
 func sortIntervals(ivs []interval) {

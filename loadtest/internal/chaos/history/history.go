@@ -78,9 +78,12 @@ type Meta struct {
 	// MissingSlack is what the missing count may exceed the loss by.
 	MissingSlack int64 `json:"missing_slack"`
 	// MaxUnscheduledDegraded is the largest share of answers that may be
-	// degraded outside the schedule's fail-open windows (Redis past its
-	// deadline because the machine is loaded).
+	// degraded outside the schedule's fail-open windows and the machine's
+	// stalls (Redis past its deadline with nothing to explain it).
 	MaxUnscheduledDegraded float64 `json:"max_unscheduled_degraded"`
+	// StallTail is how long after a stall of the machine degraded answers
+	// are still explained by it (the breaker's open time and its probe).
+	StallTail Micros `json:"stall_tail"`
 	// Interrupted is set when the run was cut short (its checks are then
 	// incomplete).
 	Interrupted bool `json:"interrupted,omitempty"`
@@ -263,6 +266,14 @@ type Counts struct {
 	Complete bool `json:"complete"`
 }
 
+// Stall is a time the machine kept the harness from running for longer
+// than it should (a tick of its stall detector came late): every process
+// on the machine was likely starved too, Redis and the gateways included.
+type Stall struct {
+	Start Micros `json:"start"`
+	End   Micros `json:"end"`
+}
+
 // Probe is a timed liveness check.
 type Probe struct {
 	// What: "recovery" (a process ready again after a fault; Fault set),
@@ -290,6 +301,7 @@ type History struct {
 	Usage   []Usage
 	Counts  Counts
 	Probes  []Probe
+	Stalls  []Stall
 }
 
 // line is one record of the JSON-lines form; exactly one field is set.
@@ -304,6 +316,7 @@ type line struct {
 	Usage  *Usage  `json:"usage,omitempty"`
 	Counts *Counts `json:"counts,omitempty"`
 	Probe  *Probe  `json:"probe,omitempty"`
+	Stall  *Stall  `json:"stall,omitempty"`
 }
 
 // Write writes h as JSON lines.
@@ -338,6 +351,9 @@ func Write(w io.Writer, h *History) error {
 	}
 	for i := range h.Probes {
 		errs = append(errs, put(line{Probe: &h.Probes[i]}))
+	}
+	for i := range h.Stalls {
+		errs = append(errs, put(line{Stall: &h.Stalls[i]}))
 	}
 	for i := range h.Answers {
 		if err := put(line{Answer: &h.Answers[i]}); err != nil {
@@ -390,6 +406,8 @@ func Read(r io.Reader) (*History, error) {
 			h.Usage = append(h.Usage, *l.Usage)
 		case l.Probe != nil:
 			h.Probes = append(h.Probes, *l.Probe)
+		case l.Stall != nil:
+			h.Stalls = append(h.Stalls, *l.Stall)
 		default:
 			return nil, fmt.Errorf("history: line %d: not a record", n)
 		}
