@@ -28,16 +28,21 @@ type executor struct {
 
 	wg sync.WaitGroup // fault and recovery goroutines
 
-	mu     sync.Mutex
-	cancel map[int]context.CancelFunc // guarded by mu; ends a fault's wait: it heals now
+	mu      sync.Mutex
+	cancel  map[int]context.CancelFunc // guarded by mu; ends a fault's wait: it heals now
+	busy    map[string]bool            // guarded by mu; targets with a fault in force (busyKey)
+	healing bool                       // guarded by mu; healAll was called: apply nothing more
 }
 
 func newExecutor(f *fleet, rec *recorder, c *client, missing, dropped *counters) *executor {
-	return &executor{f: f, rec: rec, c: c, missing: missing, dropped: dropped, cancel: map[int]context.CancelFunc{}}
+	return &executor{f: f, rec: rec, c: c, missing: missing, dropped: dropped,
+		cancel: map[int]context.CancelFunc{}, busy: map[string]bool{}}
 }
 
-// run applies plan, each fault at phaseStart + At, until the plan is done
-// or ctx ends; faults in force are healed by healAll.
+// run applies plan, each fault at phaseStart + At on a goroutine of its
+// own (a slow fault never delays the next), until the plan is done or ctx
+// ends; faults in force are healed by healAll, to be called after run
+// returned.
 func (e *executor) run(ctx context.Context, phaseStart time.Time, plan []Planned) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -48,14 +53,39 @@ func (e *executor) run(ctx context.Context, phaseStart time.Time, plan []Planned
 			return
 		case <-t.C:
 		}
-		e.start(ctx, p)
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); e.start(ctx, p) }()
 	}
 }
 
-// start applies p and leaves a goroutine to heal it after p.For.
+// start applies p, waits p.For (or until healAll), heals it and measures
+// the recovery. A fault whose target has one in force already, or that
+// comes once the heal began, is recorded as not applied.
 func (e *executor) start(ctx context.Context, p Planned) {
 	hf := history.Fault{ID: p.ID, Kind: p.Kind, Target: p.Target, Link: p.Link, Detail: p.Detail(),
-		At: p.At.Microseconds(), For: p.For.Microseconds(), Start: now()}
+		At: p.At.Microseconds(), For: p.For.Microseconds()}
+	key := busyKey(p)
+	e.mu.Lock()
+	switch {
+	case e.healing:
+		e.mu.Unlock()
+		return // the phase is over
+	case e.busy[key]:
+		e.mu.Unlock()
+		hf.Error = "not applied: its target has a fault in force"
+		e.rec.fault(hf)
+		e.rec.logf("fault %s: not applied: %s busy", p, key)
+		return
+	}
+	e.busy[key] = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.busy, key)
+		e.mu.Unlock()
+	}()
+
+	hf.Start = now()
 	heal, target, err := e.apply(ctx, p)
 	if target != "" {
 		hf.Target = target
@@ -70,45 +100,46 @@ func (e *executor) start(ctx context.Context, p Planned) {
 	idx := e.rec.fault(hf)
 	e.rec.logf("fault %s on %s", p, hf.Target)
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
 	e.mu.Lock()
-	e.cancel[p.ID] = cancel
+	if e.healing {
+		cancel()
+	} else {
+		e.cancel[p.ID] = cancel
+	}
 	e.mu.Unlock()
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer cancel()
-		t := time.NewTimer(p.For)
-		select {
-		case <-t.C:
-		case <-wctx.Done():
-			t.Stop()
-		}
-		e.mu.Lock()
-		delete(e.cancel, p.ID)
-		e.mu.Unlock()
-		hctx := context.WithoutCancel(ctx)
-		var herr error
-		if heal != nil {
-			herr = heal(hctx)
-		}
-		end := now()
-		errText := ""
-		if herr != nil {
-			errText = herr.Error()
-			end = 0
-			e.rec.logf("fault #%d %s on %s: heal failed: %v", p.ID, p.Kind, hf.Target, herr)
-		}
-		e.rec.ended(idx, end, errText)
-		if herr == nil {
-			e.recover(hctx, p, hf.Target, end)
-		}
-	}()
+	t := time.NewTimer(p.For)
+	select {
+	case <-t.C:
+	case <-wctx.Done():
+		t.Stop()
+	}
+	e.mu.Lock()
+	delete(e.cancel, p.ID)
+	e.mu.Unlock()
+	hctx := context.WithoutCancel(ctx)
+	var herr error
+	if heal != nil {
+		herr = heal(hctx)
+	}
+	end := now()
+	errText := ""
+	if herr != nil {
+		errText = herr.Error()
+		end = 0
+		e.rec.logf("fault #%d %s on %s: heal failed: %v", p.ID, p.Kind, hf.Target, herr)
+	}
+	e.rec.ended(idx, end, errText)
+	if herr == nil {
+		e.recover(hctx, p, hf.Target, end)
+	}
 }
 
-// healAll heals every fault in force now and waits for the heals and the
-// recovery measurements.
+// healAll heals every fault in force now, applies no more, and waits for
+// the heals and the recovery measurements.
 func (e *executor) healAll() {
 	e.mu.Lock()
+	e.healing = true
 	for _, c := range e.cancel {
 		c()
 	}
@@ -163,6 +194,15 @@ func (e *executor) apply(ctx context.Context, p Planned) (heal func(context.Cont
 // procFault kills, pauses or restarts a child process; before a kill or
 // a restart, scrape reads its counters one last time.
 func (e *executor) procFault(ctx context.Context, kind string, pr *proc, scrape func()) (func(context.Context) error, string, error) {
+	// A process still coming back from an earlier fault is waited for.
+	if err := pollUntil(ctx, 5*time.Second, func() error {
+		if !pr.running() || pr.isStarting() {
+			return errNotRunning
+		}
+		return nil
+	}); err != nil {
+		return nil, "", err
+	}
 	switch {
 	case strings.HasSuffix(kind, "-kill"):
 		if scrape != nil {
@@ -171,7 +211,7 @@ func (e *executor) procFault(ctx context.Context, kind string, pr *proc, scrape 
 		if err := pr.kill(); err != nil {
 			return nil, "", err
 		}
-		return func(ctx context.Context) error { return pr.start(ctx) }, pr.name, nil
+		return func(ctx context.Context) error { return startAgain(ctx, pr) }, pr.name, nil
 	case strings.HasSuffix(kind, "-stop"):
 		if err := pr.pause(); err != nil {
 			return nil, "", err
@@ -184,11 +224,25 @@ func (e *executor) procFault(ctx context.Context, kind string, pr *proc, scrape 
 		if err := pr.stop(15 * time.Second); err != nil {
 			return nil, "", err
 		}
-		if err := pr.start(ctx); err != nil {
-			return nil, "", err
-		}
-		return nil, pr.name, nil
+		return func(ctx context.Context) error { return startAgain(ctx, pr) }, pr.name, nil
 	}
+}
+
+// startAgain starts pr, trying again for a while if it fails (its port
+// briefly taken, say); the last error is returned.
+func startAgain(ctx context.Context, pr *proc) error {
+	var err error
+	for range 5 {
+		if err = pr.start(ctx); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return err
 }
 
 // redisKill SIGKILLs a Redis node or sentinel; the heal restarts it
@@ -276,7 +330,8 @@ func (e *executor) recover(ctx context.Context, p Planned, target string, healed
 	e.rec.probe(pr)
 }
 
-// recoveryCheck returns what "recovered" means for p.
+// recoveryCheck returns what "recovered" means for p: the part it hit
+// works again (later faults elsewhere do not count against it).
 func (e *executor) recoveryCheck(p Planned, target string) func(context.Context) error {
 	f := e.f
 	allUndegraded := func(ctx context.Context) error {
@@ -286,12 +341,6 @@ func (e *executor) recoveryCheck(p Planned, target string) func(context.Context)
 			}
 		}
 		return nil
-	}
-	redis := func(ctx context.Context) error {
-		if err := f.redisHealthy(ctx); err != nil {
-			return err
-		}
-		return allUndegraded(ctx)
 	}
 	switch {
 	case strings.HasPrefix(p.Kind, "gw-"):
@@ -319,8 +368,13 @@ func (e *executor) recoveryCheck(p Planned, target string) func(context.Context)
 			}
 			return nil
 		}
-	case p.Kind == KindRedisKill || p.Kind == KindRedisStop || p.Kind == KindReplicaKill || p.Kind == KindSentinelKill:
-		return redis
+	case p.Kind == KindRedisKill || p.Kind == KindRedisStop:
+		// The primary's loss is over once every gateway decides through
+		// Redis again.
+		return allUndegraded
+	case p.Kind == KindReplicaKill || p.Kind == KindSentinelKill:
+		n := f.redisByName(target)
+		return func(ctx context.Context) error { return f.nodeHealthy(ctx, n) }
 	}
 	l := p.Link
 	switch {
@@ -334,7 +388,8 @@ func (e *executor) recoveryCheck(p Planned, target string) func(context.Context)
 		a := f.aggregator(l.Client)
 		return func(ctx context.Context) error { return f.aggReady(ctx, a) }
 	}
-	return redis
+	n := f.redisByName(l.Client)
+	return func(ctx context.Context) error { return f.nodeHealthy(ctx, n) }
 }
 
 // undegraded peeks through g's check API: Redis decided it.

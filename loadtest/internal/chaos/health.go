@@ -190,6 +190,47 @@ func (f *fleet) redisHealthy(ctx context.Context) error {
 	return nil
 }
 
+// nodeHealthy: a data node runs and is the primary the sentinels name or
+// a replica with its link up; a sentinel runs and names a primary.
+func (f *fleet) nodeHealthy(ctx context.Context, n *redisNode) error {
+	if n == nil {
+		return errors.New("no such redis process")
+	}
+	if n.srv.Pid() == 0 {
+		return fmt.Errorf("%s not running", n.name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if strings.HasPrefix(n.name, "sentinel-") {
+		sc := redis.NewSentinelClient(n.srv.ClientOptions())
+		defer sc.Close()
+		if _, err := sc.GetMasterAddrByName(ctx, masterName).Result(); err != nil {
+			return fmt.Errorf("%s: %w", n.name, err)
+		}
+		return nil
+	}
+	cl := n.srv.Client()
+	defer cl.Close()
+	info, err := cl.Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	if strings.Contains(info, "role:slave") {
+		if !strings.Contains(info, "master_link_status:up") {
+			return fmt.Errorf("%s: replica with its link down", n.name)
+		}
+		return nil
+	}
+	p, err := f.primary(ctx)
+	if err != nil {
+		return err
+	}
+	if p != n {
+		return fmt.Errorf("%s is a primary the sentinels do not name (yet)", n.name)
+	}
+	return nil
+}
+
 // brokerReady: the broker answers a metadata request on its own port.
 func (f *fleet) brokerReady(ctx context.Context) error {
 	if !f.broker.proc.running() || f.broker.proc.isPaused() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
@@ -30,30 +31,53 @@ func (e *executor) monitor(ctx context.Context) {
 		}
 		e.scrapeAll(ctx)
 		for _, n := range append(append([]*redisNode(nil), e.f.redisNodes...), e.f.sentinels...) {
+			key := n.name
+			if !strings.HasPrefix(key, "sentinel-") {
+				key = "redis"
+			}
 			n.mu.Lock()
-			dead := !n.killed && n.srv.Pid() == 0
+			killed := n.killed
 			n.mu.Unlock()
-			if !dead {
+			if n.srv.Pid() != 0 || (killed && e.isBusy(key)) {
 				continue
 			}
-			e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcExit, Detail: "died (log " + n.srv.LogPath() + ")"})
+			if killed {
+				e.rec.logf("%s is down with no fault in force: restarting it", n.name)
+			} else {
+				e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcExit, Detail: "died (log " + n.srv.LogPath() + ")"})
+			}
 			if err := n.srv.Restart(ctx); err == nil {
-				e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcStart, Detail: "restarted after an unplanned exit"})
+				n.mu.Lock()
+				n.killed = false
+				n.mu.Unlock()
+				e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcStart, Detail: "restarted by the monitor"})
 			}
 		}
 		for _, p := range e.f.procs() {
 			p.mu.Lock()
 			l, planned, starting := p.life, p.planned, p.starting
 			p.mu.Unlock()
-			if l != nil && l.exited() && !planned && !starting {
-				// Died on its own (recorded when it exited): start it
-				// again so that the run goes on.
-				if err := p.start(ctx); err != nil {
-					e.rec.logf("%s: restart after an unplanned exit failed: %v", p.name, err)
-				}
+			if l == nil || !l.exited() || starting || (planned && e.isBusy(p.name)) {
+				continue
+			}
+			// Died on its own (recorded when it exited), or left down
+			// with no fault in force: start it again so that the run
+			// goes on.
+			if planned {
+				e.rec.logf("%s is down with no fault in force: starting it", p.name)
+			}
+			if err := p.start(ctx); err != nil {
+				e.rec.logf("%s: start by the monitor failed: %v", p.name, err)
 			}
 		}
 	}
+}
+
+// isBusy reports whether a fault of the schedule holds key (busyKey).
+func (e *executor) isBusy(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.busy[key]
 }
 
 // scrapeAll reads the counters of every process that runs and is not

@@ -237,6 +237,13 @@ func (p *proc) resume() error {
 	return err
 }
 
+// isStarting reports whether a start is under way.
+func (p *proc) isStarting() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starting
+}
+
 // isPaused reports whether the harness paused the process.
 func (p *proc) isPaused() bool {
 	p.mu.Lock()
@@ -264,7 +271,10 @@ func (p *proc) stop(grace time.Duration) error {
 	case <-l.done:
 		return nil
 	case <-t.C:
-		return p.kill()
+		if err := p.kill(); err != nil && !errors.Is(err, errNotRunning) {
+			return err
+		}
+		return nil // exited by itself, or now
 	}
 }
 

@@ -140,9 +140,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	op := newOperator(f, rec, cfg.Seed)
 	fctx, endPhase := context.WithDeadline(ctx, phaseStart.Add(cfg.Duration))
 	if !interrupted {
-		bg.Add(2)
+		bg.Add(1)
 		go func() { defer bg.Done(); op.run(fctx) }()
-		go func() { defer bg.Done(); e.run(fctx, phaseStart, res.Plan) }()
+		e.run(fctx, phaseStart, res.Plan)
 		<-fctx.Done()
 	}
 	endPhase()

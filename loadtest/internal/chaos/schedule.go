@@ -124,6 +124,10 @@ func ParseKinds(s string) ([]string, error) {
 // maxConcurrent is the most faults in force at once.
 const maxConcurrent = 3
 
+// occupied is how long after its planned end a fault still occupies its
+// target (and counts as in force).
+const occupied = 3 * time.Second
+
 // Plan draws a fault schedule from seed: n faults (0: one every 6 s on
 // average) over the fault phase of length d, of the kinds allowed, for a
 // fleet of shape. The same arguments give the same schedule. Faults start
@@ -275,9 +279,9 @@ func fits(planned []Planned, p Planned, shape Shape) bool {
 		gwDown[p.Target] = true
 	}
 	for _, q := range planned {
-		// A restart has no length of its own: it occupies its target
-		// for a few seconds all the same.
-		end := q.At + max(q.For, 3*time.Second)
+		// A fault occupies its target a little past its end: a process
+		// killed or restarted takes a moment to start and be ready.
+		end := q.At + q.For + occupied
 		if end <= p.At {
 			continue
 		}

@@ -36,7 +36,7 @@ func TestPlanRespectsItsBounds(t *testing.T) {
 				gws[p.Target] = true
 			}
 			for _, q := range plan[:i] {
-				if q.At+max(q.For, 3*time.Second) <= p.At {
+				if q.At+q.For+occupied <= p.At {
 					continue
 				}
 				active++
