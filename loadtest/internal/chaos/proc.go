@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -86,12 +85,16 @@ func (p *proc) start(ctx context.Context) error {
 	cmd.Env = p.env
 	cmd.Stderr = logf
 	cmd.SysProcAttr = sysProcAttr()
-	var stdout io.ReadCloser
+	// The ready line comes through a pipe of our own: cmd.StdoutPipe's
+	// would be closed by Wait, losing what a child that exited at once
+	// wrote.
+	var stdout, childOut *os.File
 	if p.ready != "" {
-		if stdout, err = cmd.StdoutPipe(); err != nil {
+		if stdout, childOut, err = os.Pipe(); err != nil {
 			logf.Close()
 			return fmt.Errorf("chaos: start %s: %w", p.name, err)
 		}
+		cmd.Stdout = childOut
 	} else {
 		cmd.Stdout = logf
 	}
@@ -103,18 +106,25 @@ func (p *proc) start(ctx context.Context) error {
 		// Not unlocked: the thread ends with the goroutine, after the
 		// child has exited.
 		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
+		err := cmd.Start()
+		if childOut != nil {
+			childOut.Close() // the child has its own copy
+		}
+		if err != nil {
+			if stdout != nil {
+				stdout.Close()
+			}
 			started <- err
 			logf.Close()
 			return
 		}
 		l.pid = cmd.Process.Pid
 		started <- nil
-		err := cmd.Wait()
+		err = cmd.Wait()
 		logf.Close()
 		l.err = err
+		p.exited(l) // recorded before anyone waiting sees the exit
 		close(l.done)
-		p.exited(l)
 	}()
 	if err := <-started; err != nil {
 		return fmt.Errorf("chaos: start %s: %w", p.name, err)
@@ -130,6 +140,7 @@ func (p *proc) start(ctx context.Context) error {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		defer stdout.Close()
 		sc := bufio.NewScanner(stdout)
 		sent := false
 		for sc.Scan() {
