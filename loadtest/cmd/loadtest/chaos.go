@@ -47,7 +47,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second of the open-loop load (polite clients come on top)")
 	fs.IntVar(&cfg.Gateways, "gateways", cfg.Gateways, "gateway processes (at least 3)")
 	fs.IntVar(&cfg.Aggregators, "aggregators", cfg.Aggregators, "aggregator processes (at least 2)")
-	fs.StringVar(&cfg.RedisMode, "redis", cfg.RedisMode, "Redis topology: sentinel")
+	fs.StringVar(&cfg.RedisMode, "redis", cfg.RedisMode, "Redis topology: sentinel (a primary, a replica, three sentinels) or cluster (three shards, each a primary and a replica)")
 	fs.StringVar(&cfg.BinDir, "bin", "", "directory of the gateway and aggregator binaries (default: this executable's directory)")
 	fs.StringVar(&cfg.WorkDir, "dir", "", "directory of the fleet's data and logs (default: a temporary one, removed after a run where everything held)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the work directory even when every invariant held")

@@ -23,7 +23,8 @@ type Config struct {
 	Rate float64
 	// Gateways and Aggregators size the fleet (at least 3 and 2).
 	Gateways, Aggregators int
-	// RedisMode is "sentinel".
+	// RedisMode is "sentinel" (a primary, a replica, three sentinels) or
+	// "cluster" (three shards of a primary and a replica).
 	RedisMode string
 	// BinDir holds the gateway and aggregator binaries.
 	BinDir string
@@ -86,8 +87,8 @@ func (c *Config) Validate() error {
 	if c.Aggregators < 2 || c.Aggregators > 5 {
 		errs = append(errs, fmt.Errorf("chaos: -aggregators %d: want 2 to 5", c.Aggregators))
 	}
-	if c.RedisMode != "sentinel" {
-		errs = append(errs, fmt.Errorf("chaos: -redis %q: only sentinel is built so far", c.RedisMode))
+	if c.RedisMode != "sentinel" && c.RedisMode != "cluster" {
+		errs = append(errs, fmt.Errorf("chaos: -redis %q: sentinel or cluster", c.RedisMode))
 	}
 	if c.Startup <= 0 || c.Heal <= 0 || c.Settle <= 0 || c.ClientDeadline <= 0 {
 		errs = append(errs, errors.New("chaos: the startup, heal, settle and deadline bounds must be positive"))

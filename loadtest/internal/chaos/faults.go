@@ -163,12 +163,16 @@ func (e *executor) apply(ctx context.Context, p Planned) (heal func(context.Cont
 	case KindNATSKill, KindNATSStop, KindNATSRestart:
 		return e.procFault(ctx, p.Kind, f.nats.proc, nil)
 	case KindRedisKill, KindRedisStop, KindReplicaKill:
-		n, err := f.primary(ctx)
+		var n *redisNode
+		var err error
+		if f.cfg.RedisMode == "cluster" {
+			// The shard is drawn from the fault's number.
+			n, err = f.clusterPick(ctx, p.Kind != KindReplicaKill, p.ID)
+		} else if n, err = f.primary(ctx); err == nil && p.Kind == KindReplicaKill {
+			n = f.other(n)
+		}
 		if err != nil {
 			return nil, "", err
-		}
-		if p.Kind == KindReplicaKill {
-			n = f.other(n)
 		}
 		if p.Kind == KindRedisStop {
 			if err := n.srv.Pause(); err != nil {

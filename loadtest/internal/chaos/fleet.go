@@ -221,6 +221,9 @@ func (f *fleet) start(ctx context.Context) error {
 // the data nodes announce their proxies to the sentinels and to each
 // other, the sentinels monitor the primary's proxy and announce their own.
 func (f *fleet) startRedis(ctx context.Context) error {
+	if f.cfg.RedisMode == "cluster" {
+		return f.startCluster(ctx)
+	}
 	for _, name := range []string{"redis-a", "redis-b"} {
 		p, err := f.newProxy("redis")
 		if err != nil {
@@ -288,11 +291,15 @@ func (f *fleet) startRedis(ctx context.Context) error {
 	})
 }
 
-// sentinelAddrs are the sentinels' proxies, as Tollgate's processes reach
-// them.
-func (f *fleet) sentinelAddrs() string {
+// redisAddrs are the addresses Tollgate's processes are given: the
+// sentinels' proxies, or the cluster nodes'.
+func (f *fleet) redisAddrs() string {
 	var out []string
-	for _, s := range f.sentinels {
+	nodes := f.sentinels
+	if f.cfg.RedisMode == "cluster" {
+		nodes = f.redisNodes
+	}
+	for _, s := range nodes {
 		out = append(out, s.proxy.Addr())
 	}
 	return strings.Join(out, ",")
@@ -370,8 +377,8 @@ func baseEnv() []string {
 func (f *fleet) commonEnv() []string {
 	return []string{
 		"TOLLGATE_KEY_SECRET=" + f.secret,
-		"TOLLGATE_REDIS_MODE=sentinel",
-		"TOLLGATE_REDIS_ADDRS=" + f.sentinelAddrs(),
+		"TOLLGATE_REDIS_MODE=" + f.cfg.RedisMode,
+		"TOLLGATE_REDIS_ADDRS=" + f.redisAddrs(),
 		"TOLLGATE_REDIS_MASTER_NAME=" + masterName,
 		"TOLLGATE_KAFKA_BROKERS=" + f.broker.proxy.Addr(),
 		"TOLLGATE_KAFKA_PARTITIONS=" + strconv.Itoa(partitions),
@@ -489,7 +496,15 @@ func (f *fleet) spoolGateway() int { return f.cfg.Gateways }
 
 // shape is what the schedule needs of the fleet.
 func (f *fleet) shape() Shape {
-	return Shape{Gateways: f.cfg.Gateways, Aggregators: f.cfg.Aggregators, SpoolGateway: f.spoolGateway()}
+	s := Shape{Gateways: f.cfg.Gateways, Aggregators: f.cfg.Aggregators, SpoolGateway: f.spoolGateway(),
+		RedisNodes: []string{"redis-a", "redis-b"}, Sentinels: sentinels}
+	if f.cfg.RedisMode == "cluster" {
+		s.RedisNodes, s.Sentinels = nil, 0
+		for i := range 2 * clusterShards {
+			s.RedisNodes = append(s.RedisNodes, fmt.Sprintf("redis-%d", i+1))
+		}
+	}
+	return s
 }
 
 // stop ends everything, gateways first (they flush their events), then

@@ -149,6 +149,9 @@ func (f *fleet) other(n *redisNode) *redisNode {
 // is a primary, the other one its replica with its link up, and every
 // sentinel sees the others.
 func (f *fleet) redisHealthy(ctx context.Context) error {
+	if f.cfg.RedisMode == "cluster" {
+		return f.clusterHealthy(ctx)
+	}
 	for _, n := range append(append([]*redisNode(nil), f.redisNodes...), f.sentinels...) {
 		if n.srv.Pid() == 0 {
 			return fmt.Errorf("%s not running", n.name)
@@ -220,6 +223,9 @@ func (f *fleet) nodeHealthy(ctx context.Context, n *redisNode) error {
 			return fmt.Errorf("%s: replica with its link down", n.name)
 		}
 		return nil
+	}
+	if f.cfg.RedisMode == "cluster" {
+		return clusterOK(ctx, n, 0)
 	}
 	p, err := f.primary(ctx)
 	if err != nil {

@@ -77,7 +77,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c.Duration, c.Gateways, c.Aggregators, c.Rate, c.RedisMode = time0, 2, 1, 0, "cluster"
+	c.Duration, c.Gateways, c.Aggregators, c.Rate, c.RedisMode = time0, 2, 1, 0, "standalone"
 	err := c.Validate()
 	for _, want := range []string{"-duration", "-gateways", "-aggregators", "-rate", "-redis"} {
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -55,6 +55,10 @@ type Shape struct {
 	// SpoolGateway is the gateway (1-based) with a small spool budget,
 	// the target of spool-full.
 	SpoolGateway int
+	// RedisNodes are the Redis data nodes' names; Sentinels counts the
+	// sentinels (0 on Cluster: no sentinel-kill is drawn).
+	RedisNodes []string
+	Sentinels  int
 }
 
 // Planned is one fault of a schedule.
@@ -140,7 +144,7 @@ func Plan(seed uint64, d time.Duration, n int, kinds []string, shape Shape) []Pl
 	// The kinds drawn from, in Kinds order whatever order they were given.
 	var allowed []string
 	for _, k := range Kinds {
-		if slices.Contains(kinds, k) {
+		if slices.Contains(kinds, k) && (k != KindSentinelKill || shape.Sentinels > 0) {
 			allowed = append(allowed, k)
 		}
 	}
@@ -217,7 +221,7 @@ func draw(rng *rand.Rand, kinds []string, shape Shape, between func(lo, hi time.
 	case KindReplicaKill:
 		p.Target, p.For = "redis-replica", down
 	case KindSentinelKill:
-		p.Target, p.For = fmt.Sprintf("sentinel-%d", 1+rng.IntN(sentinels)), down
+		p.Target, p.For = fmt.Sprintf("sentinel-%d", 1+rng.IntN(shape.Sentinels)), down
 	case KindSpoolFull:
 		c := fmt.Sprintf("gw%d", shape.SpoolGateway)
 		p.Target, p.Link, p.For = c, &history.Link{Client: c, Server: "kafka"}, between(20*time.Second, 30*time.Second)
@@ -252,9 +256,12 @@ func drawLink(rng *rand.Rand, shape Shape) *history.Link {
 	case 4, 5:
 		return &history.Link{Client: fmt.Sprintf("agg%d", 1+rng.IntN(shape.Aggregators)), Server: servers[rng.IntN(3)]}
 	case 6:
-		return &history.Link{Client: []string{"redis-a", "redis-b"}[rng.IntN(2)], Server: "redis"}
+		return &history.Link{Client: shape.RedisNodes[rng.IntN(len(shape.RedisNodes))], Server: "redis"}
 	default:
-		return &history.Link{Client: fmt.Sprintf("sentinel-%d", 1+rng.IntN(sentinels)), Server: "redis"}
+		if shape.Sentinels == 0 {
+			return &history.Link{Client: shape.RedisNodes[rng.IntN(len(shape.RedisNodes))], Server: "redis"}
+		}
+		return &history.Link{Client: fmt.Sprintf("sentinel-%d", 1+rng.IntN(shape.Sentinels)), Server: "redis"}
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-var shape = Shape{Gateways: 3, Aggregators: 2, SpoolGateway: 3}
+var shape = Shape{Gateways: 3, Aggregators: 2, SpoolGateway: 3, RedisNodes: []string{"redis-a", "redis-b"}, Sentinels: 3}
 
 func TestPlanIsReplayedBySeed(t *testing.T) {
 	a := Plan(42, 10*time.Minute, 0, Kinds, shape)
@@ -89,6 +89,15 @@ func TestPlanCoversEveryKindOverALongRun(t *testing.T) {
 	for _, k := range Kinds {
 		if !seen[k] {
 			t.Errorf("no %s in 30 minutes", k)
+		}
+	}
+}
+
+func TestPlanOnClusterDrawsNoSentinel(t *testing.T) {
+	cl := Shape{Gateways: 3, Aggregators: 2, SpoolGateway: 3, RedisNodes: []string{"redis-1", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6"}}
+	for _, p := range Plan(5, 30*time.Minute, 0, Kinds, cl) {
+		if p.Kind == KindSentinelKill || strings.HasPrefix(p.Target, "sentinel-") || (p.Link != nil && strings.HasPrefix(p.Link.Client, "sentinel-")) {
+			t.Fatalf("%v on a cluster", p)
 		}
 	}
 }
