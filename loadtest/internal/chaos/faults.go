@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -310,6 +311,9 @@ func (e *executor) scrapeGateway(ctx context.Context, g *gateway) {
 // recover measures how long after its heal (at healed) the part p acted
 // on is ready again, and records it.
 func (e *executor) recover(ctx context.Context, p Planned, target string, healed history.Micros) {
+	if url := e.healthzURL(p, target); url != "" {
+		e.healthz(ctx, p, target, url, healed)
+	}
 	check := e.recoveryCheck(p, target)
 	pr := history.Probe{What: "recovery", Fault: p.ID, Kind: p.Kind, Target: target}
 	ctx, cancel := context.WithTimeout(ctx, recoveryWait)
@@ -332,6 +336,61 @@ func (e *executor) recover(ctx context.Context, p Planned, target string, healed
 	}
 	pr.Detail = ""
 	e.rec.probe(pr)
+}
+
+// healthzURL is the /healthz of the gateway or aggregator p started
+// again, or "".
+func (e *executor) healthzURL(p Planned, target string) string {
+	switch p.Kind {
+	case KindGatewayKill, KindGatewayRestart:
+		return "http://" + e.f.gateway(target).metrics + "/healthz"
+	case KindAggKill, KindAggRestart:
+		return "http://" + e.f.aggregator(target).metrics + "/healthz"
+	}
+	return ""
+}
+
+// healthz measures how soon a process started again answers /healthz —
+// a process that runs must say so, whatever its dependencies do — and
+// records what else was in force meanwhile.
+func (e *executor) healthz(ctx context.Context, p Planned, target, url string, started history.Micros) {
+	pr := history.Probe{What: "healthz", Fault: p.ID, Kind: p.Kind, Target: target}
+	during := e.inForce()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		code, _, err := get(ctx, url)
+		if err == nil && code == 200 {
+			pr.OK, pr.Took = true, max(0, now()-started)
+			break
+		}
+		pr.Detail = fmt.Sprintf("status %d %v", code, err)
+		select {
+		case <-ctx.Done():
+			pr.Took = now() - started
+			e.rec.probe(pr)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if pr.Took > healthzBound.Microseconds() {
+		pr.Detail = "faults in force when it started: " + during
+	} else {
+		pr.Detail = ""
+	}
+	e.rec.probe(pr)
+}
+
+// inForce names the faults in force now.
+func (e *executor) inForce() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var keys []string
+	for k := range e.busy {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ", ")
 }
 
 // recoveryCheck returns what "recovered" means for p: the part it hit

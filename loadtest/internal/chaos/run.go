@@ -27,7 +27,9 @@ const (
 	// maxUnscheduled is the share of answers that may be degraded with no
 	// fault in force.
 	maxUnscheduled = 0.01
-	warmUp         = 5 * time.Second
+	// healthzBound: a process answers /healthz this soon after its start.
+	healthzBound = 3 * time.Second
+	warmUp       = 5 * time.Second
 )
 
 // Result is a soak's outcome.
@@ -105,7 +107,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		ClientDeadline: cfg.ClientDeadline.Microseconds(), FailOpenTail: failOpenTail.Microseconds(),
 		SplitBound: splitBound.Microseconds(), Propagation: propagation.Microseconds(),
 		RecoveryBound: recoveryBound.Microseconds(), LeaseShare: leaseShare, MaxLeaseTTL: maxLeaseTTL.Microseconds(),
-		MaxUnscheduledDegraded: maxUnscheduled, StallTail: stallTail.Microseconds()}
+		MaxUnscheduledDegraded: maxUnscheduled, StallTail: stallTail.Microseconds(), HealthzBound: healthzBound.Microseconds()}
 
 	sctx, cancel := context.WithTimeout(ctx, cfg.Startup)
 	err := f.start(sctx)

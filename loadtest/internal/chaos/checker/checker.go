@@ -561,6 +561,13 @@ func (c *run) liveness(v *Verdict) {
 			} else if p.Took > m.Propagation {
 				v.violate("the last operator change (%s) reached %s after %s, bound %s", p.Measure, p.Target, fmtDur(p.Took), fmtDur(m.Propagation))
 			}
+		case "healthz":
+			if !p.OK {
+				v.violate("%s, started again after fault %d (%s), never answered /healthz: %s", p.Target, p.Fault, p.Kind, p.Detail)
+			} else if p.Took > m.HealthzBound {
+				v.violate("%s, started again after fault %d (%s), answered /healthz only after %s, bound %s: %s",
+					p.Target, p.Fault, p.Kind, fmtDur(p.Took), fmtDur(m.HealthzBound), p.Detail)
+			}
 		case "polite-penalty":
 			if !p.OK {
 				v.violate("polite key %s penalised: %s", p.Target, p.Detail)

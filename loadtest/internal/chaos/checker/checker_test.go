@@ -419,3 +419,18 @@ func TestHistoryRoundTrip(t *testing.T) {
 		t.Fatalf("Read of a bad line: %v", err)
 	}
 }
+
+func TestHealthzBound(t *testing.T) {
+	h := base()
+	h.Meta.HealthzBound = 3 * sec
+	h.Probes = append(h.Probes,
+		history.Probe{What: "healthz", Fault: 1, Kind: "agg-kill", Target: "agg1", OK: true, Took: sec},
+		history.Probe{What: "healthz", Fault: 2, Kind: "agg-kill", Target: "agg2", OK: true, Took: 7 * sec, Detail: "faults in force when it started: broker"},
+		history.Probe{What: "healthz", Fault: 3, Kind: "gw-kill", Target: "gw1", OK: false, Detail: "status 0"})
+	v := verdict(t, h, Liveness)
+	got := strings.Join(v.Samples, "\n")
+	if v.Violations != 2 || !strings.Contains(got, "agg2, started again after fault 2 (agg-kill), answered /healthz only after 7s") ||
+		!strings.Contains(got, "gw1, started again after fault 3 (gw-kill), never answered /healthz") {
+		t.Fatalf("samples %q", v.Samples)
+	}
+}

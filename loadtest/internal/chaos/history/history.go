@@ -84,6 +84,9 @@ type Meta struct {
 	// StallTail is how long after a stall of the machine degraded answers
 	// are still explained by it (the breaker's open time and its probe).
 	StallTail Micros `json:"stall_tail"`
+	// HealthzBound is how soon after its start a gateway or aggregator
+	// answers /healthz, whatever its dependencies do.
+	HealthzBound Micros `json:"healthz_bound"`
 	// Interrupted is set when the run was cut short (its checks are then
 	// incomplete).
 	Interrupted bool `json:"interrupted,omitempty"`
@@ -277,6 +280,7 @@ type Stall struct {
 // Probe is a timed liveness check.
 type Probe struct {
 	// What: "recovery" (a process ready again after a fault; Fault set),
+	// "healthz" (a restarted process answering /healthz; Fault set),
 	// "propagation" (the last operator change seen by a gateway),
 	// "polite-penalty" (a polite key's penalty level at the end).
 	What    string `json:"what"`
