@@ -80,11 +80,12 @@ func (e *executor) start(ctx context.Context, p Planned) {
 	}
 	e.busy[key] = true
 	e.mu.Unlock()
-	defer func() {
+	release := sync.OnceFunc(func() {
 		e.mu.Lock()
 		delete(e.busy, key)
 		e.mu.Unlock()
-	}()
+	})
+	defer release()
 
 	hf.Start = now()
 	heal, target, err := e.apply(ctx, p)
@@ -131,6 +132,7 @@ func (e *executor) start(ctx context.Context, p Planned) {
 		e.rec.logf("fault #%d %s on %s: heal failed: %v", p.ID, p.Kind, hf.Target, herr)
 	}
 	e.rec.ended(idx, end, errText)
+	release() // healed: the target may take another fault while it recovers
 	if herr == nil {
 		e.recover(hctx, p, hf.Target, end)
 	}
