@@ -254,6 +254,7 @@ func (p *Proxy) accept() {
 			}
 		}
 		l := &link{client: name, c: c, done: make(chan struct{})}
+		l.ctx, l.cancel = context.WithCancel(context.Background())
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -281,14 +282,7 @@ func (p *Proxy) handle(l *link) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.dialTimeout)
-	go func() { // ends the dial when the link is reset meanwhile
-		select {
-		case <-l.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, cancel := context.WithTimeout(l.ctx, p.dialTimeout) // a reset ends the dial
 	var d net.Dialer
 	s, err := d.DialContext(ctx, "tcp", target)
 	cancel()
@@ -397,6 +391,8 @@ type link struct {
 	client string
 	c      net.Conn // the client's
 	done   chan struct{}
+	ctx    context.Context // ends with done
+	cancel context.CancelFunc
 
 	mu   sync.Mutex
 	s    net.Conn // the target's, once dialled
@@ -427,6 +423,7 @@ func (l *link) end(abort bool) {
 		s := l.s
 		l.mu.Unlock()
 		close(l.done)
+		l.cancel()
 		for _, c := range []net.Conn{l.c, s} {
 			if c == nil {
 				continue
