@@ -100,7 +100,11 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return exitFailed
 		}
 		if res.Check.Held() < len(res.Check.Verdicts) {
-			fmt.Fprintf(stderr, "loadtest chaos: invariants violated; replay the schedule with -seed %d\n", res.Seed)
+			how := fmt.Sprintf("-seed %d", res.Seed)
+			if res.Replay != "" {
+				how = res.Replay
+			}
+			fmt.Fprintf(stderr, "loadtest chaos: invariants violated; replay the schedule with: %s\n", how)
 			return exitFailed
 		}
 		return code

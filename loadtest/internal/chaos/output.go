@@ -79,7 +79,11 @@ func (r *Result) lines() []report.Line {
 	add := func(label, format string, args ...any) {
 		out = append(out, report.Line{Label: label, Text: fmt.Sprintf(format, args...)})
 	}
-	add("seed", "%d (replay: loadtest chaos -seed %d -duration %v)", r.Seed, r.Seed, time.Duration(h.Meta.FaultEnd-h.Meta.FaultStart)*time.Microsecond/time.Second*time.Second)
+	if r.Replay != "" {
+		add("seed", "%d (replay: %s)", r.Seed, r.Replay)
+	} else {
+		add("seed", "%d", r.Seed)
+	}
 	add("fleet", "%d gateways, %d aggregators, Redis %s, broker and NATS each its own process; every link through a proxy", h.Meta.Gateways, h.Meta.Aggregators, h.Meta.RedisMode)
 	add("phases", "start-up %v, faults %v, heal %v, settle %v; total %v", r.Startup.Round(time.Second), r.Faults.Round(time.Second),
 		r.Heal.Round(time.Second), r.Settle.Round(time.Second), r.Total.Round(time.Second))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,7 +51,31 @@ type Result struct {
 	// HarnessCPU is this process's CPU time.
 	HarnessCPU time.Duration
 
+	// Replay is the command that replays the schedule.
+	Replay string
+
 	stats *report.Recorder // answers second by second, for the page
+}
+
+// replay is the command line that draws cfg's schedule again.
+func replay(cfg Config) string {
+	s := fmt.Sprintf("loadtest chaos -seed %d -duration %v", cfg.Seed, cfg.Duration)
+	if cfg.Faults > 0 {
+		s += fmt.Sprintf(" -faults %d", cfg.Faults)
+	}
+	if len(cfg.Kinds) != len(Kinds) {
+		s += " -kinds " + strings.Join(cfg.Kinds, ",")
+	}
+	if cfg.RedisMode != "sentinel" {
+		s += " -redis " + cfg.RedisMode
+	}
+	if cfg.Rate != DefaultRate {
+		s += fmt.Sprintf(" -rate %g", cfg.Rate)
+	}
+	if cfg.Gateways != 3 || cfg.Aggregators != 2 {
+		s += fmt.Sprintf(" -gateways %d -aggregators %d", cfg.Gateways, cfg.Aggregators)
+	}
+	return s
 }
 
 // Recheck judges a history read back from a file (loadtest chaos -check).
@@ -98,7 +123,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	t0 := time.Now()
 	rec := newRecorder(cfg.Log)
 	f := newFleet(cfg, dir, rec)
-	res := &Result{Seed: cfg.Seed, WorkDir: dir, stats: rec.stats}
+	res := &Result{Seed: cfg.Seed, WorkDir: dir, stats: rec.stats, Replay: replay(cfg)}
 	res.Plan = Plan(cfg.Seed, cfg.Duration, cfg.Faults, cfg.Kinds, f.shape())
 	rec.logf("seed %d: %d faults planned over %v; work dir %s", cfg.Seed, len(res.Plan), cfg.Duration, dir)
 
