@@ -11,7 +11,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 BENCHFLAGS   ?=
 BENCHTIME    ?= 2s
-# Flags of the SPEC §8 EVALSHA ratio run (go run ./guard/redisstore/internal/evalbench -h).
+# Flags of the EVALSHA ratio run (go run ./guard/redisstore/internal/evalbench -h).
 EVALBENCHFLAGS ?=
 FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
@@ -24,7 +24,7 @@ SOAKFLAGS    ?=
 # files, so the Makefile works before they exist.
 MAIN_PKGS     := gateway/cmd/gateway aggregator/cmd/aggregator loadtest/cmd/loadtest loadtest/cmd/sidebyside compose/cmd/tollgate-stack
 EXISTING_MAIN := $(foreach p,$(MAIN_PKGS),$(if $(wildcard $(p)/*.go),./$(p)))
-# The local stack `make run` starts (SPEC §9).
+# The local stack `make run` starts (docs/local-stack.md).
 STACK_PKG     := compose/cmd/tollgate-stack
 
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
@@ -70,7 +70,7 @@ tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff; changes 
 
 ci: lint tidy-check test ## lint, tidy-check and test, as before a merge
 
-bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio of SPEC §8; prints a summary
+bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio (guard checks ÷ raw EVALSHA); prints a summary
 	@mkdir -p $(BIN_DIR)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime=$(BENCHTIME) $(BENCHFLAGS) $(PKGS) | tee $(BIN_DIR)/bench.txt
 	$(GO) run ./guard/redisstore/internal/evalbench $(EVALBENCHFLAGS) | tee $(BIN_DIR)/evalbench.txt
@@ -80,7 +80,7 @@ bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio o
 	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
 
 SCENARIO ?= burst
-loadtest: deps ## Replay a SPEC §10 scenario: SCENARIO=burst|zipf|hotkey start their own processes; SCENARIO=storm runs against `make run` (bin/stack.env)
+loadtest: deps ## Replay a scenario: SCENARIO=burst|zipf|hotkey start their own processes; SCENARIO=storm runs against `make run` (bin/stack.env)
 	@mkdir -p $(BIN_DIR)
 ifeq ($(SCENARIO),storm)
 	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest
@@ -94,7 +94,7 @@ endif
 sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
 	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
 
-run: ## Start the local stack in the foreground: gateway, Redis, demo API (Ctrl-C stops it)
+run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it)
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)
 	exec $(BIN_DIR)/tollgate-stack
 

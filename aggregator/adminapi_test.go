@@ -50,10 +50,18 @@ func op(t *testing.T, addr, method, path, body string, header ...string) (int, h
 }
 
 func startFleetAggregator(t *testing.T) (*instance, jetstream.JetStream) {
-	brokers := startKafka(t)
+	return startFleetAggregatorOn(t, startKafka(t))
+}
+
+// startFleetAggregatorOn starts an aggregator with NATS and Redis on the
+// Kafka brokers given, and a JetStream client of its NATS.
+func startFleetAggregatorOn(t *testing.T, brokers []string, opts ...func(*aggregator.Config)) (*instance, jetstream.JetStream) {
 	ns := natstest.StartTB(t)
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "a", DataDir: t.TempDir(),
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	cfg.Kafka.Brokers = brokers
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
@@ -144,6 +152,17 @@ func TestOperatorAPI(t *testing.T) {
 		if code, _, _ := op(t, addr, "POST", "/admin/v1/rules/validate", validRules); code != 200 {
 			t.Fatalf("validate: %d", code)
 		}
+		// A ruleset refusing every request: refused naming the field, or
+		// accepted with a warning when it says so.
+		total := "blocklist: [\"*\"]\n" + validRules
+		code, _, b = op(t, addr, "POST", "/admin/v1/rules/validate", total)
+		if code != 400 || !bytes.Contains(b, []byte(`"field": "blocklist[0]"`)) || !bytes.Contains(b, []byte("would refuse every request")) {
+			t.Fatalf("validate of a total block: %d %s, want 400 naming blocklist[0]", code, b)
+		}
+		code, _, b = op(t, addr, "POST", "/admin/v1/rules/validate", "allow_total_block: true\n"+total)
+		if code != 200 || !bytes.Contains(b, []byte(`"warnings"`)) || !bytes.Contains(b, []byte(`"field": "blocklist[0]"`)) {
+			t.Fatalf("validate with allow_total_block: %d %s, want 200 with a warning naming blocklist[0]", code, b)
+		}
 	})
 
 	t.Run("blocklist", func(t *testing.T) {
@@ -195,9 +214,12 @@ func TestOperatorAPI(t *testing.T) {
 		if code != 200 || !bytes.Contains(b, []byte(`"remaining": 10`)) {
 			t.Fatalf("GET keys: %d %s, want a full bucket of 10", code, b)
 		}
+		// A grant never fills a counter above its limit, and its answer
+		// says how much was granted: nothing, on a full bucket.
 		code, _, b = op(t, addr, "POST", "/admin/v1/keys/sk_some_client/quota", `{"tokens":5,"reason":"goodwill"}`)
-		if code != 200 {
-			t.Fatalf("quota: %d %s", code, b)
+		if code != 200 || !bytes.Contains(b, []byte(`"remaining": 10`)) || !bytes.Contains(b, []byte(`"granted": 0`)) ||
+			!bytes.Contains(b, []byte(`"tokens": 5`)) {
+			t.Fatalf("quota on a full bucket: %d %s, want remaining 10, granted 0 of tokens 5", code, b)
 		}
 		if code, _, b := op(t, addr, "POST", "/admin/v1/keys/sk_some_client/reset", `{}`); code != 200 {
 			t.Fatalf("reset: %d %s", code, b)

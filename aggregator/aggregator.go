@@ -2,7 +2,7 @@
 // exactly-once consumer of the decision stream, the per-tenant usage
 // windows in Pebble, abuse detection and the penalty ladder (applied to
 // NATS KV through an outbox), the usage reports, the operator API, and its
-// metrics and health endpoints (SPEC §6). bin/aggregator (aggregator/cmd/aggregator) loads a
+// metrics and health endpoints. bin/aggregator (aggregator/cmd/aggregator) loads a
 // Config and calls New and Run; tests and `make run` start instances in
 // process the same way.
 //
@@ -20,16 +20,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -37,20 +39,20 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/outbox"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -66,7 +68,7 @@ type Server struct {
 	proc  *consume.Processor
 	audit *audit.Store
 	kafka *kgo.Client // producer of audit entries and lift commands
-	kv    atomic.Pointer[publish.KV]
+	kv    atomic.Pointer[fleetkv.KV]
 	// outbox applies committed penalty steps to NATS KV (nil without
 	// NATS).
 	outbox *outbox.Reconciler
@@ -78,7 +80,35 @@ type Server struct {
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
 
+	deps       deps                         // what the probes learnt of Kafka, NATS and Redis
+	nc         atomic.Pointer[fleetkv.Conn] // the NATS connection, once made
+	setUp      atomic.Bool                  // the processor's Setup is done: Kafka answered
+	draining   atomic.Bool
+	drainingAt atomic.Int64 // unix nanoseconds
+
 	life service.Lifecycle
+}
+
+// Errors of New and Run.
+var (
+	// ErrDataDirInUse is returned by New when another aggregator process
+	// holds data_dir.
+	ErrDataDirInUse = errors.New("aggregator: data directory in use")
+	// ErrDuplicateID is returned by Run when another live instance has
+	// this instance's aggregator_id.
+	ErrDuplicateID = errors.New("aggregator: aggregator_id in use")
+)
+
+// lockedByOther reports whether opening the state failed on its lock:
+// another process holds it (fcntl answers EAGAIN or EACCES), or another
+// aggregator in this process (Pebble's own message).
+func lockedByOther(err error) bool {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return false // creating the lock file failed: a permission problem, said as is
+	}
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(err.Error(), "lock held by current process")
 }
 
 // Addrs are the bound addresses.
@@ -106,9 +136,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	db, err := state.Open(filepath.Join(cfg.DataDir, "state"), log.With(slog.String("component", "pebble")))
 	if err != nil {
+		if lockedByOther(err) {
+			return nil, fmt.Errorf("%w: data_dir (%s) %s is held by another aggregator; give each instance its own data directory",
+				ErrDataDirInUse, configs.EnvName("data_dir"), cfg.DataDir)
+		}
 		return nil, fmt.Errorf("aggregator: %w", err)
 	}
-	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db}
+	now := time.Now()
+	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db,
+		deps: deps{kafka: newDependency("kafka", log, now), nats: newDependency("nats", log, now), redis: newDependency("redis", log, now)}}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"aggregator": cfg.ID}, s.reg)
 	s.proc = consume.New(consume.Config{
@@ -159,13 +195,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		Penalties: db, Commands: commander{cl: s.kafka, topic: cfg.Kafka.DecisionsTopic},
 		Log: log.With(slog.String("component", "adminapi")), Guard: s.keyGuard}
 	if cfg.NATS.URL != "" {
-		acfg.KV = s.kv.Load
+		acfg.KV = s.natsKV
 		s.outbox = outbox.New(outbox.Config{Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.PenaltiesTopic,
 			SessionTimeout: cfg.SessionTimeout, KV: s.kv.Load, States: db, Log: log.With(slog.String("component", "outbox")),
 			KafkaLog: kafkalog.Slog(log)}, labelled)
 	}
 	adminapi.Register(mux, acfg)
-	s.api = &http.Server{Handler: s.authorize(mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	labelled.MustRegister(s.readyGauge())
+	s.api = &http.Server{Handler: s.authorize(s.gate(mux)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	if s.apiLn, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -175,7 +212,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.MetricsListen != Off {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-		mm.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mm.HandleFunc("GET /healthz", healthz)
 		mm.HandleFunc("GET /readyz", s.readyz)
 		s.metrics = &http.Server{Handler: mm, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
@@ -206,27 +243,40 @@ func (s *Server) Ready() bool { return s.proc.Ready() }
 // Owned returns the decisions partitions this instance processes now.
 func (s *Server) Owned() []int32 { return s.proc.Owned() }
 
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	if !s.proc.Ready() {
-		http.Error(w, "restoring state from the changelog\n", http.StatusServiceUnavailable)
-		return
+// insecureWarning is the line /readyz adds while the operator API runs
+// without a token (admin_insecure), else "".
+func (s *Server) insecureWarning() string {
+	if s.cfg.AdminToken != "" {
+		return ""
 	}
-	fmt.Fprintf(w, "ready: state restored; partitions owned: %v\n", s.proc.Owned())
+	return "WARNING: the operator API has no token (" + configs.EnvName("admin_insecure") + "=true): whoever reaches " +
+		s.cfg.Listen + " can change the fleet's rules, lists and quotas\n"
 }
 
-// authorize requires the admin token on the operator API and reports.
+// authorize requires a bearer token on the operator API and the reports:
+// admin_token, or, with admin_insecure (no token configured), any
+// non-empty one. A request without it is answered 401 and changes nothing,
+// whatever its method, content type or Origin: a web page cannot make a
+// browser attach an Authorization header to a cross-site request without
+// a CORS preflight, which this API never grants, so no page can forge a
+// change (not even a text/plain POST, which needs no preflight).
 func (s *Server) authorize(next http.Handler) http.Handler {
 	token := []byte(s.cfg.AdminToken)
+	if len(token) == 0 {
+		s.log.Warn("the operator API has NO TOKEN ("+configs.EnvName("admin_insecure")+"=true): whoever reaches its address can change the fleet's rules, lists and quotas; any bearer token is accepted",
+			slog.String("aggregator_listen", s.cfg.Listen))
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(token) > 0 {
-			v := r.Header.Get("Authorization")
-			const scheme = "bearer "
-			if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) ||
-				subtle.ConstantTimeCompare([]byte(strings.TrimSpace(v[len(scheme):])), token) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
-				reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
-				return
-			}
+		v := r.Header.Get("Authorization")
+		const scheme = "bearer "
+		var presented []byte
+		if len(v) > len(scheme) && strings.EqualFold(v[:len(scheme)], scheme) {
+			presented = []byte(strings.TrimSpace(v[len(scheme):]))
+		}
+		if len(presented) == 0 || (len(token) > 0 && subtle.ConstantTimeCompare(presented, token) != 1) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
+			reports.Error(w, http.StatusUnauthorized, "UNAUTHORIZED", "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -237,6 +287,12 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 // processor ends its transaction and leaves the group so its partitions
 // move at once, and Pebble is closed. Every goroutine it starts has exited
 // when it returns.
+//
+// The listeners serve at once: /healthz, /readyz and the API answer
+// whatever Kafka, NATS or Redis do (the API 503 with the reason while it
+// cannot serve a request). The processor, the audit tail, NATS and the
+// outbox, and the snapshots start once Kafka has answered and the state's
+// identity is checked (which may wipe it).
 func (s *Server) Run(ctx context.Context) error {
 	ctx, finish, err := s.life.Start(ctx)
 	if err != nil {
@@ -246,23 +302,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("aggregator started", slog.String("aggregator_id", s.cfg.ID), slog.String("api", s.Addrs().API),
 		slog.String("metrics", s.Addrs().Metrics), slog.Any("kafka", s.cfg.Kafka.Brokers), slog.String("data_dir", s.cfg.DataDir),
 		slog.Bool("admin_token_set", s.cfg.AdminToken != ""))
-	if err := s.proc.Setup(ctx); err != nil {
-		_ = s.db.Close()
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
 	g, gctx := service.NewGroup(ctx)
-	g.Go(func() error { return s.proc.Run(gctx) })
-	g.Go(func() error { return s.tailAudit(gctx) })
-	if s.cfg.NATS.URL != "" {
-		g.Go(func() error { return s.connectNATS(gctx) })
-		g.Go(func() error { return s.outbox.Run(gctx) })
-	}
-	if s.cfg.Audit.SnapshotInterval > 0 {
-		g.Go(func() error { s.snapshots(gctx); return nil })
-	}
 	serve := func(srv *http.Server, ln net.Listener, name string) {
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -277,11 +317,46 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error {
 		<-gctx.Done()
+		s.drainingAt.Store(time.Now().UnixNano())
+		s.draining.Store(true)
 		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 		defer cancel()
 		_ = s.api.Shutdown(sctx)
 		if s.metrics != nil {
 			_ = s.metrics.Shutdown(sctx)
+		}
+		return nil
+	})
+	g.Go(func() error { return s.probeKafka(gctx) })
+	g.Go(func() error { return s.probeRedis(gctx) })
+	if s.cfg.NATS.URL != "" {
+		g.Go(func() error { return s.probeNATS(gctx) })
+	}
+	g.Go(func() error {
+		if err := s.proc.Setup(gctx); err != nil {
+			if gctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		s.setUp.Store(true)
+		g.Go(func() error {
+			err := s.proc.Run(gctx)
+			if errors.Is(err, consume.ErrDuplicateID) {
+				return fmt.Errorf("%w: each instance needs its own aggregator_id (%s): %w",
+					ErrDuplicateID, configs.EnvName("aggregator_id"), err)
+			}
+			return err
+		})
+		g.Go(func() error { return s.tailAudit(gctx) })
+		if s.cfg.NATS.URL != "" {
+			// After Kafka answers: seeding the rules bucket is audited
+			// through it.
+			g.Go(func() error { return s.connectNATS(gctx) })
+			g.Go(func() error { return s.outbox.Run(gctx) })
+		}
+		if s.cfg.Audit.SnapshotInterval > 0 {
+			g.Go(func() error { s.snapshots(gctx); return nil })
 		}
 		return nil
 	})
@@ -299,6 +374,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// drainingSince is when the shutdown began.
+func (s *Server) drainingSince() time.Time { return time.Unix(0, s.drainingAt.Load()) }
 
 // Close stops a running server and waits for Run to return, or releases
 // what New acquired. Idempotent, safe from many goroutines.
@@ -367,15 +445,17 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 // empty, and holds the connection until ctx is done.
 func (s *Server) connectNATS(ctx context.Context) error {
 	log := s.log.With(slog.String("component", "nats"))
-	nc, err := publish.Connect(s.cfg.NATS.URL, "tollgate-aggregator-"+s.cfg.ID, log)
+	nc, err := fleetkv.Connect(s.cfg.NATS.URL, fleetkv.Options{Name: "tollgate-aggregator-" + s.cfg.ID, Log: log})
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
 	}
 	defer nc.Close()
-	var kv *publish.KV
+	s.nc.Store(nc)
+	defer s.nc.Store(nil)
+	var kv *fleetkv.KV
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		kv, err = publish.Open(octx, nc)
+		kv, err = fleetkv.Open(octx, nc)
 		cancel()
 		if err == nil {
 			break
@@ -394,15 +474,15 @@ func (s *Server) connectNATS(ctx context.Context) error {
 		log.Error("seeding the rules bucket failed", slog.String("error", err.Error()))
 	}
 	s.kv.Store(kv)
-	log.Info("control plane ready", slog.String("nats", redactURL(s.cfg.NATS.URL)))
+	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
 	<-ctx.Done()
 	s.kv.Store(nil)
 	return nil
 }
 
 // seedRules writes rules_file as version 1 when the bucket holds no
-// ruleset (SPEC §9); a concurrent seeder's win is fine.
-func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
+// ruleset; a concurrent seeder's win is fine.
+func (s *Server) seedRules(ctx context.Context, kv *fleetkv.KV) error {
 	if s.cfg.RulesFile == "" {
 		return nil
 	}
@@ -423,7 +503,7 @@ func (s *Server) seedRules(ctx context.Context, kv *publish.KV) error {
 	e := &tollgatev1.RulesEntry{Version: 1, Source: string(src), Format: "yaml", Actor: "seed:" + s.cfg.ID,
 		Reason: "seeded from " + s.cfg.RulesFile, Time: time.Now().UTC()}
 	if _, err := kv.PutRules(ctx, e, 0); err != nil {
-		if errors.Is(err, publish.ErrConflict) {
+		if errors.Is(err, fleetkv.ErrConflict) {
 			return nil
 		}
 		return err
@@ -450,12 +530,20 @@ type commander struct {
 	topic string
 }
 
-// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q.
+// Lift writes a KIND_PENALTY_LIFT record for keyID into partition q, with
+// the decision stream's codec. A value beyond its bound, or not UTF-8, is
+// refused: the partition's owner would refuse the command.
 func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reason string, at time.Time) error {
-	v, err := proto.Marshal(&tollgatev1.DecisionEvent{Partition: q, TimeUnixMicros: at.UnixMicro(),
-		Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyId: keyID, Tenant: tenant, CommandActor: actor, CommandReason: reason})
-	if err != nil {
-		return fmt.Errorf("aggregator: encode lift: %w", err)
+	for _, s := range [...]string{keyID, tenant, actor, reason} {
+		if !utf8.ValidString(s) {
+			return errors.New("aggregator: encode lift: a value is not UTF-8")
+		}
+	}
+	v, corrected := tollgatev1.AppendDecision(nil, &tollgatev1.Decision[string]{Partition: q,
+		TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_PENALTY_LIFT, KeyID: keyID, Tenant: tenant,
+		CommandActor: actor, CommandReason: reason})
+	if corrected != 0 {
+		return fmt.Errorf("aggregator: encode lift: %v beyond its bound", corrected)
 	}
 	if err := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: q, Key: []byte(tenant), Value: v}).FirstErr(); err != nil {
 		return fmt.Errorf("aggregator: produce lift: %w", err)
@@ -466,15 +554,6 @@ func (c commander) Lift(ctx context.Context, q int32, keyID, tenant, actor, reas
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// redactURL drops user information from a URL for logs.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }
 
 // tailAudit materializes the audit topic into Pebble, once the topic

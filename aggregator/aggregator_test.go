@@ -28,7 +28,10 @@ const (
 	secret     = "0123456789abcdef-secret"
 )
 
-func startKafka(t testing.TB) []string {
+func startKafka(t testing.TB) []string { return startKafkaCluster(t).ListenAddrs() }
+
+// startKafkaCluster starts kfake and returns it (for fault injection).
+func startKafkaCluster(t testing.TB) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond),
 		kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
@@ -36,7 +39,7 @@ func startKafka(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -55,6 +58,12 @@ type instance struct {
 
 func startAggregator(t testing.TB, brokers []string, id, dir string) *instance {
 	t.Helper()
+	return runAggregator(t, testConfig(brokers, id, dir))
+}
+
+// testConfig is the configuration of a test instance: free loopback
+// ports, a short session timeout and lateness.
+func testConfig(brokers []string, id, dir string) aggregator.Config {
 	cfg := aggregator.Config{
 		Listen:         "127.0.0.1:0",
 		MetricsListen:  "127.0.0.1:0",
@@ -67,7 +76,14 @@ func startAggregator(t testing.TB, brokers []string, id, dir string) *instance {
 	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.Partitions = partitions
 	cfg.Usage.Lateness = time.Second
-	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", id))
+	return cfg
+}
+
+// runAggregator starts an instance with cfg; Cleanup stops it and
+// expects Run to return nil.
+func runAggregator(t testing.TB, cfg aggregator.Config) *instance {
+	t.Helper()
+	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", cfg.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/configs"
@@ -20,9 +23,10 @@ import (
 type Config struct {
 	Listen        string `yaml:"aggregator_listen" doc:"Address of the operator API and the usage reports (bearer admin_token). Loopback by default; a non-loopback address needs admin_token."`
 	MetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of GET /metrics, /healthz and /readyz (no token); off disables it."`
-	ID            string `yaml:"aggregator_id" doc:"This instance's unique name; its Kafka transactional id derives from it. Empty: hostname-pid."`
+	ID            string `yaml:"aggregator_id" doc:"This instance's unique name; its Kafka transactional id derives from it. An instance whose id a live member of the consumer group already has refuses to start. Empty: hostname-pid."`
 	DataDir       string `yaml:"data_dir" doc:"Directory of this instance's state (Pebble: the materialized changelog and audit log; checkpoints). One per instance."`
-	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>). Required on a non-loopback aggregator_listen."`
+	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>), at least 16 characters (generate one with: openssl rand -base64 32). Required unless admin_insecure."`
+	AdminInsecure bool   `yaml:"admin_insecure" doc:"Run the operator API without admin_token, on a loopback aggregator_listen only (a local experiment): any bearer token is accepted, and a request without an Authorization header is still refused, so that no web page can forge a change. Logged as a warning at start and shown on /readyz."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
@@ -33,7 +37,7 @@ type Config struct {
 
 	ConsumerGroup      string        `yaml:"aggregator_group" doc:"Kafka consumer group of the aggregator instances."`
 	SessionTimeout     time.Duration `yaml:"aggregator_session_timeout" doc:"How long the group waits for a silent instance before its partitions move to the others."`
-	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers."`
+	TransactionTimeout time.Duration `yaml:"aggregator_transaction_timeout" doc:"Kafka transaction timeout: how long a dead instance's open transaction can stall read_committed readers. /readyz fails when polled events wait twice this long for their commit."`
 	CommitInterval     time.Duration `yaml:"aggregator_commit_interval" doc:"Longest time one Kafka transaction folds in a backlog before it commits: a row many events touch is written once per transaction. Longer: less CPU per event under load, later report rows. A lull commits at once."`
 
 	Usage   UsageConfig   `yaml:"usage"`
@@ -81,7 +85,7 @@ type AuditConfig struct {
 }
 
 // PenaltyConfig is the `penalty` section: the abuse detectors and the
-// penalty ladder (SPEC §6, docs/aggregator.md).
+// penalty ladder (docs/aggregator.md).
 type PenaltyConfig struct {
 	Mode                 string        `yaml:"mode" doc:"on: detect abuse and move keys up the penalty ladder; off: detect nothing (penalties in force still step down, and can be lifted)."`
 	Detectors            []string      `yaml:"detectors" doc:"Detectors enabled, comma-separated: backoff_ignored (requests while a Retry-After sent to the key runs), sustained_rejection (rejection ratio), volume_ceiling (requests per second)."`
@@ -168,6 +172,9 @@ const (
 	DefaultDataDir       = "tollgate-data"
 )
 
+// MinAdminTokenLen is the shortest admin_token accepted, in characters.
+const MinAdminTokenLen = 16
+
 // Off, as aggregator_metrics_listen, disables the metrics listener.
 const Off = "off"
 
@@ -210,10 +217,22 @@ func (c *Config) Validate() error {
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "required: the aggregator consumes decision events")
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	_, _, listenErr := net.SplitHostPort(c.Listen)
+	if listenErr != nil {
 		bad("aggregator_listen", "%q is not host:port", c.Listen)
-	} else if c.AdminToken == "" && !loopback(c.Listen) {
-		bad("admin_token", "required when aggregator_listen (%s) is not a loopback address", c.Listen)
+	}
+	switch {
+	case c.AdminToken != "" && c.AdminInsecure:
+		bad("admin_insecure", "contradicts admin_token (%s): unset one of them", configs.EnvName("admin_token"))
+	case strings.ContainsFunc(c.AdminToken, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }):
+		bad("admin_token", "must not hold spaces or control characters (it travels in an HTTP header)")
+	case c.AdminToken != "" && utf8.RuneCountInString(c.AdminToken) < MinAdminTokenLen:
+		bad("admin_token", "at least %d characters: it guards changes of the fleet's rules, lists and quotas (generate one with: openssl rand -base64 32)", MinAdminTokenLen)
+	case c.AdminToken == "" && !c.AdminInsecure:
+		bad("admin_token", "required: the operator API changes the fleet's rules, lists and quotas (generate one with: openssl rand -base64 32); "+
+			"to run a local experiment without one, set %s=true", configs.EnvName("admin_insecure"))
+	case c.AdminToken == "" && listenErr == nil && !loopback(c.Listen):
+		bad("admin_token", "required when aggregator_listen (%s) is not a loopback address, even with %s", c.Listen, configs.EnvName("admin_insecure"))
 	}
 	if c.MetricsListen != Off {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {

@@ -1,17 +1,23 @@
 package aggregator_test
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 // TestPenaltyConfig checks the penalty section's defaults and that every
 // bad value is refused naming its variable.
 func TestPenaltyConfig(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"TOLLGATE_KAFKA_BROKERS": "127.0.0.1:9092", "TOLLGATE_KEY_SECRET": secret}
+	env := map[string]string{"TOLLGATE_KAFKA_BROKERS": "127.0.0.1:9092", "TOLLGATE_KEY_SECRET": secret, "TOLLGATE_ADMIN_TOKEN": token}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	cfg, err := aggregator.LoadConfig("", lookup)
 	if err != nil {
@@ -52,14 +58,22 @@ func TestConfigRefusals(t *testing.T) {
 		{"no secret", map[string]string{"TOLLGATE_KEY_SECRET": ""}, "TOLLGATE_KEY_SECRET"},
 		{"short secret", map[string]string{"TOLLGATE_KEY_SECRET": "short"}, "TOLLGATE_KEY_SECRET"},
 		{"no brokers", map[string]string{"TOLLGATE_KAFKA_BROKERS": ""}, "TOLLGATE_KAFKA_BROKERS"},
-		{"exposed without a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081"}, "TOLLGATE_ADMIN_TOKEN"},
-		{"exposed with a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081", "TOLLGATE_ADMIN_TOKEN": "t"}, ""},
-		{"loopback without a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "127.0.0.1:8081"}, ""},
+		{"exposed without a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081", "TOLLGATE_ADMIN_TOKEN": ""}, "TOLLGATE_ADMIN_TOKEN"},
+		{"exposed with a token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081"}, ""},
+		{"loopback without a token", map[string]string{"TOLLGATE_ADMIN_TOKEN": ""}, "TOLLGATE_ADMIN_INSECURE=true"},
+		{"loopback insecure", map[string]string{"TOLLGATE_ADMIN_TOKEN": "", "TOLLGATE_ADMIN_INSECURE": "true"}, ""},
+		{"exposed insecure", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081", "TOLLGATE_ADMIN_TOKEN": "",
+			"TOLLGATE_ADMIN_INSECURE": "true"}, "TOLLGATE_ADMIN_TOKEN"},
+		{"insecure and a token", map[string]string{"TOLLGATE_ADMIN_INSECURE": "true"}, "TOLLGATE_ADMIN_INSECURE"},
+		{"one-character token", map[string]string{"TOLLGATE_AGGREGATOR_LISTEN": "0.0.0.0:8081", "TOLLGATE_ADMIN_TOKEN": "t"}, "at least 16 characters"},
+		{"15-character token", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789abcde"}, "TOLLGATE_ADMIN_TOKEN"},
+		{"16-character token", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789abcdef"}, ""},
+		{"token with a space", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789 abcdef"}, "spaces"},
 		{"bad redis mode", map[string]string{"TOLLGATE_REDIS_MODE": "mesh"}, "TOLLGATE_REDIS_MODE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := map[string]string{"TOLLGATE_KAFKA_BROKERS": "127.0.0.1:9092", "TOLLGATE_KEY_SECRET": secret}
+			env := map[string]string{"TOLLGATE_KAFKA_BROKERS": "127.0.0.1:9092", "TOLLGATE_KEY_SECRET": secret, "TOLLGATE_ADMIN_TOKEN": token}
 			for k, v := range tt.env {
 				env[k] = v
 			}
@@ -72,4 +86,37 @@ func TestConfigRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAdminTokenAtStart: New refuses to start without a token, naming
+// TOLLGATE_ADMIN_TOKEN; with admin_insecure it starts and says so on
+// /readyz.
+func TestAdminTokenAtStart(t *testing.T) {
+	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", ID: "insecure", DataDir: t.TempDir(),
+		KeySecret: secret, SessionTimeout: 2 * time.Second}
+	cfg.Kafka.Brokers = startKafka(t)
+	if _, err := aggregator.New(cfg, testLogger(t)); err == nil || !strings.Contains(err.Error(), "TOLLGATE_ADMIN_TOKEN") {
+		t.Fatalf("New without a token: %v, want a refusal naming TOLLGATE_ADMIN_TOKEN", err)
+	}
+	cfg.AdminInsecure = true
+	srv, err := aggregator.New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
+	go func() { in.done <- srv.Run(ctx) }()
+	t.Cleanup(func() { in.stop(t) })
+	testwait.Eventually(t, 20*time.Second, func() error {
+		resp, err := http.Get("http://" + srv.Addrs().Metrics + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !strings.Contains(string(b), "WARNING: the operator API has no token (TOLLGATE_ADMIN_INSECURE=true)") {
+			return fmt.Errorf("/readyz %d %q", resp.StatusCode, b)
+		}
+		return nil
+	})
 }

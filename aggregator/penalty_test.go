@@ -350,7 +350,7 @@ func TestPenaltyLadderEndToEnd(t *testing.T) {
 			if c.keyID == stormID && c.action != "deleted" {
 				levels = append(levels, fmt.Sprintf("%s%d", c.action, c.level))
 				if lag := c.at.Sub(c.starts); lag > 2*time.Second {
-					t.Logf("level %d reached the gateway %v after the step (SPEC: < 2 s)", c.level, lag)
+					t.Logf("level %d reached the gateway %v after the step (the propagation bound: < 2 s)", c.level, lag)
 				}
 			}
 		}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -54,16 +53,15 @@ type child struct {
 	once    sync.Once
 }
 
-// owns reports whether the child processes at least one partition.
+// owns reports whether the child is ready and processes at least one
+// partition.
 func (c *child) owns() error {
-	resp, err := http.Get("http://" + c.metrics + "/readyz")
+	r, code, err := getReadyz(c.metrics)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || strings.Contains(string(b), "owned: []") {
-		return fmt.Errorf("child owns no partition yet: %d %s", resp.StatusCode, b)
+	if code != http.StatusOK || len(r.Processing.Partitions) == 0 {
+		return fmt.Errorf("child owns no partition yet: %d %+v", code, r)
 	}
 	return nil
 }
@@ -298,13 +296,9 @@ func TestPenaltySurvivesLostInstance(t *testing.T) {
 
 // ownsPartition reports whether the child processes decisions partition q.
 func (c *child) ownsPartition(t *testing.T, q int32) bool {
-	resp, err := http.Get("http://" + c.metrics + "/readyz")
+	r, _, err := getReadyz(c.metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	_, owned, _ := strings.Cut(string(b), "owned: [")
-	owned, _, _ = strings.Cut(owned, "]")
-	return slices.Contains(strings.Fields(owned), fmt.Sprint(q))
+	return slices.Contains(r.Processing.Partitions, q)
 }

@@ -6,18 +6,38 @@ import (
 	"strings"
 )
 
-// Tools lists the TOLLGATE_* variables read outside the binaries'
+// Tool is a TOLLGATE_* variable read outside the binaries' configurations.
+type Tool struct {
+	Name string
+	// Doc says who reads it and what for.
+	Doc string
+}
+
+// tools lists the TOLLGATE_* variables read outside the binaries'
 // configurations: by scripts, the local stack's starters and the tests.
 // Binaries accept them so that one shell environment serves everything.
-var tools = []string{
-	"TOLLGATE_REDIS_SERVER",              // compose/redisserver: redis-server binary to run
-	"TOLLGATE_NO_INSTALL",                // scripts/install-deps.sh: check only
-	"TOLLGATE_TEST_LOG",                  // tests: log to stderr
-	"TOLLGATE_AGGREGATOR_TEST_PROCESS",   // aggregator tests: child process
-	"TOLLGATE_REDISSERVER_ORPHAN_HELPER", // compose/redisserver tests: child process
-	"TOLLGATE_SPOOL_LOCK_HELPER",         // gateway/internal/spool tests: child process
-	"TOLLGATE_EVENTS_CHILD",              // gateway/internal/events tests: child process
-	"TOLLGATE_STACK_ENV_FILE",            // reserved: where make run writes bin/stack.env
+var tools = []Tool{
+	{"TOLLGATE_REDIS_SERVER", "The redis-server binary tests and `make run` start (compose/redisserver); default: redis-server on PATH."},
+	{"TOLLGATE_CHROMIUM", "The Chromium binary the browser tests drive; default: chromium on PATH."},
+	{"TOLLGATE_NO_INSTALL", "Set: scripts/install-deps.sh (`make deps`, `make test`) only checks what is missing and prints the install command."},
+	{"TOLLGATE_TEST_LOG", "Set: tests log to stderr instead of discarding their logs."},
+	{"TOLLGATE_TEST_REPORT_DIR", "A directory where the loadtest report test keeps its HTML page and screenshot."},
+	{"TOLLGATE_AGGREGATOR_TEST_PROCESS", "Internal: marks the aggregator tests' child processes."},
+	{"TOLLGATE_REDISSERVER_ORPHAN_HELPER", "Internal: marks compose/redisserver's test child processes."},
+	{"TOLLGATE_SPOOL_LOCK_HELPER", "Internal: marks gateway/internal/spool's test child processes."},
+	{"TOLLGATE_EVENTS_HELPER", "Internal: marks gateway/internal/events' test child processes."},
+	{"TOLLGATE_EVENTS_BROKERS", "Internal: the brokers gateway/internal/events' test child processes produce to."},
+	{"TOLLGATE_EVENTS_SPOOL", "Internal: the spool directory of gateway/internal/events' test child processes."},
+	{"TOLLGATE_PIPELINE_GATEWAY_CHILD", "Internal: marks compose/pipeline's gateway child processes."},
+	{"TOLLGATE_PIPELINE_AGGREGATOR_CHILD", "Internal: marks compose/pipeline's aggregator child processes."},
+}
+
+// Tools returns the variables read outside the binaries' configurations
+// (scripts, starters, tests), which every binary accepts too.
+func Tools() []Tool { return slices.Clone(tools) }
+
+func isTool(name string) bool {
+	return slices.ContainsFunc(tools, func(t Tool) bool { return t.Name == name })
 }
 
 // CheckEnv refuses TOLLGATE_* variables in environ (os.Environ) that no
@@ -30,11 +50,15 @@ func CheckEnv(environ []string, known []string) error {
 	var bad []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, Prefix) || slices.Contains(known, name) || slices.Contains(tools, name) {
+		if !strings.HasPrefix(name, Prefix) || slices.Contains(known, name) || isTool(name) {
 			continue
 		}
 		msg := fmt.Sprintf("unknown variable %s", name)
-		if c := closest(name, append(slices.Clone(known), tools...)); c != "" {
+		candidates := slices.Clone(known)
+		for _, t := range tools {
+			candidates = append(candidates, t.Name)
+		}
+		if c := closest(name, candidates); c != "" {
 			msg += fmt.Sprintf(" (did you mean %s?)", c)
 		}
 		bad = append(bad, msg)

@@ -5,6 +5,7 @@ package configs
 // registry lists every variable of the gateway, the aggregator and the
 // local stack.
 var registry = []string{
+	"TOLLGATE_ADMIN_INSECURE",
 	"TOLLGATE_ADMIN_TOKEN",
 	"TOLLGATE_AGGREGATOR_COMMIT_INTERVAL",
 	"TOLLGATE_AGGREGATOR_GROUP",

@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate/tollgate/gateway"
 )
 
-var update = flag.Bool("update", false, "rewrite registry_gen.go from the binaries' Config structs")
+var update = flag.Bool("update", false, "rewrite registry_gen.go and docs/reference/settings.md from the binaries' Config structs")
 
 // TestRegistry checks that the registry is exactly the union of the
 // binaries' variables; -update rewrites it.

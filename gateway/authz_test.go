@@ -10,7 +10,7 @@ import (
 	"github.com/tollgate/tollgate/gateway"
 )
 
-// /v1/authz, the forward-auth form of a check (SPEC §4): the client's
+// /v1/authz, the forward-auth form of a check: the client's
 // request as a proxy forwards it, decided as the proxy surface would
 // decide it, answered as the proxy should answer.
 
@@ -55,7 +55,7 @@ func errorCode(t *testing.T, body []byte) string {
 	return eb.Error.Code
 }
 
-// TestAuthzDecides: five admissions with the SPEC §3 headers, then a 429
+// TestAuthzDecides: five admissions with the rate-limit headers, then a 429
 // with Retry-After and the JSON body (or problem+json), whatever the
 // method of the call; a blocked key is 403 without rate-limit headers; and
 // the forward-auth check shares its counter with the proxy.

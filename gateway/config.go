@@ -26,7 +26,7 @@ import (
 // listener (the proxy is disabled by leaving upstream empty).
 const Off = "off"
 
-// Config is the gateway's configuration (SPEC §4). Every field can be set in
+// Config is the gateway's configuration. Every field can be set in
 // the YAML file given with --config and overridden by the environment
 // variable TOLLGATE_ + its YAML path in upper snake case (package configs);
 // the `doc` tags are what --help prints. Zero fields take their defaults in
@@ -43,7 +43,7 @@ type Config struct {
 	GRPCTLSCertFile     string `yaml:"grpc_tls_cert_file" doc:"PEM certificate (chain) of the Envoy RLS listener; with grpc_tls_key_file it serves TLS. Empty: plaintext."`
 	GRPCTLSKeyFile      string `yaml:"grpc_tls_key_file" doc:"PEM private key of grpc_tls_cert_file."`
 	GRPCTLSClientCAFile string `yaml:"grpc_tls_client_ca_file" doc:"PEM CA bundle: when set, the Envoy RLS listener requires a client certificate signed by it (mutual TLS) and refuses clients without one. Needs grpc_tls_cert_file."`
-	RulesFile           string `yaml:"rules_file" doc:"Rules file (SPEC §2), loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay. In fleet mode (nats.url set) it is only the ruleset a gateway without a last-known-good copy starts from until NATS answers, and is not watched."`
+	RulesFile           string `yaml:"rules_file" doc:"Rules file, loaded at start (the gateway refuses to start without a valid one) and watched: a change is applied within a second; an invalid file is refused and the running rules stay. In fleet mode (nats.url set) it is only the ruleset a gateway without a last-known-good copy starts from until NATS answers, and is not watched."`
 	KeySecret           string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids (HMAC-SHA-256); required, at least 16 bytes, and the same on every gateway and aggregator. Generate one with: openssl rand -base64 32."`
 
 	Redis configs.Redis `yaml:"redis"`
@@ -85,7 +85,7 @@ type Config struct {
 }
 
 // EventsConfig is the `events` section: the decision event producer,
-// active when kafka.brokers is set (SPEC §5).
+// active when kafka.brokers is set.
 type EventsConfig struct {
 	SpoolDir      string        `yaml:"spool_dir" doc:"Directory of the on-disk spool decision events spill to while Kafka is unreachable or slow, replayed in order when it returns. Empty: <data_dir>/spool/<gateway_id>, so two gateways on one machine never share one (the spool is locked)."`
 	SpoolMaxBytes int64         `yaml:"spool_max_bytes" doc:"Disk budget of the spool in bytes. Past it decisions are dropped, counted in tollgate_events_dropped_total and logged once per interval; nothing else is ever lost on a graceful stop."`
@@ -94,7 +94,7 @@ type EventsConfig struct {
 }
 
 // IdentityConfig is the `identity` section: how the proxy reads a request's
-// API key, client IP, tenant, tier and cost (SPEC §3).
+// API key, client IP, tenant, tier and cost.
 type IdentityConfig struct {
 	KeySources     []string `yaml:"key_sources" doc:"Where the proxy looks for the API key, in order; the first present wins: header:<name>, bearer (Authorization: Bearer; a token that is not a valid key, say a JWT, falls through) or query:<name>."`
 	TrustedProxies []string `yaml:"trusted_proxies" doc:"CIDRs (or addresses) of proxies in front of the gateway. Only from them are X-Forwarded-For (walked from the right), tenant_header, tier_header and cost_header believed. Empty: the client IP is always the socket peer."`
@@ -104,7 +104,7 @@ type IdentityConfig struct {
 }
 
 // FastPathConfig is the `fast_path` section: the guard's local fast path
-// (SPEC §2; guard/lease) and resolution cache.
+// (guard/lease) and resolution cache.
 type FastPathConfig struct {
 	Disabled    bool          `yaml:"disabled" doc:"true: no leases and no negative cache, every check of a rule goes to Redis (strict rules always do)."`
 	MaxLeaseTTL time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time, windows to their window's end."`
@@ -134,7 +134,7 @@ type LimitsConfig struct {
 }
 
 // OffendersConfig is the `offenders` section: the proxy's connection-level
-// answer to keys at the top of the penalty ladder (SPEC §6), for clients
+// answer to keys at the top of the penalty ladder, for clients
 // connected directly, never for identity.trusted_proxies, whose connections
 // other clients share.
 type OffendersConfig struct {
@@ -201,7 +201,7 @@ const (
 	apiWriteTimeout = 30 * time.Second
 )
 
-// DefaultKeySources are the identity.key_sources default (SPEC §3).
+// DefaultKeySources are the identity.key_sources default.
 var defaultKeySources = []string{"header:X-API-Key", "bearer"}
 
 // minKeySecret is the shortest key_secret accepted, in bytes: the guard's

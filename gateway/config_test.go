@@ -14,7 +14,7 @@ import (
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-// specVars are the variables SPEC §4 names: a contract.
+// specVars are the variables users and operators rely on: a contract.
 var specVars = []string{
 	"TOLLGATE_LISTEN", "TOLLGATE_UPSTREAM", "TOLLGATE_API_LISTEN", "TOLLGATE_API_TOKEN",
 	"TOLLGATE_METRICS_LISTEN", "TOLLGATE_GRPC_LISTEN", "TOLLGATE_RULES_FILE", "TOLLGATE_KEY_SECRET",
@@ -40,7 +40,7 @@ func TestVarsCoverSpecAndAreDocumented(t *testing.T) {
 	}
 	for _, name := range specVars {
 		if _, ok := byName[name]; !ok {
-			t.Errorf("SPEC variable %s is missing", name)
+			t.Errorf("contract variable %s is missing", name)
 		}
 	}
 	for name, def := range map[string]string{

@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // natsStartWait is how long Run waits for NATS at start, in fleet mode,
@@ -151,10 +152,10 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 		{"key_override", len(s.KeyOverrides)}, {"tenant_override", len(s.TenantOverrides)}} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k.n), k.kind)
 	}
-	var levels [maxLadderLevel + 1]int
+	var levels [tollgatev1.MaxLevel + 1]int
 	now := time.Now().UnixMicro()
 	count := func(level int, expiry int64) {
-		if level > 0 && level <= maxLadderLevel && (expiry == 0 || expiry > now) {
+		if level > 0 && level <= tollgatev1.MaxLevel && (expiry == 0 || expiry > now) {
 			levels[level]++
 		}
 	}
@@ -167,18 +168,23 @@ func (c *controlsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range s.Blocked {
 		count(e.Level, e.Expiry)
 	}
-	for level := 1; level <= maxLadderLevel; level++ {
+	for level := 1; level <= tollgatev1.MaxLevel; level++ {
 		ch <- prometheus.MustNewConstMetric(c.levels, prometheus.GaugeValue, float64(levels[level]), strconv.Itoa(level))
 	}
 }
 
-// maxLadderLevel is the penalty ladder's top level (SPEC §6).
-const maxLadderLevel = 3
-
 // fleetCollectors are the fleet mode's gauges, read from the Syncer at
 // scrape time.
 func (s *Server) fleetCollectors() []prometheus.Collector {
-	return []prometheus.Collector{
+	var corrupt []prometheus.Collector
+	for _, bucket := range []string{tollgatev1.BucketRules, tollgatev1.BucketBlocklist, tollgatev1.BucketOverrides} {
+		corrupt = append(corrupt, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "tollgate_nats_corrupt_entries",
+			Help:        "Entries of the NATS KV bucket that do not decode or sit under the wrong key, as the gateway last read them (every gateway treats them alike: a corrupt blocklist entry blocks its key_id, a corrupt override or allowlisting applies nowhere, a corrupt ruleset leaves the newest good one in force). Repair them through the operator API.",
+			ConstLabels: prometheus.Labels{"bucket": bucket},
+		}, func() float64 { return float64(s.sync.Status().Corrupt[bucket]) }))
+	}
+	return append(corrupt,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tollgate_nats_connected",
 			Help: "1 while the gateway is connected to NATS (fleet mode), else 0: the rules and controls in force stay meanwhile.",
@@ -198,5 +204,5 @@ func (s *Server) fleetCollectors() []prometheus.Collector {
 			}
 			return float64(t.UnixMilli()) / 1e3
 		}),
-	}
+	)
 }

@@ -340,7 +340,7 @@ func (f *fleet) waitRules(version int64, capacity int) time.Duration {
 
 // TestFleetRuleChange raises a limit through the operator API: every
 // gateway enforces it within 2 s, and the counter keeps what was consumed
-// (SPEC §2: raising a limit grants the difference at once).
+// (raising a limit grants the difference at once).
 func TestFleetRuleChange(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 3)
@@ -493,9 +493,12 @@ func TestFleetNATSOutage(t *testing.T) {
 		return nil
 	})
 	t.Logf("version %d, written after NATS came back, enforced by 3 gateways %v after the answer (%v with this check)", v, took, time.Since(answered))
-	if r := f.readyz(f.gws[0]); r.NATS == nil || r.NATS.Status != "connected" || !r.NATS.Synced {
-		t.Errorf("readyz nats %+v after the outage", r.NATS)
-	}
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if r := f.readyz(f.gws[0]); r.NATS == nil || r.NATS.Status != "connected" || !r.NATS.Synced {
+			return fmt.Errorf("readyz nats %+v after the outage", r.NATS)
+		}
+		return nil
+	})
 }
 
 // TestFleetRestartWithoutNATS restarts a gateway while NATS is down: it
@@ -680,7 +683,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-// TestFleetPropagationFigures logs SPEC §8's propagation figure: three
+// TestFleetPropagationFigures logs the propagation figure (< 2 s, aim < 100 ms): three
 // gateways, from the operator API's answer to enforcement on every one,
 // for a rule change and a blocklist entry; and checks the 2 s contract.
 // docs/benchmarks.md records the figures (BenchmarkFleetPropagation gives
@@ -698,12 +701,12 @@ func TestFleetPropagationFigures(t *testing.T) {
 		t.Logf("%s, 3 gateways, %d changes: from the API's answer to enforcement everywhere p50 %v, p99 %v, max %v; the API's own answer p50 %v",
 			m.what, len(ds), p50, p99, slices.Max(ds), percentile(field(m.ps, apiTime), 50))
 		if p99 > 2*time.Second {
-			t.Errorf("%s: p99 %v, want < 2s (SPEC §8)", m.what, p99)
+			t.Errorf("%s: p99 %v, want < 2s (the propagation bound)", m.what, p99)
 		}
 	}
 }
 
-// BenchmarkFleetPropagation reports the propagation figure of SPEC §8
+// BenchmarkFleetPropagation reports the propagation figure
 // (docs/benchmarks.md):
 //
 //	go test ./gateway -run '^$' -bench FleetPropagation -benchtime 100x

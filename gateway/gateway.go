@@ -1,7 +1,7 @@
 // Package gateway is Tollgate's data-plane process as a library: a reverse
 // proxy with the guard in front, the check API for gateways written in
 // other languages, Envoy's rate-limit service, and the metrics and health
-// endpoints (SPEC §4). bin/gateway (gateway/cmd/gateway) only loads a
+// endpoints. bin/gateway (gateway/cmd/gateway) only loads a
 // Config and calls New and Run; tests and `make run` start servers in
 // process the same way.
 //
@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway/internal/checkapi"
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
@@ -44,6 +45,7 @@ import (
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/service"
 )
 
@@ -96,6 +98,11 @@ type Server struct {
 	ruleState atomic.Pointer[activeRules]
 	draining  atomic.Bool
 
+	// What /readyz reports of Redis and NATS, kept by their monitors.
+	started     time.Time
+	redisHealth atomic.Pointer[depState]
+	natsHealth  atomic.Pointer[natsState]
+
 	life service.Lifecycle
 }
 
@@ -140,7 +147,10 @@ type httpServer struct {
 // set) the last-known-good copy under data_dir when there is one — and
 // refuses to start without a valid ruleset; it creates the Redis client
 // and store, and binds every listener, so Addrs is known when New returns
-// and clients connecting before Run wait in the listen queue. log may be
+// and clients connecting before Run wait in the listen queue. When some
+// listeners cannot be bound it binds none, and its error names each (a
+// busy address as a service.AddrInUseError naming the variable that moves
+// it, matching service.ErrAddrInUse and syscall.EADDRINUSE), one per line. log may be
 // nil (discard); API keys are never logged. New does not contact NATS.
 //
 // New starts the Redis store's pipelining goroutines and the fast path's
@@ -287,17 +297,30 @@ func (s *Server) addServer(name, addr string, h http.Handler, writeTimeout time.
 	}})
 }
 
-// listen binds every listener.
+// listenVars are the settings of the listeners' addresses, by listener.
+var listenVars = map[string]string{"proxy": "listen", "api": "api_listen", "metrics": "metrics_listen", "grpc": "grpc_listen"}
+
+// listen binds every listener. When some cannot be bound, none stays
+// bound and the error names each that failed, a busy one with the
+// variable that moves it (service.ErrAddrInUse, one line each).
 func (s *Server) listen() error {
+	var ls []service.Listener
 	for _, hs := range s.servers {
 		addr := s.cfg.APIListen
 		if hs.srv != nil {
 			addr = hs.srv.Addr
 		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-		}
+		ls = append(ls, service.Listener{Name: hs.name, Addr: addr, Var: configs.EnvName(listenVars[hs.name])})
+	}
+	if s.grpc != nil {
+		ls = append(ls, service.Listener{Name: "grpc", Addr: s.cfg.GRPCListen, Var: configs.EnvName(listenVars["grpc"])})
+	}
+	lns, err := service.ListenAll(ls)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	for i, hs := range s.servers {
+		ln := lns[i]
 		hs.ln = ln
 		switch hs.name {
 		case "proxy":
@@ -310,12 +333,8 @@ func (s *Server) listen() error {
 		}
 	}
 	if s.grpc != nil {
-		ln, err := net.Listen("tcp", s.cfg.GRPCListen)
-		if err != nil {
-			return fmt.Errorf("gateway: grpc listener: %w", err)
-		}
-		s.grpc.ln = ln
-		s.addrs.GRPC = ln.Addr().String()
+		s.grpc.ln = lns[len(lns)-1]
+		s.addrs.GRPC = s.grpc.ln.Addr().String()
 	}
 	return nil
 }
@@ -343,8 +362,9 @@ func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 }
 
 // Run serves until ctx is done or a listener fails, then shuts down
-// gracefully. In fleet mode it first waits up to natsStartWait (1 s) for
-// NATS to deliver the fleet's rules. On shutdown it stops accepting, lets
+// gracefully. It serves /metrics, /healthz and /readyz at once; in fleet
+// mode it then waits up to natsStartWait (1 s) for NATS to deliver the
+// fleet's rules before it serves the other listeners. On shutdown it stops accepting, lets
 // in-flight requests finish within shutdown_timeout (then closes their
 // connections), charges the queued costs, and releases Redis. It returns
 // nil after a shutdown asked for by ctx or Close, else the error that
@@ -357,8 +377,31 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer finish()
 
+	s.started = time.Now()
 	g, ctx := service.NewGroup(ctx)
 	g.Go(func() error { return s.rules.Run(ctx) })
+	// Health answers from the start, whatever the dependencies do: the
+	// monitors first, then the metrics listener, before the wait for NATS.
+	s.startHealth(ctx, g)
+	serve := func(hs *httpServer) {
+		g.Go(func() error {
+			if hs.fast != nil {
+				if err := hs.fast.serve(hs.ln); err != nil {
+					return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+				}
+				return nil
+			}
+			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
+			}
+			return nil
+		})
+	}
+	for _, hs := range s.servers {
+		if hs.name == "metrics" {
+			serve(hs)
+		}
+	}
 	if s.sync != nil {
 		s.waitForNATS(ctx)
 	}
@@ -369,7 +412,7 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.Bool("api_token_set", s.cfg.APIToken != ""), slog.String("grpc_tls", s.grpcTLSMode()),
 		slog.Any("exposed", s.exposed()),
 		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
-		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", redactURL(s.cfg.NATS.URL)),
+		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
 	s.warnExposure()
 
@@ -384,18 +427,9 @@ func (s *Server) Run(ctx context.Context) error {
 		g.Go(s.reporter.Run)
 	}
 	for _, hs := range s.servers {
-		g.Go(func() error {
-			if hs.fast != nil {
-				if err := hs.fast.serve(hs.ln); err != nil {
-					return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-				}
-				return nil
-			}
-			if err := hs.srv.Serve(hs.ln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("gateway: %s listener: %w", hs.name, err)
-			}
-			return nil
-		})
+		if hs.name != "metrics" {
+			serve(hs)
+		}
 	}
 	if s.grpc != nil {
 		g.Go(func() error {

@@ -25,9 +25,6 @@ import (
 	"github.com/tollgate/tollgate/guard"
 )
 
-// minPingTimeout bounds the Redis PING of /readyz from below.
-const minPingTimeout = 100 * time.Millisecond
-
 // grpcStreamWorkers is the number of goroutines serving gRPC streams
 // (parked until a call comes; each keeps its grown stack, a few KiB).
 const grpcStreamWorkers = 256

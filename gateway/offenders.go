@@ -14,7 +14,7 @@ import (
 	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
-// The proxy's connection-level answer to repeat offenders (SPEC §6, the
+// The proxy's connection-level answer to repeat offenders (the
 // offenders section). Keys at the top of the penalty ladder are answered
 // from the guard's memory (no Redis), with prebuilt bodies (httpguard); a
 // direct client's connection is closed at its offenders.close_after-th

@@ -24,7 +24,7 @@ import (
 )
 
 // The same request through the proxy, the check API (single, batch,
-// report) and Envoy RLS is one identity and one endpoint (SPEC §3). These
+// report) and Envoy RLS is one identity and one endpoint. These
 // tests fail if endpoint normalisation, key validation or the missing-IP
 // rule is removed from the guard's request path.
 

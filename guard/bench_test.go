@@ -14,7 +14,7 @@ import (
 
 // Benchmarks of Guard.CheckInto through Redis and through memstore. Results
 // and the commands that produce them are in docs/benchmarks.md; `make bench`
-// runs them, then the SPEC §8 EVALSHA ratio
+// runs them, then the EVALSHA ratio
 // (guard/redisstore/internal/evalbench).
 
 const (
@@ -65,7 +65,7 @@ rules:
   - {id: key, match: {}, algorithm: sliding_window_log, limit: 1000, window: 1s}
 `},
 	// Two rules, one EVALSHA: the key's counter and its tenant's share a
-	// hash tag (SPEC §2).
+	// hash tag.
 	{name: "key+tenant", tenants: true, rules: `
 rules:
   - {id: key, match: {}, algorithm: token_bucket, capacity: 1000, rate: 1000/1h}

@@ -52,9 +52,11 @@ type ControlSet struct {
 
 // Entry is a blocklist or allowlist entry. Expiry is Unix microseconds, 0
 // for none. Level is the penalty ladder's level of a block the ladder
-// imposed (0 for an operator's entry); Close asks gateways to answer the
-// key at the connection level where the peer is the client itself, as for
-// Penalty.Close (the ladder's top level is a block).
+// imposed (0 for an operator's entry), reported in Decision.PenaltyLevel;
+// Close asks gateways to answer the key at the connection level where the
+// peer is the client itself, as for Penalty.Close. What each level means,
+// and which may close, is the control plane's (package
+// schemas/tollgatev1); the guard only carries them.
 type Entry struct {
 	Expiry int64
 	Reason string
@@ -62,7 +64,7 @@ type Entry struct {
 	Close  bool
 }
 
-// Penalty is a 429 cooldown on a key (SPEC §6). Until is Unix microseconds;
+// Penalty is a 429 cooldown on a key. Until is Unix microseconds;
 // a penalty applies while Until is in the future (math.MaxInt64: until it
 // is lifted). Level is the penalty ladder's level; Close asks gateways to
 // answer the key at the connection level (Connection: close) where the
@@ -76,8 +78,7 @@ type Penalty struct {
 
 // Override is a temporary override of every rule of one scope (key or
 // tenant), or of one rule when Rule is set. Level is the penalty ladder's
-// level of an override the ladder imposed (its first level: a reduced
-// limit), 0 for an operator's.
+// level of an override the ladder imposed, 0 for an operator's.
 type Override struct {
 	rules.Override
 	Rule  string
@@ -331,16 +332,16 @@ func (s *ControlSet) status(keyID string, now int64) rules.ListStatus {
 	return rules.Unlisted
 }
 
-// ladderBlock returns the penalty ladder's level and close flag of a
-// key_id's live blocklist entry: (0, false) for an operator's block, or
-// when there is none. A decision reads it only once it knows the key is
-// blocked, from the controls as they are then (a cached resolution
-// carries the list status, not the entry).
-func (s *ControlSet) ladderBlock(keyID string, now int64) (level int, close bool) {
+// blockEntry returns a key_id's live blocklist entry, if any: its Level
+// says whether the penalty ladder imposed it (0: an operator's block). A
+// decision reads it only once it knows the key is blocked, from the
+// controls as they are then (a cached resolution carries the list status,
+// not the entry).
+func (s *ControlSet) blockEntry(keyID string, now int64) (Entry, bool) {
 	if e, ok := s.Blocked[keyID]; ok && live(e.Expiry, now) {
-		return e.Level, e.Close
+		return e, true
 	}
-	return 0, false
+	return Entry{}, false
 }
 
 // penalty returns a key_id's penalty, if one applies at now (µs).

@@ -62,7 +62,7 @@ const (
 	ReasonCallRejected Reason = "call_rejected"
 )
 
-// API error codes (SPEC §3, §4). One table for every surface.
+// API error codes. One table for every surface.
 const (
 	CodeRateLimitExceeded = "RATE_LIMIT_EXCEEDED" // 429
 	CodeKeyBlocked        = "KEY_BLOCKED"         // 403: blocklist, or a block rule selecting keys only
@@ -109,7 +109,7 @@ type RuleResult struct {
 	FailOpen bool
 }
 
-// Decision is the answer for one request: everything the SPEC §3 headers,
+// Decision is the answer for one request: everything the rate-limit headers,
 // the check API, Envoy RLS and decision events need.
 type Decision struct {
 	Allowed bool
@@ -127,10 +127,20 @@ type Decision struct {
 	// ReasonPenalty, or ReasonBlocklisted for a block the ladder imposed
 	// (0 for an operator's block); CloseConnection asks the HTTP layer to
 	// answer with Connection: close where the peer is the client itself
-	// (the top of the ladder). Both are decided from memory, without the
+	// (the controls' Close). Both are decided from memory, without the
 	// store.
 	PenaltyLevel    int
 	CloseConnection bool
+	// PenaltyUntil and PenaltyReason, for a decision of the penalty ladder
+	// (PenaltyLevel > 0): when the penalty ends (Unix microseconds;
+	// math.MaxInt64 until it is lifted, 0 unknown) and why the ladder
+	// imposed it, in the words of the step that did ("20 of 20 requests in
+	// 60s arrived while a Retry-After was running (100%)"; empty when not
+	// known). The HTTP layer tells the client both, so that a penalised
+	// client, or whoever runs a load test, sees what happened and until
+	// when.
+	PenaltyUntil  int64
+	PenaltyReason string
 
 	// Rules holds the applicable enforced rules, in ruleset order, then the
 	// shadow rules. Deciding indexes the rule whose values go into the

@@ -8,7 +8,7 @@
 //	g, err := guard.New(redisstore.New(client), secret, ruleset)
 //	d, err := g.Check(ctx, &guard.Request{Key: apiKey, Path: r.URL.Path, Method: r.Method})
 //
-// A Decision carries everything the SPEC §3 headers, the check API, Envoy
+// A Decision carries everything the rate-limit headers, the check API, Envoy
 // RLS and decision events need; package httpguard writes it to HTTP.
 //
 // Precedence: blocklist (403) > allowlist (no limits) > penalty (429) >

@@ -319,7 +319,7 @@ func (g *Guard) AddQuota(ctx context.Context, req *Request, n int64) (*Decision,
 	return d, g.decide(ctx, OpAddQuota, &r, d)
 }
 
-// ValidKey reports whether key is an acceptable API key (SPEC §3): at most
+// ValidKey reports whether key is an acceptable API key: at most
 // MaxKeyLen bytes of valid UTF-8 holding no control character (C0, DEL, C1:
 // U+0000–U+001F, U+007F–U+009F) and no space (U+0020, which no header or
 // query source could carry unambiguously). Other Unicode is fine. The empty
@@ -400,7 +400,7 @@ func (g *Guard) decideOnce(ctx context.Context, op Op, req *Request, d *Decision
 // resolved afresh every time.
 func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, apps []applicable) (_ []applicable, ok bool) {
 	*d = Decision{Rules: d.Rules[:0], Deciding: -1, Status: 200, Allowed: true, Reason: ReasonAllowed}
-	// The one place every surface normalises its path (SPEC §3): before the
+	// The one place every surface normalises its path: before the
 	// lists, so that no request, allowlisted or not, goes on with a path
 	// the limiter and the upstream would read differently.
 	path, ok := rules.CleanPath(req.Path)
@@ -466,7 +466,15 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, CodeKeyBlocked, ReasonBlocklisted)
-			d.PenaltyLevel, d.CloseConnection = g.controls.Snapshot().ladderBlock(d.KeyID, now)
+			if e, ok := g.controls.Snapshot().blockEntry(d.KeyID, now); ok {
+				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
+				if e.Level > 0 {
+					d.PenaltyUntil, d.PenaltyReason = e.Expiry, e.Reason
+					if d.PenaltyUntil == 0 {
+						d.PenaltyUntil = math.MaxInt64
+					}
+				}
+			}
 			return apps, false
 		case rules.Allowlisted:
 			d.Reason = ReasonAllowlisted
@@ -476,6 +484,9 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 			d.reject(429, CodePenalty, ReasonPenalty)
 			d.RetryAfter = max(1, ceilDiv(p.Until-now, 1_000_000))
 			d.PenaltyLevel, d.CloseConnection = p.Level, p.Close
+			if p.Level > 0 {
+				d.PenaltyUntil, d.PenaltyReason = p.Until, p.Reason
+			}
 			d.Time = now
 			return apps, false
 		}
@@ -763,7 +774,7 @@ func (g *Guard) degrade(ctx context.Context, op Op, ruleOf []*rules.Rule, counte
 	return now, nil
 }
 
-// counterID returns the identity of rule r's counter for req (SPEC §2):
+// counterID returns the identity of rule r's counter for req:
 // anonymous requests count key- and tenant-scope rules per client IP.
 func counterID(r *rules.Rule, req *rules.Request) CounterID {
 	id := CounterID{Rule: r.Tag, Scope: r.Scope}

@@ -215,7 +215,7 @@ func TestGuardMatchesModel(t *testing.T) {
 	}
 }
 
-// TestTradingBotBurst is SPEC §10 scenario 1 through a real Redis with Redis
+// TestTradingBotBurst is the trading-bot scenario through a real Redis with Redis
 // time: one key, token bucket of 100 refilling 100/min, 500 requests as fast
 // as possible. The admitted count must be exactly what the reference model
 // admits when fed the decisions' Redis times, and at least the capacity.

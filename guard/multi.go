@@ -10,7 +10,7 @@ import (
 )
 
 // CheckMany decides reqs as one all-or-nothing call (an Envoy rate-limit
-// request with several descriptors, SPEC §4): the call is admitted only if
+// request with several descriptors): the call is admitted only if
 // every request is, and a rejected call charges nothing at all. ds[i]
 // receives the decision of reqs[i] (reusing its Rules' storage; a nil
 // ds[i] is replaced by a new Decision); len(ds) must equal len(reqs).
@@ -184,7 +184,7 @@ func rejectCall(ds []*Decision) {
 
 // CallDeciding returns the index of the decision that answers a call of
 // several requests (CheckMany, a multi-descriptor Envoy call), whose
-// headers (SPEC §3) the call's response carries: when any request was
+// headers the call's response carries: when any request was
 // rejected on its own, the one with the longest RetryAfter (400 and 403
 // have none), else, among the decisions with headers, the one whose
 // deciding rule has the least remaining, ties to the smallest limit; the

@@ -22,7 +22,7 @@ func (s *namingStore) CounterName(id *CounterID) string {
 }
 
 // TestCounterIdentity: the guard gives the store's Namer each counter's
-// identity (SPEC §2): a key without a tenant is its own tenant, an
+// identity: a key without a tenant is its own tenant, an
 // anonymous request counts key- and tenant-scope rules per IP, an IPv6
 // address counts by its /64, by_endpoint rules add the endpoint.
 func TestCounterIdentity(t *testing.T) {

@@ -30,7 +30,7 @@ func (c *countStore) Do(ctx context.Context, op guard.Op, now int64, cs []guard.
 
 // TestSpellingsAreOneEndpoint: every spelling of a blocked or limited
 // endpoint is blocked or limited as the endpoint itself, and by_endpoint
-// counters are shared across spellings (SPEC §3).
+// counters are shared across spellings.
 func TestSpellingsAreOneEndpoint(t *testing.T) {
 	t.Parallel()
 	rs := mustRules(t, `

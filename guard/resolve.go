@@ -98,7 +98,7 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, r
 		// Identity before the lists, so blocked, allowlisted and penalised
 		// decisions carry the key's tenant too: their events go to the
 		// tenant's decisions partition, where the aggregator keeps the
-		// key's penalty state (SPEC §6).
+		// key's penalty state.
 		info, registered := rs.Identify(req.Key)
 		switch {
 		case registered:

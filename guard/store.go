@@ -93,7 +93,7 @@ type Counter struct {
 	Return int64
 }
 
-// CounterID is a counter's identity (SPEC §2): the rule's part (its tag)
+// CounterID is a counter's identity: the rule's part (its tag)
 // and the scope value. A Namer turns it into a Counter.Name.
 type CounterID struct {
 	// Rule is the rule's tag (rules.Rule.Tag): short, base64url, stable
@@ -117,7 +117,7 @@ type CounterID struct {
 }
 
 // Namer names counters. A Store that implements it names the counters the
-// guard sends it (redisstore: Cluster hash tags, SPEC §2 Redis layout); a
+// guard sends it (redisstore: Cluster hash tags, docs/guard.md); a
 // store decorator forwards to the store it wraps. For a store that does
 // not, the guard uses PlainName. A name must be a pure function of the
 // identity, and distinct identities must get distinct names.
@@ -209,7 +209,7 @@ type Store interface {
 // counters it saw (guard/lease: leases and the negative cache). The guard
 // calls Invalidate after every SetRules, and a store decorator forwards
 // it, so that local state never outlives the ruleset it was built under
-// (SPEC §2: local caches are dropped when the ruleset changes).
+// (local caches are dropped when the ruleset changes).
 // Invalidate must not block: state that needs I/O to drop (units to give
 // back to Redis) is dropped in the background.
 type Invalidator interface {

@@ -2,7 +2,7 @@
 // one bounded run against the gateway's proxy, check API or Envoy
 // rate-limit service and returns its [Summary]. Command loadtest
 // (loadtest/cmd/loadtest) parses flags into a [Config] and calls Run; the
-// SPEC §10 scenarios and the benchmarks call Run in process.
+// scenarios and the benchmarks call Run in process.
 //
 // A run is bounded by a request count, a duration, or both (whichever comes
 // first), and never lasts longer than [MaxDuration]. Latency comes from an
@@ -36,7 +36,7 @@ const (
 	TargetGRPC = "grpc"
 )
 
-// Default addresses of each target, the gateway's defaults (SPEC §4).
+// Default addresses of each target, the gateway's defaults.
 const (
 	DefaultProxyURL = "http://127.0.0.1:8080"
 	DefaultCheckURL = "http://127.0.0.1:8082/v1/check"

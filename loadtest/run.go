@@ -222,6 +222,9 @@ func summarize(cfg Config, rec *report.Recorder, res gen.Result) *Summary {
 	}
 	for _, o := range rec.Outcomes() {
 		s.Order = append(s.Order, o.Name)
+		if o.Penalty {
+			s.PenaltyAnswers += s.Statuses[o.Name]
+		}
 	}
 	return s
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/tollgate/tollgate/loadtest/internal/target"
 )
 
-// The retry storm (SPEC §10.2): many clients of one tenant poll at a
+// The retry storm: many clients of one tenant poll at a
 // multiple of their key's limit and retry every rejection at once,
 // ignoring Retry-After, each from a loopback address of its own, beside a
 // well-behaved key of the same tenant that honours Retry-After. The run
@@ -53,7 +53,7 @@ const (
 	DefaultStormInterval = 250 * time.Millisecond
 	DefaultMetricsURL    = "http://127.0.0.1:9091/metrics"
 	DefaultAdminURL      = "http://127.0.0.1:8081"
-	// TopLevel is the penalty ladder's top level (SPEC §6: blocklist, the
+	// TopLevel is the penalty ladder's top level (blocklist, the
 	// connection-level answer).
 	TopLevel = 3
 )
@@ -209,6 +209,24 @@ type StormSummary struct {
 	// once the key was answered from memory (levels 2 and up); -1 when
 	// unknown.
 	RedisPerRejectionPenalised float64 `json:"redis_calls_per_rejection_penalised"`
+	// RedisPerRejectionTop is the same at the top, steady (-1: unknown),
+	// and ReturnedPenalised the lease units the gateway gave back to Redis
+	// from level 2 on (its tollgate_fastpath_returned_units_total): in the
+	// seconds after the penalty the gateway returns what the storm's
+	// counters still held from before it, and each return is a Redis call
+	// that the figure from level 2 on counts, though no rejection made it.
+	RedisPerRejectionTop float64 `json:"redis_calls_per_rejection_top"`
+	ReturnedPenalised    float64 `json:"lease_units_returned_penalised"`
+	// RedisResiduePenalised is the Redis calls from level 2 on beyond one
+	// per polite request, and PoliteRequestsPenalised the polite requests
+	// meanwhile: a residue no larger than those can be the polite client's
+	// own lease calls.
+	RedisResiduePenalised   float64 `json:"redis_calls_residue_penalised"`
+	PoliteRequestsPenalised int64   `json:"polite_requests_penalised"`
+	// TopRedisResidue and TopPoliteRequests are the same at the steady
+	// top (-1: unknown).
+	TopRedisResidue   float64 `json:"redis_calls_residue_top"`
+	TopPoliteRequests int64   `json:"polite_requests_top"`
 
 	Storm  StormCounts  `json:"storm"`
 	Polite PoliteResult `json:"polite"`
@@ -252,14 +270,19 @@ type StormPhase struct {
 	// from INFO commandstats (server-wide).
 	RedisPerRejection   float64 `json:"redis_calls_per_rejection"`
 	EvalSHAPerRejection float64 `json:"evalsha_per_rejection"`
+	// RedisResidue is the gateway's Redis calls beyond one per polite
+	// request, PoliteRequests the polite requests: the counts behind
+	// RedisPerRejection.
+	RedisResidue   float64 `json:"redis_calls_residue"`
+	PoliteRequests int64   `json:"polite_requests"`
 }
 
 // StormCounts are the storm clients' answers.
 type StormCounts struct {
 	Answers     int64 `json:"answers"`
 	OK          int64 `json:"ok"`
-	RateLimited int64 `json:"rate_limited"` // 429 with rate-limit headers
-	Penalty     int64 `json:"penalty"`      // 429 without: PENALTY
+	RateLimited int64 `json:"rate_limited"` // 429 of a rule
+	Penalty     int64 `json:"penalty"`      // 429 PENALTY
 	Blocked     int64 `json:"blocked"`      // 403
 	Other       int64 `json:"other"`
 	Errors      int64 `json:"errors"`
@@ -294,6 +317,7 @@ type stormSample struct {
 	level                    int // aggregator, -1 unknown
 	gwLevel                  int // highest level the gateway holds a key at, -1 unknown
 	closed, delayed, refused float64
+	returned                 float64 // lease units the gateway gave back
 }
 
 // stormClient counters, shared by all storm clients.
@@ -566,8 +590,8 @@ func (r *stormRun) stormClient(ctx context.Context, src netip.Addr, offset, peri
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // send sends one GET with key and reads the answer: its status, whether
-// it closed the connection, and whether a 429 was a penalty's (no
-// rate-limit headers).
+// it closed the connection, and whether a 429 was a penalty's (its body's
+// code PENALTY).
 func (r *stormRun) send(ctx context.Context, client *http.Client, u, key string) (status int, closed, penalty bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -585,11 +609,13 @@ func (r *stormRun) send(ctx context.Context, client *http.Client, u, key string)
 		}
 		return 0, false, false, err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	r.rec.Record(target.ClassifyHTTP(resp.StatusCode), start, time.Since(start))
-	penalty = resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("X-RateLimit-Limit") == ""
-	return resp.StatusCode, resp.Close, penalty, nil
+	o, err := target.Finish(resp)
+	if err != nil {
+		r.rec.Error(err)
+		return 0, false, false, err
+	}
+	r.rec.Record(o, start, time.Since(start))
+	return resp.StatusCode, resp.Close, o == target.HTTP429Penalty, nil
 }
 
 func (r *stormRun) countStorm(status int, closed, penalty bool, err error) {
@@ -651,8 +677,7 @@ func (r *stormRun) politeClient(ctx context.Context) {
 		if err != nil {
 			p.errs.Add(1)
 		} else {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			o, _ := target.Finish(resp)
 			lat := int64(time.Since(start))
 			for cur := p.maxLatency.Load(); lat > cur && !p.maxLatency.CompareAndSwap(cur, lat); cur = p.maxLatency.Load() {
 			}
@@ -662,8 +687,7 @@ func (r *stormRun) politeClient(ctx context.Context) {
 			switch {
 			case resp.StatusCode/100 == 2:
 				p.ok.Add(1)
-			case resp.StatusCode == http.StatusForbidden,
-				resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("X-RateLimit-Limit") == "":
+			case resp.StatusCode == http.StatusForbidden, o == target.HTTP429Penalty:
 				p.penalised.Add(1)
 			case resp.StatusCode == http.StatusTooManyRequests:
 				p.limited.Add(1)
@@ -741,7 +765,7 @@ func (r *stormRun) takeSample(ctx context.Context, cpu0 time.Duration) stormSamp
 	scrape := r.cfg.Metrics != "" && (r.lastScrape < 0 || s.at-r.lastScrape >= r.metricsEvery()-r.cfg.Interval/2)
 	if !scrape && len(r.samples) > 0 {
 		prev := r.samples[len(r.samples)-1]
-		s.gwLevel, s.closed, s.delayed, s.refused = prev.gwLevel, prev.closed, prev.delayed, prev.refused
+		s.gwLevel, s.closed, s.delayed, s.refused, s.returned = prev.gwLevel, prev.closed, prev.delayed, prev.refused, prev.returned
 	}
 	if scrape {
 		r.lastScrape = s.at
@@ -759,6 +783,7 @@ func (r *stormRun) takeSample(ctx context.Context, cpu0 time.Duration) stormSamp
 			s.closed = ss.Sum("tollgate_penalty_connections_closed_total", `reason="penalty"`)
 			s.delayed = ss.Sum("tollgate_accept_throttled_total", `outcome="delayed"`)
 			s.refused = ss.Sum("tollgate_accept_throttled_total", `outcome="refused"`)
+			s.returned = ss.Sum("tollgate_fastpath_returned_units_total")
 		}
 	}
 	if r.cmd != nil {

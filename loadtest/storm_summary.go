@@ -19,7 +19,7 @@ const withinLimit = "level 0, polling within the limit"
 // procstatTick is the resolution of a process's CPU time.
 var procstatTick = procstat.TicksToDuration(1)
 
-// levelNames name the ladder's levels (SPEC §6, docs/aggregator.md).
+// levelNames name the ladder's levels (docs/aggregator.md).
 var levelNames = [TopLevel + 1]string{"storm, before any penalty", "reduced limit", "cooldown, 429 PENALTY", "blocklist, connection level"}
 
 // summarize builds the summary from the run's samples.
@@ -30,7 +30,7 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		URL: strings.TrimSuffix(cfg.URL, "/") + cfg.Path, Key: keyPrefix(cfg.Key), PoliteKey: keyPrefix(cfg.PoliteKey),
 		Clients: cfg.Clients, Sources: src.String() + "–" + lastSource(src, cfg.Clients).String(),
 		PollRate: cfg.Limit * cfg.Factor, PoliteSource: cfg.PoliteSource,
-		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1, FirstRejection: -1,
+		ElapsedSeconds: elapsed.Seconds(), RedisPerRejectionPenalised: -1, RedisPerRejectionTop: -1, FirstRejection: -1,
 		recorder: r.rec,
 	}
 	r.mu.Lock()
@@ -145,7 +145,8 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		// storm before it; the reduced limit is decided in Redis as before.
 		before = reduced
 		s.Notes = append(s.Notes, "the first step came within one sampling interval of the first 429, too soon to measure the storm before it: "+
-			"the ratio is against level 1, whose rejections still go to Redis (a higher penalty.backoff_min_ignored and penalty.rejection_min_requests leave the storm unpunished longer)")
+			"the ratio is against level 1, whose rejections are still a rule's (decided in Redis, or from the fast path's negative cache once a counter is known to be over); "+
+			"a higher penalty.backoff_min_ignored and penalty.rejection_min_requests leave the storm unpunished longer")
 	}
 	if before >= 0 && top >= 0 && s.Phases[before].CPUPerSecond > 0 && s.Phases[top].CPUPerSecond >= 0 {
 		b, t := s.Phases[before], s.Phases[top]
@@ -160,6 +161,15 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 	if from := penalisedFrom(samples, start[2]); from >= 0 {
 		if ph, ok := phase(samples, from, len(samples)-1); ok {
 			s.RedisPerRejectionPenalised = ph.RedisPerRejection
+			s.RedisResiduePenalised, s.PoliteRequestsPenalised = ph.RedisResidue, ph.PoliteRequests
+			s.ReturnedPenalised = samples[len(samples)-1].returned - samples[from].returned
+		}
+	}
+	s.TopRedisResidue = -1
+	if top >= 0 {
+		s.RedisPerRejectionTop = s.Phases[top].RedisPerRejection
+		if s.RedisPerRejectionTop >= 0 {
+			s.TopRedisResidue, s.TopPoliteRequests = s.Phases[top].RedisResidue, s.Phases[top].PoliteRequests
 		}
 	}
 	return s
@@ -223,7 +233,10 @@ func phase(samples []stormSample, from, to int) (StormPhase, bool) {
 		rt--
 	}
 	if rt > rf && samples[rf].redisOK && samples[rt].redisOK {
-		ph.RedisPerRejection = perRejection(samples[rf], samples[rt], func(s stormSample) float64 { return s.redis })
+		x, y := samples[rf], samples[rt]
+		ph.RedisPerRejection = perRejection(x, y, func(s stormSample) float64 { return s.redis })
+		ph.RedisResidue = max(y.redis-x.redis-float64(y.politeReq-x.politeReq), 0)
+		ph.PoliteRequests = y.politeReq - x.politeReq
 	}
 	if a.evalOK && b.evalOK {
 		ph.EvalSHAPerRejection = perRejection(a, b, func(s stormSample) float64 { return s.evalsha })
@@ -252,6 +265,41 @@ func na(v float64, format string) string {
 		return "n/a"
 	}
 	return fmt.Sprintf(format, v)
+}
+
+// RedisVerdict says whether the storm cost Redis no call once penalised
+// (levels 2 and up), and why. The gateway's Redis calls count every
+// client's: the polite client's (one per request is subtracted; its lease
+// takes and returns add a few) and, in the seconds after the penalty, the
+// sweep's calls giving back the lease units of the storm's counters, which
+// it had leased before the penalty (each call gives back one unit or
+// more). So a residue of calls is met when the polite client's requests
+// outnumber it, or when the units given back do too while the steady top,
+// the sweep done, has no more calls than the polite client's requests
+// there; and not met otherwise: then rejections called Redis.
+func (s *StormSummary) RedisVerdict() (met bool, why string) {
+	residue, polite := s.RedisResiduePenalised, float64(s.PoliteRequestsPenalised)
+	switch {
+	case s.RedisPerRejectionPenalised < 0:
+		return false, "unknown"
+	case residue == 0:
+		return true, "met"
+	case residue <= polite:
+		return true, fmt.Sprintf("met: %s beyond one per polite request, fewer than the polite client's %.0f requests, whose lease takes and returns Redis counts too",
+			calls(residue), polite)
+	case residue <= polite+s.ReturnedPenalised && (s.TopRedisResidue < 0 || s.TopRedisResidue <= float64(s.TopPoliteRequests)):
+		return true, fmt.Sprintf("met: %s beyond one per polite request while the gateway gave back %.0f lease units the storm's counters held from before the penalty (each return a call); at the steady top %s for %d polite requests",
+			calls(residue), s.ReturnedPenalised, calls(max(s.TopRedisResidue, 0)), s.TopPoliteRequests)
+	}
+	return false, fmt.Sprintf("NOT met: %s beyond one per polite request, %.0f lease units given back", calls(residue), s.ReturnedPenalised)
+}
+
+// calls is "1 call" or "n calls".
+func calls(n float64) string {
+	if n == 1 {
+		return "1 call"
+	}
+	return fmt.Sprintf("%.0f calls", n)
 }
 
 // WriteText writes s as the table `loadtest storm` prints.
@@ -287,16 +335,7 @@ func (s *StormSummary) WriteText(w io.Writer) error {
 			s.CPURatio, s.CPURatioAgainst, verdict)
 	}
 	if s.RedisPerRejectionPenalised >= 0 {
-		// Redis counts every client's calls: the polite client's own and the
-		// fast path's lease returns land in the same figure, so a residue
-		// below one call per 2000 rejections is not the storm's.
-		verdict := "met"
-		switch {
-		case s.RedisPerRejectionPenalised >= 0.0005:
-			verdict = "NOT met"
-		case s.RedisPerRejectionPenalised > 0:
-			verdict = "met: the residue is the polite client's calls and lease returns, which Redis counts too"
-		}
+		_, verdict := s.RedisVerdict()
 		fmt.Fprintf(&b, "           %.3f Redis calls per rejection once penalised, level 2 and up (target 0: %s)\n", s.RedisPerRejectionPenalised, verdict)
 	}
 	st := s.Storm
@@ -328,12 +367,18 @@ func (s *StormSummary) WriteText(w io.Writer) error {
 // gateway's CPU per second, the level and the Redis calls per rejection
 // over the run.
 func (s *StormSummary) WriteHTML(w io.Writer) error {
+	return s.htmlSummary().WriteHTML(w)
+}
+
+// htmlSummary is the page's summary: the storm clients' answers as a
+// loadtest run's, with the gateway's charts added over the run's seconds.
+func (s *StormSummary) htmlSummary() *report.Summary {
 	rec := s.recorder
 	snap := rec.Snapshot()
 	sum := &report.Summary{
-		Target: "storm", Endpoint: s.URL, Mode: "closed", Workers: s.Clients, Keys: 1, Dist: "one key", Paths: 1, Cost: 1,
+		Target: "storm", Endpoint: s.URL, Mode: "closed", Workers: s.Clients, Keys: 1, Paths: 1, Cost: 1,
 		StoppedBy: s.StoppedBy, ElapsedSeconds: s.ElapsedSeconds, Sent: s.Storm.Answers + s.Storm.Errors,
-		Answered: snap.Answered(), Decisions: rec.Decisions(), Errors: snap.Errors, Statuses: rec.Counts(),
+		Answered: snap.Answered(), Decisions: rec.Decisions(), Errors: snap.Errors, Statuses: rec.Counts(), PenaltiesExpected: true,
 		LatencyFrom: "sent", LatencyUS: rec.Latency(), ErrorSamples: rec.ErrorSamples(), Seconds: rec.Seconds(),
 	}
 	if s.ElapsedSeconds > 0 {
@@ -344,49 +389,112 @@ func (s *StormSummary) WriteHTML(w io.Writer) error {
 	}
 	for _, o := range rec.Outcomes() {
 		sum.Order = append(sum.Order, o.Name)
+		if o.Penalty {
+			sum.PenaltyAnswers += sum.Statuses[o.Name]
+		}
 	}
-	if pts := secondly(s.samples); len(pts) >= 3 {
-		var x, cpu, agg, gw, redis []float64
-		for i := 1; i < len(pts); i++ {
-			a, b := pts[i-1], pts[i]
-			dt := (b.at - a.at).Seconds()
-			x = append(x, math.Round(b.at.Seconds()*10)/10)
-			cpu = append(cpu, nanUnless(a.cpuOK && b.cpuOK, (b.cpu-a.cpu).Seconds()/dt))
-			agg = append(agg, nanUnless(b.level >= 0, float64(b.level)))
-			gw = append(gw, nanUnless(b.gwLevel >= 0, float64(b.gwLevel)))
-			n := float64(b.answers - a.answers)
-			redis = append(redis, nanUnless(a.redisOK && b.redisOK && n > 0,
-				max(b.redis-a.redis-float64(b.politeReq-a.politeReq), 0)/n))
+	if x := sum.ChartX(); len(x) > 0 && len(s.samples) >= 2 {
+		// The gateway's figures at the run charts' seconds, so that every
+		// chart of the page shares one x axis: CPU and Redis counters
+		// interpolated between the samples around each second's ends, the
+		// level the last sample before its end saw.
+		cpu, agg, gw, redis := make([]float64, len(x)), make([]float64, len(x)), make([]float64, len(x)), make([]float64, len(x))
+		for i, end := range x {
+			begin := 0.0
+			if i > 0 {
+				begin = x[i-1]
+			}
+			cpu[i] = counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return sm.cpu.Seconds(), sm.cpuOK })
+			agg[i], gw[i] = levelAt(s.samples, end, false), levelAt(s.samples, end, true)
+			calls := counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) {
+				return sm.redis - float64(sm.politeReq), sm.redisOK
+			})
+			answers := counterRate(s.samples, begin, end, func(sm stormSample) (float64, bool) { return float64(sm.answers), true })
+			redis[i] = math.NaN()
+			if answers > 0 && !math.IsNaN(calls) {
+				redis[i] = max(calls, 0) / answers
+			}
 		}
 		sum.AddChart(report.Chart{Title: "Gateway CPU", YTitle: "CPU seconds per second", X: x,
 			Series: []report.Series{{Name: "gateway CPU", Values: cpu}}})
-		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x,
+		sum.AddChart(report.Chart{Title: "Penalty level of the storm key", YTitle: "level", X: x, YMax: TopLevel, YLabels: TopLevel + 1,
 			Series: []report.Series{{Name: "aggregator", Values: agg}, {Name: "gateway", Values: gw}}})
 		sum.AddChart(report.Chart{Title: "Redis calls per storm request", YTitle: "calls per request", X: x,
 			Series: []report.Series{{Name: "redis calls", Values: redis}}})
 	}
-	return sum.WriteHTML(w)
+	return sum
 }
 
-// secondly thins samples to about one a second, for charts: the CPU time's
-// 10 ms resolution makes shorter intervals noise. Where the gateway's
-// metrics were read, only samples that read them are kept (every 2 s at
-// the top).
-func secondly(samples []stormSample) []stormSample {
-	metrics := false
-	for _, sm := range samples {
-		metrics = metrics || sm.redisOK
+// minRateSpan is the shortest interval counterRate measures: the CPU
+// time's 10 ms ticks make a shorter one noise.
+const minRateSpan = 0.5
+
+// counterRate returns how fast a counter of the samples (get: its value
+// and whether the sample read it) grew per second from time from to time
+// to, in seconds since the start, interpolating between the samples that
+// read it around each end. An interval that reaches past the last such
+// sample (the run's last second, after the sampler stopped) is measured
+// up to it. NaN when the samples do not cover what is left, or less than
+// minRateSpan of it.
+func counterRate(samples []stormSample, from, to float64, get func(stormSample) (float64, bool)) float64 {
+	for i := len(samples) - 1; i >= 0; i-- {
+		if _, ok := get(samples[i]); ok {
+			to = min(to, samples[i].at.Seconds())
+			break
+		}
 	}
-	var out []stormSample
+	if to-from < minRateSpan {
+		return math.NaN()
+	}
+	a, okA := counterAt(samples, from, get)
+	b, okB := counterAt(samples, to, get)
+	if !okA || !okB {
+		return math.NaN()
+	}
+	return (b - a) / (to - from)
+}
+
+// counterAt interpolates a counter of the samples at time t (seconds since
+// the start), between the samples that read it just before and just after
+// t; t = 0, the start, takes the first sample's value (the sampler reads
+// everything once as the storm starts). False when the samples that read
+// it do not surround t.
+func counterAt(samples []stormSample, t float64, get func(stormSample) (float64, bool)) (float64, bool) {
+	prevT, prevV, have := 0.0, 0.0, false
 	for _, sm := range samples {
-		if metrics && !sm.redisOK {
+		v, ok := get(sm)
+		if !ok {
 			continue
 		}
-		if len(out) == 0 || sm.at-out[len(out)-1].at >= time.Second-50*time.Millisecond {
-			out = append(out, sm)
+		at := sm.at.Seconds()
+		switch {
+		case at == t, at > t && !have && t <= 0:
+			return v, true
+		case at > t && !have:
+			return 0, false
+		case at > t:
+			return prevV + (v-prevV)*(t-prevT)/(at-prevT), true
+		}
+		prevT, prevV, have = at, v, true
+	}
+	return 0, false
+}
+
+// levelAt is the storm key's level at time t as the last sample at or
+// before it saw it (the gateway's, or the aggregator's); NaN when unknown.
+func levelAt(samples []stormSample, t float64, gateway bool) float64 {
+	level := -1
+	for _, sm := range samples {
+		if sm.at.Seconds() > t {
+			break
+		}
+		if gateway {
+			level = sm.gwLevel
+		} else {
+			level = sm.level
 		}
 	}
-	return out
+	return nanUnless(level >= 0, float64(level))
 }
 
 func nanUnless(ok bool, v float64) float64 {

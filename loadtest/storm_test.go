@@ -4,39 +4,44 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/httpguard"
 )
 
-// fakeLadder stands in for a gateway and an aggregator: the storm key
-// climbs one level every step after its first request; levels 0 and 1
+// fakeLadder stands in for a gateway and an aggregator: once the storm
+// has started, the storm key climbs one level every perLevel times the
+// run reads its level from the operator API — whatever the machine's
+// load, the run sees each level for that many samples; levels 0 and 1
 // answer 429 with rate-limit headers and cost one "Redis call", level 2
-// 429 PENALTY, level 3 403 with Connection: close. The polite key is
+// 429 PENALTY, level 3 403 with Connection: close (the gateway's bodies,
+// written by its own code). The polite key is
 // always admitted. It records the storm's source addresses.
 type fakeLadder struct {
-	step    time.Duration
-	started atomic.Int64 // Unix ns of the storm's first request
-	redis   atomic.Int64
-	closed  atomic.Int64
-	mu      sync.Mutex
-	sources map[string]int
-	polite  map[string]int
-	lifted  []string
+	perLevel int64
+	reads    atomic.Int64 // of the storm key's level, since the storm started
+	started  atomic.Int64 // Unix ns of the storm's first request
+	redis    atomic.Int64
+	closed   atomic.Int64
+	mu       sync.Mutex
+	sources  map[string]int
+	polite   map[string]int
+	lifted   []string
 }
 
 func (f *fakeLadder) level() int {
-	s := f.started.Load()
-	if s == 0 {
-		return 0
-	}
-	return min(int(time.Since(time.Unix(0, s))/f.step), TopLevel)
+	return int(min(f.reads.Load()/f.perLevel, TopLevel))
 }
 
 func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,6 +75,9 @@ func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		level := 0
 		if key == DefaultStormKey {
 			level = f.level()
+			if f.started.Load() != 0 {
+				f.reads.Add(1)
+			}
 		}
 		fmt.Fprintf(w, `{"level":%d,"history":[]}`, level)
 	case r.Header.Get("X-API-Key") == DefaultPoliteKey:
@@ -89,13 +97,14 @@ func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-RateLimit-Limit", "1000")
 			w.Header().Set("Retry-After", "3")
 			w.WriteHeader(http.StatusTooManyRequests)
-		case 2:
-			w.Header().Set("Retry-After", "900")
-			w.WriteHeader(http.StatusTooManyRequests)
+		case 2: // the gateway's own answer
+			httpguard.WriteDecision(w, r, &guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty,
+				Deciding: -1, RetryAfter: 900, PenaltyLevel: 2, PenaltyReason: "ignored Retry-After"})
 		default:
 			f.closed.Add(1)
 			w.Header().Set("Connection", "close")
-			w.WriteHeader(http.StatusForbidden)
+			httpguard.WriteDecision(w, r, &guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted,
+				Deciding: -1, PenaltyLevel: 3, PenaltyReason: "ignored Retry-After"})
 		}
 	}
 }
@@ -106,7 +115,7 @@ func (f *fakeLadder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the run stopped by itself once the top was held.
 func TestStormScenario(t *testing.T) {
 	t.Parallel()
-	f := &fakeLadder{step: time.Second, sources: map[string]int{}, polite: map[string]int{}}
+	f := &fakeLadder{perLevel: 20, sources: map[string]int{}, polite: map[string]int{}}
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
 
@@ -170,6 +179,15 @@ func TestStormScenario(t *testing.T) {
 	if phases[0].CPUPerSecond < 0 || s.Storm.Closed == 0 || s.Storm.Blocked == 0 || s.Storm.Penalty == 0 {
 		t.Errorf("phases %+v, storm %+v", s.Phases, s.Storm)
 	}
+	// The report tells the ladder's answers from a rule's (its recorder
+	// counts the last answers of a client the end interrupted, the storm's
+	// counters not: one each at most).
+	statuses := s.recorder.Counts()
+	near := func(a, b int64) bool { return a >= b && a <= b+int64(cfg.Clients) }
+	if !near(statuses["429 PENALTY"], s.Storm.Penalty) || !near(statuses["403 PENALTY"], s.Storm.Blocked) ||
+		!near(statuses["429"], s.Storm.RateLimited) || statuses["403"] != 0 || s.Storm.Penalty == 0 {
+		t.Errorf("report statuses %v, storm %+v", statuses, s.Storm)
+	}
 	if !s.Polite.Untouched() || s.Polite.Level != 0 {
 		t.Errorf("polite %+v: want untouched", s.Polite)
 	}
@@ -182,6 +200,39 @@ func TestStormScenario(t *testing.T) {
 	var page bytes.Buffer
 	if err := s.WriteHTML(&page); err != nil || !strings.Contains(page.String(), "Gateway CPU") {
 		t.Errorf("HTML page: %v", err)
+	}
+	// The page counts the ladder's answers; a storm provokes them on
+	// purpose, so it gives no advice against them.
+	if p := page.String(); !strings.Contains(p, "came from the penalty ladder") || strings.Contains(p, "TOLLGATE_PENALTY_MODE") {
+		t.Error("the storm page's penalty line is missing or advises against the penalty")
+	}
+	// Every chart of the page shares the run's x axis; levels are whole.
+	sum := s.htmlSummary()
+	x := sum.ChartX()
+	if len(sum.Charts) != 3 || len(x) < 3 {
+		t.Fatalf("%d gateway charts over %d seconds", len(sum.Charts), len(x))
+	}
+	for _, c := range sum.Charts {
+		if !slices.Equal(c.X, x) {
+			t.Errorf("chart %q over %v, the run's charts over %v", c.Title, c.X, x)
+		}
+		if strings.Contains(c.Title, "level") && (c.YMax != TopLevel || c.YLabels != TopLevel+1) {
+			t.Errorf("level chart's y axis: max %v, %d labels", c.YMax, c.YLabels)
+		}
+		// No gap over a second the sampler covered whole (a last, partial
+		// second after its last sample is rightly unknown).
+		sampled := s.samples[len(s.samples)-1].at.Seconds()
+		for i, v := range c.Series[0].Values {
+			if i > 0 && x[i] <= sampled && math.IsNaN(v) && !strings.Contains(c.Title, "Redis") {
+				t.Errorf("chart %q has a gap before %.2fs: %v over %v", c.Title, sampled, c.Series[0].Values, x)
+				break
+			}
+		}
+	}
+	// The aggregator's level is read at every sample (the gateway's only
+	// every 2 s at the top).
+	if agg := sum.Charts[1].Series[0].Values; agg[len(agg)-1] != TopLevel {
+		t.Errorf("aggregator's level over the run %v, want %d at the end", agg, TopLevel)
 	}
 }
 
@@ -208,6 +259,41 @@ func TestStormConfigValidate(t *testing.T) {
 		tc.mut(&c)
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error about %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestStormRedisVerdict: Redis calls from level 2 on beyond one per
+// polite request are met when the polite client's requests can account
+// for them, or the lease units given back while the steady top has no
+// more than its polite requests; the line says which.
+func TestStormRedisVerdict(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name          string
+		residue       float64
+		polite        int64
+		returned      float64
+		topResidue    float64
+		topPolite     int64
+		want, wantNot string
+	}{
+		{"none", 0, 80, 0, 0, 40, "Redis calls per rejection once penalised, level 2 and up (target 0: met)", ""},
+		{"the polite client's", 6, 80, 0, 0, 40, "(target 0: met: 6 calls beyond one per polite request, fewer than the polite client's 80 requests", ""},
+		{"returns after the penalty", 120, 80, 1200, 3, 40, "(target 0: met: 120 calls beyond one per polite request while the gateway gave back 1200 lease units", ""},
+		{"returns, top unknown", 12, 10, 1000, -1, 0, "(target 0: met: 12 calls beyond one per polite request while the gateway gave back 1000 lease units", ""},
+		{"no returns", 120, 80, 0, 0, 40, "(target 0: NOT met: 120 calls", "(target 0: met"},
+		{"calls at the top", 120, 80, 1200, 50, 40, "(target 0: NOT met: 120 calls", "(target 0: met"},
+		{"more than the returns", 5000, 80, 1200, 3, 40, "(target 0: NOT met: 5000 calls", "(target 0: met"},
+	} {
+		s := &StormSummary{RedisPerRejectionPenalised: tt.residue / 10000, RedisResiduePenalised: tt.residue, PoliteRequestsPenalised: tt.polite,
+			ReturnedPenalised: tt.returned, TopRedisResidue: tt.topResidue, TopPoliteRequests: tt.topPolite, Polite: PoliteResult{Level: -1, History: -1}}
+		var b bytes.Buffer
+		if err := s.WriteText(&b); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tt.want) || (tt.wantNot != "" && strings.Contains(b.String(), tt.wantNot)) {
+			t.Errorf("%s:\n%s\nwant %q", tt.name, b.String(), tt.want)
 		}
 	}
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # checkvsrls.sh: gateway CPU per decision of the check API (POST /v1/check)
-# beside Envoy RLS, in one run (SPEC §8: the check API at most the RLS
+# beside Envoy RLS, in one run (the target: the check API at most the RLS
 # figure). Each gateway binary given gets a redis-server of its own and the
 # side-by-side run's limit (fixed_window, 1000 per hour per key: no
 # rejections); the load is bin/loadtest's, 50 closed-loop workers, 10,000

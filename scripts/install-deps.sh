@@ -8,8 +8,9 @@
 # compose/deploy lint metrics, unit-test the alert rules and evaluate every
 # dashboard query against a real Prometheus they start on a free port),
 # Chromium (Debian package chromium; the loadtest report test opens its
-# HTML page in headless Chromium), and nginx and caddy (Debian packages;
-# compose/forwardauth runs the shipped forward-auth configurations with them).
+# HTML page in headless Chromium), nginx and caddy (Debian packages;
+# compose/forwardauth runs the shipped forward-auth configurations with them),
+# and curl (compose/stack runs the README's curl lines against the stack).
 #
 # Where systemd runs, Debian's package also starts its own prometheus
 # service on :9090; the tests do not use it (sudo systemctl disable --now
@@ -70,6 +71,11 @@ chromium="${TOLLGATE_CHROMIUM:-chromium}"
 if ! have "$chromium"; then
 	missing+=("$chromium (headless browser for the loadtest report test)")
 	packages+=(chromium)
+fi
+
+if ! have curl; then
+	missing+=("curl (the README walkthrough test runs the README's curl lines)")
+	packages+=(curl)
 fi
 
 report() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sidebyside.sh: the gateway beside envoyproxy/ratelimit under the same
-# Envoy RLS load, in one run (SPEC §8; loadtest/cmd/sidebyside).
+# Envoy RLS load, in one run (loadtest/cmd/sidebyside).
 #
 #   scripts/sidebyside.sh [sidebyside flags...]      e.g. -rounds 5 -duration 15s
 #

@@ -1,5 +1,5 @@
 // Package deploy holds no code: it is the home of the tests that keep the
-// production-like deployment in this directory honest (issue 13), since no
+// production-like deployment in this directory honest, since no
 // Docker engine runs where they do.
 //
 //   - compose_test.go reads docker-compose.yml, the Dockerfile and the

@@ -21,7 +21,7 @@ rules:
   - {id: per-ip, scope: ip, match: {endpoint: "^/ip/"}, algorithm: fixed_window, limit: 2, window: 1h}
 `
 
-// rateLimitHeaders are the SPEC §3 headers a proxy copies to the client.
+// rateLimitHeaders are the rate-limit headers a proxy copies to the client.
 var rateLimitHeaders = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Used", "X-RateLimit-Reset",
 	"X-RateLimit-Resource", "X-RateLimit-Policy", "RateLimit", "RateLimit-Policy", "Retry-After"}
 

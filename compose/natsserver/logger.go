@@ -34,7 +34,10 @@ func (a *logAdapter) logf(level slog.Level, format string, v []any) string {
 	return msg
 }
 
-func (a *logAdapter) Noticef(format string, v ...any) { a.logf(slog.LevelInfo, format, v) }
+// Noticef logs at Debug: nats-server's notices are its start-up listing
+// (version, name, JetStream limits and store) and routine events, and the
+// Server's own lifecycle lines carry what matters of them at Info.
+func (a *logAdapter) Noticef(format string, v ...any) { a.logf(slog.LevelDebug, format, v) }
 func (a *logAdapter) Warnf(format string, v ...any)   { a.logf(slog.LevelWarn, format, v) }
 func (a *logAdapter) Errorf(format string, v ...any)  { a.logf(slog.LevelError, format, v) }
 func (a *logAdapter) Debugf(format string, v ...any)  { a.logf(slog.LevelDebug, format, v) }

@@ -83,9 +83,12 @@ func WithStoreDir(dir string) Option {
 }
 
 // WithLogger sets the logger for lifecycle events (start, down, up, stop; one
-// line each) and for nats-server's own log, mapped to slog levels (notices
-// are Info, traces are Debug-4; the server computes debug and trace lines
-// only when the handler is enabled for them). Default: nil, which discards.
+// Info line each) and for nats-server's own log, mapped to slog levels:
+// its notices (the start-up listing of version, limits and store, "Server
+// is ready", …) are Debug, as the lifecycle lines say what matters of them
+// in one line; its warnings and errors are Warn and Error, and its traces
+// Debug-4 (the server computes debug and trace lines only when the handler
+// is enabled for them). Default: nil, which discards.
 func WithLogger(log *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.log = log })
 }
@@ -185,6 +188,8 @@ func (s *Server) run(ctx context.Context) error {
 		StoreDir:   s.dir,
 		NoLog:      true, // no default logger; ours is set below
 		NoSigs:     true, // the process's signals belong to its owner
+		// No ASCII-art JetStream banner in the owner's log (make run's).
+		DisableJetStreamBanner: true,
 	})
 	if err != nil {
 		return fmt.Errorf("nats-server: %w", err)

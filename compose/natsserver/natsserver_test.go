@@ -384,9 +384,20 @@ func TestLogger(t *testing.T) {
 	rec := &logtest.Recorder{}
 	s := natstest.StartTB(t, natsserver.WithLogger(slog.New(rec)))
 	connect(t, s)
-	for _, line := range []string{"INFO nats-server started", "INFO Server is ready"} {
+	for _, line := range []string{"INFO nats-server started", "DEBUG Server is ready", "DEBUG ---------------- JETSTREAM ----------------"} {
 		if !rec.Has(line) {
 			t.Errorf("no log line %q", line)
+		}
+	}
+	// At Info, one line says the server started; nats-server's own
+	// start-up listing is Debug, and its ASCII-art banner is not logged
+	// at all (make run's log stays readable).
+	if n := rec.Count("INFO "); n != 1 {
+		t.Errorf("%d Info lines after a start, want 1 (nats-server started)", n)
+	}
+	for _, art := range []string{"    _ ___ _____ ___ _____ ___ ___   _   __  __", "         https://docs.nats.io/jetstream"} {
+		if rec.Has("DEBUG "+art) || rec.Has("INFO "+art) {
+			t.Errorf("nats-server's banner line %q was logged", art)
 		}
 	}
 	// Debug and trace lines reach the handler when it enables them.

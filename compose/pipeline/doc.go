@@ -1,10 +1,10 @@
 // Package pipeline holds the end-to-end tests of the decision pipeline
-// (SPEC §5, §6, §8): real gateways (in process, and as child processes that
+// (docs/aggregator.md): real gateways (in process, and as child processes that
 // are SIGKILLed), the embedded Kafka-protocol broker taken down and brought
 // back, a real redis-server and an aggregator; the per-tenant usage report
 // must equal the decisions the gateways made, to the request.
 //
 //	go test ./compose/pipeline -run TestKafkaOutage -outage=30s -v
 //
-// measures SPEC §8's "Kafka down 30 s under load" row.
+// measures the "Kafka down 30 s under load" figure of docs/benchmarks.md.
 package pipeline

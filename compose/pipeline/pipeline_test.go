@@ -29,7 +29,7 @@ import (
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
-var outage = flag.Duration("outage", 5*time.Second, "how long TestKafkaOutage keeps the broker down (SPEC §8 measures 30s)")
+var outage = flag.Duration("outage", 5*time.Second, "how long TestKafkaOutage keeps the broker down (the published figure uses 30s)")
 
 const (
 	secret = "pipeline-test-secret-0123456789"
@@ -287,7 +287,7 @@ func TestReportEqualsDecisions(t *testing.T) {
 }
 
 // TestKafkaOutage: the broker goes down under load for -outage (5 s here,
-// 30 s for the SPEC §8 figure) and comes back on the same port; gateways
+// 30 s for the figure in docs/benchmarks.md) and comes back on the same port; gateways
 // keep deciding (spooling), and afterwards every decision is in the report
 // exactly once.
 func TestKafkaOutage(t *testing.T) {

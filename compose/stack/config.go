@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -33,7 +34,7 @@ const (
 	DefaultEnvFile     = "bin/stack.env"
 )
 
-// Config is the local stack's configuration (SPEC §9). Every field is
+// Config is the local stack's configuration (docs/local-stack.md). Every field is
 // overridden by the environment variable TOLLGATE_ + its YAML path in upper
 // snake case (package configs), the same variables bin/gateway reads for
 // the fields they share; the `doc` tags are what --help prints. Zero fields
@@ -54,7 +55,7 @@ type Config struct {
 	AggregatorListen        string `yaml:"aggregator_listen" doc:"Address of the aggregator's operator API and usage reports (bearer admin_token)."`
 	AggregatorMetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of the aggregator's GET /metrics, /healthz and /readyz."`
 	DataDir                 string `yaml:"data_dir" doc:"Directory of the stack's state: the Kafka log, NATS's JetStream store and the aggregator's Pebble. Empty: a new temporary directory, removed on exit; set it to keep state across runs."`
-	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET and TOLLGATE_ADMIN_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a."`
+	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET and TOLLGATE_ADMIN_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
 	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
 
 	// The aggregator's penalty ladder and the gateway's connection-level
@@ -67,7 +68,7 @@ type Config struct {
 	Log configs.Log `yaml:"log"`
 }
 
-// SetDefaults fills zero fields with their defaults (SPEC §9's addresses).
+// SetDefaults fills zero fields with their defaults (the addresses docs/local-stack.md lists).
 // It leaves KeySecret and AdminToken empty: New generates them.
 func (c *Config) SetDefaults() {
 	configs.Default(&c.Listen, gateway.DefaultListen)
@@ -141,6 +142,13 @@ func (c *Config) listeners() []listener {
 		{"aggregator_listen", c.AggregatorListen},
 		{"aggregator_metrics_listen", c.AggregatorMetricsListen},
 	}
+}
+
+// PIDFile returns the file beside envFile (stack_env_file) that holds the
+// stack's process id while it runs: envFile with its extension replaced
+// by .pid (bin/stack.env: bin/stack.pid).
+func PIDFile(envFile string) string {
+	return strings.TrimSuffix(envFile, filepath.Ext(envFile)) + ".pid"
 }
 
 // natsHostPort is stack_nats_listen without its nats:// scheme.

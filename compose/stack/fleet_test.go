@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +88,7 @@ func TestFleetJourney(t *testing.T) {
 	cfg.EnvFile = filepath.Join(t.TempDir(), "stack.env")
 	r := start(t, cfg)
 	defer r.stop(t)
+	checkBannerSample(t, r, cfg)
 	banner := r.banner.String()
 	token := bannerValue(t, banner, "admin token")
 	agg := "http://" + r.addrs.Aggregator
@@ -220,6 +223,20 @@ func TestFleetJourney(t *testing.T) {
 	if code, b := operator(t, r, token, "GET", "/admin/v1/keys/kid:AAAAAAAAAAAAAAAAAAAAAA", nil); code != 400 || !bytes.Contains(b, []byte("key registry")) {
 		t.Fatalf("GET keys/kid: of no registered key: %d %s, want 400 naming the registry", code, b)
 	}
+
+	// Beside bin/stack.env, bin/stack.pid names this stack's process (the
+	// storm's -pid), and both go when it stops (defers run before cleanups).
+	pidFile := stack.PIDFile(cfg.EnvFile)
+	if b, err := os.ReadFile(pidFile); err != nil || string(b) != strconv.Itoa(os.Getpid())+"\n" {
+		t.Errorf("%s: %q, %v; want this process's pid", pidFile, b, err)
+	}
+	t.Cleanup(func() {
+		for _, f := range []string{cfg.EnvFile, pidFile} {
+			if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s after the stack stopped: %v, want it removed", f, err)
+			}
+		}
+	})
 
 	// A second gateway joins through bin/stack.env.
 	env := readEnvFile(t, cfg.EnvFile)

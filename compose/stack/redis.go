@@ -61,7 +61,7 @@ func startRedis(ctx context.Context, mode string, log *slog.Logger) (*redisBacke
 
 // startEmbedded starts miniredis on a free loopback port. This is the one
 // place Tollgate runs miniredis: as make run's stand-in on a machine with
-// only Go. Tests use a real redis-server (DEPENDENCIES.md), except the
+// only Go. Tests use a real redis-server (compose/redisserver), except the
 // stack's own test of this fallback.
 //
 // miniredis answers TIME from the wall clock (no SetTime here), which the

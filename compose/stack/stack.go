@@ -1,4 +1,4 @@
-// Package stack is the local stack behind `make run` (SPEC §9): in one
+// Package stack is the local stack behind `make run` (docs/local-stack.md): in one
 // process it starts Redis (a redis-server from PATH on a free port, else an
 // embedded stand-in), an embedded NATS server, an embedded Kafka-protocol
 // broker, the aggregator, a demo API and a gateway in front of it, prints
@@ -10,7 +10,7 @@
 // through bin/stack.env.
 //
 //	cfg, err := stack.LoadConfig(nil) // TOLLGATE_* variables
-//	st, err := stack.New(cfg, logger)
+//	st, err := stack.New(cfg, logger, os.Stdout) // banner to stdout
 //	err = st.Run(ctx) // until ctx is done
 //
 // Tests start the same stack on port-0 addresses (Config's listeners all
@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,14 +43,17 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // Errors; match them with errors.Is.
 var (
 	// ErrAddrInUse means a listener's address is taken; the error is an
-	// *AddrInUseError naming the variable that moves it.
-	ErrAddrInUse = errors.New("stack: address in use")
+	// *AddrInUseError naming the variable that moves it. It is
+	// service.ErrAddrInUse, which bin/gateway's errors match too.
+	ErrAddrInUse = service.ErrAddrInUse
 	// ErrRunning is returned by a second call of Run.
 	ErrRunning = errors.New("stack: Run called more than once")
 )
@@ -164,25 +168,14 @@ func probe(addr string) error {
 
 func addrInUse(l listener, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path)}
+		return &AddrInUseError{Addr: l.addr, Var: configs.EnvName(l.path), Err: err}
 	}
 	return fmt.Errorf("stack: cannot listen on %s (%s): %w", l.addr, configs.EnvName(l.path), err)
 }
 
-// AddrInUseError is the error of a listener whose address is taken. It
-// matches ErrAddrInUse.
-type AddrInUseError struct {
-	Addr string // the address, host:port
-	Var  string // the variable that moves it, e.g. TOLLGATE_LISTEN
-}
-
-func (e *AddrInUseError) Error() string {
-	return fmt.Sprintf("stack: %s is already in use (%s): stop what listens there, or set %s to another address (port 0 picks a free one)",
-		e.Addr, e.Var, e.Var)
-}
-
-// Is reports whether target is ErrAddrInUse.
-func (e *AddrInUseError) Is(target error) bool { return target == ErrAddrInUse }
+// AddrInUseError is the error of a listener whose address is taken, as
+// bin/gateway reports it too. It matches ErrAddrInUse.
+type AddrInUseError = service.AddrInUseError
 
 // Ready is closed once every part is serving and the banner is printed;
 // Addrs and RedisBackend are valid from then on. It is never closed when
@@ -211,15 +204,18 @@ func (s *Stack) RedisBackend() string {
 	}
 }
 
-// Run starts Redis, the demo API and the gateway, in that order, prints
-// the banner, and serves until ctx is done or a part fails; then it stops
-// them in the reverse order: the gateway drains its in-flight requests
-// (which still reach the demo API), then the demo API, then Redis, whose
-// process is gone when Run returns. It returns nil after a shutdown asked
-// for by ctx, else the error that stopped it or prevented the start. Run
-// may be called once. It starts the gateway's Run, the demo API's Serve and
-// redisserver's process waiter on goroutines; all have exited when it
-// returns.
+// Run starts Redis, NATS, the Kafka-protocol broker, the demo API, the
+// aggregator and, once the aggregator is ready and has seeded the NATS
+// buckets, the gateway, in that order; prints the banner once the gateway
+// follows the rules in NATS, and serves until ctx is done or a part fails;
+// then it stops them in the reverse order: the gateway drains its
+// in-flight requests (which still reach the demo API), then the
+// aggregator, the demo API, the broker, NATS and Redis, whose process is
+// gone when Run returns. It returns nil after a shutdown asked for by ctx,
+// else the error that stopped it or prevented the start. Run may be called
+// once. It starts the gateway's and the aggregator's Run, the demo API's
+// Serve and redisserver's process waiter on goroutines; all have exited
+// when it returns.
 func (s *Stack) Run(ctx context.Context) (err error) {
 	s.running.Lock()
 	if s.runStarted {
@@ -265,8 +261,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 		return s.portOr(fmt.Errorf("stack: start nats: %w", err))
 	}
-	natsLog.Info("nats started (JetStream on)", slog.String("url", ns.ClientURL()))
-	stops = append(stops, func() error { defer natsLog.Info("nats stopped"); return ns.Stop() })
+	stops = append(stops, ns.Stop) // it logs its start and stop itself
 
 	kafkaLog := s.log.With(slog.String(partKey, "kafka"))
 	kb, err := kafkabroker.Start(ctx, kafkabroker.WithListen(s.cfg.KafkaListen),
@@ -277,8 +272,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 		return s.portOr(fmt.Errorf("stack: start the kafka broker: %w", err))
 	}
-	kafkaLog.Info("kafka-protocol broker started (kfake)", slog.String("addr", kb.Addr()))
-	stops = append(stops, func() error { defer kafkaLog.Info("kafka broker stopped"); return kb.Stop() })
+	stops = append(stops, kb.Stop) // it logs its start and stop itself
 
 	demo, err := s.startDemo()
 	if err != nil {
@@ -299,6 +293,29 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 		return nil
 	})
+
+	// The gateway starts once the aggregator has created the topics it
+	// produces to and the buckets it watches, and seeded the rules: else
+	// its first moments are warnings that Kafka does not know the topic
+	// and that the control plane is unavailable, and its rules come from
+	// the file until its next retry.
+	aggReady := "http://" + dialable(agg.Addrs().Metrics) + "/readyz"
+	if err := s.waitReady(ctx, "aggregator", aggReady, aggRun, nil); err != nil {
+		if ctx.Err() != nil {
+			return nil // asked to stop while starting
+		}
+		return err
+	}
+	if err := s.waitControlPlane(ctx, ns.ClientURL(), aggRun); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if aggRun.reported {
+			return err // the aggregator stopped
+		}
+		s.log.Warn("the aggregator has not seeded the NATS buckets; the gateway starts from the rules file and follows them once they exist",
+			slog.String("error", err.Error()))
+	}
 
 	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr, ns.ClientURL(), dataDir, kb.Addrs()), s.log.With(slog.String(partKey, "gateway")))
 	if err != nil {
@@ -327,17 +344,11 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		Kafka: kb.Addr(), NATS: ns.ClientURL(), Aggregator: aa.API, AggregatorMetrics: aa.Metrics}
 	s.redisKind = rds.kind
 
-	for _, w := range []struct {
-		name string
-		url  string
-		run  *task
-	}{{"gateway", "http://" + dialable(s.addrs.Metrics) + "/readyz", gwRun}, {"aggregator", "http://" + dialable(s.addrs.AggregatorMetrics) + "/readyz", aggRun}} {
-		if err := s.waitReady(ctx, w.name, w.url, w.run, nil); err != nil {
-			if ctx.Err() != nil {
-				return nil // asked to stop while starting
-			}
-			return err
+	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, nil); err != nil {
+		if ctx.Err() != nil {
+			return nil // asked to stop while starting
 		}
+		return err
 	}
 	// The banner's operator API lines act on the rules in NATS: wait until
 	// the gateway follows them (the aggregator seeds the bucket from
@@ -349,10 +360,10 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		s.log.Warn("the gateway does not follow the rules in NATS yet; the operator API's changes reach it once it does",
 			slog.String("error", err.Error()))
 	}
+	stops = append(stops, s.removeEnvFile) // what was written, should the write fail midway
 	if err := s.writeEnvFile(); err != nil {
 		return err
 	}
-	stops = append(stops, s.removeEnvFile)
 	s.printBanner()
 	close(s.ready)
 	s.log.Info("stack ready; Ctrl-C stops it")
@@ -482,6 +493,50 @@ func rulesFromNATS(body []byte) bool {
 	return json.Unmarshal(body, &r) == nil && r.Rules.Source == "nats"
 }
 
+// waitControlPlane waits until the three KV buckets exist in NATS and the
+// rules bucket holds a ruleset: the aggregator creates them and seeds the
+// rules from rules_file once it reaches NATS.
+func (s *Stack) waitControlPlane(ctx context.Context, natsURL string, agg *task) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	nc, err := fleetkv.Connect(natsURL, fleetkv.Options{Name: "tollgate-stack"})
+	if err != nil {
+		return fmt.Errorf("stack: %w", err)
+	}
+	defer nc.Close()
+	seeded := func() error {
+		octx, ocancel := context.WithTimeout(ctx, time.Second)
+		defer ocancel()
+		kv, err := fleetkv.Bind(octx, nc)
+		if err != nil {
+			return err
+		}
+		_, rev, err := kv.ActiveRules(octx)
+		if err != nil && !errors.Is(err, fleetkv.ErrCorrupt) {
+			return err
+		}
+		if rev == 0 {
+			return fmt.Errorf("bucket %s holds no ruleset yet", tollgatev1.BucketRules)
+		}
+		return nil
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := seeded()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-agg.Done():
+			return agg.report("aggregator")
+		case <-ctx.Done():
+			return fmt.Errorf("stack: control plane not seeded within %v: %w", readyTimeout, err)
+		case <-tick.C:
+		}
+	}
+}
+
 // waitReady polls a part's /readyz until it answers 200 (and, when accept
 // is not nil, with a body accept accepts), so that the banner comes once
 // the curl lines work.
@@ -582,7 +637,7 @@ func (s *Stack) portOr(err error) error {
 	return err
 }
 
-// envLines are bin/stack.env's lines (SPEC §9).
+// envLines are bin/stack.env's lines (the join variables).
 func (s *Stack) envLines() []string {
 	return []string{
 		configs.EnvName("redis.addrs") + "=" + s.addrs.Redis,
@@ -593,7 +648,8 @@ func (s *Stack) envLines() []string {
 	}
 }
 
-// writeEnvFile writes stack_env_file (0600: it holds the secrets).
+// writeEnvFile writes stack_env_file (0600: it holds the secrets) and,
+// beside it, the pid file (PIDFile).
 func (s *Stack) writeEnvFile() error {
 	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
 		return nil
@@ -606,6 +662,9 @@ func (s *Stack) writeEnvFile() error {
 	if err := os.WriteFile(s.cfg.EnvFile, []byte(body), 0o600); err != nil {
 		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
 	}
+	if err := os.WriteFile(PIDFile(s.cfg.EnvFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return fmt.Errorf("stack: pid file beside %s: %w", configs.EnvName("stack_env_file"), err)
+	}
 	return nil
 }
 
@@ -613,8 +672,11 @@ func (s *Stack) removeEnvFile() error {
 	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
 		return nil
 	}
-	if err := os.Remove(s.cfg.EnvFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	var errs []error
+	for _, f := range []string{s.cfg.EnvFile, PIDFile(s.cfg.EnvFile)} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("stack: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -52,12 +52,13 @@ func testConfig(redis string) stack.Config {
 
 // running is a stack running in the background.
 type running struct {
-	st     *stack.Stack
-	logs   *lockedBuffer // every log line, debug level included
-	banner *bytes.Buffer // written once, before Ready is closed
-	cancel context.CancelFunc
-	errc   chan error
-	addrs  stack.Addrs
+	st       *stack.Stack
+	logs     *lockedBuffer // every log line, debug level included
+	startLog string        // the log up to Ready
+	banner   *bytes.Buffer // written once, before Ready is closed
+	cancel   context.CancelFunc
+	errc     chan error
+	addrs    stack.Addrs
 }
 
 // start starts a stack and waits until it is ready. The test must stop it
@@ -89,7 +90,35 @@ func start(t *testing.T, cfg stack.Config) *running {
 		t.Fatal("stack not ready within 30s")
 	}
 	r.addrs = r.st.Addrs()
+	r.startLog = r.logs.String()
 	return r
+}
+
+// startRaces are what the start-up log says when the gateway starts before
+// the aggregator has created the topics it produces to and the buckets it
+// watches.
+var startRaces = []string{
+	"control plane unavailable",
+	"does not exist yet",
+	"Kafka does not know the topic",
+	"partition count is unknown",
+	"has not seeded",
+}
+
+// checkCleanStart fails when the start-up log shows the gateway racing the
+// aggregator, and logs any other warning of the start.
+func (r *running) checkCleanStart(t *testing.T) {
+	t.Helper()
+	for _, line := range strings.Split(r.startLog, "\n") {
+		for _, race := range startRaces {
+			if strings.Contains(line, race) {
+				t.Errorf("start-up log: the gateway started before the aggregator had set up Kafka and NATS: %s", line)
+			}
+		}
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Logf("start-up warning: %s", line)
+		}
+	}
 }
 
 // lockedBuffer is a bytes.Buffer safe for concurrent writers.
@@ -312,6 +341,7 @@ func TestJourneyRedisServer(t *testing.T) {
 			t.Fatalf("no redis-server process serving %s", r.addrs.Redis)
 		}
 	}
+	r.checkCleanStart(t)
 	retryEnds := journey(t, r)
 	// A malformed key is refused by the gateway's proxy, which logs it at
 	// debug level under its component, within the stack's gateway part.
@@ -323,7 +353,7 @@ func TestJourneyRedisServer(t *testing.T) {
 	}
 	r.checkLogKeys(t)
 
-	// A client that waits exactly Retry-After is admitted (SPEC §3). This
+	// A client that waits exactly Retry-After is admitted (Retry-After is never early). This
 	// wait is the behaviour under test, not synchronisation.
 	<-time.After(time.Until(retryEnds))
 	if resp, body := get(t, "http://"+r.addrs.Proxy+"/v1/users/42", "sk_free_demo"); resp.StatusCode != http.StatusOK {
@@ -351,7 +381,7 @@ func TestJourneyRedisServer(t *testing.T) {
 
 // TestJourneyEmbeddedRedis runs the same journey when no redis-server can
 // be found, so make run falls back to the embedded Redis. That fallback is
-// the only place miniredis is allowed in Tollgate (DEPENDENCIES.md: never a
+// the only place miniredis is allowed in Tollgate (never a
 // test backend); this test exists to keep it working.
 func TestJourneyEmbeddedRedis(t *testing.T) {
 	t.Setenv(redisserver.EnvServer, filepath.Join(t.TempDir(), "no-redis-server"))

@@ -1,5 +1,5 @@
 // Package failuretest holds the guard's timing-sensitive failure suites
-// (SPEC §7, §8): real redis-server processes killed (SIGKILL), hung
+// (docs/operations.md): real redis-server processes killed (SIGKILL), hung
 // (SIGSTOP), resumed and restarted empty under load; a Sentinel primary
 // lost; one node of a 3-primary Cluster down. Each asserts generous bounds
 // and logs the measured figures (lines starting "figure:") that

@@ -21,7 +21,7 @@ import (
 )
 
 // Bounds the tests assert: generous, for -race on a loaded two-core
-// machine. The figures they log are the point; the targets are in SPEC §8.
+// machine. The figures they log are the point; the targets are in docs/benchmarks.md.
 const (
 	// callDeadline is the Redis call deadline under test (the default).
 	callDeadline = 50 * time.Millisecond

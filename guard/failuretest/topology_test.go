@@ -18,7 +18,7 @@ import (
 // TestSentinelPrimaryKilled: a Sentinel setup on loopback (one primary,
 // one replica, three sentinels, down-after 1000 ms) loses its primary
 // (SIGKILL) under load. Every check is answered within its deadline and
-// normal limiting resumes by itself on the promoted replica (SPEC §8:
+// normal limiting resumes by itself on the promoted replica (target:
 // ≤ 3 s, measured; asserted ≤ 10 s).
 func TestSentinelPrimaryKilled(t *testing.T) {
 	st := redistest.StartSentinelTB(t)

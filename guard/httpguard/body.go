@@ -1,6 +1,7 @@
 package httpguard
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -36,6 +37,11 @@ const (
 //     INVALID_KEY, INVALID_PATH, ...) and 500 (TOO_MANY_RULES):
 //     {"error":{"code","message"}}, the message naming the refusing rule
 //     where there is one (see [Message]).
+//   - An answer of the penalty ladder (429 PENALTY, or 403 KEY_BLOCKED at
+//     its top) says so in its message — the level, until when, the
+//     ladder's reason — and its details carry penalty_level,
+//     penalty_reason (when known) and expires_at (RFC 3339, UTC; absent
+//     for a penalty that lasts until it is lifted).
 //
 // When the request's Accept header asks for application/problem+json
 // (named explicitly with q > 0, and application/json not weighted higher;
@@ -175,10 +181,31 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 		b = appendSeconds(b, retryAfter(d))
 		return append(b, '.')
 	case guard.CodePenalty:
-		b = append(b, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after "...)
+		if d.PenaltyLevel <= 0 {
+			b = append(b, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after "...)
+		} else {
+			b = append(b, "This API key is at level "...)
+			b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+			b = append(b, " of the penalty ladder (cooldown: every request is refused until it ends)"...)
+			b = appendPenaltyReason(b, d)
+			b = append(b, ". Retry after "...)
+		}
 		b = appendSeconds(b, retryAfter(d))
 		return append(b, '.')
 	case guard.CodeKeyBlocked, guard.CodeEndpointBlocked:
+		if d.PenaltyLevel > 0 && code == guard.CodeKeyBlocked && d.Reason == guard.ReasonBlocklisted {
+			b = append(b, "This API key is blocked at level "...)
+			b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+			b = append(b, " of the penalty ladder "...)
+			if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+				b = append(b, "until "...)
+				b = appendUnixMicros(b, d.PenaltyUntil)
+			} else {
+				b = append(b, "until an operator lifts it"...)
+			}
+			b = appendPenaltyReason(b, d)
+			return append(b, '.')
+		}
 		if d.Reason == guard.ReasonBlockRule && d.RefusingRule != "" {
 			b = append(b, "Requests matching rule "...)
 			b = appendSFString(b, d.RefusingRule)
@@ -221,6 +248,93 @@ func decisionMessage(b []byte, d *guard.Decision, code string) []byte {
 		return append(b, "The request matches more rate-limit rules than one request may; the gateway's rules need fixing."...)
 	}
 	return append(b, http.StatusText(decisionStatus(d))...)
+}
+
+// maxReasonBytes bounds the penalty ladder's reason in a message.
+const maxReasonBytes = 200
+
+// appendPenaltyReason appends "; the ladder's reason: <reason>" for a
+// decision of the penalty ladder that carries one, as printable ASCII
+// (anything else becomes '?'), at most maxReasonBytes of it.
+func appendPenaltyReason(b []byte, d *guard.Decision) []byte {
+	if d.PenaltyReason == "" {
+		return b
+	}
+	b = append(b, "; the ladder's reason: "...)
+	return appendPrintable(b, d.PenaltyReason, maxReasonBytes)
+}
+
+// appendPrintable appends at most n bytes of s, each byte outside
+// printable ASCII replaced by '?'.
+func appendPrintable(b []byte, s string, n int) []byte {
+	for i := 0; i < len(s) && i < n; i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e {
+			c = '?'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// appendUnixMicros appends t (Unix microseconds) in RFC 3339, UTC, whole
+// seconds rounded up: the moment something that ends at t has ended.
+func appendUnixMicros(b []byte, t int64) []byte {
+	return time.Unix(ceilDiv(t, 1_000_000), 0).UTC().AppendFormat(b, time.RFC3339)
+}
+
+func ceilDiv(x, y int64) int64 {
+	q := x / y
+	if x%y != 0 && (x < 0) == (y < 0) {
+		q++
+	}
+	return q
+}
+
+// PenaltyAnswer reports whether d, answered with error code code, is an
+// answer of the penalty ladder (a 429 PENALTY, or a 403 KEY_BLOCKED the
+// ladder imposed, without a deciding rule), whose error details carry
+// penalty_level, penalty_reason and expires_at; expires is when it ends,
+// Unix seconds rounded up, or 0 when it lasts until it is lifted.
+// Surfaces that write their own error object (the check API) carry the
+// same details with it.
+func PenaltyAnswer(d *guard.Decision, code string) (expires int64, ok bool) {
+	if d.DecidingRule() != nil || !hasPenaltyDetails(d, code) {
+		return 0, false
+	}
+	if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+		expires = ceilDiv(d.PenaltyUntil, 1_000_000)
+	}
+	return expires, true
+}
+
+// hasPenaltyDetails reports whether d's JSON error body carries the
+// penalty ladder's details: a 429 PENALTY or a 403 the ladder imposed.
+func hasPenaltyDetails(d *guard.Decision, code string) bool {
+	return d.PenaltyLevel > 0 && (code == guard.CodePenalty ||
+		(code == guard.CodeKeyBlocked && d.Reason == guard.ReasonBlocklisted))
+}
+
+// appendPenaltyDetails appends the penalty ladder's members of an error's
+// details: penalty_level, penalty_reason (when known) and expires_at (when
+// the penalty ends by itself); after a comma when more follows members
+// already written.
+func appendPenaltyDetails(b []byte, d *guard.Decision, more bool) []byte {
+	if more {
+		b = append(b, ',')
+	}
+	b = append(b, `"penalty_level":`...)
+	b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+	if d.PenaltyReason != "" {
+		b = append(b, `,"penalty_reason":`...)
+		b = appendJSONString(b, d.PenaltyReason)
+	}
+	if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+		b = append(b, `,"expires_at":"`...)
+		b = appendUnixMicros(b, d.PenaltyUntil)
+		b = append(b, '"')
+	}
+	return b
 }
 
 // retryAfter is the Retry-After of d in seconds, as SetHeaders writes it.
@@ -269,7 +383,14 @@ func appendDecisionJSON(b []byte, d *guard.Decision, status int, code string, ms
 		} else {
 			b = append(b, `"retry_after_seconds":`...)
 			b = strconv.AppendInt(b, retryAfter(d), 10)
+			if hasPenaltyDetails(d, code) {
+				b = appendPenaltyDetails(b, d, true)
+			}
 		}
+		b = append(b, '}')
+	} else if hasPenaltyDetails(d, code) {
+		b = append(b, `,"details":{`...)
+		b = appendPenaltyDetails(b, d, false)
 		b = append(b, '}')
 	}
 	return append(b, "}}"...)

@@ -2,6 +2,7 @@ package httpguard
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -28,6 +29,10 @@ type rateDetails struct {
 	WindowSeconds     *int64  `json:"window_seconds"`
 	RetryAfterSeconds *int64  `json:"retry_after_seconds"`
 	ResetAt           *string `json:"reset_at"`
+	// The penalty ladder's.
+	PenaltyLevel  *int    `json:"penalty_level"`
+	PenaltyReason *string `json:"penalty_reason"`
+	ExpiresAt     *string `json:"expires_at"`
 }
 
 // problemBody is an RFC 9457 problem as WriteDecision writes it.
@@ -59,6 +64,14 @@ func TestWriteDecisionJSON(t *testing.T) {
 		KeyID: "kid-should-not-show", KeyPrefix: "sk_secret_pre"}
 	costly := rejectedDecision()
 	costly.Status, costly.Code, costly.Reason, costly.RetryAfter, costly.Cost = 400, guard.CodeCostExceedsLimit, guard.ReasonCostExceedsLimit, 0, 50
+	const why = "20 of 20 requests in 60s arrived while a Retry-After was running (100%)"
+	until := time.Date(2026, 11, 27, 19, 21, 2, 330_266_000, time.UTC).UnixMicro()
+	ladder2 := penalty
+	ladder2.PenaltyLevel, ladder2.PenaltyReason, ladder2.PenaltyUntil = 2, why, until
+	ladder3 := guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1,
+		PenaltyLevel: 3, PenaltyReason: why, PenaltyUntil: until, CloseConnection: true}
+	ladder3Lifted := ladder3
+	ladder3Lifted.PenaltyUntil, ladder3Lifted.PenaltyReason = math.MaxInt64, ""
 	weird := rejectedDecision()
 	weird.Rules[1].ID = "a\"b\\c\n</script>\u2028"
 	weird.Rules[1].Reset = 1_700_000_000
@@ -86,8 +99,21 @@ func TestWriteDecisionJSON(t *testing.T) {
 				WindowSeconds: ptr[int64](60), RetryAfterSeconds: ptr[int64](7), ResetAt: ptr("2023-11-14T22:13:20Z")},
 		},
 		{
+			name: "penalty ladder, level 2", d: ladder2, status: 429, code: guard.CodePenalty, retryAfter: "900",
+			details: &rateDetails{RetryAfterSeconds: ptr[int64](900), PenaltyLevel: ptr(2), PenaltyReason: ptr(why),
+				ExpiresAt: ptr("2026-11-27T19:21:03Z")},
+		},
+		{
 			name: "blocked", d: guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1},
 			status: 403, code: guard.CodeKeyBlocked,
+		},
+		{
+			name: "blocked by the penalty ladder", d: ladder3, status: 403, code: guard.CodeKeyBlocked,
+			details: &rateDetails{PenaltyLevel: ptr(3), PenaltyReason: ptr(why), ExpiresAt: ptr("2026-11-27T19:21:03Z")},
+		},
+		{
+			name: "blocked by the penalty ladder until lifted", d: ladder3Lifted, status: 403, code: guard.CodeKeyBlocked,
+			details: &rateDetails{PenaltyLevel: ptr(3)},
 		},
 		{
 			name: "cost exceeds limit", d: costly, status: 400, code: guard.CodeCostExceedsLimit,

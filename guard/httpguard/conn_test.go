@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -144,9 +145,22 @@ func TestPrebuiltAnswersMatchWriteDecision(t *testing.T) {
 			guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: ra, PenaltyLevel: 2},
 			guard.Decision{Status: 429, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: ra})
 	}
+	// The penalty ladder's answers state level, end and reason: answers
+	// that differ in any of them never share a cached body.
+	until := time.Date(2026, 11, 27, 19, 21, 2, 0, time.UTC).UnixMicro()
+	for _, why := range []string{"", "20 of 20 requests in 60s arrived while a Retry-After was running (100%)", "120 of 130 requests in 60s were rejected (92%)"} {
+		for _, end := range []int64{until, until + 1_000_000, math.MaxInt64} {
+			decisions = append(decisions,
+				guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: 900,
+					PenaltyLevel: 2, PenaltyReason: why, PenaltyUntil: end},
+				guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1,
+					PenaltyLevel: 3, PenaltyReason: why, PenaltyUntil: end, CloseConnection: true})
+		}
+	}
 	decisions = append(decisions,
 		guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1},
-		guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1, PenaltyLevel: 3, CloseConnection: true})
+		guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1, PenaltyLevel: 3, CloseConnection: true},
+		guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1, PenaltyLevel: 2, CloseConnection: true})
 	for round := range 2 { // built, then from the cache
 		for _, d := range decisions {
 			for _, accept := range []string{"", "application/problem+json"} {

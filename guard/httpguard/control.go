@@ -13,8 +13,9 @@ import (
 // what a retry storm gets once it is penalised: the guard answers them from
 // memory, without the store, so the HTTP layer should not spend more on
 // them than net/http itself does. Their bodies depend only on the code, the
-// body's format (JSON or problem+json) and the Retry-After, so each is
-// built once and then written as is: no rendering, no allocation.
+// body's format (JSON or problem+json), the Retry-After and, for the
+// penalty ladder's answers, the level, end and reason they state, so each
+// is built once and then written as is: no rendering, no allocation.
 
 // answerSlots is the size of a middleware's cache of prebuilt answers. A
 // penalty's Retry-After counts down one second at a time, so a few
@@ -33,10 +34,14 @@ var (
 
 // answer is one prebuilt answer. It is immutable once built.
 type answer struct {
-	// The cache key: code, problem+json, Retry-After.
+	// The cache key: code, problem+json, Retry-After, and for the penalty
+	// ladder's answers the level, end and reason the body states.
 	code    string
 	problem bool
 	retry   int64
+	level   int
+	until   int64
+	reason  string
 
 	status        int
 	body          []byte
@@ -79,7 +84,11 @@ func (a *answers) get(r *http.Request, d *guard.Decision) *answer {
 	if code == guard.CodePenalty {
 		retry = retryAfter(d)
 	}
-	i := uint64(retry) * 4
+	var until int64
+	if d.PenaltyLevel > 0 {
+		until = d.PenaltyUntil
+	}
+	i := uint64(retry)*4 + uint64(until/1_000_000)*8
 	if code == guard.CodePenalty {
 		i += 2
 	}
@@ -87,10 +96,12 @@ func (a *answers) get(r *http.Request, d *guard.Decision) *answer {
 		i++
 	}
 	slot := &a.slots[i%answerSlots]
-	if p := slot.Load(); p != nil && p.code == code && p.problem == problem && p.retry == retry {
+	if p := slot.Load(); p != nil && p.code == code && p.problem == problem && p.retry == retry &&
+		p.level == d.PenaltyLevel && p.until == until && p.reason == d.PenaltyReason {
 		return p
 	}
 	p := buildAnswer(d, code, problem, retry)
+	p.level, p.until, p.reason = d.PenaltyLevel, until, d.PenaltyReason
 	slot.Store(p)
 	return p
 }

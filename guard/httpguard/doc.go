@@ -1,4 +1,4 @@
-// Package httpguard is everything HTTP about guard decisions: the SPEC §3
+// Package httpguard is everything HTTP about guard decisions: the rate-limit
 // response headers, the 429/403/400 bodies, identity extraction (API key,
 // client IP behind trusted proxies, tenant, tier, cost) and a net/http
 // middleware that puts any [guard.Checker] in front of a handler.

@@ -81,7 +81,7 @@ func ExampleMiddleware() {
 	// {"error":{"code":"RATE_LIMIT_EXCEEDED","message":"Rate limit \"demo\" exceeded: 2 per 60 seconds. Retry after 60 seconds.","details":{"rule":"demo","limit":2,"remaining":0,"window_seconds":60,"retry_after_seconds":60,"reset_at":"2023-11-14T22:14:20Z"}}}
 }
 
-// SetHeaders writes the SPEC §3 headers of a decision; HeaderPairs gives
+// SetHeaders writes the rate-limit headers of a decision; HeaderPairs gives
 // the same headers as pairs, for Envoy's response_headers_to_add.
 func ExampleSetHeaders() {
 	d := &guard.Decision{Allowed: true, Status: http.StatusOK, Deciding: 1, Rules: []guard.RuleResult{

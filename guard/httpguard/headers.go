@@ -24,7 +24,7 @@ const (
 	numFields
 )
 
-// headerNames holds each field's name as SPEC §3 spells it (used on the
+// headerNames holds each field's name as the wire spells it (used on the
 // wire by HeaderPairs) and in net/http's canonical form (the http.Header map
 // key, textproto.CanonicalMIMEHeaderKey of the first).
 var headerNames = [numFields]struct{ wire, canon string }{
@@ -44,7 +44,7 @@ var headerNames = [numFields]struct{ wire, canon string }{
 // costs one allocation whatever the number of rules.
 type headerValues [numFields]string
 
-// SetHeaders writes the SPEC §3 headers of d into h, replacing same-named
+// SetHeaders writes the rate-limit headers of d into h, replacing same-named
 // headers already there (say from an upstream):
 //
 //   - With a deciding rule: X-RateLimit-Limit, -Remaining (-1 while the
@@ -68,7 +68,7 @@ func SetHeaders(h http.Header, d *guard.Decision) {
 }
 
 // HeaderPairs appends the headers SetHeaders would set for d to dst, as
-// name/value pairs in a fixed order, names spelled as in SPEC §3
+// name/value pairs in a fixed order, names spelled as on the wire
 // (X-RateLimit-Limit, …, RateLimit-Policy, RateLimit, X-RateLimit-Policy,
 // Retry-After), and returns the extended slice. It lists only headers that
 // are present; deleting stale headers is the caller's business (Envoy's

@@ -219,7 +219,7 @@ func TestSetHeaders(t *testing.T) {
 			SetHeaders(h, tt.d)
 			checkHeaders(t, h, tt.want)
 
-			// HeaderPairs is the same set, spelled as in the SPEC.
+			// HeaderPairs is the same set, spelled as on the wire.
 			h2 := http.Header{}
 			for _, p := range HeaderPairs(tt.d, nil) {
 				if h2.Get(p[0]) != "" {

@@ -31,7 +31,7 @@ var (
 )
 
 // DefaultMaxKeyLen is the longest key accepted when Identity.MaxKeyLen is
-// zero (SPEC §3): guard.MaxKeyLen.
+// zero: guard.MaxKeyLen.
 const DefaultMaxKeyLen = guard.MaxKeyLen
 
 type sourceKind uint8

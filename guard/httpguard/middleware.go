@@ -109,7 +109,7 @@ func WithErrorHandler(h ErrorHandler) Option {
 //     answers the guard makes from its controls alone, 429 PENALTY and 403
 //     KEY_BLOCKED for a blocklisted key, are prebuilt per code, body
 //     format and Retry-After and written as they are, allocating nothing;
-//   - otherwise sets the SPEC §3 headers and calls the handler with a
+//   - otherwise sets the rate-limit headers and calls the handler with a
 //     ResponseWriter that sets them again right before the status is
 //     written, so they replace same-named headers the handler set (or
 //     deletes them when the decision has no headers), and with the request
@@ -225,7 +225,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // withPath returns r as the handler should see it: with clean, the normal
-// form of its escaped path sent (SPEC §3: the limiter and the upstream see
+// form of its escaped path sent (the limiter and the upstream see
 // the same resource), in URL.Path, URL.RawPath and RequestURI. It returns r
 // itself when sent is already normal or clean is empty (a Checker that
 // does not normalise), so the common case costs nothing.

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/memstore"
@@ -37,7 +39,7 @@ func pathGuard(t *testing.T, rs string, opts ...guard.Option) *guard.Guard {
 }
 
 // TestMiddlewareNormalisesPath: the handler sees the path the limiter
-// counted (SPEC §3), every spelling of a blocked endpoint is blocked, and
+// counted, every spelling of a blocked endpoint is blocked, and
 // paths that cannot be normalised are refused with 400 INVALID_PATH.
 func TestMiddlewareNormalisesPath(t *testing.T) {
 	t.Parallel()
@@ -175,4 +177,50 @@ type errorJSON struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
+}
+
+// TestPenaltyMessages: an answer of the penalty ladder says so — its
+// level, until when and the ladder's reason — through a real guard, on
+// the prebuilt path as on the rendered one; an operator's block and a
+// penalty without a level keep their plain words.
+func TestPenaltyMessages(t *testing.T) {
+	t.Parallel()
+	g := pathGuard(t, "rules:\n  - {id: small, capacity: 3, rate: 3/1m}\n")
+	until := time.Now().Add(24 * time.Hour).Truncate(time.Second)
+	end := until.UTC().Format(time.RFC3339)
+	const why = "20 of 20 requests in 60s arrived while a Retry-After was running (100%)"
+	g.Controls().SetPenalty(g.KeyID("sk_cool"), guard.Penalty{Level: 2, Until: until.UnixMicro(), Reason: why})
+	g.Controls().SetPenalty(g.KeyID("sk_plain"), guard.Penalty{Until: until.UnixMicro()})
+	g.Controls().Block(g.KeyID("sk_top"), guard.Entry{Level: 3, Close: true, Expiry: until.UnixMicro(), Reason: why + "\n\x00é"})
+	g.Controls().Block(g.KeyID("sk_forever"), guard.Entry{Level: 3})
+	g.Controls().Block(g.KeyID("sk_operator"), guard.Entry{Reason: "internal ticket 42"})
+	tests := []struct {
+		key    string
+		status int
+		msg    string // the message, with <N> for the Retry-After
+	}{
+		{"sk_cool", 429, "This API key is at level 2 of the penalty ladder (cooldown: every request is refused until it ends); the ladder's reason: " +
+			why + ". Retry after <N> seconds."},
+		{"sk_plain", 429, "This API key kept sending requests while asked to wait and is under a temporary penalty. Retry after <N> seconds."},
+		{"sk_top", 403, "This API key is blocked at level 3 of the penalty ladder until " + end + "; the ladder's reason: " + why + "????."},
+		{"sk_forever", 403, "This API key is blocked at level 3 of the penalty ladder until an operator lifts it."},
+		{"sk_operator", 403, "This API key is blocked."},
+	}
+	h := Middleware(g)(http.NotFoundHandler())
+	for _, tt := range tests {
+		for round := range 2 { // built, then the prebuilt answer
+			r := httptest.NewRequest(http.MethodGet, "/x", nil)
+			r.Header.Set("X-API-Key", tt.key)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, r)
+			want := strings.ReplaceAll(tt.msg, "<N>", rec.Header().Get("Retry-After"))
+			var b errorJSON
+			if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil || rec.Code != tt.status || b.Error.Message != want {
+				t.Errorf("%s, round %d: %d %s, want %d %q", tt.key, round, rec.Code, rec.Body, tt.status, want)
+			}
+			if strings.Contains(rec.Body.String(), "internal ticket") {
+				t.Errorf("%s: an operator's reason reached the client: %s", tt.key, rec.Body)
+			}
+		}
+	}
 }

@@ -17,7 +17,7 @@ import (
 // own, so parallel goroutines rarely contend on one counter.
 const fastPathKeys = 1000
 
-// BenchmarkFastPath measures SPEC §8's local fast path: Guard.CheckInto
+// BenchmarkFastPath measures the local fast path (target ≥ 5 M checks/s per core): Guard.CheckInto
 // for hot counters answered from their lease (admissions) or their
 // negative-cache entry (rejections), with rules resolved through the
 // guard's resolution cache. The wrapped store is the in-memory one; the

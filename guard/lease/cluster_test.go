@@ -313,7 +313,7 @@ func TestReturnsWhileAShardIsDown(t *testing.T) {
 }
 
 // TestGlobalCounterServedByLeases: a global counter is one hot slot on
-// Cluster, which leases must keep cool (SPEC §2). Three gateways check
+// Cluster, which leases must keep cool. Three gateways check
 // 600 keys round robin, each key too rarely on one gateway to get a lease
 // of its own, every request counting against its key's counter and one
 // global counter. The global counter is taken from its leases: its slot

@@ -1,4 +1,4 @@
-// Package lease is the guard's local fast path (SPEC §2): a guard.Store
+// Package lease is the guard's local fast path: a guard.Store
 // decorator that answers hot counters from memory, without a Redis round
 // trip, while the fleet never admits more than Redis granted.
 //
@@ -66,7 +66,7 @@ const (
 	DefaultSweepInterval = 250 * time.Millisecond
 	// BucketShare is the part of a token bucket's or GCRA's full-refill
 	// time a lease may live: it bounds what a bucket may admit beyond the
-	// reference model to this part of its limit (SPEC §8: 1 %).
+	// reference model to this part of its limit (the bound: 1 %).
 	BucketShare = 0.01
 	// minWant is the smallest lease worth asking for: a lease of one unit
 	// saves nothing and costs a return.

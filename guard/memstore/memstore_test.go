@@ -136,7 +136,7 @@ func TestTokenBucketAgainstRationals(t *testing.T) {
 	}
 }
 
-// TestCarryOver: changing a limit keeps what was consumed (SPEC §2); a
+// TestCarryOver: changing a limit keeps what was consumed; a
 // lower limit can leave a counter in debt (the guard shows 0). gcra keeps
 // one value and carries its debt time: the fraction of the burst consumed.
 func TestCarryOver(t *testing.T) {

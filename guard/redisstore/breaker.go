@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,11 +66,14 @@ func (ns *nodes) newNode(name string) *node {
 	n := &node{name: name}
 	cfg := ns.cfg
 	user := cfg.OnStateChange
+	// What the breaker uses, defaults applied (cfg's zero OpenFor means the
+	// default); set below, before any change of state.
+	var openFor time.Duration
 	cfg.OnStateChange = func(from, to breaker.State) {
 		switch {
 		case from == breaker.Closed:
-			ns.log.Warn("redis circuit breaker open: checks degrade without calling this node",
-				"node", n.name, "open_for", cfg.OpenFor)
+			ns.log.Warn("redis circuit breaker open: checks degrade without calling this node; one probe call is let through after open_for, and each failed probe keeps it open that long again",
+				"node", n.name, "open_for", openFor)
 		case to == breaker.Closed:
 			ns.log.Info("redis circuit breaker closed: node answers again", "node", n.name)
 		default:
@@ -88,6 +92,7 @@ func (ns *nodes) newNode(name string) *node {
 		b, _ = breaker.New(breaker.Config{OnStateChange: cfg.OnStateChange})
 	}
 	n.b = b
+	openFor = b.Config().OpenFor
 	return n
 }
 

@@ -1,9 +1,12 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -160,5 +163,65 @@ func TestInvalidBreakerConfigUsesDefaults(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	if st := store.BreakerStates(); len(st) != 1 || st[0].Node != "127.0.0.1:1" || st[0].State != breaker.Closed {
 		t.Fatalf("breaker states %+v", st)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestBreakerOpenLogSaysForHowLong: the warning of an opening breaker
+// gives the time it stays open, defaults applied, not the zero of an
+// unset field.
+func TestBreakerOpenLogSaysForHowLong(t *testing.T) {
+	t.Parallel()
+	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	tests := []struct {
+		name string
+		cfg  breaker.Config
+		want string
+	}{
+		{"defaults", breaker.Config{}, "open_for=500ms"},
+		{"configured", breaker.Config{OpenFor: 2 * time.Second}, "open_for=2s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var logs syncBuffer
+			store := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithBreaker(tt.cfg),
+				redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			t.Cleanup(func() { store.Close() })
+			res := make([]guard.CounterResult, 1)
+			for i := 0; i <= breaker.DefaultConsecutiveFailures; i++ {
+				_, _ = store.Do(context.Background(), guard.OpCheck, 0, fixedWindow("tg{t}log"), res)
+			}
+			line := ""
+			for l := range strings.SplitSeq(logs.String(), "\n") {
+				if strings.Contains(l, "redis circuit breaker open") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, tt.want) {
+				t.Fatalf("the breaker's opening was logged as %q, want %s", line, tt.want)
+			}
+		})
 	}
 }

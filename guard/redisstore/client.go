@@ -94,7 +94,7 @@ func (c *Config) Validate() error {
 }
 
 // NewClient builds the go-redis client for cfg with the settings the guard
-// needs (DEPENDENCIES trap 4): context deadlines honoured, read and write
+// needs (go-redis's defaults would hold a call past its deadline and send a script twice): context deadlines honoured, read and write
 // timeouts at the call deadline, a short dial timeout, and no automatic
 // retries — a script whose reply was lost must never be sent again.
 func NewClient(cfg Config) (redis.UniversalClient, error) {

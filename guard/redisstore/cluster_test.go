@@ -193,7 +193,7 @@ func onNode(t *testing.T, cl *redisserver.Cluster, prefix string, node int) stri
 // what the slots decided before it charged is taken back — the request's
 // cost and the lease units granted with it — so the requests of the dead
 // shard's keys do not drain the global and ip counters every other key
-// shares (SPEC §7: degraded decisions are not charged). Once the dead
+// shares (degraded decisions are not charged). Once the dead
 // primary's breaker is open such a check fails before any call. A check
 // that fails before reaching its own slot gives back the lease units its
 // counters there return, and says so (Returned), so they are not dropped.

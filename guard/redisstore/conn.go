@@ -29,8 +29,8 @@ import (
 //
 // A connection whose batch failed half-way (a timeout, a broken or
 // refused connection, bytes that are not RESP) is closed: whether Redis ran
-// the calls it was sent is unknown, so none of them is sent again (SPEC
-// §7), and the next batch dials afresh. Only NOSCRIPT is retried, on the
+// the calls it was sent is unknown, so none of them is sent again (it
+// would charge twice), and the next batch dials afresh. Only NOSCRIPT is retried, on the
 // same connection within the same deadline, as EVAL with the script's
 // source: Redis refused the call without running it.
 

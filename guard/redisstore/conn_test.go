@@ -292,7 +292,7 @@ func windowCount(t *testing.T, admin redis.UniversalClient, key string) int64 {
 // script is loaded, reads nothing and answers nothing. Each call is
 // answered at its deadline with an error that says so. After the resume,
 // Redis runs whatever was left in its sockets: each timed-out call at most
-// once (never sent again: Redis may have run it, SPEC §7), and the next
+// once (never sent again: Redis may have run it), and the next
 // call reads its own reply, not a late one of a timed-out call (a
 // connection whose reply is lost is never reused).
 func TestHungRedisNeverRetried(t *testing.T) {

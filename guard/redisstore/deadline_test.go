@@ -15,7 +15,7 @@ import (
 )
 
 // TestCallDeadlineIsItsOwnNotABatchMates: each call's deadline is its own
-// (SPEC §7), not the earliest of its batch's. A paused Redis holds call Z
+// (the deadline holds whatever Redis does), not the earliest of its batch's. A paused Redis holds call Z
 // on the only batching goroutine while A (its caller gives up after 1 s)
 // and B (the store's 5 s) queue behind it, so A and B leave as one batch.
 // A fails at its own deadline; Redis is resumed only then, and B, well

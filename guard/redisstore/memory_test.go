@@ -27,7 +27,7 @@ rules:
   - {id: swl, match: {}, algorithm: sliding_window_log, limit: 100, window: 1h}
 `
 
-// stateBudget is SPEC §8's bound on MEMORY USAGE per counter, for the
+// stateBudget is the documented bound on MEMORY USAGE per counter, for the
 // algorithms that have one.
 var stateBudget = map[string]int64{"tb": 120, "gcra": 88}
 
@@ -50,13 +50,13 @@ func (r *recordStore) Do(ctx context.Context, op guard.Op, now int64, counters [
 	return t, err
 }
 
-// TestStatePerKey measures SPEC §8's state per key: through a real Guard,
+// TestStatePerKey measures the state per key: through a real Guard,
 // for a key without tenant (its counters are named tg{<key_id>}<tag>), the
 // MEMORY USAGE of each algorithm's counter after one check and after five,
 // asserting the token bucket and GCRA budgets. It also requires that the
 // guard wrote exactly the counters the naming predicts, and that every key
 // it wrote expires (PTTL > 0) no earlier than the counter is full again
-// (SPEC §11: a shorter TTL forgets debt).
+// (a shorter TTL forgets debt).
 func TestStatePerKey(t *testing.T) {
 	ctx := context.Background()
 	client := startRedis(t)
@@ -74,7 +74,7 @@ func TestStatePerKey(t *testing.T) {
 	req := &guard.Request{Key: "sk_live_9f3c2a7e51b84d06a1c3", Path: "/v1/items", Method: "GET"}
 
 	// The names the guard gives a key-scope counter of a key whose tenant
-	// is itself (SPEC §2): prefix, key_id as hash tag, rule tag.
+	// is itself: prefix, key_id as hash tag, rule tag.
 	kid := g.KeyID(req.Key)
 	names := map[string]string{} // rule id -> key
 	for _, r := range rs.Rules() {
@@ -104,7 +104,7 @@ func TestStatePerKey(t *testing.T) {
 			typ, _ := client.Type(ctx, key).Result()
 			t.Logf("after %d check(s): %-22s %4d bytes (%s, %s; name %d bytes)", check, r.Algorithm, size, typ, enc, len(key))
 			if budget, ok := stateBudget[r.ID]; ok && size > budget {
-				t.Errorf("after %d check(s): %s counter %s uses %d bytes, SPEC §8 allows %d", check, r.Algorithm, key, size, budget)
+				t.Errorf("after %d check(s): %s counter %s uses %d bytes, the bound is %d", check, r.Algorithm, key, size, budget)
 			}
 		}
 	}

@@ -12,7 +12,7 @@ import (
 var _ guard.Namer = (*Store)(nil)
 
 // CounterName implements guard.Namer: the key prefix, the scope value in a
-// Cluster hash tag, then the rule's tag (SPEC §2 Redis layout):
+// Cluster hash tag, then the rule's tag (docs/guard.md, Redis layout):
 //
 //	key scope:    <prefix>{<tenant>}<tag>[<key_id> if the key has a tenant]
 //	tenant scope: <prefix>{<tenant>}<tag>

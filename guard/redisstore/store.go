@@ -481,7 +481,7 @@ find:
 
 // undo takes back what a check charged in the slots decided before one
 // failed: the request is then decided degraded, and degraded admissions
-// are not charged to the shared counters (SPEC §7) — nor rejections, nor
+// are not charged to the shared counters — nor rejections, nor
 // the lease units granted with the charge, which the caller, seeing the
 // error, never installs. Left charged, a dead shard would drain the ip
 // and global counters of every other key with the requests of its keys.

@@ -49,6 +49,9 @@ func Compile(doc *Document) (*Ruleset, error) {
 	c.rs.blocklist = c.globList("blocklist", doc.Blocklist)
 	c.routes()
 	c.rules()
+	if len(c.errs) == 0 {
+		c.totalBlocks()
+	}
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
 	}
@@ -96,10 +99,16 @@ func checkName(s string) error {
 	return nil
 }
 
+// CheckName validates a tenant, tier, domain or descriptor name as a
+// ruleset's are validated (1 to 128 bytes of UTF-8 without control
+// characters), so that other inputs naming a tenant refuse what no ruleset
+// could name.
+func CheckName(s string) error { return checkName(s) }
+
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // checkKey validates a raw API key as written in the registry or overrides:
-// a key the gateway would refuse (SPEC §3: over 256 bytes, control
+// a key the gateway would refuse (over 256 bytes, control
 // characters) could never match.
 func checkKey(k string) error {
 	switch {
@@ -790,7 +799,7 @@ func findCycles(edges [][]int) [][]int {
 	return cycles
 }
 
-// tagIdentity is the rule part of a counter's identity (SPEC §2), the text
+// tagIdentity is the rule part of a counter's identity, the text
 // a rule's Tag is derived from:
 //
 //	id|algorithm|window_µs|precision|scope|by_endpoint

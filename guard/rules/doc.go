@@ -1,5 +1,5 @@
 // Package rules decodes, validates, compiles and matches Tollgate rulesets
-// (SPEC §2).
+// (configs/rules.yaml is an annotated example).
 //
 // A ruleset is a YAML (or JSON: JSON is YAML) document holding a key
 // registry, tier patterns, an allowlist and a blocklist of key globs, route
@@ -19,7 +19,7 @@
 //
 // # Endpoints
 //
-// [CleanPath] normalises a request path as SPEC §3 says (unreserved escapes
+// [CleanPath] normalises a request path (unreserved escapes
 // decoded, dot segments removed, slashes merged; encoded slashes,
 // backslashes and NULs and paths above the root refused), so that two
 // spellings of one resource are one endpoint; [Ruleset.Normalize] then

@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Document is a rules document as written (SPEC §2), decoded but not yet
+// Document is a rules document as written, decoded but not yet
 // validated: numbers are checked for type only and durations, rates and
 // patterns are kept as text. Build one with [Parse] (which also records
 // line numbers for error messages) or in code, and turn it into a [Ruleset]
@@ -44,6 +44,11 @@ type Document struct {
 	Routes []string `yaml:"routes,omitempty" json:"routes,omitempty"`
 	// Rules (`rules`), in file order.
 	Rules []RuleSpec `yaml:"rules,omitempty" json:"rules,omitempty"`
+	// AllowTotalBlock (`allow_total_block`) accepts a ruleset that would
+	// refuse every request (a blocklist pattern matching every key, a block
+	// rule matching every request): without it such a ruleset is refused,
+	// with it [Ruleset.Warnings] names each total block.
+	AllowTotalBlock bool `yaml:"allow_total_block,omitempty" json:"allow_total_block,omitempty"`
 
 	hash  string  // hex SHA-256 of the source bytes; "" when built in code
 	lines lineMap // top-level field -> line
@@ -473,6 +478,8 @@ func (d *decoder) document(n *yaml.Node) *Document {
 			doc.Blocklist, _ = d.strings(v, "", key, doc.lines)
 		case "routes":
 			doc.Routes, _ = d.strings(v, "", key, doc.lines)
+		case "allow_total_block":
+			doc.AllowTotalBlock, _ = d.boolean(v, "", key)
 		case "rules":
 			if d.kind(v, yaml.SequenceNode, "", key, "a list of rules") {
 				doc.Rules = make([]RuleSpec, 0, len(v.Content))

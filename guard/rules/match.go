@@ -21,7 +21,7 @@ type matcher struct {
 	// The rule's scope, as far as matching cares: a request without a
 	// client IP (a check API body or Envoy descriptor without one, a Unix
 	// socket peer) matches no rule counted per IP, so that such requests
-	// never share one counter (SPEC §3 "Missing client IP"). Those are
+	// never share one counter. Those are
 	// ip-scope rules (ipScope), and for anonymous requests key- and
 	// tenant-scope rules (personal), which count them per IP.
 	ipScope, personal bool
@@ -110,7 +110,7 @@ func (rs *Ruleset) Listed(key string) ListStatus {
 
 // Normalize returns the endpoint of a normal request path (see CleanPath,
 // which the guard applies first): the path without a query string and
-// without a trailing slash ("/v1/search/" is "/v1/search", SPEC §3), or the
+// without a trailing slash ("/v1/search/" is "/v1/search"), or the
 // first route template that matches it segment by segment ("/v1/users/42"
 // -> "/v1/users/{id}"). The result is the template or a substring of path:
 // it does not allocate.

@@ -157,7 +157,7 @@ func TestListed(t *testing.T) {
 			t.Errorf("Listed(%q) = %v, want %v", key, got, want)
 		}
 	}
-	if got := mustLoad(t, "allowlist: ['*']\nblocklist: ['*']\n").Listed(""); got != Unlisted {
+	if got := mustLoad(t, "allow_total_block: true\nallowlist: ['*']\nblocklist: ['*']\n").Listed(""); got != Unlisted {
 		t.Errorf("anonymous request listed: %v", got)
 	}
 }
@@ -238,7 +238,7 @@ func TestMatch(t *testing.T) {
 }
 
 // TestMatchWithoutIP: a request without a client IP matches no rule counted
-// per IP (SPEC §3 "Missing client IP"): no ip-scope rule, and for an
+// per IP: no ip-scope rule, and for an
 // anonymous request no key- or tenant-scope rule either, which would count
 // it per IP; global-scope rules still apply.
 func TestMatchWithoutIP(t *testing.T) {

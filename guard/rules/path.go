@@ -1,6 +1,6 @@
 package rules
 
-// Endpoint normalisation (SPEC §3). Two spellings of one resource must never
+// Endpoint normalisation. Two spellings of one resource must never
 // be two resources: the endpoint is what rules match and what by_endpoint
 // counts, so `//v1/search`, `/v1/./search` and `/v1/%73earch` must be
 // `/v1/search` to the limiter, and the upstream must see the same path.
@@ -51,7 +51,7 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// CleanPath returns the normal form of a request path (SPEC §3), the form
+// CleanPath returns the normal form of a request path, the form
 // proxies forward and rules see, and ok false for a path that must be
 // refused with 400 INVALID_PATH.
 //
@@ -238,7 +238,7 @@ func lastSlash(b []byte) int {
 
 // TrimTrailingSlash drops the trailing slash of a path other than "/": the
 // endpoint rules match and by_endpoint counts treats "/v1/search/" as
-// "/v1/search" (SPEC §3), while the forwarded path keeps it.
+// "/v1/search", while the forwarded path keeps it.
 func TrimTrailingSlash(path string) string {
 	if len(path) > 1 && path[len(path)-1] == '/' {
 		return path[:len(path)-1]

@@ -6,7 +6,7 @@ import (
 )
 
 // TestCleanPathSpellings: the spellings of one resource collapse to one
-// endpoint (SPEC §3).
+// endpoint.
 func TestCleanPathSpellings(t *testing.T) {
 	t.Parallel()
 	rs := mustLoad(t, "routes: ['/v1/users/{id}']\n")

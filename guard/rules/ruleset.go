@@ -78,7 +78,16 @@ type Ruleset struct {
 	// descriptors: some rule matches descriptor entries; byIP: some rule
 	// counts by client IP (scope ip).
 	descriptors, byIP bool
+	// warnings name what allow_total_block let through.
+	warnings []ValidationError
 }
+
+// Warnings returns what the ruleset was accepted with only because it says
+// allow_total_block: true — each blocklist pattern or block rule that
+// refuses every request — naming the rule and field as a refusal would.
+// Callers show them (the operator API answers them). The slice must not be
+// modified.
+func (rs *Ruleset) Warnings() []ValidationError { return rs.warnings }
 
 // MatchesDescriptors reports whether some rule selects by Envoy descriptor
 // entries (`match: {descriptor: …}`): only then does a request's

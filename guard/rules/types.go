@@ -5,7 +5,7 @@ import (
 	"net/netip"
 )
 
-// Algorithm names a rate-limiting algorithm (SPEC §2).
+// Algorithm names a rate-limiting algorithm.
 type Algorithm string
 
 // The algorithms a rule may use. TokenBucket is the default.
@@ -67,7 +67,7 @@ type Params struct {
 	RatePeriod int64
 }
 
-// PolicyWindow is the `w` of the RateLimit-Policy header (SPEC §3): the
+// PolicyWindow is the `w` of the RateLimit-Policy header: the
 // window in whole seconds, rounded up, at least 1. For bucket algorithms it
 // is Limit ÷ rate, i.e. ceil(FullNum / (FullDen × 1e6)).
 func (p Params) PolicyWindow(a Algorithm) int64 {
@@ -94,7 +94,7 @@ func (p Params) RatePerSecond(a Algorithm) float64 {
 }
 
 // Override is a temporary change of a counter's limit from the operator API
-// or the penalty ladder (SPEC §2): absolute (Limit > 0: the limit, capacity
+// or the penalty ladder: absolute (Limit > 0: the limit, capacity
 // or burst becomes Limit and the rate scales with it) or multiplicative
 // (Factor > 0: limit and rate both scale by Factor). Exactly one of Limit
 // and Factor is set. Expiry is Unix microseconds, 0 for none.

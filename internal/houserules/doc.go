@@ -12,8 +12,16 @@
 //   - a package without a package comment: add a doc.go starting
 //     "// Package name ...".
 //
-// Exceptions live in two allowlists in the test, sleepAllowlist and
-// docAllowlist; each entry says why, and a stale entry fails the test.
+// It also reads every file git tracks (docs, READMEs, comments, --help
+// texts, configs, scripts, test messages) and fails on a citation of a
+// document that is not in the repository — the product contract or the
+// dependency notes the project is built from, by name — or of an issue
+// number: users cannot follow them, so say the fact, or link the doc in
+// docs/ that holds it.
+//
+// Exceptions live in allowlists in the tests, sleepAllowlist, docAllowlist
+// and citationAllowlist; each entry says why, and a stale entry fails the
+// test.
 //
 // Directories named testdata or vendor, or starting with "." or "_", and
 // nested modules are not checked. The package has no exported API.

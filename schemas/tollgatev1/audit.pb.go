@@ -40,7 +40,8 @@ type AuditEntry struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// When the action took effect, in microseconds since the Unix epoch.
 	TimeUnixMicros int64 `protobuf:"varint,2,opt,name=time_unix_micros,json=timeUnixMicros,proto3" json:"time_unix_micros,omitempty"`
-	// Who acted: the operator token's name, or the detector's name.
+	// Who acted: the operator (the X-Tollgate-Actor header of the change,
+	// "operator" without one), or the detector's name.
 	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	// What kind of action: "rules", "rollback", "blocklist", "allowlist",
 	// "override", "penalty", "reset" or "quota". Consumers must accept values

@@ -58,7 +58,10 @@ const TruncationMark = "…"
 // followed by TruncationMark, fit in max bytes without splitting a UTF-8
 // sequence: len(s) when s fits as it is. The result is used as s[:n], then
 // TruncationMark when n < len(s).
-func CutLen(s string, max int) int {
+func CutLen(s string, max int) int { return cutLen(s, max) }
+
+// cutLen is CutLen for a string in bytes too.
+func cutLen[S string | []byte](s S, max int) int {
 	if len(s) <= max {
 		return len(s)
 	}

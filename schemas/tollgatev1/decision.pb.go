@@ -135,8 +135,8 @@ func (DecisionEvent_Kind) EnumDescriptor() ([]byte, []int) {
 // aggregator refuses a record that has one and counts it.
 type DecisionEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The gateway that made the decision: its configured id (hostname by
-	// default). Stable across restarts of the same gateway.
+	// The gateway that made the decision: its configured gateway_id (default
+	// hostname-pid, new at every start; set it to keep it across restarts).
 	GatewayId string `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	// The gateway's boot epoch: a random number drawn at start and kept with
 	// its spool, so a restarted gateway never reuses an event id. For
@@ -189,8 +189,9 @@ type DecisionEvent struct {
 	Allowed bool `protobuf:"varint,16,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Why, as one of the guard's reasons (guard.Reason): "allowed",
 	// "rate_limited", "blocklisted", "allowlisted", "penalty", "no_rule",
-	// "block_rule", "cost_exceeds_limit", "invalid_key", "redis_unavailable",
-	// "call_rejected". Consumers must accept values they do not know.
+	// "block_rule", "cost_exceeds_limit", "invalid_key", "invalid_path",
+	// "too_many_rules", "redis_unavailable", "call_rejected". Consumers must
+	// accept values they do not know.
 	Reason string `protobuf:"bytes,17,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The HTTP status the decision calls for: 200 when allowed, 429 when rate
 	// limited or penalised, 403 when blocked, 400 for a bad request; 0 where
@@ -210,7 +211,8 @@ type DecisionEvent struct {
 	// only), in text form ("203.0.113.7", "2001:db8::1").
 	ClientIp string `protobuf:"bytes,23,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
 	// Where the decision was asked for: "proxy", "check", "batch", "report",
-	// "rls" (Envoy rate-limit service) or "authz" (Envoy ext_authz).
+	// "rls" (Envoy rate-limit service) or "authz" (the check API's
+	// forward-auth endpoint, /v1/authz).
 	Surface string `protobuf:"bytes,24,opt,name=surface,proto3" json:"surface,omitempty"`
 	// KIND_EPOCH_CLOSED only: the last sequence number used in the closed
 	// epoch on this partition (after a machine crash: the last reserved).

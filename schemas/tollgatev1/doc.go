@@ -37,6 +37,12 @@
 //     write the topic can write such a record.
 //   - PenaltyEvent by event_id, AuditEntry by id.
 //
+// A consumer that reads every decision can decode TopicDecisions without
+// allocating: DecodeDecision reads a record into a Decision[[]byte] whose
+// strings are the record's bytes, and reports the fields outside their
+// bounds (AppendDecision is the writer's side). schemas/README.md shows
+// the loop.
+//
 // Topic names are configurable; the constants are the defaults. A consumer of
 // an older build decodes newer records: proto.Unmarshal keeps fields it does
 // not know and an unknown enum value as its number. String vocabularies

@@ -120,6 +120,31 @@ func OverrideKey(scope, subject string) string {
 	return "key." + subject
 }
 
+// CheckListKey checks that a BucketBlocklist entry sits under the KV key
+// its content names: BlocklistKey(key_id) for block and penalty,
+// AllowlistKey(key_id) for allow. Every KV key then holds one kind of
+// control of one key_id; an entry elsewhere is corrupt (both ends, the
+// operator API and the gateways, treat it so).
+func CheckListKey(kvKey string, e *ListEntry) error {
+	want := BlocklistKey(e.KeyID)
+	if e.Action == ActionAllow {
+		want = AllowlistKey(e.KeyID)
+	}
+	if kvKey != want {
+		return fmt.Errorf("a %s entry for key_id %s belongs under KV key %q", e.Action, e.KeyID, want)
+	}
+	return nil
+}
+
+// CheckOverrideKey checks that a BucketOverrides entry sits under the KV
+// key its scope and subject name (OverrideKey).
+func CheckOverrideKey(kvKey string, e *OverrideEntry) error {
+	if want := OverrideKey(e.Scope, e.Subject); kvKey != want {
+		return fmt.Errorf("a %s override belongs under KV key %q", e.Scope, want)
+	}
+	return nil
+}
+
 // ParseOverrideKey is the inverse of OverrideKey.
 func ParseOverrideKey(k string) (scope, subject string, err error) {
 	if s, ok := strings.CutPrefix(k, "key."); ok {

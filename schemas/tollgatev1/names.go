@@ -42,7 +42,7 @@ const (
 // gateways' backs — a reset or a quota grant (CountersChanged, JSON) — so
 // that every gateway drops the local state it derived from them (the fast
 // path's negative cache and, after a reset, its leases without giving
-// their units back, SPEC §2). At most once: a gateway disconnected at that
+// their units back). At most once: a gateway disconnected at that
 // moment keeps its negative cache until its Retry-After passes, as it
 // would have without the message.
 const SubjectCounters = "tollgate.counters.changed"

@@ -60,8 +60,9 @@ type PenaltyEvent struct {
 	ExpiresAtUnixMicros int64 `protobuf:"varint,9,opt,name=expires_at_unix_micros,json=expiresAtUnixMicros,proto3" json:"expires_at_unix_micros,omitempty"`
 	// What the detectors saw; empty for operator actions and step-downs.
 	Evidence []*Evidence `protobuf:"bytes,10,rep,name=evidence,proto3" json:"evidence,omitempty"`
-	// Who issued the step: the detector's name ("backoff_ignored", ...), the
-	// ladder ("step_down"), or the operator token's name.
+	// Who issued the step: the detectors that fired, comma-separated
+	// ("backoff_ignored", ...), "ladder" for a step down, or for a lift the
+	// operator (X-Tollgate-Actor; "allowlist" when allowlisting the key lifted it).
 	IssuedBy string `protobuf:"bytes,11,opt,name=issued_by,json=issuedBy,proto3" json:"issued_by,omitempty"`
 	// Why, in words, for humans.
 	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`

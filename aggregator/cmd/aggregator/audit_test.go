@@ -23,7 +23,7 @@ import (
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-const token = "t0ken"
+const token = "audit-test-admin-token"
 
 // TestAuditEverywhereAndSnapshot writes audit entries, sees them on two
 // instances, snapshots one, writes more, and reads the snapshot offline:

@@ -1,6 +1,6 @@
 // Command aggregator runs a Tollgate aggregator instance: the exactly-once
 // consumer of the decision stream, the usage reports, and (with the
-// control plane) the operator API (SPEC §6). It is configured by an
+// control plane) the operator API. It is configured by an
 // optional YAML file (--config) and the TOLLGATE_* environment variables,
 // listed by --help.
 //
@@ -19,8 +19,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard/redisstore"
 )
 
 func main() {
@@ -40,8 +43,8 @@ and TOLLGATE_KEY_SECRET are required. For example, joining the local stack
 (make run writes bin/stack.env):
 
   set -a; . bin/stack.env; set +a
-  TOLLGATE_DATA_DIR=/tmp/agg2 TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:8181 \
-  TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:9193 bin/aggregator
+  TOLLGATE_AGGREGATOR_ID=agg-2 TOLLGATE_DATA_DIR=/tmp/tollgate-agg2 \
+  TOLLGATE_AGGREGATOR_LISTEN=127.0.0.1:18081 TOLLGATE_AGGREGATOR_METRICS_LISTEN=127.0.0.1:19093 bin/aggregator
 
 Flags:
   --config FILE      YAML configuration file (unknown fields are refused)
@@ -77,6 +80,10 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 		return 2
 	}
 	log := cfg.Log.NewLogger(stderr)
+	// go-redis logs every failed dial through its own process-wide logger:
+	// route it into ours at debug level (/readyz and one log line per
+	// outage say that Redis is down).
+	redis.SetLogger(redisstore.SlogLogger{Log: log})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv, err := aggregator.New(cfg, log)

@@ -1,5 +1,5 @@
 // Package abuse is the aggregator's abuse detection and penalty ladder
-// without Kafka or disk (SPEC §6): decisions in, per-key detector state,
+// without Kafka or disk: decisions in, per-key detector state,
 // ladder levels and the steps a key takes out.
 //
 // Detectors, per key, over a sliding window of event time (the decisions'
@@ -16,9 +16,9 @@
 //     window.
 //
 // When a detector fires, its evidence is consumed (the window's counts
-// start again) and the key climbs the ladder: level 1 reduced limits
-// (Factor, ReducedFor), level 2 cooldown (every request 429 PENALTY,
-// CooldownFor), level 3 blocklist (403, BlockFor). Only decisions made at
+// start again) and the key climbs the ladder (tollgatev1.LadderRung says
+// what each level enforces), each level enforced for its Config duration:
+// ReducedFor (with Factor), CooldownFor, BlockFor. Only decisions made at
 // the key's current level count towards the next: a step ignores the key's
 // decisions up to Grace after its newest one (the time gateways need to
 // learn of the step). A firing at level 3 while the block runs only
@@ -44,24 +44,24 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
-// Ladder levels.
+// Ladder levels: tollgatev1.LadderRung says what each enforces.
 const (
-	LevelNone     = 0
-	LevelReduced  = 1 // limits scaled by Config.Factor
-	LevelCooldown = 2 // every request 429 PENALTY
-	LevelBlock    = 3 // every request 403, connection closed
-	MaxLevel      = LevelBlock
+	LevelNone     = tollgatev1.LevelNone
+	LevelReduced  = tollgatev1.LevelReduced // its factor is Config.Factor
+	LevelCooldown = tollgatev1.LevelCooldown
+	LevelBlock    = tollgatev1.LevelBlock
+	MaxLevel      = tollgatev1.MaxLevel
 )
 
-// Step actions (PenaltyEvent.action).
+// Step actions (PenaltyEvent.action) besides a climb's, which is its
+// level's (LevelAction).
 const (
-	ActionReducedLimit = "reduced_limit"
-	ActionCooldown     = "cooldown"
-	ActionBlocklist    = "blocklist"
-	ActionStepDown     = "step_down"
-	ActionLifted       = "lifted"
+	ActionStepDown = "step_down"
+	ActionLifted   = "lifted"
 )
 
 // Detector names (Evidence.detector).
@@ -114,7 +114,7 @@ type Config struct {
 	// level (default 1h).
 	QuietPeriod time.Duration
 	// Grace: after a step, the key's decisions up to this long after its
-	// newest one do not count (default 2s: SPEC §6's propagation bound).
+	// newest one do not count (default 2s: the bound within which a change reaches every gateway).
 	Grace time.Duration
 	// Idle: the state of a key at level 0 unseen for this long is dropped
 	// (default 2 × Window)...
@@ -212,19 +212,9 @@ func (c *Config) Duration(l int) time.Duration {
 	return 0
 }
 
-// LevelAction is what level l enforces: reduced_limit, cooldown,
-// blocklist, or "none" for level 0.
-func LevelAction(l int) string {
-	switch l {
-	case LevelReduced:
-		return ActionReducedLimit
-	case LevelCooldown:
-		return ActionCooldown
-	case LevelBlock:
-		return ActionBlocklist
-	}
-	return "none"
-}
+// LevelAction is the name of what level l enforces: reduced_limit,
+// cooldown, blocklist, or "none" for level 0.
+func LevelAction(l int) string { return tollgatev1.LadderRung(l).Action }
 
 func (c *Config) enabled(detector string) bool { return slices.Contains(c.Detectors, detector) }
 

@@ -169,7 +169,7 @@ func TestIgnoringClientClimbsToTheTop(t *testing.T) {
 			t.Errorf("step %d enforced for %v, want %v", i, got, want)
 		}
 	}
-	if s.steps[0].Action != ActionReducedLimit || s.steps[0].Factor != 0.5 || s.steps[1].Action != ActionCooldown || s.steps[2].Action != ActionBlocklist {
+	if s.steps[0].Action != "reduced_limit" || s.steps[0].Factor != 0.5 || s.steps[1].Action != "cooldown" || s.steps[2].Action != "blocklist" {
 		t.Errorf("actions %q %q %q", s.steps[0].Action, s.steps[1].Action, s.steps[2].Action)
 	}
 	if e := s.steps[0].Evidence[0]; e.Detector != DetectorBackoffIgnored || e.Ignored < 20 || e.Ratio < 0.5 || e.First == 0 || e.Last < e.First {

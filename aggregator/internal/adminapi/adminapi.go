@@ -1,5 +1,5 @@
 // Package adminapi is the aggregator's operator API under /admin/v1/
-// (SPEC §6): rules, blocklist, allowlist, overrides, keys, penalties and
+// (docs/aggregator.md): rules, blocklist, allowlist, overrides, keys, penalties and
 // the audit log. Every route needs the operator token (the aggregator
 // wraps the listener); errors are JSON {"error":{"code","message"}}.
 package adminapi
@@ -9,12 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -24,7 +23,7 @@ type Config struct {
 	Hasher *keyid.Hasher
 	// KV returns the fleet configuration in NATS; nil without NATS or
 	// before it is reached (the control-plane routes then answer 503).
-	KV func() *publish.KV
+	KV func() *fleetkv.KV
 	// Auditor appends the audit entry of every change.
 	Auditor Auditor
 	// Guard serves keys/{key} (nil: those routes answer 503).
@@ -41,17 +40,20 @@ func Register(mux *http.ServeMux, cfg Config) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &api{cfg: cfg}
+	a := &api{cfg: cfg, writing: make(chan struct{}, 1)}
 	mux.HandleFunc("GET /admin/v1/audit", a.audit)
 	mux.HandleFunc("GET /admin/v1/rules", a.getRules)
 	mux.HandleFunc("PUT /admin/v1/rules", a.putRules)
 	mux.HandleFunc("POST /admin/v1/rules/validate", a.validateRules)
 	mux.HandleFunc("GET /admin/v1/rules/versions", a.rulesVersions)
 	mux.HandleFunc("POST /admin/v1/rules/rollback", a.rollback)
+	mux.HandleFunc("GET /admin/v1/blocklist/{key}", a.getList(tollgatev1.ActionBlock))
 	mux.HandleFunc("PUT /admin/v1/blocklist/{key}", a.putList(tollgatev1.ActionBlock))
 	mux.HandleFunc("DELETE /admin/v1/blocklist/{key}", a.deleteList(tollgatev1.ActionBlock))
+	mux.HandleFunc("GET /admin/v1/allowlist/{key}", a.getList(tollgatev1.ActionAllow))
 	mux.HandleFunc("PUT /admin/v1/allowlist/{key}", a.putList(tollgatev1.ActionAllow))
 	mux.HandleFunc("DELETE /admin/v1/allowlist/{key}", a.deleteList(tollgatev1.ActionAllow))
+	mux.HandleFunc("GET /admin/v1/overrides/{key}", a.getOverride)
 	mux.HandleFunc("PUT /admin/v1/overrides/{key}", a.putOverride)
 	mux.HandleFunc("DELETE /admin/v1/overrides/{key}", a.deleteOverride)
 	mux.HandleFunc("GET /admin/v1/keys/{key}", a.getKey)
@@ -60,11 +62,30 @@ func Register(mux *http.ServeMux, cfg Config) {
 	mux.HandleFunc("GET /admin/v1/penalties/{key}", a.getPenalty)
 	mux.HandleFunc("DELETE /admin/v1/penalties/{key}", a.deletePenalty)
 	mux.HandleFunc("/admin/", func(w http.ResponseWriter, r *http.Request) {
-		Error(w, http.StatusNotFound, "NOT_FOUND", "no such operator API route: "+r.Method+" "+r.URL.Path)
+		Error(w, http.StatusNotFound, CodeNotFound, "no such operator API route: "+r.Method+" "+r.URL.Path)
 	})
 }
 
-type api struct{ cfg Config }
+type api struct {
+	cfg Config
+	// writing is held (a one-slot semaphore) by a change of the NATS
+	// buckets from its read to its write: changes through one instance
+	// never race each other, so only another instance or the penalty
+	// ladder can make a write lose (and be retried).
+	writing chan struct{}
+}
+
+// lockWrites takes the write semaphore, or answers 503 and reports false
+// when the request ends first. Call unlock when it reports true.
+func (a *api) lockWrites(w http.ResponseWriter, r *http.Request) (unlock func(), ok bool) {
+	select {
+	case a.writing <- struct{}{}:
+		return func() { <-a.writing }, true
+	case <-r.Context().Done():
+		Error(w, http.StatusServiceUnavailable, CodeUnavailable, "gave up waiting for another change to finish")
+		return nil, false
+	}
+}
 
 // Error writes a JSON error.
 func Error(w http.ResponseWriter, status int, code, msg string) {
@@ -80,18 +101,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
-}
-
-// subject turns a {key} (an API key or kid:<key_id>) into its key_id; ok
-// is false for a malformed one.
-func subject(h *keyid.Hasher, key string) (string, bool) {
-	if id, ok := strings.CutPrefix(key, "kid:"); ok {
-		return id, keyid.Valid(id)
-	}
-	if key == "" || len(key) > 256 {
-		return "", false
-	}
-	return h.ID(key), true
 }
 
 // Entry is the JSON form of an audit entry.
@@ -134,7 +143,7 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	if k := v.Get("key"); k != "" {
 		id, ok := subject(a.cfg.Hasher, k)
 		if !ok {
-			Error(w, http.StatusBadRequest, "INVALID_KEY", "key: an API key or kid:<key_id>")
+			Error(w, http.StatusBadRequest, CodeInvalidKey, "key: an API key or kid:<key_id>")
 			return
 		}
 		q.Subject = id
@@ -145,7 +154,7 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 		if s := v.Get(name); s != "" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
-				Error(w, http.StatusBadRequest, "INVALID_REQUEST", name+": not an RFC 3339 time")
+				Error(w, http.StatusBadRequest, CodeInvalidRequest, name+": not an RFC 3339 time")
 				return
 			}
 			*dst = t
@@ -154,14 +163,14 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 10_000 {
-			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "limit: 1 to 10000")
+			Error(w, http.StatusBadRequest, CodeInvalidRequest, "limit: 1 to 10000")
 			return
 		}
 		q.Limit = n
 	}
 	entries, err := a.cfg.Audit.Query(q)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+		Error(w, http.StatusInternalServerError, CodeInternal, "reading the audit log failed")
 		return
 	}
 	out := make([]Entry, 0, len(entries))

@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -43,13 +44,13 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 			return nil, nil, keyRequest{}, false
 		}
 		if k = registeredKey(g.Rules(), a.cfg.Hasher, id); k == "" {
-			Error(w, http.StatusBadRequest, "INVALID_KEY",
+			Error(w, http.StatusBadRequest, CodeInvalidKey,
 				"keys/{key} takes kid:<key_id> only for a key of the key registry; give the API key itself: which rules apply depends on it (api_key globs, tiers by pattern, the lists)")
 			return nil, nil, keyRequest{}, false
 		}
 	}
 	if !guard.ValidKey(k) || k == "" {
-		Error(w, http.StatusBadRequest, "INVALID_KEY", "{key}: an API key of at most 256 bytes without control characters")
+		Error(w, http.StatusBadRequest, CodeInvalidKey, "{key}: an API key of at most 256 bytes without control characters")
 		return nil, nil, keyRequest{}, false
 	}
 	var kr keyRequest
@@ -63,7 +64,7 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 		}
 		if len(strings.TrimSpace(string(body))) > 0 {
 			if err := strictJSON(body, &kr); err != nil {
-				Error(w, http.StatusBadRequest, "INVALID_REQUEST", `body: {"endpoint","method","ip","tenant","tokens","reason"} (all optional but tokens for quota): `+err.Error())
+				Error(w, http.StatusBadRequest, CodeInvalidRequest, `body: {"endpoint","method","ip","tenant","tokens","reason"} (all optional but tokens for quota): `+err.Error())
 				return nil, nil, kr, false
 			}
 		}
@@ -78,7 +79,7 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 	if kr.IP != "" {
 		ip, err := netip.ParseAddr(kr.IP)
 		if err != nil {
-			Error(w, http.StatusBadRequest, "INVALID_REQUEST", "ip: not an IP address")
+			Error(w, http.StatusBadRequest, CodeInvalidRequest, "ip: not an IP address")
 			return nil, nil, kr, false
 		}
 		req.IP = ip.Unmap()
@@ -95,12 +96,12 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 // returns nil.
 func (a *api) guard(w http.ResponseWriter, r *http.Request) *guard.Guard {
 	if a.cfg.Guard == nil {
-		Error(w, http.StatusServiceUnavailable, "NOT_CONFIGURED", "keys/{key} needs the rules and Redis")
+		Error(w, http.StatusServiceUnavailable, CodeNotConfigured, "keys/{key} needs the rules and Redis")
 		return nil
 	}
 	g, err := a.cfg.Guard(r.Context())
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, "RULES_UNAVAILABLE", err.Error())
+		Error(w, http.StatusServiceUnavailable, CodeRulesUnavailable, err.Error())
 		return nil
 	}
 	return g
@@ -135,6 +136,10 @@ type ruleState struct {
 	WouldAllow bool   `json:"would_allow"`
 	RetryAfter int64  `json:"retry_after,omitempty"`
 	Window     int64  `json:"window_seconds"`
+	// Granted is, in a quota grant's answer, how many units the counter
+	// gained: the tokens asked for, or fewer when it reached its limit
+	// (a counter never holds more than a full one).
+	Granted *int64 `json:"granted,omitempty"`
 }
 
 func decisionJSON(d *guard.Decision, keyID, prefix string) map[string]any {
@@ -159,7 +164,7 @@ func (a *api) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := g.State(r.Context(), req)
 	if err != nil {
-		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
+		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, err.Error())
 		return
 	}
 	_, prefix, _ := a.key(w, r)
@@ -171,18 +176,27 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	before, _ := g.State(r.Context(), req)
-	d, err := g.Reset(r.Context(), req)
-	if err != nil {
-		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
-		return
-	}
 	id, prefix, _ := a.key(w, r)
-	a.countersChanged(tollgatev1.CountersReset, id, g.CounterNames(req))
-	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
-		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": d.Endpoint, "rules": len(d.Rules)})}) {
+	before, err := g.State(r.Context(), req)
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
 		return
 	}
+	var d *guard.Decision
+	err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
+		Before: mustJSON(decisionJSON(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": before.Endpoint, "rules": len(before.Rules)})},
+		func(ctx context.Context) error {
+			var err error
+			if d, err = g.Reset(ctx, req); err != nil {
+				return fmt.Errorf("%w: reset: %w", errMaybeApplied, err)
+			}
+			return nil
+		})
+	if err != nil {
+		changeFailed(w, err, CodeRedisUnavailable)
+		return
+	}
+	a.countersChanged(tollgatev1.CountersReset, id, g.CounterNames(req))
 	writeJSON(w, http.StatusOK, map[string]any{"reset": len(d.Rules), "key_id": id, "endpoint": d.Endpoint})
 }
 
@@ -192,28 +206,39 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if kr.Tokens < 1 || kr.Tokens > 1<<40 {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", `body: {"tokens": N} with N ≥ 1`)
-		return
-	}
-	before, _ := g.State(r.Context(), req)
-	d, err := g.AddQuota(r.Context(), req, kr.Tokens)
-	if err != nil {
-		Error(w, http.StatusServiceUnavailable, "REDIS_UNAVAILABLE", err.Error())
+		Error(w, http.StatusBadRequest, CodeInvalidRequest, `body: {"tokens": N} with N ≥ 1`)
 		return
 	}
 	id, prefix, _ := a.key(w, r)
-	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))
-	after := decisionJSON(d, id, prefix)
-	if !a.record(w, r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
-		Before: mustJSON(stateOrNil(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "state": after})}) {
+	before, err := g.State(r.Context(), req)
+	if err != nil {
+		Error(w, http.StatusServiceUnavailable, CodeRedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
 		return
 	}
+	var d *guard.Decision
+	err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
+		Before: mustJSON(decisionJSON(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "endpoint": before.Endpoint})},
+		func(ctx context.Context) error {
+			var err error
+			if d, err = g.AddQuota(ctx, req, kr.Tokens); err != nil {
+				return fmt.Errorf("%w: quota: %w", errMaybeApplied, err)
+			}
+			return nil
+		})
+	if err != nil {
+		changeFailed(w, err, CodeRedisUnavailable)
+		return
+	}
+	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))
+	after := decisionJSON(d, id, prefix)
+	after["tokens"] = kr.Tokens
+	setGranted(after["rules"].([]ruleState), before, kr.Tokens)
 	writeJSON(w, http.StatusOK, after)
 }
 
 // countersChanged tells the gateways that the counters named (of key_id
 // id) changed in Redis behind their backs, so that their fast path drops
-// the leases and negative cache it derived from them (SPEC §2): else a key
+// the leases and negative cache it derived from them: else a key
 // granted quota would still be refused from a gateway's memory until the
 // Retry-After it was last given, and after a reset the unused units of an
 // old lease would come off the fresh counter. Without NATS there is no
@@ -234,9 +259,21 @@ func (a *api) countersChanged(kind, id string, counters []string) {
 	}
 }
 
-func stateOrNil(d *guard.Decision, id, prefix string) any {
-	if d == nil {
-		return nil
+// setGranted sets each rule's Granted: what its remaining gained from
+// before, within [0, tokens]. The state is read before the grant, not in
+// the same step, so a request decided in between, or a refill, can make
+// it differ from the true gain by that much.
+func setGranted(rules []ruleState, before *guard.Decision, tokens int64) {
+	prev := make(map[string]int64, len(before.Rules))
+	for _, rr := range before.Rules {
+		prev[rr.ID] = rr.Remaining
 	}
-	return decisionJSON(d, id, prefix)
+	for i := range rules {
+		was, ok := prev[rules[i].ID]
+		if !ok {
+			continue
+		}
+		g := min(max(rules[i].Remaining-was, 0), tokens)
+		rules[i].Granted = &g
+	}
 }

@@ -120,17 +120,17 @@ func (a *api) getPenalty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.cfg.Penalties == nil {
-		Error(w, http.StatusServiceUnavailable, "UNAVAILABLE", "penalty state is not served by this instance")
+		Error(w, http.StatusServiceUnavailable, CodeUnavailable, "penalty state is not served by this instance")
 		return
 	}
 	states, err := a.cfg.Penalties.Penalties(id)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the penalty state failed")
+		Error(w, http.StatusInternalServerError, CodeInternal, "reading the penalty state failed")
 		return
 	}
 	v, err := a.penaltyView(id, prefix, states, time.Now())
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+		Error(w, http.StatusInternalServerError, CodeInternal, "reading the audit log failed")
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -147,26 +147,26 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.cfg.Penalties == nil || a.cfg.Commands == nil {
-		Error(w, http.StatusServiceUnavailable, "UNAVAILABLE", "penalties cannot be lifted through this instance")
+		Error(w, http.StatusServiceUnavailable, CodeUnavailable, "penalties cannot be lifted through this instance")
 		return
 	}
 	reason := r.URL.Query().Get("reason")
 	if len(reason) > maxReason {
-		Error(w, http.StatusBadRequest, "INVALID_REQUEST", "reason: too long")
+		Error(w, http.StatusBadRequest, CodeInvalidRequest, "reason: too long")
 		return
 	}
 	states, err := a.cfg.Penalties.Penalties(id)
 	if err != nil {
-		Error(w, http.StatusInternalServerError, "INTERNAL", "reading the penalty state failed")
+		Error(w, http.StatusInternalServerError, CodeInternal, "reading the penalty state failed")
 		return
 	}
 	if len(states) == 0 {
-		Error(w, http.StatusNotFound, "NOT_FOUND", "the key has no penalty state: nothing to lift")
+		Error(w, http.StatusNotFound, CodeNotFound, "the key has no penalty state: nothing to lift")
 		return
 	}
 	at, err := a.lift(r.Context(), id, states, actor(r), reason)
 	if err != nil {
-		Error(w, http.StatusBadGateway, "KAFKA_UNAVAILABLE", "the lift could not be sent: "+err.Error())
+		Error(w, http.StatusBadGateway, CodeKafkaUnavailable, "the lift could not be sent: "+err.Error())
 		return
 	}
 	deadline := time.Now().Add(liftWait)
@@ -175,7 +175,7 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 		if err == nil && lifted(states, at) {
 			v, err := a.penaltyView(id, prefix, states, time.Now())
 			if err != nil {
-				Error(w, http.StatusInternalServerError, "INTERNAL", "reading the audit log failed")
+				Error(w, http.StatusInternalServerError, CodeInternal, "reading the audit log failed")
 				return
 			}
 			writeJSON(w, http.StatusOK, v)

@@ -1,4 +1,4 @@
-// Package audit keeps Tollgate's audit trail (SPEC §6): every penalty,
+// Package audit keeps Tollgate's audit trail: every penalty,
 // blocklist, override and rule change with who, why, when, before/after
 // and evidence.
 //

@@ -2,44 +2,17 @@ package consume
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
-)
-
-var errBadEvent = errors.New("consume: malformed decision event")
-
-// Field numbers of tollgate.v1.DecisionEvent the aggregator reads.
-const (
-	fGatewayID = 1
-	fEpoch     = 2
-	fPartition = 3
-	fSeq       = 4
-	fTime      = 5
-	fKind      = 6
-	fKeyID     = 7
-	fKeyPrefix = 8
-	fTenant    = 9
-	fEndpoint  = 11
-	fCost      = 13
-	fRuleID    = 14
-	fAllowed   = 16
-	fReason    = 17
-	fRetry     = 20
-	fLastSeq   = 25
-	fCmdActor  = 100
-	fCmdReason = 101
 )
 
 // event is a decoded DecisionEvent: what the usage windows count, and what
@@ -57,123 +30,61 @@ type event struct {
 	CmdReason string
 	// TooLong: a string field the aggregator reads is longer than its
 	// bound (it is left empty rather than copied); BadPartition: the
-	// partition field does not fit an int32.
+	// partition field is not a partition number.
 	TooLong      bool
 	BadPartition bool
+
+	// shadow is room for the codec's shadow ids, reused from record to
+	// record.
+	shadow [][]byte
 }
 
 const reasonAllowlisted = "allowlisted"
 
+// readStrings are the string fields the aggregator reads: one beyond its
+// bound makes the event TooLong.
+var readStrings = tollgatev1.FieldsOf(tollgatev1.FieldGatewayID, tollgatev1.FieldKeyID, tollgatev1.FieldKeyPrefix,
+	tollgatev1.FieldTenant, tollgatev1.FieldEndpoint, tollgatev1.FieldRuleID, tollgatev1.FieldCommandActor,
+	tollgatev1.FieldCommandReason)
+
 // decodeEvent reads the fields of a DecisionEvent the usage windows and the
-// abuse detectors need, skipping the rest, without building the whole
-// message (checked against the generated code in the tests). An event
-// whose kind this aggregator does not know decodes with Kind 0 and Lift
-// false, and is skipped by the caller.
+// abuse detectors need with the decision stream's codec
+// (tollgatev1.DecodeDecision), copying only the strings it keeps, and
+// none beyond its bound. An event whose kind this aggregator does not
+// know decodes with Kind 0 and Lift false, and is skipped by the caller.
 func decodeEvent(b []byte, ev *event) error {
-	*ev = event{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errBadEvent
-		}
-		b = b[n:]
-		switch {
-		case typ == protowire.BytesType && num == fReason:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			ev.Allowlisted = string(v) == reasonAllowlisted // no allocation
-			b = b[n:]
-		case typ == protowire.BytesType && (num == fGatewayID || num == fKeyID || num == fKeyPrefix || num == fTenant || num == fEndpoint || num == fRuleID || num == fCmdActor || num == fCmdReason):
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			b = b[n:]
-			if len(v) > maxLen(num) {
-				ev.TooLong = true // refused: not worth a copy
-				continue
-			}
-			s := string(v)
-			switch num {
-			case fCmdActor:
-				ev.Actor = s
-			case fCmdReason:
-				ev.CmdReason = s
-			case fGatewayID:
-				ev.Gateway = s
-			case fKeyID:
-				ev.KeyID = s
-			case fKeyPrefix:
-				ev.KeyPrefix = s
-			case fTenant:
-				ev.Tenant = s
-			case fEndpoint:
-				ev.Endpoint = s
-			case fRuleID:
-				ev.Rule = s
-			}
-		case typ == protowire.VarintType && (num == fEpoch || num == fPartition || num == fSeq || num == fTime || num == fKind || num == fCost || num == fAllowed || num == fLastSeq || num == fRetry):
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return errBadEvent
-			}
-			switch num {
-			case fEpoch:
-				ev.Epoch = v
-			case fPartition:
-				ev.Partition = int32(v)
-				ev.BadPartition = v > math.MaxInt32
-			case fSeq:
-				ev.Seq = v
-			case fTime:
-				ev.TimeMicros = int64(v)
-			case fKind:
-				switch tollgatev1.DecisionEvent_Kind(v) {
-				case tollgatev1.DecisionEvent_KIND_DECISION:
-					ev.Kind = windows.KindDecision
-				case tollgatev1.DecisionEvent_KIND_REPORT:
-					ev.Kind = windows.KindReport
-				case tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED:
-					ev.Kind = windows.KindEpochClosed
-				case tollgatev1.DecisionEvent_KIND_PENALTY_LIFT:
-					ev.Kind, ev.Lift = 0, true
-				default:
-					ev.Kind, ev.Lift = 0, false
-				}
-			case fCost:
-				ev.Cost = int64(v)
-			case fAllowed:
-				ev.Allowed = v != 0
-			case fLastSeq:
-				ev.LastSeq = v
-			case fRetry:
-				ev.RetryAfter = int64(v)
-			}
-			b = b[n:]
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return errBadEvent
-			}
-			b = b[n:]
-		}
+	// w lives on the stack, not in ev: the codec's copy into it needs no
+	// write barriers, and no reference to the record outlives this call.
+	w := tollgatev1.Decision[[]byte]{ShadowWouldReject: ev.shadow}
+	beyond, err := tollgatev1.DecodeDecision(b, &w)
+	clear(w.ShadowWouldReject) // no reference to the record kept
+	ev.shadow = w.ShadowWouldReject[:0]
+	if err != nil {
+		return err
+	}
+	ev.Event = windows.Event{Source: windows.Source{Gateway: string(w.GatewayID), Epoch: w.Epoch, Partition: w.Partition},
+		Seq: w.Seq, TimeMicros: w.TimeUnixMicros, Tenant: string(w.Tenant), KeyID: string(w.KeyID),
+		KeyPrefix: string(w.KeyPrefix), Endpoint: string(w.Endpoint), Rule: string(w.RuleID), Allowed: w.Allowed,
+		Cost: w.Cost, LastSeq: w.LastSeq}
+	ev.RetryAfter = w.RetryAfterSeconds
+	ev.Allowlisted = string(w.Reason) == reasonAllowlisted // no allocation
+	ev.Actor, ev.CmdReason = string(w.CommandActor), string(w.CommandReason)
+	ev.TooLong = beyond&readStrings != 0
+	ev.BadPartition = beyond.Has(tollgatev1.FieldPartition) || w.Partition < 0
+	ev.Lift = false
+	switch w.Kind {
+	case tollgatev1.DecisionEvent_KIND_DECISION:
+		ev.Kind = windows.KindDecision
+	case tollgatev1.DecisionEvent_KIND_REPORT:
+		ev.Kind = windows.KindReport
+	case tollgatev1.DecisionEvent_KIND_EPOCH_CLOSED:
+		ev.Kind = windows.KindEpochClosed
+	case tollgatev1.DecisionEvent_KIND_PENALTY_LIFT:
+		ev.Kind, ev.Lift = 0, true
+	default:
+		ev.Kind = 0
 	}
 	return nil
-}
-
-// maxLen is the bound of a string field the aggregator reads.
-func maxLen(num protowire.Number) int {
-	switch num {
-	case fGatewayID:
-		return tollgatev1.MaxGatewayIDLen
-	case fEndpoint:
-		return tollgatev1.MaxEndpointLen
-	case fCmdReason:
-		return tollgatev1.MaxCommandReasonLen
-	}
-	return tollgatev1.MaxNameLen
 }
 
 // Why an event is refused: the values of the reason label of

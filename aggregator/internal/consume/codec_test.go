@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
@@ -28,11 +29,12 @@ func TestDecodeEventMatchesSchema(t *testing.T) {
 	if err := decodeEvent(b, &ev); err != nil {
 		t.Fatal(err)
 	}
-	want := event{Event: windows.Event{Source: windows.Source{Gateway: "gw", Epoch: 1 << 60, Partition: 5}, Seq: 99,
+	want := windows.Event{Source: windows.Source{Gateway: "gw", Epoch: 1 << 60, Partition: 5}, Seq: 99,
 		TimeMicros: 1_700_000_000_123_456, Kind: windows.KindReport, Tenant: "acme", KeyID: "kid", KeyPrefix: "sk_…",
-		Endpoint: "/v1/x", Rule: "r1", Allowed: true, Cost: 7, LastSeq: 12}, RetryAfter: 9}
-	if ev != want {
-		t.Fatalf("decoded %+v\nwant    %+v", ev, want)
+		Endpoint: "/v1/x", Rule: "r1", Allowed: true, Cost: 7, LastSeq: 12}
+	if ev.Event != want || ev.RetryAfter != 9 || ev.Allowlisted || ev.Lift || ev.Actor != "" || ev.CmdReason != "" ||
+		ev.TooLong || ev.BadPartition {
+		t.Fatalf("decoded %+v\nwant    %+v, RetryAfter 9", ev, want)
 	}
 	if err := decodeEvent(b[:len(b)-1], &ev); err == nil {
 		t.Fatal("truncated event decoded")
@@ -68,7 +70,7 @@ func FuzzDecodeEvent(f *testing.F) {
 // BenchmarkApply measures the aggregator's CPU per event without Kafka:
 // decoding, checking the bounds, counting into a partition table (3 rows
 // per event) and, in
-// "abuse", feeding the detectors too: the work SPEC §8's ≥ 250 k
+// "abuse", feeding the detectors too: the work the target of ≥ 250 k
 // events/s per core is about.
 func BenchmarkApply(b *testing.B) {
 	const keys = 10_000
@@ -225,6 +227,27 @@ func TestCheckRefusesFieldsOutOfBounds(t *testing.T) {
 				t.Error("a string beyond its bound was copied")
 			}
 		})
+	}
+}
+
+// TestCheckRefusesAPartitionBeyondInt32: a partition field of 2^32+2 reads
+// as 2 when truncated to an int32, as the generated code reads it; it is
+// not partition 2's.
+func TestCheckRefusesAPartitionBeyondInt32(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	b, err := proto.Marshal(&tollgatev1.DecisionEvent{GatewayId: "gw", Epoch: 9, Seq: 5, TimeUnixMicros: now.UnixMicro(),
+		Kind: tollgatev1.DecisionEvent_KIND_DECISION, KeyId: "kid", Tenant: "acme", Cost: 1, Allowed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = protowire.AppendVarint(protowire.AppendTag(b, 3, protowire.VarintType), 1<<32+2)
+	var ev event
+	if err := decodeEvent(b, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if reason, identity := check(&ev, 2, now, now); reason != invalidIdentity || !identity {
+		t.Fatalf("check = %q, identity %v; want %q, true", reason, identity, invalidIdentity)
 	}
 }
 

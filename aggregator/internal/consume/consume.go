@@ -1,6 +1,6 @@
 // Package consume is the aggregator's Kafka side: the exactly-once
 // processing loop over the decisions topic and the materializer that keeps
-// Pebble in step with the changelog (SPEC §6, docs/aggregator.md).
+// Pebble in step with the changelog (docs/aggregator.md).
 //
 // Shape (Kafka Streams' state store, built on franz-go): a
 // GroupTransactSession consumes tollgate.decisions.v1 in a consumer group.
@@ -93,6 +93,11 @@ type Config struct {
 	// CloseEvery is how often windows due are closed and memory evicted
 	// (default 1s); expired rows are deleted every 60 CloseEvery.
 	CloseEvery time.Duration
+	// StallAfter is how long polled events may wait for their
+	// transaction to commit before Health reports the processor stalled
+	// (default twice TxnTimeout: a whole transaction lifetime has passed
+	// without a commit).
+	StallAfter time.Duration
 	Windows    windows.Config
 	// Abuse configures the detectors and the penalty ladder.
 	Abuse abuse.Config
@@ -125,6 +130,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CloseEvery <= 0 {
 		c.CloseEvery = time.Second
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = 2 * c.TxnTimeout
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -165,6 +173,9 @@ type Processor struct {
 	ready        bool
 	memberEvents []memberEvent
 	owned        map[int32]bool
+	life         life // lifecycle and readiness (lifecycle.go)
+	lm           *lifeMetrics
+	lastMember   string // the last session's member id; owned by the processing loop
 
 	parts map[int32]bool // changelog partitions, set by Setup
 
@@ -182,7 +193,9 @@ type memberEvent struct {
 func New(cfg Config, db *state.DB, reg prometheus.Registerer) *Processor {
 	cfg.setDefaults()
 	p := &Processor{cfg: cfg, db: db, log: cfg.Log, m: newMetrics(reg),
-		materialized: map[int32]int64{}, advanced: make(chan struct{}), owned: map[int32]bool{}}
+		materialized: map[int32]int64{}, advanced: make(chan struct{}), owned: map[int32]bool{}, lm: newLifeMetrics(reg)}
+	p.setStage(StageStarting, nil)
+	p.markRestore()
 	return p
 }
 
@@ -208,7 +221,8 @@ func (p *Processor) Owned() []int32 {
 // Setup creates the topics that are missing and checks the store's
 // identity against the Kafka cluster and changelog (wiping a store made
 // against another). Call it, once, before Run and before anything else
-// writes to the store: it may delete everything. It waits for Kafka.
+// writes to the store: it may delete everything. It waits for Kafka for as
+// long as ctx lasts (Health says why meanwhile).
 func (p *Processor) Setup(ctx context.Context) error {
 	admin, err := kgo.NewClient(p.baseOpts()...)
 	if err != nil {
@@ -253,9 +267,24 @@ func (p *Processor) Run(ctx context.Context) error {
 		offsets[q] = kgo.NewOffset().At(off)
 		p.setMaterialized(q, off)
 	}
-	start, err := p.stableOffsets(ctx, adm)
-	if err != nil {
-		return err
+	p.markRestore()
+	defer p.setStage(StageStopped, nil)
+	var start map[int32]int64
+	for attempt := 0; ; attempt++ {
+		if start, err = p.stableOffsets(ctx, adm); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if attempt%30 == 0 {
+			p.log.Warn("kafka unreachable; retrying", slog.String("error", err.Error()))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 	mat, err := kgo.NewClient(append(base,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{p.cfg.Topics.Changelog: offsets}),
@@ -294,12 +323,17 @@ func (p *Processor) setup(ctx context.Context, adm *kadm.Client) (map[int32]bool
 		var err error
 		meta, err = adm.Metadata(ctx, t.Decisions, t.Changelog, t.Usage, t.Penalties, t.Audit)
 		if err == nil {
+			p.setStage(StageStarting, nil)
 			break
 		}
-		if ctx.Err() != nil || attempt > 100 {
+		if ctx.Err() != nil {
 			return nil, fmt.Errorf("consume: kafka metadata: %w", err)
 		}
-		p.log.Warn("kafka unreachable; retrying", slog.String("error", err.Error()))
+		// Kafka may be down for long: say so once, then every 30 tries.
+		p.setStage(StageStarting, err)
+		if attempt%30 == 0 {
+			p.log.Warn("kafka unreachable; retrying every second", slog.String("error", err.Error()))
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -448,6 +482,7 @@ func (p *Processor) materialize(ctx context.Context, cl *kgo.Client, start map[i
 	}
 	ready := caughtUp()
 	if ready {
+		p.markRestore()
 		p.log.Info("state restored", slog.Int("partitions", len(start)))
 	}
 	var recs []state.Record
@@ -481,13 +516,17 @@ func (p *Processor) materialize(ctx context.Context, cl *kgo.Client, start map[i
 		}
 		if !ready && caughtUp() {
 			ready = true
+			p.markRestore()
 			p.log.Info("state restored", slog.Int("partitions", len(start)))
 		}
 	}
 }
 
-// process is the transactional loop.
-func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Client) error {
+// session is the transactional loop of one GroupTransactSession. It
+// returns an *errSession when a transaction could not begin or commit:
+// the session is then unusable (franz-go: no End error is retryable), and
+// process replaces it.
+func (p *Processor) session(ctx context.Context, base []kgo.Opt, adm *kadm.Client) error {
 	t := p.cfg.Topics
 	onAssigned := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 		p.member(m[t.Decisions], true)
@@ -524,7 +563,9 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 	}
 	defer func() {
 		// Leave the group at once so the partitions move without waiting
-		// for the session timeout.
+		// for the session timeout. Should leaving fail (Kafka away), the
+		// member lingers until then: it is not another instance.
+		p.lastMember, _ = sess.Client().GroupMetadata()
 		sess.Close()
 	}()
 
@@ -570,6 +611,9 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 		nowSec := now.Unix()
 		if len(txns) == 0 {
 			txnStart = now
+		}
+		if !fs.Empty() {
+			p.busy(now)
 		}
 		txnOf := func(q int32) (txn, error) {
 			if x, ok := txns[q]; ok {
@@ -686,9 +730,11 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			}
 		}
 		if pending == 0 && !changed {
+			p.idle()
 			clear(txns)
 			continue
 		}
+		p.busy(now)
 		// A poll that came back (nearly) full means a backlog: fold the
 		// next poll into this transaction. Anything less is a lull.
 		backlog := polled >= p.cfg.MaxPoll/4
@@ -702,16 +748,15 @@ func (p *Processor) process(ctx context.Context, base []kgo.Opt, adm *kadm.Clien
 			if ctx.Err() != nil {
 				break
 			}
-			p.log.Error("transaction failed; rebuilding partition state from the changelog", slog.String("error", err.Error()))
 			p.m.txns.WithLabelValues("error").Inc()
-			clear(tables)
-			continue
+			return &errSession{err}
 		}
 		if !committed {
 			p.m.txns.WithLabelValues("aborted").Inc()
 			continue
 		}
 		p.m.txns.WithLabelValues("committed").Inc()
+		p.committed(now)
 		if ticks > 0 && now.Equal(lastClose) {
 			for q, tab := range tables {
 				p.mu.Lock()

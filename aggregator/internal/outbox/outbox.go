@@ -1,5 +1,5 @@
 // Package outbox applies the penalty ladder's committed steps to the
-// fleet's NATS KV buckets (SPEC §6): the transactional outbox of the
+// fleet's NATS KV buckets: the transactional outbox of the
 // aggregator's processing loop.
 //
 // Writes to NATS cannot join a Kafka transaction, so the processing loop
@@ -12,10 +12,10 @@
 // never applied: at worst an event is applied again, which is harmless.
 //
 // Applying an event is idempotent and conditional. It computes the
-// entries the event's level calls for — level 1: the override key.<key_id>
-// with the ladder's factor; level 2: the blocklist entry <key_id> with
-// action "penalty"; level 3: action "block" with close; none when the
-// level is 0 or its enforcement has already run out — and makes the
+// entries the event's level calls for (tollgatev1.LadderRung: an override
+// key.<key_id> with the event's factor, or a blocklist entry <key_id> with
+// the level's action and close flag; none when the level is 0 or its
+// enforcement has already run out) and makes the
 // buckets hold exactly those among the ladder's entries, each write
 // conditional on the revision read. It never replaces or deletes an
 // operator's entry (Level 0), never writes a penalty for a key on the KV
@@ -37,9 +37,8 @@ import (
 	"github.com/twmb/franz-go/plugin/kslog"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/tollgate/tollgate/aggregator/internal/abuse"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -67,7 +66,7 @@ type Config struct {
 	SessionTimeout time.Duration
 	// KV returns the buckets; nil while NATS is unreachable (the
 	// reconciler waits).
-	KV func() *publish.KV
+	KV func() *fleetkv.KV
 	// States is the materialized state, for the stale check (may be nil).
 	States States
 	Log    *slog.Logger
@@ -203,7 +202,7 @@ const (
 // Apply makes KV hold what ev calls for (see the package comment) and
 // returns what it did. Errors are NATS's.
 func (r *Reconciler) Apply(ctx context.Context, ev *tollgatev1.PenaltyEvent) (string, error) {
-	var kv *publish.KV
+	var kv *fleetkv.KV
 	if r.cfg.KV != nil {
 		kv = r.cfg.KV()
 	}
@@ -226,14 +225,14 @@ func (r *Reconciler) Apply(ctx context.Context, ev *tollgatev1.PenaltyEvent) (st
 	defer cancel()
 	for attempt := 0; ; attempt++ {
 		res, err := r.apply(octx, kv, ev, now)
-		if !errors.Is(err, publish.ErrConflict) || attempt == 4 {
+		if !errors.Is(err, fleetkv.ErrConflict) || attempt == 4 {
 			return res, err
 		}
 		// Someone wrote the entry meanwhile: read it again.
 	}
 }
 
-func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.PenaltyEvent, now time.Time) (string, error) {
+func (r *Reconciler) apply(ctx context.Context, kv *fleetkv.KV, ev *tollgatev1.PenaltyEvent, now time.Time) (string, error) {
 	id := ev.KeyId
 	listKey, ovKey := tollgatev1.BlocklistKey(id), tollgatev1.OverrideKey(tollgatev1.ScopeKey, id)
 	list, lrev, err := kv.List(ctx, listKey)
@@ -252,9 +251,10 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 		return ResultStale, nil
 	}
 	level := int(ev.Level)
+	rung := tollgatev1.LadderRung(level)
 	expires := time.UnixMicro(ev.ExpiresAtUnixMicros)
-	live := level > abuse.LevelNone && ev.ExpiresAtUnixMicros > 0 && expires.After(now)
-	wantList, wantOv := live && level >= abuse.LevelCooldown, live && level == abuse.LevelReduced
+	live := rung.Level > tollgatev1.LevelNone && ev.ExpiresAtUnixMicros > 0 && expires.After(now)
+	wantList, wantOv := live && rung.List != "", live && rung.Override
 	result := ResultUnchanged
 	if wantList || wantOv {
 		allow, arev, err := kv.List(ctx, tollgatev1.AllowlistKey(id))
@@ -272,11 +272,8 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 	case wantList && listOther:
 		operator = true
 	case wantList:
-		e := &tollgatev1.ListEntry{KeyID: id, KeyPrefix: ev.KeyPrefix, Action: tollgatev1.ActionPenalty, Level: level, Step: ev.Step,
+		e := &tollgatev1.ListEntry{KeyID: id, KeyPrefix: ev.KeyPrefix, Action: rung.List, Close: rung.Close, Level: level, Step: ev.Step,
 			Reason: ev.Reason, Actor: "penalty-ladder:" + ev.IssuedBy, CreatedAt: created, ExpiresAt: expires.UTC()}
-		if level >= abuse.LevelBlock {
-			e.Action, e.Close = tollgatev1.ActionBlock, true
-		}
 		if !listLadder || list.Step != ev.Step {
 			if _, err := kv.PutList(ctx, listKey, e, lrev); err != nil {
 				return "", err
@@ -306,13 +303,13 @@ func (r *Reconciler) apply(ctx context.Context, kv *publish.KV, ev *tollgatev1.P
 	// penalty goes, the override comes) never leaves a moment in which
 	// gateways enforce neither.
 	if deleteList {
-		if err := publish.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
+		if err := fleetkv.Delete(ctx, kv.Lists, listKey, lrev); err != nil {
 			return "", err
 		}
 		changed = true
 	}
 	if deleteOv {
-		if err := publish.Delete(ctx, kv.Overrides, ovKey, orev); err != nil {
+		if err := fleetkv.Delete(ctx, kv.Overrides, ovKey, orev); err != nil {
 			return "", err
 		}
 		changed = true

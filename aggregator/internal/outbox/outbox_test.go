@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
-	"github.com/tollgate/tollgate/aggregator/internal/publish"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -18,15 +18,15 @@ type fakeStates map[string][]state.PenaltyState
 
 func (f fakeStates) Penalties(id string) ([]state.PenaltyState, error) { return f[id], nil }
 
-func openKV(t *testing.T) *publish.KV {
+func openKV(t *testing.T) *fleetkv.KV {
 	t.Helper()
 	ns := natstest.StartTB(t)
-	nc, err := publish.Connect(ns.ClientURL(), "outbox-test", nil)
+	nc, err := fleetkv.Connect(ns.ClientURL(), fleetkv.Options{Name: "outbox-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	kv, err := publish.Open(context.Background(), nc)
+	kv, err := fleetkv.Open(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestApply(t *testing.T) {
 	kv := openKV(t)
 	now := time.Now()
 	states := fakeStates{}
-	r := New(Config{KV: func() *publish.KV { return kv }, States: states, Now: func() time.Time { return now }}, nil)
+	r := New(Config{KV: func() *fleetkv.KV { return kv }, States: states, Now: func() time.Time { return now }}, nil)
 	ctx := context.Background()
 	const id = "kid_abcdefghijklmnopqrst"
 	step := func(level int, step uint64, expires time.Duration) *tollgatev1.PenaltyEvent {
@@ -117,7 +117,7 @@ func TestApply(t *testing.T) {
 	if l, _ = entries(); l == nil || l.Actor != "alice" || l.Level != 0 {
 		t.Fatalf("the operator's entry changed: %+v", l)
 	}
-	_ = publish.Delete(ctx, kv.Lists, tollgatev1.BlocklistKey(id), 0)
+	_ = fleetkv.Delete(ctx, kv.Lists, tollgatev1.BlocklistKey(id), 0)
 
 	// An allowlisted key gets no penalty.
 	if _, err := kv.PutList(ctx, tollgatev1.AllowlistKey(id), &tollgatev1.ListEntry{KeyID: id, Action: tollgatev1.ActionAllow}, 0); err != nil {
@@ -130,7 +130,7 @@ func TestApply(t *testing.T) {
 }
 
 func TestApplyWaitsForNATS(t *testing.T) {
-	r := New(Config{KV: func() *publish.KV { return nil }}, nil)
+	r := New(Config{KV: func() *fleetkv.KV { return nil }}, nil)
 	if _, err := r.Apply(context.Background(), &tollgatev1.PenaltyEvent{KeyId: "k", Level: 1}); !errors.Is(err, errNoKV) {
 		t.Fatalf("without NATS: %v, want errNoKV", err)
 	}

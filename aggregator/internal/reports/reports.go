@@ -1,4 +1,4 @@
-// Package reports serves the usage reports (SPEC §6):
+// Package reports serves the usage reports:
 //
 //	GET /v1/usage/tenants/{tenant}
 //	GET /v1/usage/keys/{key}        ({key}: an API key, or kid:<key_id>)
@@ -15,9 +15,10 @@
 package reports
 
 import (
-	"encoding/csv"
+	"bufio"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -199,13 +200,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	}
 	if format == "csv" {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"window_start", "key_id", "key_prefix", "endpoint", "allowed", "rejected", "cost"})
-		for _, rr := range ans.Rows {
-			_ = cw.Write([]string{rr.WindowStart, rr.KeyID, rr.KeyPrefix, rr.Endpoint,
-				strconv.FormatInt(rr.Allowed, 10), strconv.FormatInt(rr.Rejected, 10), strconv.FormatInt(rr.Cost, 10)})
-		}
-		cw.Flush()
+		_ = writeCSV(w, ans.Rows)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -231,4 +226,51 @@ func mod(a, b int64) int64 {
 		m += b
 	}
 	return m
+}
+
+// csvHeader is the first line of a CSV report.
+var csvHeader = []string{"window_start", "key_id", "key_prefix", "endpoint", "allowed", "rejected", "cost"}
+
+// writeCSV writes rows as CSV (RFC 4180 quoting, one line per row ending
+// in LF, as encoding/csv writes), the header first. Every cell is safe to open in a spreadsheet: one that starts with
+// '=', '+', '-', '@', a tab or a carriage return — which Excel, LibreOffice
+// and Google Sheets would read as a formula — is neutralised as OWASP
+// recommends: a single quote is put before it and the cell is quoted. Any
+// client chooses its API key and its path, so key prefixes and endpoints
+// are hostile input; key_ids (base64url) may start with '-' too. A program
+// reading the CSV drops the leading quote of a quoted cell that starts
+// with "'" followed by one of those characters.
+func writeCSV(w io.Writer, rows []Row) error {
+	bw := bufio.NewWriter(w)
+	writeCSVLine(bw, csvHeader)
+	for _, rr := range rows {
+		writeCSVLine(bw, []string{rr.WindowStart, rr.KeyID, rr.KeyPrefix, rr.Endpoint,
+			strconv.FormatInt(rr.Allowed, 10), strconv.FormatInt(rr.Rejected, 10), strconv.FormatInt(rr.Cost, 10)})
+	}
+	return bw.Flush()
+}
+
+func writeCSVLine(w *bufio.Writer, cells []string) {
+	for i, c := range cells {
+		if i > 0 {
+			_ = w.WriteByte(',')
+		}
+		_, _ = w.WriteString(csvCell(c))
+	}
+	_ = w.WriteByte('\n')
+}
+
+// csvCell returns one cell as written in a CSV report: neutralised when a
+// spreadsheet would take it for a formula (a leading single quote, and
+// quoted), quoted when it holds a comma, a double quote, a line break or
+// leading or trailing space, else as is.
+func csvCell(c string) string {
+	formula := c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0]))
+	if formula {
+		c = "'" + c
+	}
+	if !formula && !strings.ContainsAny(c, ",\"\r\n") && strings.TrimSpace(c) == c {
+		return c
+	}
+	return `"` + strings.ReplaceAll(c, `"`, `""`) + `"`
 }

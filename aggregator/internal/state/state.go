@@ -2,7 +2,7 @@
 // materialization of the changelog topic (usage rows, deduplication marks
 // and the penalty state of keys, of every partition), with the changelog offsets written in the
 // same Pebble batch as the state they reflect, the indexes reports need,
-// and consistent checkpoints (SPEC §6).
+// and consistent checkpoints.
 //
 // The changelog is the truth. Pebble is rebuilt from it: Materialize is
 // the only writer of rows and marks, fed by one goroutine tailing the

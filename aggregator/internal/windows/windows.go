@@ -1,7 +1,7 @@
 // Package windows is the aggregator's usage logic without Kafka or disk:
 // decision events in, per-(tenant, key_id, endpoint) minute, hour and day
 // rows out, with the deduplication and gap counting that make the stream
-// exactly once (SPEC §5, §6).
+// exactly once.
 //
 // A Table holds the state of one decisions partition: its rows that are
 // still open or recently written, and one Mark per event source (gateway,

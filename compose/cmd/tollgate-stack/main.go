@@ -1,6 +1,7 @@
 // Command tollgate-stack is `make run`: the local Tollgate stack in one
-// foreground process (package compose/stack) — Redis, a demo API and a
-// gateway in front of it — printing the addresses and curl lines to try.
+// foreground process (package compose/stack) — Redis, NATS, a
+// Kafka-protocol broker, the aggregator, a demo API and a gateway in front
+// of it — printing the addresses and curl lines to try.
 // It is configured by TOLLGATE_* variables only, listed by --help. Logs go
 // to stderr, the banner to stdout.
 //
@@ -37,10 +38,15 @@ func main() {
 
 const usageHead = `Usage: tollgate-stack   (or: make run)
 
-Starts the local Tollgate stack in the foreground, from the repository root:
-Redis (redis-server from PATH on a free port, else an embedded stand-in), a
-demo API, and a gateway in front of it with configs/rules.yaml. Once ready it
-prints the addresses and curl lines to try. Ctrl-C stops everything.
+Starts the whole local Tollgate pipeline in one foreground process, from the
+repository root: Redis (redis-server from PATH on a free port, else an
+embedded stand-in), an embedded NATS server (JetStream) and Kafka-protocol
+broker, the aggregator (usage reports and the operator API), a demo API, and
+a gateway in front of it in fleet mode: the aggregator seeds the rules in
+NATS from configs/rules.yaml, and every decision streams through Kafka to the
+aggregator. Once ready it prints the addresses and curl lines to try, and
+writes bin/stack.env (and bin/stack.pid) so that a second bin/gateway or
+bin/aggregator can join. Ctrl-C stops everything.
 
 The key secret and the admin token are generated and printed unless set.
 A busy port stops the start, naming the variable that moves it; "127.0.0.1:0"

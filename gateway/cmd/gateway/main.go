@@ -1,6 +1,6 @@
 // Command gateway runs a Tollgate gateway: the rate-limiting reverse proxy,
 // the check API, Envoy's rate-limit service and the metrics endpoints
-// (SPEC §4). It is configured by an optional YAML file (--config) and the
+// (docs/gateway.md). It is configured by an optional YAML file (--config) and the
 // TOLLGATE_* environment variables, listed by --help.
 //
 // Exit codes: 0 after a clean shutdown (SIGINT or SIGTERM), 1 when the
@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -92,7 +93,13 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	defer stop()
 	srv, err := gateway.New(cfg, log)
 	if err != nil {
-		log.Error("gateway did not start", "error", err.Error())
+		// One line per problem (every busy listener, every invalid
+		// setting), each readable on its own.
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			if line = strings.TrimPrefix(line, "gateway: "); line != "" {
+				log.Error("gateway did not start", "error", line)
+			}
+		}
 		return 1
 	}
 	if err := srv.Run(ctx); err != nil {

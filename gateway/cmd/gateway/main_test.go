@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -57,6 +59,41 @@ func TestExitCodes(t *testing.T) {
 				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
 			}
 		})
+	}
+}
+
+// TestBusyPortsAreAllNamed: with two of its ports taken, bin/gateway says
+// so for both, each with the variable that moves it, one line each.
+func TestBusyPortsAreAllNamed(t *testing.T) {
+	t.Parallel()
+	var busy []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		busy = append(busy, ln.Addr().String())
+	}
+	env := map[string]string{
+		"TOLLGATE_KEY_SECRET": "0123456789abcdef", "TOLLGATE_RULES_FILE": filepath.Join("..", "..", "..", "configs", "rules.yaml"),
+		"TOLLGATE_UPSTREAM": "http://127.0.0.1:9", "TOLLGATE_LISTEN": busy[0], "TOLLGATE_API_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_METRICS_LISTEN": busy[1], "TOLLGATE_GRPC_LISTEN": "off", "TOLLGATE_REDIS_ADDRS": "127.0.0.1:9",
+	}
+	var out, errOut bytes.Buffer
+	if code := run(nil, lookup(env), &out, &errOut); code != 1 {
+		t.Fatalf("exit %d with two ports taken, want 1; stderr %s", code, errOut.String())
+	}
+	t.Logf("stderr:\n%s", errOut.String())
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	for i, want := range []struct{ addr, variable string }{{busy[0], "TOLLGATE_LISTEN"}, {busy[1], "TOLLGATE_METRICS_LISTEN"}} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.Contains(l, want.addr+" is already in use ("+want.variable+")")
+		}
+		if !found {
+			t.Errorf("busy listener %d: no line names %s and %s in\n%s", i, want.addr, want.variable, errOut.String())
+		}
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
-// Headers of the forward-auth endpoint, /v1/authz (SPEC §4).
+// Headers of the forward-auth endpoint, /v1/authz.
 const (
 	// HeaderToken carries api_token from the calling proxy: Authorization
 	// belongs to the client whose request is being decided.
@@ -34,7 +34,7 @@ const (
 // any other status becomes a 500 and an error-log line, and the
 // subrequest's body is dropped. So in this mode every answer that is not
 // an admission is sent as 401 with the real status in X-Tollgate-Status
-// and the JSON body in X-Tollgate-Body, next to the SPEC §3 headers;
+// and the JSON body in X-Tollgate-Body, next to the rate-limit headers;
 // configs/nginx/tollgate.conf maps it back with error_page 401 and
 // `return <status> $body`. The body is always application/json there
 // (nginx cannot choose the content type per answer).
@@ -55,7 +55,7 @@ var (
 // URI from X-Forwarded-Method / X-Original-Method and X-Forwarded-Uri /
 // X-Original-URI; the URI's query is not part of the endpoint but a
 // `query:` key source reads it. The answer is the proxy's: 200 with the
-// SPEC §3 headers, or the decision's status with headers and body. A check
+// rate-limit headers, or the decision's status with headers and body. A check
 // that cannot be decided at all is admitted without headers (fail open, as
 // the proxy does).
 func (h *handler) authz(w http.ResponseWriter, r *http.Request) {

@@ -33,7 +33,7 @@ func bodyErrorf(format string, args ...any) error {
 }
 
 // checkBody is the body of POST /v1/check and /v1/report and an item of
-// /v1/check/batch (SPEC §4).
+// /v1/check/batch.
 type checkBody struct {
 	APIKey   exactString `json:"api_key"`
 	Endpoint exactString `json:"endpoint"`

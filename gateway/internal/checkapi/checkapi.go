@@ -1,4 +1,4 @@
-// Package checkapi is the gateway's check API (SPEC §4), for gateways
+// Package checkapi is the gateway's check API, for gateways
 // written in other languages: POST /v1/check, POST /v1/check/batch and
 // POST /v1/report, optionally behind a bearer token; and /v1/authz, the
 // forward-auth form of a check for proxies that ask an authorization
@@ -8,8 +8,8 @@
 //
 // Bodies are decoded strictly (unknown fields, trailing data and wrong
 // types are 400 INVALID_REQUEST) and bounded in size (413 BODY_TOO_LARGE).
-// A check answers with the decision's HTTP status, the SPEC §3 headers and
-// the decision as JSON, with the §3 error object when it is not an
+// A check answers with the decision's HTTP status, the rate-limit headers and
+// the decision as JSON, with the error object when it is not an
 // admission. A batch is always 200 with one decision per item, decided in
 // order, each with its own status.
 package checkapi
@@ -323,7 +323,7 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// decisionJSON is a decision as the check API writes it (SPEC §4).
+// decisionJSON is a decision as the check API writes it.
 type decisionJSON struct {
 	Allowed    bool       `json:"allowed"`
 	Status     int        `json:"status"`
@@ -338,11 +338,22 @@ type decisionJSON struct {
 	Error      *errorJSON `json:"error,omitempty"`
 }
 
-// errorJSON is SPEC §3's error object.
+// errorJSON is the error object of every answer that is not an admission.
+// Details is a *detailsJSON for a rule's rejection, a *penaltyDetailsJSON
+// for an answer of the penalty ladder.
 type errorJSON struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Details *detailsJSON `json:"details,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}
+
+// penaltyDetailsJSON are the details of an answer of the penalty ladder
+// (httpguard.AppendPenaltyDetails): retry_after_seconds for a 429 PENALTY.
+type penaltyDetailsJSON struct {
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	PenaltyLevel      int    `json:"penalty_level"`
+	PenaltyReason     string `json:"penalty_reason,omitempty"`
+	ExpiresAt         string `json:"expires_at,omitempty"`
 }
 
 type detailsJSON struct {

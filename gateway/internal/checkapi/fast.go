@@ -235,6 +235,35 @@ func appendBool(b []byte, v bool) []byte {
 	return append(b, "false"...)
 }
 
+// appendPenaltyDetails appends the details of an answer of the penalty
+// ladder (penaltyDetailsJSON's layout), as the proxy's error body has
+// them; expires is Unix seconds, 0 for none.
+func appendPenaltyDetails(b []byte, d *guard.Decision, code string, expires int64) []byte {
+	b = append(b, ',')
+	b = appendField(b, "details")
+	b = append(b, '{')
+	if code == guard.CodePenalty {
+		b = appendField(b, "retry_after_seconds")
+		b = strconv.AppendInt(b, max(d.RetryAfter, 1), 10)
+		b = append(b, ',')
+	}
+	b = appendField(b, "penalty_level")
+	b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
+	if d.PenaltyReason != "" {
+		b = append(b, ',')
+		b = appendField(b, "penalty_reason")
+		b = appendString(b, d.PenaltyReason)
+	}
+	if expires > 0 {
+		b = append(b, ',')
+		b = appendField(b, "expires_at")
+		b = append(b, '"')
+		b = time.Unix(expires, 0).UTC().AppendFormat(b, time.RFC3339)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
 // appendDecision appends d as JSON (decisionJSON's layout). Without a
 // deciding rule (allowlisted, no rule matched, blocked) rule and algorithm
 // are empty and limit, remaining and reset 0; while the deciding rule
@@ -316,6 +345,8 @@ func appendDecision(b []byte, d *guard.Decision, status int) []byte {
 			b = append(b, '"')
 			b = time.Unix(dr.Reset, 0).UTC().AppendFormat(b, time.RFC3339)
 			b = append(b, '"', '}')
+		} else if expires, ok := httpguard.PenaltyAnswer(d, code); ok {
+			b = appendPenaltyDetails(b, d, code, expires)
 		}
 		b = append(b, '}')
 	}

@@ -2,6 +2,7 @@ package checkapi
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"testing"
@@ -41,7 +42,7 @@ func FuzzFastBody(f *testing.F) {
 }
 
 // referenceDecision is appendDecision through encoding/json: the layout
-// SPEC §4 fixes (decisionJSON).
+// the check API documents (decisionJSON).
 func referenceDecision(d *guard.Decision, status int) []byte {
 	j := decisionJSON{Allowed: d.Allowed, Status: status, RetryAfter: d.RetryAfter, Degraded: d.Degraded, Reason: string(d.Reason)}
 	dr := d.DecidingRule()
@@ -61,6 +62,17 @@ func referenceDecision(d *guard.Decision, status int) []byte {
 		if status == http.StatusTooManyRequests && dr != nil {
 			j.Error.Details = &detailsJSON{Rule: dr.ID, Limit: dr.Limit, WindowSeconds: dr.Window,
 				RetryAfterSeconds: d.RetryAfter, ResetAt: time.Unix(dr.Reset, 0).UTC().Format(time.RFC3339)}
+		} else if dr == nil && d.PenaltyLevel > 0 && (code == guard.CodePenalty ||
+			(code == guard.CodeKeyBlocked && d.Reason == guard.ReasonBlocklisted)) {
+			pd := &penaltyDetailsJSON{PenaltyLevel: d.PenaltyLevel, PenaltyReason: d.PenaltyReason}
+			if code == guard.CodePenalty {
+				ra := max(d.RetryAfter, 1)
+				pd.RetryAfterSeconds = &ra
+			}
+			if d.PenaltyUntil > 0 && d.PenaltyUntil < math.MaxInt64 {
+				pd.ExpiresAt = time.Unix((d.PenaltyUntil+999_999)/1_000_000, 0).UTC().Format(time.RFC3339)
+			}
+			j.Error.Details = pd
 		}
 	}
 	out, _ := json.Marshal(&j)
@@ -83,6 +95,12 @@ func TestAppendDecisionMatchesJSON(t *testing.T) {
 			RetryAfter: rng.Int64N(100),
 			Deciding:   -1,
 			Cost:       1 + rng.Int64N(5),
+		}
+		if rng.IntN(3) == 0 { // an answer of the penalty ladder
+			d.Reason = []guard.Reason{guard.ReasonPenalty, guard.ReasonBlocklisted}[rng.IntN(2)]
+			d.PenaltyLevel = 1 + rng.IntN(3)
+			d.PenaltyReason = odd[rng.IntN(len(odd))]
+			d.PenaltyUntil = []int64{0, math.MaxInt64, 1_795_398_524_000_001}[rng.IntN(3)]
 		}
 		if rng.IntN(5) > 0 {
 			d.Rules = []guard.RuleResult{{

@@ -77,7 +77,7 @@ func BenchmarkRecord(b *testing.B) {
 // with (per millisecond: 100 or 300 decisions), with the default buffer
 // and intervals, and reports the process's CPU per event from the first
 // Record until Kafka acknowledged the last: the producer's cost per
-// decision in a gateway (SPEC §8: ≤ 1 µs). cpu-ns/event is the gross
+// decision in a gateway (target: ≤ 1 µs). cpu-ns/event is the gross
 // figure; cpu-ns/event-net subtracts the CPU the same pacing loop costs
 // with the producer idle (the ticker's wake-ups, the idle sender and
 // franz-go), measured first. ns/op is the pacing, not a cost.

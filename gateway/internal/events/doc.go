@@ -1,6 +1,6 @@
 // Package events is the gateway's decision event producer: every decision
 // (and every charge after the fact) becomes one DecisionEvent record on
-// Kafka's decisions topic (SPEC §5), without blocking or slowing the
+// Kafka's decisions topic, without blocking or slowing the
 // request path, and without losing events when Kafka is slow or down.
 //
 // # Use
@@ -29,8 +29,9 @@
 // Partition PartitionOf(tenant, partitions) = fnv32a(tenant) mod the
 // topic's partition count (read from Kafka at New; when Kafka is down, the
 // count the spool remembers, else Config.Partitions), key the tenant,
-// value the DecisionEvent encoded by hand with protowire (the tests hold it
-// byte for byte to proto.Marshal and to the schema's field list).
+// value the DecisionEvent written by the decision stream's codec
+// (tollgatev1.AppendDecision: the bytes proto.Marshal writes, without
+// allocating).
 // Anonymous requests have key_id "" and tenant "" and are grouped under the
 // empty tenant. The event time is the decision's Redis time; decisions made
 // without Redis (blocklist, allowlist, no rule) carry none and get the
@@ -56,7 +57,21 @@
 // (BenchmarkPipelinePaced); a burst from idle to ~4M/s (BenchmarkRecord,
 // with spool writes competing for the disk) overruns by 2–8 % of its events
 // until the ranges have grown. A graceful stop lowers the reservations to
-// the last numbers used. New queues, before any new event and after
+// the last numbers used.
+//
+// META is rewritten in place (package spool), so a full disk does not stop
+// it, and a gateway restarts, replays and frees its spool on a full disk.
+// Should META still fail to be written (a META of the spool's first format
+// on a full disk, a copy-on-write file system, an I/O error), New does not
+// fail: the gateway decides and produces all the same, since refusing to
+// start would keep the disk full. Event ids stay unique, because each
+// start draws a new random epoch and numbers from 1 within it; what is
+// missing is the record of the epoch, so until a write succeeds (retried
+// every second) a SIGKILL or crash leaves the epoch unclosed and the loss
+// of its unsent tail uncounted. Meanwhile tollgate_events_reservation_-
+// durable is 0 and every event numbered counts as an overrun; the sequence
+// ledger keeps the previous epoch's numbers until the first write that
+// succeeds, which names them, and then starts counting this epoch's. New queues, before any new event and after
 // everything the spool holds, one EpochClosed marker per partition for each
 // earlier epoch named in META (seq = last + 1, last_seq = last), and
 // forgets those epochs once the markers are in the spool or in Kafka.
@@ -167,6 +182,9 @@
 //	tollgate_events_send_errors_total          records franz-go failed (re-sent)
 //	tollgate_events_kafka_up                   1 while Kafka acknowledges
 //	tollgate_events_reservation_overruns_total events numbered past META
+//	tollgate_events_reservation_durable        0 while META cannot be written
+//	tollgate_events_spool_quarantined_total    corrupt spool segments set aside
+//	tollgate_events_spool_torn_total           segments cut short by a crash
 //	tollgate_events_corrected_total{field}     cost, time, length, retry_after
 //
 // No label carries a key, a tenant or a path.

@@ -327,7 +327,7 @@ type source struct {
 	partition int32
 }
 
-// mark is a source's deduplication state, as SPEC §5 defines it and the
+// mark is a source's deduplication state, as docs/aggregator.md defines it and the
 // aggregator keeps it (aggregator/internal/windows, which code under
 // gateway/ cannot import; TestAggregatorCountsEveryEventOnce runs the
 // aggregator itself): the highest sequence number applied, the numbers

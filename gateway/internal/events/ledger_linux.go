@@ -19,6 +19,8 @@ type ledger struct {
 	f    *os.File
 	path string
 	mem  []byte // mapped once started
+	// words is mem as 64-bit words.
+	words []uint64
 	// prev is what an earlier run left in the file; prevOK false: nothing
 	// usable.
 	prev   ledgerState
@@ -60,9 +62,10 @@ func openLedger(dir, spoolDir string) (*ledger, error) {
 	return l, nil
 }
 
-// start makes the ledger the counters of epoch over parts partitions, all
-// at next number 1, and returns them: the slice is the file's memory.
-func (l *ledger) start(epoch uint64, parts int32) ([]uint64, error) {
+// counters maps the ledger for parts partitions and returns its counters
+// (the next number of each; the slice is the file's memory), all 0 and
+// naming no epoch yet: fill them, then begin.
+func (l *ledger) counters(parts int32) ([]uint64, error) {
 	size := 8 * (ledgerHeader + int(parts))
 	page := os.Getpagesize()
 	size = (size + page - 1) / page * page
@@ -76,15 +79,14 @@ func (l *ledger) start(epoch uint64, parts int32) ([]uint64, error) {
 		return nil, fmt.Errorf("events: sequence ledger %s: map: %w", l.path, err)
 	}
 	l.mem = mem
-	words := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
-	words[0], words[2] = ledgerMagic, uint64(parts)
-	next := words[ledgerHeader : ledgerHeader+int(parts) : ledgerHeader+int(parts)]
-	for q := range next {
-		next[q] = 1
-	}
-	words[1] = epoch // last: a file cut short names no epoch
-	return next, nil
+	l.words = unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), size/8)
+	l.words[0], l.words[2] = ledgerMagic, uint64(parts)
+	return l.words[ledgerHeader : ledgerHeader+int(parts) : ledgerHeader+int(parts)], nil
 }
+
+// begin names epoch in the ledger, once its counters are filled: last, so
+// that a file cut short names no epoch.
+func (l *ledger) begin(epoch uint64) { l.words[1] = epoch }
 
 // close unmaps and unlocks the ledger, deleting the file when remove (a
 // graceful stop recorded the numbers used in META). Nothing may use the
@@ -95,7 +97,7 @@ func (l *ledger) close(remove bool) {
 	}
 	if l.mem != nil {
 		_ = syscall.Munmap(l.mem)
-		l.mem = nil
+		l.mem, l.words = nil, nil
 	}
 	if remove {
 		_ = os.Remove(l.path)

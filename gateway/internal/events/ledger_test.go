@@ -33,11 +33,17 @@ func TestLedger(t *testing.T) {
 	if _, err := openLedger(dir, spoolDir); err == nil {
 		t.Fatal("a second producer opened the same ledger")
 	}
-	next, err := l.start(42, 3)
+	next, err := l.counters(3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	next[0], next[2] = 101, 7 // numbers 1..100 and 1..6 used
+	if b, err := os.ReadFile(l.path); err != nil {
+		t.Fatal(err)
+	} else if st, ok := decodeLedger(b); ok {
+		t.Fatalf("a ledger mapped but not begun names %+v", st)
+	}
+	next[0], next[1], next[2] = 101, 1, 7 // numbers 1..100 and 1..6 used
+	l.begin(42)
 	// A killed process leaves the file as it was: another open reads it.
 	b, err := os.ReadFile(l.path)
 	if err != nil {

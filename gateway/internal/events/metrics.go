@@ -93,8 +93,25 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 	}))
 	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "tollgate_events_reservation_overruns_total",
-		Help: "Events numbered beyond the sequence range reserved durably (the reservation could not keep up); after a SIGKILL their loss may go uncounted.",
+		Help: "Events numbered beyond the sequence range reserved durably (the reservation could not keep up, or the spool's metadata could not be written); after a SIGKILL their loss may go uncounted.",
 	}, locked(func() float64 { return float64(p.overruns) })))
+	add(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_events_reservation_durable",
+		Help: "1 while the spool's metadata holds this epoch and its sequence reservation; 0 while writing it fails (retried every second): events are still numbered and sent, but a SIGKILL or crash would leave the epoch unclosed and a loss in it uncounted.",
+	}, func() float64 {
+		if p.metaDurable.Load() {
+			return 1
+		}
+		return 0
+	}))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_spool_quarantined_total",
+		Help: "Spool segments found corrupt (a bad checksum or header elsewhere than a tail a crash cut short) since the start, renamed *.seg.bad and kept for inspection; their events are not replayed and count as missing at the aggregator.",
+	}, func() float64 { return float64(p.sp.Stats().Quarantined) }))
+	add(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_events_spool_torn_total",
+		Help: "Spool segments found cut short by a machine crash since the start and cut back to their intact records; the lost tail counts as missing at the aggregator.",
+	}, func() float64 { return float64(p.sp.Stats().TornSegments) }))
 	if reg != nil {
 		for _, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

@@ -95,6 +95,10 @@ type Config struct {
 	// MetadataTimeout (default 2s) bounds New's wait for the topic's
 	// partition count from Kafka.
 	MetadataTimeout time.Duration
+	// FS is the file system of the spool; nil: the operating system's
+	// (spool.OSFS). Tests give a spooltest.FS to fill the disk or fail
+	// writes.
+	FS spool.FS
 	// LedgerDir is a tmpfs directory (default DefaultLedgerDir, /dev/shm;
 	// "-": none) where the decision path's sequence counters live in
 	// shared memory, so that after a SIGKILL the next start closes the
@@ -140,6 +144,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.LedgerDir == "" {
 		c.LedgerDir = DefaultLedgerDir
+	}
+	if c.FS == nil {
+		c.FS = spool.OSFS{}
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -244,7 +251,6 @@ type Producer struct {
 	sp         *spool.Spool
 	parts      int32
 	epoch      uint64
-	header     []byte // gateway_id and epoch, encoded
 	chunkBytes int
 	nChunks    int
 	wake       chan struct{} // capacity 1: a pending wake-up of Run
@@ -261,12 +267,13 @@ type Producer struct {
 	free        []*chunk
 	next        []uint64 // next sequence number per partition
 	reserved    []uint64 // last durably reserved number per partition
-	lowWater    []uint64 // next[p] reaching it asks Run to reserve more
+	lowWater    []uint64 // next[p] reaching it asks Run to reserve more (durable or not)
 	needReserve bool
 	closed      bool // Run's final seal happened: Record drops
 	recorded    uint64
 	dropped     [numDropReasons]uint64
 	corrected   [numFixes]uint64 // events corrected to fit the schema's bounds
+	shadow      []string         // the event's shadow ids, reused from event to event
 	overruns    uint64
 	memEvents   int64 // events in chunks not yet released
 	memChunks   int   // chunks (pooled) in use
@@ -287,9 +294,11 @@ type Producer struct {
 	lastErr    atomic.Pointer[errBox]
 
 	// Read by metrics, written by Run.
-	kafkaUp  atomic.Bool
-	replayed atomic.Uint64
-	spooled  atomic.Uint64
+	metaDurable atomic.Bool // META holds the epoch and the numbers in use
+	kafkaUp     atomic.Bool
+	kafkaSince  atomic.Int64 // when kafkaUp last changed, Unix nanoseconds
+	replayed    atomic.Uint64
+	spooled     atomic.Uint64
 
 	s sender // owned by the goroutine in Run (or by New and Close)
 }
@@ -319,7 +328,7 @@ func New(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	log := cfg.Log.With(slog.String("component", "events"))
-	sp, err := spool.Open(spool.OSFS{}, cfg.SpoolDir, spool.Options{MaxBytes: cfg.SpoolMaxBytes, Logger: log})
+	sp, err := spool.Open(cfg.FS, cfg.SpoolDir, spool.Options{MaxBytes: cfg.SpoolMaxBytes, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("events: new: %w", err)
 	}
@@ -385,7 +394,6 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 		sp:         sp,
 		parts:      parts,
 		epoch:      epoch,
-		header:     appendHeader(nil, cfg.GatewayID, epoch),
 		chunkBytes: chunkBytes,
 		nChunks:    cfg.MemoryBytes / chunkBytes,
 		wake:       make(chan struct{}, 1),
@@ -396,7 +404,7 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 		stopped:    make(chan struct{}),
 	}
 	p.onProduced = p.promise
-	p.kafkaUp.Store(up)
+	p.setKafkaUp(up)
 	// One allocation for all chunks: the runtime maps it lazily, so memory
 	// is touched only as chunks fill.
 	arena := make([]byte, p.nChunks*chunkBytes)
@@ -411,14 +419,26 @@ func newProducer(cfg Config, log *slog.Logger, sp *spool.Spool, led *ledger) (*P
 	if p.m, err = newMetrics(p, cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("events: new: %w", err)
 	}
-	// The new epoch and its first reservations are durable before any
-	// number is used; the closing list stays until the markers are.
+	// The new epoch and its first reservations are made durable before
+	// any number is used; the closing list stays until the markers are.
+	// When META cannot be written (a full disk that a META of the first
+	// format, or a copy-on-write file system, cannot be rewritten on; an
+	// I/O error), the gateway still starts and decides: refusing would
+	// keep the spool full, since replaying it is what frees the disk.
+	// Event ids stay unique (the epoch is new and random); what is lost
+	// until the write succeeds is the record of this epoch, which a
+	// SIGKILL or crash would leave unclosed.
 	if err := p.s.reserve(true); err != nil {
-		return nil, fmt.Errorf("events: new: %w", err)
+		log.Error("events: cannot record this epoch in the spool's metadata; deciding and numbering events anyway, and retrying every second. Until it succeeds a SIGKILL or machine crash leaves this epoch unclosed: a loss in it would go uncounted (tollgate_events_reservation_durable is 0)",
+			slog.Any("error", err))
+		// The ledger keeps the previous epoch's numbers until META names
+		// them: the first successful write starts it.
+		p.s.ledgerWait = led
+	} else {
+		// META names the numbers the previous epoch used: the ledger may
+		// now count the new epoch's.
+		p.startLedger(led)
 	}
-	// META names the numbers the previous epoch used: the ledger may now
-	// count the new epoch's.
-	p.startLedger(led)
 	if len(closing) > 0 {
 		p.s.queueMarkers(closing)
 	}
@@ -434,20 +454,33 @@ func (p *Producer) startLedger(led *ledger) {
 	if led == nil {
 		return
 	}
-	next, err := led.start(p.epoch, p.parts)
+	// Mapped outside p.mu (it writes a page); the counters are copied and
+	// the epoch named under it, so the decision path loses no number when
+	// Run starts the ledger while it records.
+	next, err := led.counters(p.parts)
 	if err != nil {
 		p.log.Warn("events: no sequence ledger in shared memory: after a SIGKILL the killed epoch is closed with its reservations, which overstates what was lost",
 			slog.Any("error", err))
 		led.close(false)
 		return
 	}
+	p.mu.Lock()
+	copy(next, p.next)
+	led.begin(p.epoch)
 	p.ledger, p.next = led, next
+	p.mu.Unlock()
 }
 
 // stopLedger gives the decision path's counters back to the heap and
 // closes the ledger, deleting it when META holds the numbers used. Call it
 // with p.closed set.
 func (p *Producer) stopLedger(metaWritten bool) {
+	if led := p.s.ledgerWait; led != nil {
+		// Never started: it holds the previous epoch's numbers, which
+		// META holds too once written.
+		p.s.ledgerWait = nil
+		led.close(metaWritten)
+	}
 	if p.ledger == nil {
 		return
 	}
@@ -481,6 +514,32 @@ func topicPartitions(cfg Config, log *slog.Logger) (n int32, up bool) {
 		return 0, true
 	}
 	return int32(len(d.Partitions)), true
+}
+
+// setKafkaUp records whether Kafka acknowledges events, and since when.
+// Only Run (or New, before it) calls it.
+func (p *Producer) setKafkaUp(up bool) {
+	if p.kafkaSince.Load() != 0 && p.kafkaUp.Load() == up {
+		return
+	}
+	p.kafkaSince.Store(time.Now().UnixNano())
+	p.kafkaUp.Store(up)
+}
+
+// KafkaState reports whether Kafka acknowledges the producer's events (as
+// tollgate_events_kafka_up does: down after a failed send, or while records
+// wait unanswered, and unchanged while nothing is sent), since when, and
+// the last error franz-go reported (nil while up). It reads atomics only:
+// it never waits on Kafka.
+func (p *Producer) KafkaState() (up bool, since time.Time, err error) {
+	up = p.kafkaUp.Load()
+	since = time.Unix(0, p.kafkaSince.Load())
+	if !up {
+		if b := p.lastErr.Load(); b != nil {
+			err = b.err
+		}
+	}
+	return up, since, err
 }
 
 // Epoch is the producer's boot epoch.
@@ -527,7 +586,6 @@ func (p *Producer) Report(req *guard.Request, d *guard.Decision, surface string)
 func recordable(status int) bool { return status == 200 || status == 429 || status == 403 }
 
 func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface string) {
-	part := PartitionOf(boundedTenant(d.Tenant), p.parts)
 	// Decisions made without Redis (blocklist, allowlist, no rule) carry
 	// no Redis time: they get the gateway's clock, and so does one whose
 	// Redis clock is too far from it for the aggregator to take.
@@ -539,7 +597,12 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 		}
 		t = now
 	}
-	need := frameHeader + len(p.header) + maxEventSize(req, d, surface)
+	var ip [maxIPText]byte
+	ev := eventOf(k, t, req, d, surface, ip[:0])
+	// The tenant as the event holds it (cut to its bound) chooses the
+	// partition, so that the partition, the record key and the event agree.
+	part := PartitionOf(tollgatev1.FieldTenant.Cut(d.Tenant), p.parts)
+	ev.GatewayID, ev.Epoch, ev.Partition = p.cfg.GatewayID, p.epoch, part
 	signal := false
 
 	p.mu.Lock()
@@ -551,11 +614,14 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 	seq := p.next[part]
 	p.next[part] = seq + 1
 	if seq >= p.lowWater[part] {
-		if seq > p.reserved[part] {
-			p.overruns++
-		}
 		p.needReserve, signal = true, true
 	}
+	if seq > p.reserved[part] {
+		p.overruns++
+	}
+	p.shadow = shadowIDs(p.shadow[:0], d)
+	ev.Seq, ev.ShadowWouldReject = seq, p.shadow
+	need := frameHeader + tollgatev1.MaxDecisionSize(&ev)
 	c := p.open
 	if c == nil || len(c.buf)+need > cap(c.buf) {
 		if need > p.chunkBytes {
@@ -585,8 +651,11 @@ func (p *Producer) record(k kind, req *guard.Request, d *guard.Decision, surface
 	}
 	start := len(c.buf)
 	b := append(c.buf, make([]byte, frameHeader)...)
-	b, f := appendEvent(b, p.header, part, seq, k, t, req, d, surface)
-	if fx |= f; fx != 0 {
+	b, corrected := tollgatev1.AppendDecision(b, &ev)
+	if corrected != 0 {
+		fx |= fixesOf(corrected)
+	}
+	if fx != 0 {
 		for i := range numFixes {
 			if fx&(1<<i) != 0 {
 				p.corrected[i]++

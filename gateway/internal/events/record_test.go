@@ -14,7 +14,7 @@ import (
 // TestRecordDoesNotAllocate counts the allocations of Record and Report
 // exactly (no Run: nothing else in the process allocates): none, whether
 // the event fits the open chunk, seals it and takes the next one, or is
-// dropped because memory is full.
+// dropped because memory is full, and with shadow rules' ids to write.
 func TestRecordDoesNotAllocate(t *testing.T) {
 	c := startKafka(t, 0, "")
 	cfg := testConfig(t, c.ListenAddrs(), t.TempDir())
@@ -35,6 +35,12 @@ func TestRecordDoesNotAllocate(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("Record and Report allocate %v times per call", allocs)
+	}
+	// The ids of shadow rules that would have rejected cost none either.
+	_, shadow := decision(5)
+	shadow.Rules = append(shadow.Rules, guard.RuleResult{ID: "shadow-a", Shadow: true}, guard.RuleResult{ID: "shadow-b", Shadow: true})
+	if allocs := testing.AllocsPerRun(1000, func() { p.Record(reqs[0], shadow, "proxy") }); allocs != 0 {
+		t.Fatalf("Record allocates %v times per call for a decision with shadow rejections", allocs)
 	}
 	if p.metric(t, "tollgate_events_recorded_total") == 0 || p.metric(t, "tollgate_events_dropped_total") == 0 {
 		t.Fatalf("the run did not cover both paths: recorded %v, dropped %v",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/internal/kafkalog"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // segment is one element of the FIFO: a sealed chunk, a segment read back
@@ -78,11 +79,19 @@ type sender struct {
 	cursor  uint64 // the largest spool id read or written while active
 	pending []*segment
 
-	closing   []epochState // epochs whose markers are not yet durable
-	reserved  []uint64     // the durable reservations (what META says)
-	step      []uint64
-	lastExt   []time.Time // when each partition's range was last extended
-	usedAtExt []uint64    // and the last number used then
+	closing    []epochState // epochs whose markers are not yet durable
+	reserved   []uint64     // the durable reservations (what META says)
+	want       []uint64     // the reservations the decision path was given, durable or not
+	durable    bool         // META holds the epoch and want
+	metaFailed bool         // the last META write failed
+	metaRetry  time.Time    // while not durable: when to try writing META again
+	// ledgerWait is the sequence ledger while META has not yet named the
+	// previous epoch's numbers (its first write failed): the first write
+	// that succeeds starts it.
+	ledgerWait *ledger
+	step       []uint64
+	lastExt    []time.Time // when each partition's range was last extended
+	usedAtExt  []uint64    // and the last number used then
 
 	backoff      time.Duration
 	backoffUntil time.Time
@@ -109,6 +118,7 @@ func (s *sender) init(p *Producer, closing []epochState) {
 	s.p = p
 	s.closing = closing
 	s.reserved = make([]uint64, p.parts)
+	s.want = make([]uint64, p.parts)
 	s.step = make([]uint64, p.parts)
 	s.lastExt = make([]time.Time, p.parts)
 	s.usedAtExt = make([]uint64, p.parts)
@@ -156,28 +166,63 @@ func (s *sender) queueMarkers(closing []epochState) {
 	s.pending = append(s.pending, &segment{chunk: &chunk{buf: buf, n: n, firstAt: now}, firstAt: now, closes: epochs, n: n})
 }
 
-// writeMeta makes META say the current epoch, reserved and closing.
+// writeMeta makes META say the current epoch, reserved and closing. Once
+// it succeeded, the decision path's numbers up to reserved are durable;
+// after a failure, every later round tries again (once per
+// metaRetryEvery) until a write succeeds.
 func (s *sender) writeMeta(reserved []uint64) error {
-	m := meta{Version: metaVersion, GatewayID: s.p.cfg.GatewayID, Epoch: s.p.epoch, Partitions: s.p.parts,
+	p := s.p
+	m := meta{Version: metaVersion, GatewayID: p.cfg.GatewayID, Epoch: p.epoch, Partitions: p.parts,
 		Reserved: reserved, Closing: s.closing}
 	blob, err := m.encode()
-	if err != nil {
-		return err
+	if err == nil {
+		err = p.sp.WriteMeta(blob)
 	}
-	if err := s.p.sp.WriteMeta(blob); err != nil {
+	if err != nil {
+		s.durable, s.metaFailed, s.metaRetry = false, true, time.Now().Add(metaRetryEvery)
+		p.metaDurable.Store(false)
 		return fmt.Errorf("events: write spool metadata: %w", err)
+	}
+	if s.metaFailed {
+		s.metaFailed = false
+		p.log.Info("events: the spool's metadata is written again: this epoch and its sequence reservation are durable")
+	}
+	s.durable = true
+	p.metaDurable.Store(true)
+	s.reserved = append(s.reserved[:0], reserved...)
+	p.mu.Lock()
+	for q := range reserved {
+		p.reserved[q] = reserved[q]
+	}
+	p.mu.Unlock()
+	if led := s.ledgerWait; led != nil {
+		// META now names the numbers the previous epoch used.
+		s.ledgerWait = nil
+		p.startLedger(led)
 	}
 	return nil
 }
 
+// metaRetryEvery is how often a META write that failed is tried again.
+const metaRetryEvery = time.Second
+
 // reserve extends the reservation of every partition with fewer than half
-// its step left (all of them when force), durably, then lets the decision
-// path use the new numbers. The step is about reserveFor of numbers at the
-// partition's recent rate, at least minReserve.
+// its step left (all of them when force), lets the decision path use the
+// new numbers, and writes them to META. The step is about reserveFor of
+// numbers at the partition's recent rate, at least minReserve.
+//
+// The decision path never waits for the write: numbers beyond the durable
+// reservation are counted as overruns (tollgate_events_reservation_-
+// overruns_total). When the write fails (a full disk META cannot be
+// rewritten on, an I/O error), it is tried again every metaRetryEvery, and
+// meanwhile the decision path goes on within the new range, so that it
+// does not ask for more at every event.
 func (s *sender) reserve(force bool) error {
 	p := s.p
+	now := time.Now()
+	retry := !s.durable && !now.Before(s.metaRetry)
 	p.mu.Lock()
-	if !force && !p.needReserve {
+	if !force && !p.needReserve && !retry {
 		p.mu.Unlock()
 		return nil
 	}
@@ -185,9 +230,8 @@ func (s *sender) reserve(force bool) error {
 	copy(s.nextScratch, p.next)
 	p.mu.Unlock()
 
-	now := time.Now()
-	res := append([]uint64(nil), s.reserved...)
-	changed := false
+	res := append([]uint64(nil), s.want...)
+	extended := false
 	for q := range res {
 		used := s.nextScratch[q] - 1
 		if res[q] >= used+s.step[q]/2 && !force {
@@ -202,24 +246,22 @@ func (s *sender) reserve(force bool) error {
 		}
 		s.lastExt[q], s.usedAtExt[q] = now, used
 		res[q] = used + s.step[q]
-		changed = true
+		extended = true
 	}
-	if !changed {
-		return nil
-	}
-	if err := s.writeMeta(res); err != nil {
+	if extended {
+		s.want = res
 		p.mu.Lock()
-		p.needReserve = true
+		for q := range res {
+			p.lowWater[q] = res[q] - s.step[q]/2
+		}
 		p.mu.Unlock()
+	}
+	if !force && !(extended && s.durable) && !retry {
+		return nil // unchanged, or META failing and not yet due again
+	}
+	if err := s.writeMeta(s.want); err != nil {
 		return fmt.Errorf("events: reserve sequence numbers: %w", err)
 	}
-	s.reserved = res
-	p.mu.Lock()
-	for q := range res {
-		p.reserved[q] = res[q]
-		p.lowWater[q] = res[q] - s.step[q]/2
-	}
-	p.mu.Unlock()
 	return nil
 }
 
@@ -234,6 +276,12 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
+		// One produce request per broker at a time: with two, a batch
+		// could be written while the one before it on its partition
+		// fails (a broker takes any first sequence number from a
+		// producer it has no state for on that partition), and the
+		// failed records, re-sent later, would land after it.
+		kgo.MaxProduceRequestsInflightPerBroker(1),
 		kgo.WithLogger(kafkalog.New(p.log)),
 	}
 	cl, err := kgo.NewClient(opts...)
@@ -318,7 +366,7 @@ func (s *sender) work(now time.Time, stopping bool) {
 		up = false
 	}
 	if up != p.kafkaUp.Load() {
-		p.kafkaUp.Store(up)
+		p.setKafkaUp(up)
 		if up {
 			p.log.Info("events: Kafka is accepting events")
 		} else {
@@ -458,7 +506,7 @@ func (s *sender) markersDurable(now time.Time) {
 		return
 	}
 	s.closing = nil
-	if err := s.writeMeta(s.reserved); err != nil {
+	if err := s.writeMeta(s.want); err != nil {
 		s.logErr(now, "events: cannot update the spool's metadata; the closed epochs will be closed again after a restart", err)
 	}
 }
@@ -698,7 +746,7 @@ func (s *sender) activate() (*segment, error) {
 			g := s.newSegment()
 			g.spoolID, g.n, g.firstAt = seg.ID, len(seg.Records), time.Now()
 			for _, r := range seg.Records {
-				g.items = append(g.items, item{part: r.Partition, key: tenantOf(r.Payload), val: r.Payload})
+				g.items = append(g.items, item{part: r.Partition, key: tollgatev1.DecisionTenant(r.Payload), val: r.Payload})
 			}
 			p.replayed.Add(uint64(len(seg.Records)))
 			s.prepare(g)
@@ -716,7 +764,7 @@ func (s *sender) activate() (*segment, error) {
 		n := int(binary.LittleEndian.Uint32(b))
 		part := int32(binary.LittleEndian.Uint32(b[4:]))
 		val := b[frameHeader : frameHeader+n : frameHeader+n]
-		g.items = append(g.items, item{part: part, key: tenantOf(val), val: val})
+		g.items = append(g.items, item{part: part, key: tollgatev1.DecisionTenant(val), val: val})
 		b = b[frameHeader+n:]
 	}
 	s.prepare(g)
@@ -861,7 +909,7 @@ func (s *sender) finish(cause error) error {
 	if err := p.sp.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("events: stop: %w", err))
 	}
-	p.kafkaUp.Store(false)
+	p.setKafkaUp(false)
 	s.logDrops(now.Add(dropLogEvery))
 	p.log.Info("events: stopped", slog.Uint64("produced", p.produced.Load()), slog.Uint64("spooled", p.spooled.Load()))
 	return errors.Join(errs...)

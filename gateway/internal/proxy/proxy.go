@@ -6,7 +6,7 @@
 // dropped, X-Forwarded-For is appended to (X-Forwarded-Host and -Proto
 // set), bodies are streamed in both directions and responses flushed as they
 // arrive (FlushInterval -1), so server-sent events and long downloads work.
-// The SPEC §3 headers replace same-named upstream headers.
+// The rate-limit headers replace same-named upstream headers.
 //
 // Optionally a cost is charged after the response: the value of a
 // configured upstream response header, reported asynchronously through a
@@ -86,7 +86,7 @@ func New(cfg Config) http.Handler {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			// Rewrite starts without the inbound X-Forwarded-*; append to
-			// the client's list (SPEC: X-Forwarded-For appended).
+			// the client's list (X-Forwarded-For is appended to, not replaced).
 			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok {
 				pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 			}

@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 )
 
-// Descriptor entry keys with a meaning of their own (SPEC §4).
+// Descriptor entry keys with a meaning of their own.
 const (
 	entryAPIKey        = "api_key"
 	entryGenericKey    = "generic_key"

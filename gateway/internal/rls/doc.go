@@ -1,6 +1,6 @@
 // Package rls is Tollgate's Envoy rate-limit service:
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC
-// (SPEC §4), so an Envoy or Istio mesh can use Tollgate as a drop-in.
+// (docs/gateway.md), so an Envoy or Istio mesh can use Tollgate as a drop-in.
 // configs/envoy holds an example Envoy configuration.
 //
 // # Mapping
@@ -8,7 +8,7 @@
 // Each descriptor of a call becomes one guard.Request. Its entries give the
 // request's fields: api_key (else generic_key) the key, tenant the tenant
 // (the key registry still wins), remote_address the client IP, path (else
-// endpoint) the path (normalised by the guard as the proxy's is, SPEC §3:
+// endpoint) the path (normalised by the guard as the proxy's is:
 // unreserved escapes decoded, dot segments removed, slashes merged, a
 // trailing slash and a query string dropped, then the route templates),
 // method the method. A descriptor without remote_address has no client IP
@@ -62,7 +62,7 @@
 // another descriptor refused the call (its figures are then the counters'
 // state without any charge); UNKNOWN when it was not decided because the
 // call was refused before its counters were consulted. The status carries,
-// from the descriptor's deciding rule (SPEC §3), current_limit (in the
+// from the descriptor's deciding rule, current_limit (in the
 // rule's own unit where it has one: a window, or a token bucket's `rate:
 // N/period`, of exactly one SECOND, MINUTE, HOUR or DAY is its limit — for
 // gcra its limit, not its burst — or N per that unit, so 100 per 1m is 100
@@ -83,7 +83,7 @@
 // decision and the answer so that the rule is gone, the rate is
 // approximated by limit ÷ the RateLimit-Policy `w`.
 //
-// response_headers_to_add holds the SPEC §3 headers of the call's deciding
+// response_headers_to_add holds the rate-limit headers of the call's deciding
 // descriptor (guard.CallDeciding: the refused one with the longest
 // Retry-After, else the one with the least remaining), Retry-After
 // included when it is over limit, rendered by httpguard.HeaderPairs like

@@ -11,9 +11,9 @@ import (
 )
 
 // units are the units current_limit may use, smallest first, with their
-// length in microseconds. SPEC §4 names SECOND to DAY; WEEK, MONTH and
+// length in microseconds. The documented mapping uses SECOND to DAY; WEEK, MONTH and
 // YEAR (as long as Envoy's reference service makes them) only serve rates
-// below one a day, which SPEC leaves open.
+// below one a day, which that mapping leaves open.
 var units = [...]struct {
 	unit rlsv3.RateLimitResponse_RateLimit_Unit
 	us   uint64
@@ -55,7 +55,7 @@ func period(rs *rules.Ruleset, rr *guard.RuleResult, key, keyID string) (num, de
 }
 
 // currentLimit sets rl to limit units per num/den µs as Envoy's
-// current_limit (SPEC §4). A rule whose own period (own µs, see period) is
+// current_limit. A rule whose own period (own µs, see period) is
 // exactly one SECOND, MINUTE, HOUR or DAY is reported in that unit, as its
 // rate over it: a window's limit (100 per 1m is 100 per MINUTE), a gcra
 // rule's limit rather than its burst, a token bucket's N of `rate:

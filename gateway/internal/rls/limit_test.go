@@ -52,7 +52,7 @@ rules:
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
 		{"half", 30, minute},
-		// SPEC §4: a window of exactly one unit is the rule's limit per
+		// A window of exactly one unit is the rule's limit per
 		// that unit: 100 per 1m is 100 per MINUTE, not 1 per SECOND.
 		{"hundred-per-minute", 100, minute},
 		{"ten-per-second", 10, second},

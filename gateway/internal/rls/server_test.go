@@ -447,7 +447,7 @@ rules:
 		unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
 		{"half", "sk_u", 30, minute},       // 0.5/s: floor(rate × unit) in the smallest unit where ≥ 1
-		{"hundred", "sk_u", 100, minute},   // a window of one unit: 100 per 1m is 100 per MINUTE (SPEC §4)
+		{"hundred", "sk_u", 100, minute},   // a window of one unit: 100 per 1m is 100 per MINUTE
 		{"hundred", "sk_half", 50, minute}, // factor 0.5
 		{"ten", "sk_u", 10, second},
 		{"day", "sk_u", 1000, day}, // 1000 per DAY, not 41 per HOUR

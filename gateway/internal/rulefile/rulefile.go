@@ -71,7 +71,7 @@ func Parse(data []byte) (*Ruleset, error) {
 }
 
 // ParseVersion is Parse for a ruleset whose version is assigned outside
-// the document (the operator API's, SPEC §2): the document's own `version`
+// the document (the operator API's): the document's own `version`
 // is ignored and Version reports version. The content hash is still the
 // document's.
 func ParseVersion(data []byte, version int64) (*Ruleset, error) {

@@ -9,7 +9,7 @@ import (
 )
 
 // The gateway's log says once per key and level that the penalty ladder
-// moved a key (SPEC §6): when an entry of the ladder (level > 0) arrives
+// moved a key: when an entry of the ladder (level > 0) arrives
 // that puts the key at another level than the one last logged, and when the
 // key's last ladder entry goes. Keys are named by key_id and the entry's
 // short key prefix, never by the key. A burst of moves (a thousand keys
@@ -27,13 +27,6 @@ const (
 	ladderLogBurst = 20
 	ladderLogRate  = 10 // lines per second
 	ladderEndDelay = time.Second
-)
-
-// Ladder actions as logged.
-const (
-	actionReducedLimit = "reduced_limit"
-	actionCooldown     = "cooldown"
-	actionBlocklist    = "blocklist"
 )
 
 // ladderLog is what the Syncer last logged of the ladder. Owned by Run's
@@ -64,16 +57,31 @@ type ladderState struct {
 // highest level (0 without one).
 func (s *Syncer) ladderOf(keyID string, now time.Time) ladderState {
 	var st ladderState
-	if e := s.state.lists[tollgatev1.BlocklistKey(keyID)]; e != nil && e.Level > 0 && tollgatev1.Live(e.ExpiresAt, now) {
-		st = ladderState{level: e.Level, action: actionCooldown, prefix: e.KeyPrefix, expires: e.ExpiresAt}
-		if e.Action == tollgatev1.ActionBlock {
-			st.action = actionBlocklist
+	if e := s.state.Lists[tollgatev1.BlocklistKey(keyID)]; e != nil && e.Level > tollgatev1.LevelNone && tollgatev1.Live(e.ExpiresAt, now) {
+		st = ladderState{level: e.Level, prefix: e.KeyPrefix, expires: e.ExpiresAt}
+	}
+	if e := s.state.Overrides[tollgatev1.OverrideKey(tollgatev1.ScopeKey, keyID)]; e != nil && e.Level > st.level && tollgatev1.Live(e.ExpiresAt, now) {
+		st = ladderState{level: e.Level, prefix: e.KeyPrefix, expires: e.ExpiresAt}
+	}
+	st.action = tollgatev1.LadderRung(st.level).Action
+	return st
+}
+
+// ladderKeyID returns the key_id whose place on the ladder the entry
+// under kvKey in bucket may hold: a blocklist bucket's block or penalty
+// entry, or a key override; "" for none.
+func (s *Syncer) ladderKeyID(bucket, kvKey string) string {
+	switch bucket {
+	case tollgatev1.BucketBlocklist:
+		if e := s.state.Lists[kvKey]; e != nil && e.Action != tollgatev1.ActionAllow {
+			return e.KeyID
+		}
+	case tollgatev1.BucketOverrides:
+		if e := s.state.Overrides[kvKey]; e != nil && e.Scope == tollgatev1.ScopeKey {
+			return e.Subject
 		}
 	}
-	if e := s.state.overrides[tollgatev1.OverrideKey(tollgatev1.ScopeKey, keyID)]; e != nil && e.Level > st.level && tollgatev1.Live(e.ExpiresAt, now) {
-		st = ladderState{level: e.Level, action: actionReducedLimit, prefix: e.KeyPrefix, expires: e.ExpiresAt}
-	}
-	return st
+	return ""
 }
 
 // noteLadder logs keyID's move on the ladder, if it moved since the last
@@ -183,12 +191,12 @@ func (s *Syncer) noteLadderAll() {
 	for keyID := range s.ladder.ending {
 		note(keyID)
 	}
-	for _, e := range s.state.lists {
+	for _, e := range s.state.Lists {
 		if e.Level > 0 {
 			note(e.KeyID)
 		}
 	}
-	for _, e := range s.state.overrides {
+	for _, e := range s.state.Overrides {
 		if e.Level > 0 && e.Scope == tollgatev1.ScopeKey {
 			note(e.Subject)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -28,6 +29,10 @@ type lkg struct {
 	Rules     *tollgatev1.RulesEntry               `json:"rules,omitempty"`
 	Blocklist map[string]*tollgatev1.ListEntry     `json:"blocklist"`
 	Overrides map[string]*tollgatev1.OverrideEntry `json:"overrides"`
+	// CorruptBlocklist holds the blocklist bucket's corrupt entries, by KV
+	// key: their revision (they block their key_id; see the package's
+	// notes). Absent in copies of older gateways.
+	CorruptBlocklist map[string]uint64 `json:"corrupt_blocklist,omitempty"`
 }
 
 // LKG describes a last-known-good copy read from disk.
@@ -39,8 +44,8 @@ type LKG struct {
 	// Rules is its ruleset, nil when it holds none (NATS had none yet, or
 	// it no longer passes the gateway's checks).
 	Rules *rulefile.Ruleset
-	// Entries is the number of blocklist entries and overrides put in
-	// force.
+	// Entries is the number of blocklist entries (corrupt ones
+	// included) and overrides put in force.
 	Entries int
 }
 
@@ -69,16 +74,15 @@ func (s *Syncer) LoadLKG() (*LKG, error) {
 	}
 	st := newState()
 	for k, e := range f.Blocklist {
-		if e != nil && validList(e) && checkListKey(k, e) == nil {
-			st.lists[k] = e
-		}
+		applyCopied(&st, tollgatev1.BucketBlocklist, k, e)
 	}
 	for k, e := range f.Overrides {
-		if e != nil && validOverride(e) && checkOverrideKey(k, e) == nil {
-			st.overrides[k] = e
-		}
+		applyCopied(&st, tollgatev1.BucketOverrides, k, e)
 	}
-	out := &LKG{Path: path, SavedAt: f.SavedAt, Entries: len(st.lists) + len(st.overrides)}
+	for k, rev := range f.CorruptBlocklist {
+		st.CorruptLists[k] = &fleetkv.CorruptError{Bucket: tollgatev1.BucketBlocklist, Key: k, Revision: rev, Err: errCorruptInCopy}
+	}
+	out := &LKG{Path: path, SavedAt: f.SavedAt, Entries: len(st.Lists) + len(st.Overrides) + len(st.CorruptLists)}
 	if f.Rules != nil {
 		rs, err := rulefile.ParseVersion([]byte(f.Rules.Source), f.Rules.Version)
 		if err == nil && s.cfg.Check != nil {
@@ -92,34 +96,34 @@ func (s *Syncer) LoadLKG() (*LKG, error) {
 		}
 	}
 	s.state = st
-	s.cfg.Controls.Replace(buildControls(st.lists, st.overrides))
+	s.cfg.Controls.Replace(st.ControlSet())
+	s.countCorrupt()
 	return out, nil
 }
 
-// validList and validOverride check an entry read from the copy as the
-// bucket's decoder checks one.
-func validList(e *tollgatev1.ListEntry) bool {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return false
-	}
-	_, err = tollgatev1.DecodeListEntry(b)
-	return err == nil
-}
+// errCorruptInCopy is the cause of a corrupt entry the copy recorded.
+var errCorruptInCopy = errors.New("corrupt when the last-known-good copy was written")
 
-func validOverride(e *tollgatev1.OverrideEntry) bool {
+// applyCopied puts an entry of the copy into st when the bucket's decoder
+// accepts it under its KV key (as it would from NATS); others are dropped.
+func applyCopied(st *state, bucket, key string, e any) {
 	b, err := json.Marshal(e)
 	if err != nil {
-		return false
+		return
 	}
-	_, err = tollgatev1.DecodeOverrideEntry(b)
-	return err == nil
+	if c := fleetkv.Decode(bucket, key, 0, b); c.Corrupt == nil {
+		st.Apply(c)
+	}
 }
 
 // encode renders the state as the last-known-good copy.
 func (s *Syncer) encode() ([]byte, error) {
+	corrupt := make(map[string]uint64, len(s.state.CorruptLists))
+	for k, ce := range s.state.CorruptLists {
+		corrupt[k] = ce.Revision
+	}
 	f := lkg{Format: lkgFormat, SavedAt: time.Now().UTC(), Rules: s.state.rules,
-		Blocklist: s.state.lists, Overrides: s.state.overrides}
+		Blocklist: s.state.Lists, Overrides: s.state.Overrides, CorruptBlocklist: corrupt}
 	b, err := json.MarshalIndent(&f, "", " ")
 	if err != nil {
 		return nil, fmt.Errorf("rulesync: encode last-known-good copy: %w", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -39,38 +40,28 @@ rules:
     rate: 10/1m
 `
 
-// buckets is the control plane's side: the three buckets, written
-// directly as the aggregator's publish package does.
+// buckets is the control plane's side: the three buckets as the
+// aggregator opens them, written directly (corrupt values too).
 type buckets struct {
 	t                       *testing.T
-	nc                      *nats.Conn
+	c                       *fleetkv.Conn
 	rules, lists, overrides jetstream.KeyValue
 }
 
 func createBuckets(t *testing.T, url string) *buckets {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	c, err := fleetkv.Connect(url, fleetkv.Options{Name: "test-writer", ReconnectWait: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &buckets{t: t, nc: nc}
-	for _, c := range []struct {
-		dst     *jetstream.KeyValue
-		name    string
-		history uint8
-	}{{&b.rules, tollgatev1.BucketRules, 64}, {&b.lists, tollgatev1.BucketBlocklist, 1}, {&b.overrides, tollgatev1.BucketOverrides, 1}} {
-		kv, err := js.CreateOrUpdateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: c.name, History: c.history})
-		if err != nil {
-			t.Fatal(err)
-		}
-		*c.dst = kv
-	}
-	return b
+	t.Cleanup(c.Close)
+	var kv *fleetkv.KV
+	// Right after NATS comes back, JetStream may still be recovering.
+	testwait.Eventually(t, 10*time.Second, func() error {
+		kv, err = fleetkv.Open(t.Context(), c)
+		return err
+	})
+	return &buckets{t: t, c: c, rules: kv.Rules, lists: kv.Lists, overrides: kv.Overrides}
 }
 
 func (b *buckets) put(kv jetstream.KeyValue, key string, v any) {
@@ -86,7 +77,7 @@ func (b *buckets) put(kv jetstream.KeyValue, key string, v any) {
 	// be reconnecting, or JetStream recovering: retry (a put whose answer
 	// was lost may apply twice, which changes nothing here).
 	testwait.Eventually(b.t, 10*time.Second, func() error {
-		if !b.nc.IsConnected() {
+		if !b.c.IsConnected() {
 			return errors.New("writer not connected")
 		}
 		ctx, cancel := context.WithTimeout(b.t.Context(), time.Second)

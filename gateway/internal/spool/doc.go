@@ -54,7 +54,10 @@
 //     counted in Stats.TornSegments and logged; garbage is never returned.
 //   - Full disk or budget: Append refuses the whole segment with ErrFull
 //     and leaves nothing behind; the caller counts the records as lost.
-//     Once Remove has freed space, Append succeeds again.
+//     Once Remove has freed space, Append succeeds again. Open, Next and
+//     Remove need no free space, and WriteMeta rewrites META in place, so
+//     a spool on a full disk opens, replays and records its producer's
+//     reservations, and replaying is what frees the disk.
 //   - Corruption elsewhere than a torn tail (a bad checksum followed by more
 //     data, a damaged header, an unknown format version) is quarantined: the
 //     file is renamed *.seg.bad and kept for inspection, logged, counted in
@@ -78,9 +81,19 @@
 //
 // A segment costs 32 bytes plus 12 per record beyond its payloads. A file
 // that ends before its trailer, or whose first damaged record is followed by
-// nothing but zeros, is torn; any other damage is corruption. META is
-// "TGMT" | version u16 (1) | flags u16 (0) | length u32 | crc32c of the 12
-// bytes before and the blob u32 | blob.
+// nothing but zeros, is torn; any other damage is corruption. META is two
+// slots of equal size (at least 4 KiB, room for twice the blob), each
+// "TGMT" | version u16 (2) | flags u16 (0) | blob length u32 | slot size
+// u32 | generation u64 | crc32c of the 24 bytes before and the blob u32 |
+// blob | zeros; the intact slot with the higher generation holds the blob.
+// A write overwrites the other slot in place and fsyncs the file: no new
+// block, no directory change (on copy-on-write file systems, btrfs or ZFS,
+// an overwrite still needs free blocks), and a crash during it leaves the
+// previous blob. A new file, written as a renamed temporary file, is
+// needed only for the first blob, a blob larger than a slot, or a META of
+// the first format ("TGMT" | version u16 (1) | flags u16 (0) | length u32
+// | crc32c of the 12 bytes before and the blob u32 | blob), which is still
+// read.
 //
 // # Concurrency
 //

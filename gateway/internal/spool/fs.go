@@ -34,6 +34,9 @@ type FS interface {
 type File interface {
 	io.Reader
 	io.Writer
+	// WriterAt overwrites bytes at an offset (pwrite(2)), for the
+	// in-place rewrite of META.
+	io.WriterAt
 	// Sync makes the file's data durable (fsync).
 	Sync() error
 	Close() error

@@ -1,9 +1,7 @@
 package spool_test
 
 import (
-	"bytes"
 	"encoding/binary"
-	"errors"
 	"hash/crc32"
 	"path"
 	"slices"
@@ -224,73 +222,6 @@ func TestCorruptionFoundByNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantSpool(t, s, [][]spool.Record{a})
-}
-
-func TestMeta(t *testing.T) {
-	t.Parallel()
-	fsys := spooltest.New()
-	s := open(t, fsys, spool.Options{NoSync: true})
-	blob, err := s.ReadMeta()
-	if blob != nil || err != nil {
-		t.Fatalf("meta of a new spool: %q, %v; want nil, nil", blob, err)
-	}
-	for _, want := range [][]byte{[]byte("epoch=1"), {}, bytes.Repeat([]byte("x"), 5000), []byte("epoch=2")} {
-		if err := s.WriteMeta(want); err != nil {
-			t.Fatal(err)
-		}
-		got, err := s.ReadMeta()
-		if err != nil || got == nil || !bytes.Equal(got, want) {
-			t.Fatalf("read %q, %v after writing %q", got, err, want)
-		}
-	}
-
-	// A write failing before its rename keeps the previous blob; one whose
-	// last directory sync failed leaves the old or the new one, never none.
-	// Neither leaves a temporary file.
-	for _, tc := range []struct {
-		fault spooltest.Injector
-		may   []string
-	}{
-		{spooltest.FailNth(spooltest.OpWrite, "META.tmp", 1, spooltest.ErrInjected), []string{"epoch=2"}},
-		{spooltest.FailNth(spooltest.OpSync, "META.tmp", 1, spooltest.ErrInjected), []string{"epoch=2"}},
-		{spooltest.FailNth(spooltest.OpRename, "META.tmp", 1, spooltest.ErrInjected), []string{"epoch=2"}},
-		{spooltest.FailNth(spooltest.OpSync, "gw-1", 1, spooltest.ErrInjected), []string{"epoch=2", "epoch=3"}},
-	} {
-		fsys.Inject(tc.fault)
-		err := s.WriteMeta([]byte("epoch=3"))
-		fsys.Inject(nil)
-		if !errors.Is(err, spooltest.ErrInjected) {
-			t.Fatalf("failed write meta: %v", err)
-		}
-		if got, err := s.ReadMeta(); err != nil || !slices.Contains(tc.may, string(got)) {
-			t.Fatalf("after a failed write, meta is %q, %v; want one of %q", got, err, tc.may)
-		}
-		if _, other := segFiles(listDir(t, fsys)); len(other) != 0 {
-			t.Fatalf("a failed write meta left %v", other)
-		}
-		if err := s.WriteMeta([]byte("epoch=2")); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// WriteMeta is durable even under NoSync: the blob survives a crash.
-	s2 := open(t, fsys.Crash(nil), spool.Options{})
-	if got, err := s2.ReadMeta(); err != nil || string(got) != "epoch=2" {
-		t.Fatalf("after a crash, meta is %q, %v", got, err)
-	}
-
-	// A damaged blob is reported, not returned.
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	rewrite(t, fsys, path.Join(dir, "META"), func(b []byte) []byte {
-		b[len(b)-1] ^= 1
-		return b
-	})
-	s = open(t, fsys, spool.Options{})
-	if got, err := s.ReadMeta(); !errors.Is(err, spool.ErrCorrupt) {
-		t.Fatalf("damaged meta read as %q, %v; want ErrCorrupt", got, err)
-	}
 }
 
 // TestLeftoverTemporaryFiles: Open removes what interrupted writes left.

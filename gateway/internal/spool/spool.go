@@ -131,6 +131,7 @@ type Spool struct {
 
 	readMu sync.Mutex // held through Head, Next and Remove
 	metaMu sync.Mutex // held through ReadMeta and WriteMeta
+	meta   metaState  // under metaMu
 
 	mu     sync.Mutex // guards the fields below; never held across I/O
 	lock   io.Closer  // nil once closed

@@ -1,7 +1,7 @@
 // Package tarpit throttles, at accept time, the client addresses the
 // gateway has recently had to answer at the connection level: a client
 // whose connection was closed for a key at the top of the penalty ladder
-// (SPEC §6) and that comes straight back opens connections only to be
+// and that comes straight back opens connections only to be
 // rejected. For a cooldown after such a close ([Table.Mark]) every new
 // connection from that address is held for a delay before the server reads
 // it ([Listener]); the client waits instead of retrying, and the gateway

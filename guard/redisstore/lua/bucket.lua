@@ -16,7 +16,7 @@
 --   ceil((TAT - now) / k) * B. Debt is rounded up to a whole tick, so a gcra
 --   counter never admits more than the equivalent token bucket (it is the
 --   same when the emission interval is a whole number of ticks). Holding one
---   value (SPEC §8: at most 88 bytes), it cannot rescale its debt when its
+--   value (at most 88 bytes), it cannot rescale its debt when its
 --   limit or rate changes: the debt *time* carries over, i.e. the fraction
 --   of the burst consumed, not the units (token_bucket carries units).
 -- A missing key is a full bucket; a bucket that refills completely is deleted.

@@ -24,7 +24,7 @@
 -- is charged only when the request is admitted and it would have admitted it.
 -- An admitted enforced counter that asks for a lease is charged up to
 -- `lease` more units, at most a LEASE_SHARE-th of what is free after the
--- cost, so leases shrink to nothing as a counter nears its limit (SPEC §2
+-- cost, so leases shrink to nothing as a counter nears its limit (the
 -- local fast path); the units leased are part of the charge's token.
 -- peek: as check, nothing written. report: charge unconditionally, debt down
 -- to one full limit below zero. reset: delete. add quota: give units back,

@@ -13,7 +13,7 @@
 --   counter with free units left grants as a lease when it asks for want
 --   (0 when it asks none): at most want and at most a LEASE_SHARE-th of
 --   what is free after the cost, so leases shrink to nothing as a counter
---   nears its limit (SPEC §2 local fast path).
+--   nears its limit (the local fast path).
 --
 -- Every local function defined at the top of the script is a new closure
 -- on every call (Redis runs the whole chunk per EVALSHA): the algorithm

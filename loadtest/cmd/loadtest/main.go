@@ -2,7 +2,8 @@
 // the gateway's proxy, check API or Envoy rate-limit service, prints a
 // progress line every second to stderr and a summary at the end (text, or
 // JSON on stdout with -json). `loadtest storm` runs the retry storm of
-// SPEC §10.2 instead, `loadtest chaos` the chaos soak (docs/reliability.md). Ctrl-C stops it cleanly, summary included; a
+// a CI fleet instead, `loadtest chaos` the chaos soak (docs/reliability.md).
+// Ctrl-C stops it cleanly, summary included; a
 // second Ctrl-C exits at once. See loadtest/README.md.
 //
 // Exit status: 0 after a run, 1 when the run could not start or no request
@@ -70,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n"+
-			"       loadtest storm [flags]   (the retry storm of SPEC §10.2: loadtest storm -h)\n"+
+			"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n"+
 			"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n\n"+
 			"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
 			"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n")

@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate/tollgate/loadtest"
 )
 
-// runStorm is `loadtest storm`: the retry storm of SPEC §10.2 against a
+// runStorm is `loadtest storm`: the retry storm against a
 // running stack.
 func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg := loadtest.DefaultStormConfig()
@@ -20,7 +20,7 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: loadtest storm [flags]\n\n"+
-			"The retry storm (SPEC §10.2): -clients clients of one tenant, each from its own loopback address,\n"+
+			"The retry storm: -clients clients of one tenant, each from its own loopback address,\n"+
 			"poll at -factor times the key's -limit and retry every rejection at once, beside a polite client of\n"+
 			"the same tenant that waits out Retry-After. It samples the gateway's CPU (-pid), its Redis calls\n"+
 			"(-metrics, -redis) and the key's penalty level (-admin) while the aggregator climbs the ladder, and\n"+

@@ -1,16 +1,16 @@
-// Command scenario replays SPEC §10's scenarios against real processes
+// Command scenario replays the scenarios of docs/benchmarks.md against real processes
 // (redis-server and bin/gateway, started on free loopback ports) and
 // prints their figures:
 //
-//	burst   §10.1 trading-bot burst: one key, token bucket 100 at 100/min,
+//	burst   trading-bot burst: one key, token bucket 100 at 100/min,
 //	        500 requests as fast as possible through the check API; then
 //	        the bot waits out its Retry-After and goes on at the sustainable
 //	        rate
-//	zipf    §10.3 Zipfian fleet: a million keys, Zipf-distributed, over
+//	zipf    Zipfian fleet: a million keys, Zipf-distributed, over
 //	        three gateway processes (Envoy RLS), a 100-per-day fixed window:
 //	        throughput, latency, Redis calls per check, fast-path hit rate,
 //	        over-admission and false rejections against the exact oracle
-//	hotkey  §10.4 hot key: one key far over its limit beside normal traffic
+//	hotkey  hot key: one key far over its limit beside normal traffic
 //	        at a moderate fixed rate: the normal keys' latency with and
 //	        without it
 //
@@ -149,7 +149,7 @@ func check(ctx context.Context, c *http.Client, api, key string) (checkAnswer, e
 	return a, nil
 }
 
-// burst is SPEC §10.1.
+// burst is the trading-bot burst.
 func burst(ctx context.Context, o options, log *slog.Logger, out io.Writer) error {
 	const rules = "rules:\n  - {id: bot, match: {}, algorithm: token_bucket, capacity: 100, rate: 100/1m}\n"
 	s, err := start(ctx, o, log, rules, 1, true)
@@ -269,7 +269,7 @@ func (c *counts) add(key, outcome string) {
 	c.mu.Unlock()
 }
 
-// zipf is SPEC §10.3.
+// zipf is the Zipfian fleet.
 func zipf(ctx context.Context, o options, log *slog.Logger, out io.Writer) error {
 	const limit = 100
 	// A fixed window of a day, aligned to midnight UTC: the run must stay
@@ -407,7 +407,7 @@ func fleetCPU(ps []*fleet.Process) time.Duration {
 	return d
 }
 
-// hotkey is SPEC §10.4.
+// hotkey is one key at 100x its limit beside normal traffic.
 func hotkey(ctx context.Context, o options, log *slog.Logger, out io.Writer) error {
 	const rules = `rules:
   - {id: normal, match: {domain: normal}, algorithm: token_bucket, capacity: 1000, rate: 1000/1h}

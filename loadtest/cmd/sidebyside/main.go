@@ -1,5 +1,5 @@
 // Command sidebyside measures the gateway's Envoy rate-limit service beside
-// envoyproxy/ratelimit in one run (SPEC §8): the same load client
+// envoyproxy/ratelimit in one run: the same load client
 // (loadtest, gRPC, closed loop), one local redis-server each, the two
 // services run alternately, round after round, so that a drift of the
 // shared machine affects both alike. For every scenario it reports each

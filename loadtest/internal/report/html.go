@@ -42,6 +42,12 @@ type Chart struct {
 	// Stacked draws each series as a filled area on top of the ones
 	// before it, so the last shows the total.
 	Stacked bool
+	// YMax, when positive, is the top of the y axis, and YLabels, when
+	// positive, its number of labels from 0 to YMax: an axis of whole
+	// numbers, such as penalty levels 0–3 (YMax 3, YLabels 4). Zero: the
+	// axis fits the values.
+	YMax    float64
+	YLabels int
 }
 
 // Series is one line of a Chart.
@@ -100,16 +106,19 @@ const (
 
 // outcomeColors colors outcomes by name; other names get palette colors.
 var outcomeColors = map[string]string{
-	"2xx":        "#4caf50",
-	"OK":         "#4caf50",
-	"429":        "#f39c12",
-	"OVER_LIMIT": "#f39c12",
-	"403":        "#e74c3c",
-	"400":        "#b2a91f",
-	"4xx":        "#a0522d",
-	"5xx":        "#c2185b",
-	"UNKNOWN":    "#c2185b",
-	"other":      "#95a5a6",
+	"2xx":                "#4caf50",
+	"OK":                 "#4caf50",
+	"429":                "#f39c12",
+	"OVER_LIMIT":         "#f39c12",
+	"429 PENALTY":        "#8e44ad",
+	"OVER_LIMIT PENALTY": "#8e44ad",
+	"403":                "#e74c3c",
+	"403 PENALTY":        "#2c3e50",
+	"400":                "#b2a91f",
+	"4xx":                "#a0522d",
+	"5xx":                "#c2185b",
+	"UNKNOWN":            "#c2185b",
+	"other":              "#95a5a6",
 }
 
 // palette colors, in turn, the series of a chart that name no color.
@@ -188,6 +197,18 @@ func (s *Summary) chartSeconds() []Second {
 		secs = secs[:n-1]
 	}
 	return secs
+}
+
+// ChartX returns the x values of the run's charts, seconds since the
+// start: the end of each second charted (the last may be shorter), nil
+// when the run is too short to chart. A chart added with AddChart over
+// the same x gets the same ticks as the run's.
+func (s *Summary) ChartX() []float64 {
+	secs := s.chartSeconds()
+	if len(secs) < 2 {
+		return nil
+	}
+	return secondsX(secs)
 }
 
 // secondsX returns the x values of the run's charts: the end of each
@@ -293,13 +314,7 @@ func renderSVG(c Chart) (string, error) {
 		}
 		colors[i] = charts.ParseColor(color)
 	}
-	labels := make([]string, len(c.X))
-	for i, x := range c.X {
-		labels[i] = strconv.FormatFloat(x, 'f', -1, 64)
-		if len(labels[i]) > 8 {
-			labels[i] = strconv.FormatFloat(x, 'g', 4, 64)
-		}
-	}
+	labels := xLabels(c.X)
 	xTitle := c.XTitle
 	if xTitle == "" {
 		xTitle = secondsTitle
@@ -312,8 +327,18 @@ func renderSVG(c Chart) (string, error) {
 	opt.XAxis.Labels = labels
 	opt.XAxis.Title = xTitle
 	opt.XAxis.BoundaryGap = charts.Ptr(false)
-	opt.XAxis.LabelCount = min(len(labels), 16)
-	opt.YAxis = []charts.YAxisOption{{Title: c.YTitle, Min: charts.Ptr(0.0)}}
+	// Every label is a tick to the chart library; xLabels left the ones
+	// between the chosen ticks blank.
+	opt.XAxis.LabelCount = len(labels)
+	y := charts.YAxisOption{Title: c.YTitle, Min: charts.Ptr(0.0)}
+	if c.YMax > 0 {
+		y.Max = charts.Ptr(c.YMax)
+	}
+	if c.YLabels > 0 {
+		y.LabelCount = c.YLabels
+		y.PreferNiceIntervals = charts.Ptr(false)
+	}
+	opt.YAxis = []charts.YAxisOption{y}
 	opt.Symbol.Shape = charts.SymbolNone
 	opt.LineStrokeWidth = 2
 	if c.Stacked {
@@ -333,6 +358,46 @@ func renderSVG(c Chart) (string, error) {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// maxXLabels bounds the labels of an x axis.
+const maxXLabels = 12
+
+// xSteps are the distances between x labels xLabels chooses from, in the
+// x axis's unit (seconds): the smallest that keeps to maxXLabels.
+var xSteps = []float64{1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600}
+
+// xLabels returns the labels of the points x: the first point at or past
+// each multiple of a step (1, 2, 5, 10, … chosen from the range of x, at
+// most maxXLabels labels) is labelled with its x, every other point is
+// blank. So charts with the same x get the same ticks whatever they plot,
+// labels stand at round values, and a short last second (x = 41.54, say)
+// gets no label of its own to crowd its neighbour's.
+func xLabels(x []float64) []string {
+	labels := make([]string, len(x))
+	if len(x) == 0 {
+		return labels
+	}
+	lo, hi := x[0], x[len(x)-1]
+	step := xSteps[len(xSteps)-1]
+	for _, s := range xSteps {
+		if (hi-lo)/s < maxXLabels {
+			step = s
+			break
+		}
+	}
+	next := math.Ceil(lo/step) * step
+	for i, v := range x {
+		if math.IsNaN(v) || v < next {
+			continue
+		}
+		labels[i] = strconv.FormatFloat(v, 'f', -1, 64)
+		if len(labels[i]) > 8 {
+			labels[i] = strconv.FormatFloat(v, 'g', 4, 64)
+		}
+		next = (math.Floor(v/step) + 1) * step
+	}
+	return labels
 }
 
 type htmlPage struct {

@@ -159,3 +159,91 @@ func TestExtraLinesAndTables(t *testing.T) {
 		}
 	}
 }
+
+// svgTexts returns the text elements of an SVG, in order.
+func svgTexts(svg string) []string {
+	var out []string
+	for _, part := range strings.Split(svg, "</text>")[:max(strings.Count(svg, "</text>"), 0)] {
+		out = append(out, html.UnescapeString(part[strings.LastIndex(part, ">")+1:]))
+	}
+	return out
+}
+
+// TestXLabels: x labels stand at round seconds, the same for every chart
+// of a run, and a short last second gets none to crowd its neighbour's.
+func TestXLabels(t *testing.T) {
+	t.Parallel()
+	seconds := func(n int, last float64) []float64 {
+		var x []float64
+		for i := 1; i <= n; i++ {
+			x = append(x, float64(i))
+		}
+		if last > 0 {
+			x = append(x, last)
+		}
+		return x
+	}
+	for _, tt := range []struct {
+		name string
+		x    []float64
+		want string // the non-blank labels
+	}{
+		{"ten seconds", seconds(10, 0), "1 2 3 4 5 6 7 8 9 10"},
+		{"ten and a short last", seconds(10, 10.4), "1 2 3 4 5 6 7 8 9 10"},
+		{"a storm of 41.54 s", seconds(41, 41.54), "5 10 15 20 25 30 35 40"},
+		{"three minutes", seconds(180, 180.3), "15 30 45 60 75 90 105 120 135 150 165 180"},
+		{"half seconds", []float64{0.5, 1, 1.5, 2, 2.5, 3}, "1 2 3"},
+		{"one point", []float64{7}, "7"},
+	} {
+		var got []string
+		for _, l := range xLabels(tt.x) {
+			if l != "" {
+				got = append(got, l)
+			}
+		}
+		if strings.Join(got, " ") != tt.want {
+			t.Errorf("%s: labels %q, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestChartAxes: a chart of whole numbers (a penalty level) labels its y
+// axis 0, 1, 2, 3 and nothing between, and the SVG's x labels are xLabels'.
+func TestChartAxes(t *testing.T) {
+	t.Parallel()
+	x := make([]float64, 41)
+	levels := make([]float64, 41)
+	for i := range x {
+		x[i], levels[i] = float64(i+1), float64(min(i/8, 3))
+	}
+	x[40] = 40.54
+	svg, err := renderSVG(Chart{Title: "Level", YTitle: "level", X: x, YMax: 3, YLabels: 4,
+		Series: []Series{{Name: "gateway", Values: levels}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := strings.Join(svgTexts(svg), " ")
+	if want := "gateway level 3 2 1 0 seconds since the start 5 10 15 20 25 30 35 40"; texts != want {
+		t.Errorf("texts of the chart: %q, want %q", texts, want)
+	}
+}
+
+// TestSummaryKeysLine: one key is "1 key", not "1 one key".
+func TestSummaryKeysLine(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		keys, paths int
+		dist, want  string
+	}{
+		{1000, 2, "zipf", "1000 keys zipf, 2 paths, cost 1"},
+		{1, 1, "", "1 key, 1 path, cost 1"},
+		{1, 1, "uniform", "1 key, 1 path, cost 1"},
+	} {
+		s := &Summary{Keys: tt.keys, Paths: tt.paths, Dist: tt.dist, Cost: 1}
+		for _, l := range s.lines() {
+			if l.label == "keys" && l.text != tt.want {
+				t.Errorf("keys line %q, want %q", l.text, tt.want)
+			}
+		}
+	}
+}

@@ -19,6 +19,10 @@ type Outcome struct {
 	// decision; per-decision costs (gateway CPU, Redis commands) divide by
 	// the number of such answers.
 	Decision bool
+	// Penalty is true when an answer of this class is the penalty ladder's
+	// (429 PENALTY, a blocked key at its top): the summary says what that
+	// means when a run got any.
+	Penalty bool
 }
 
 // Histogram bounds, in microseconds: 1 µs to one hour, 3 significant

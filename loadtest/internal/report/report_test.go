@@ -148,7 +148,7 @@ func TestSummaryJSONSchema(t *testing.T) {
 	want := []string{
 		"target", "endpoint", "mode", "rate", "max_in_flight", "keys", "dist", "paths", "cost",
 		"stopped_by", "elapsed_seconds", "sent", "answered", "decisions", "errors", "cancelled",
-		"missed", "waited", "throughput_rps", "statuses", "latency_from", "latency_us",
+		"missed", "waited", "throughput_rps", "statuses", "penalty_answers", "latency_from", "latency_us",
 		"error_samples", "gateway", "redis", "loadtest_cpu_us_per_request",
 	}
 	if got := slices.Sorted(maps.Keys(m)); !slices.Equal(got, slices.Sorted(slices.Values(want))) {

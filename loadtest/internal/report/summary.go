@@ -83,6 +83,13 @@ type Summary struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	// Statuses counts answers per outcome name.
 	Statuses map[string]int64 `json:"statuses"`
+	// PenaltyAnswers counts the answers of the penalty ladder (outcomes
+	// such as "429 PENALTY"): keys the aggregator penalised for what they
+	// did, not a rule's limit.
+	PenaltyAnswers int64 `json:"penalty_answers"`
+	// PenaltiesExpected: the run provokes the penalty ladder on purpose
+	// (a retry storm), so the summary counts its answers without advice.
+	PenaltiesExpected bool `json:"-"`
 	// LatencyFrom is "scheduled" (open loop: from the scheduled send
 	// time, free of coordinated omission) or "sent" (closed loop).
 	LatencyFrom string  `json:"latency_from"`
@@ -159,7 +166,11 @@ func (s *Summary) lines() []summaryLine {
 		load = fmt.Sprintf("open loop, %g req/s, at most %d in flight", s.Rate, s.MaxInFlight)
 	}
 	line("target", "%s %s (%s)", s.Target, s.Endpoint, load)
-	line("keys", "%d %s, %d path(s), cost %d", s.Keys, s.Dist, s.Paths, s.Cost)
+	keys := fmt.Sprintf("%d keys %s", s.Keys, s.Dist)
+	if s.Keys == 1 || s.Dist == "" {
+		keys = plural(s.Keys, "key")
+	}
+	line("keys", "%s, %s, cost %d", keys, plural(s.Paths, "path"), s.Cost)
 	line("elapsed", "%.3fs (stopped by %s)", s.ElapsedSeconds, s.StoppedBy)
 	req := fmt.Sprintf("%d sent, %d answered, %d errors, %d cancelled", s.Sent, s.Answered, s.Errors, s.Cancelled)
 	if s.Mode == "open" {
@@ -173,6 +184,19 @@ func (s *Summary) lines() []summaryLine {
 	}
 	fmt.Fprintf(&st, "errors=%d", s.Errors)
 	line("statuses", "%s", st.String())
+	switch {
+	case s.PenaltyAnswers > 0 && s.PenaltiesExpected:
+		line("penalty", "%d answers (%.1f %%) came from the penalty ladder (429 PENALTY: level 2, every request refused; 403 PENALTY: level 3,",
+			s.PenaltyAnswers, 100*float64(s.PenaltyAnswers)/float64(max(s.Answered, 1)))
+		line("", "the key blocked, the connection closed and the client's next ones held 1 s at accept).")
+	case s.PenaltyAnswers > 0:
+		line("penalty", "%d answers (%.1f %%) came from the penalty ladder, not from a rule's limit: the aggregator penalised keys",
+			s.PenaltyAnswers, 100*float64(s.PenaltyAnswers)/float64(max(s.Answered, 1)))
+		line("", "that kept sending while told to wait, as a load generator does (429 PENALTY: level 2, every request refused;")
+		line("", "403 PENALTY: level 3, the key blocked, the connection closed and the client's next ones held 1 s at accept).")
+		line("", "Each answer's message says until when. Load-test with keys the limits fit (configs/rules.yaml's loadtest tier,")
+		line("", "sk_load_*), lift a key (DELETE /admin/v1/penalties/{key}) or start the stack with TOLLGATE_PENALTY_MODE=off.")
+	}
 	l := s.LatencyUS
 	line("latency", "p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (n=%d, from %s time)",
 		FormatMicros(l.P50), FormatMicros(l.P90), FormatMicros(l.P99), FormatMicros(l.P999),
@@ -192,6 +216,14 @@ func (s *Summary) lines() []summaryLine {
 		out = append(out, summaryLine{l.Label, l.Text})
 	}
 	return out
+}
+
+// plural is n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // order returns the outcome names in the target's order, or sorted when

@@ -1,11 +1,11 @@
 // Package target sends load-test requests to Tollgate's three interfaces
-// (SPEC §4): the proxy ([Proxy]: any HTTP request, key in X-API-Key), the
+// (docs/gateway.md): the proxy ([Proxy]: any HTTP request, key in X-API-Key), the
 // check API ([Check]: POST /v1/check) and the Envoy rate-limit service
 // ([RLS]: gRPC ShouldRateLimit). Each implements gen.Target and is safe for
 // concurrent use; Close releases its connections.
 //
-// HTTP answers are classed as 2xx, 400, 403, 429, other 4xx, 5xx and other
-// (1xx, 3xx); every class but 5xx is a decision. gRPC answers are classed by
+// HTTP answers are classed as 2xx, 400, 403, 403 PENALTY, 429, 429 PENALTY,
+// other 4xx, 5xx and other (1xx, 3xx); every class but 5xx is a decision. gRPC answers are classed by
 // their overall code: OK and OVER_LIMIT are decisions, UNKNOWN is not.
 package target
 
@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tollgate/tollgate/loadtest/internal/gen"
@@ -29,24 +30,33 @@ const (
 	HTTP2xx = iota
 	HTTP400
 	HTTP403
+	HTTP403Penalty
 	HTTP429
+	HTTP429Penalty
 	HTTP4xx
 	HTTP5xx
 	HTTPOther
 )
 
-// HTTPOutcomes are the classes of HTTP answers.
+// HTTPOutcomes are the classes of HTTP answers. A 403 or 429 is the penalty
+// ladder's when its body says so (ClassifyAnswer): "429 PENALTY" (level 2,
+// cooldown) and "403 PENALTY" (level 3: the key is blocked); "429" is a
+// rule's limit and "403" any other block.
 var HTTPOutcomes = []report.Outcome{
-	HTTP2xx:   {Name: "2xx", Decision: true},
-	HTTP400:   {Name: "400", Decision: true},
-	HTTP403:   {Name: "403", Decision: true},
-	HTTP429:   {Name: "429", Decision: true},
-	HTTP4xx:   {Name: "4xx", Decision: true},
-	HTTP5xx:   {Name: "5xx", Decision: false},
-	HTTPOther: {Name: "other", Decision: true},
+	HTTP2xx:        {Name: "2xx", Decision: true},
+	HTTP400:        {Name: "400", Decision: true},
+	HTTP403:        {Name: "403", Decision: true},
+	HTTP403Penalty: {Name: "403 PENALTY", Decision: true, Penalty: true},
+	HTTP429:        {Name: "429", Decision: true},
+	HTTP429Penalty: {Name: "429 PENALTY", Decision: true, Penalty: true},
+	HTTP4xx:        {Name: "4xx", Decision: true},
+	HTTP5xx:        {Name: "5xx", Decision: false},
+	HTTPOther:      {Name: "other", Decision: true},
 }
 
-// ClassifyHTTP returns the HTTPOutcomes index of a status code.
+// ClassifyHTTP returns the HTTPOutcomes index of a status code alone: a
+// 403 or 429 is "403" or "429" (ClassifyAnswer tells the penalty ladder's
+// apart).
 func ClassifyHTTP(code int) int {
 	switch {
 	case code >= 200 && code < 300:
@@ -63,6 +73,39 @@ func ClassifyHTTP(code int) int {
 		return HTTP5xx
 	default:
 		return HTTPOther
+	}
+}
+
+// Markers of the penalty ladder's answers in a Tollgate error body (the
+// proxy's, the check API's, problem+json alike): a 429's error code
+// PENALTY; a 403 whose details carry the ladder's level.
+var (
+	penaltyCode  = []byte(`"code":"PENALTY"`)
+	penaltyLevel = []byte(`"penalty_level":`)
+)
+
+// PeekBytes is how much of a 403 or 429 body ClassifyAnswer needs: the
+// gateway's error bodies, reason and details included, fit well within it.
+const PeekBytes = 2048
+
+// ClassifyAnswer returns the HTTPOutcomes index of an answer with status
+// code and body (its first PeekBytes are enough): a 429 whose error code
+// is PENALTY is "429 PENALTY", a 403 whose details carry a penalty_level
+// is "403 PENALTY", anything else as ClassifyHTTP.
+func ClassifyAnswer(code int, body []byte) int {
+	switch o := ClassifyHTTP(code); o {
+	case HTTP429:
+		if bytes.Contains(body, penaltyCode) {
+			return HTTP429Penalty
+		}
+		return o
+	case HTTP403:
+		if bytes.Contains(body, penaltyLevel) {
+			return HTTP403Penalty
+		}
+		return o
+	default:
+		return o
 	}
 }
 
@@ -111,17 +154,35 @@ func newClient(conns int) *http.Client {
 	}
 }
 
-// finish drains and closes a response body, so that its connection goes
-// back to the pool, and classifies the status.
-func finish(resp *http.Response) (int, error) {
-	_, err := io.Copy(io.Discard, resp.Body)
+// peekBufs hold the start of 403 and 429 bodies while they are classified.
+var peekBufs = sync.Pool{New: func() any { b := make([]byte, PeekBytes); return &b }}
+
+// Finish reads the answer resp — the start of a 403 or 429 body, to tell
+// the penalty ladder's apart (ClassifyAnswer) — drains and closes its
+// body, so that its connection goes back to the pool, and returns its
+// HTTPOutcomes index.
+func Finish(resp *http.Response) (int, error) {
+	o := ClassifyHTTP(resp.StatusCode)
+	var err error
+	if o == HTTP403 || o == HTTP429 {
+		bp := peekBufs.Get().(*[]byte)
+		n, rerr := io.ReadFull(resp.Body, *bp)
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			rerr = nil
+		}
+		o, err = ClassifyAnswer(resp.StatusCode, (*bp)[:n]), rerr
+		peekBufs.Put(bp)
+	}
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
 	if cerr := resp.Body.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read body: %w", err)
 	}
-	return ClassifyHTTP(resp.StatusCode), nil
+	return o, nil
 }
 
 // Proxy sends requests through the gateway's proxy: Method to URL + path,
@@ -168,7 +229,7 @@ func (p *Proxy) Do(ctx context.Context, req gen.Request) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return finish(resp)
+	return Finish(resp)
 }
 
 // Close closes idle connections.
@@ -197,7 +258,7 @@ func NewCheck(cfg HTTPConfig) *Check {
 	return c
 }
 
-// CheckBody is the JSON body Check sends (SPEC §4).
+// CheckBody is the JSON body Check sends.
 type CheckBody struct {
 	APIKey   string `json:"api_key"`
 	Endpoint string `json:"endpoint"`
@@ -226,7 +287,7 @@ func (c *Check) Do(ctx context.Context, req gen.Request) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return finish(resp)
+	return Finish(resp)
 }
 
 // Close closes idle connections.

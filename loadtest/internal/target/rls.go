@@ -1,9 +1,11 @@
 package target
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -20,17 +22,55 @@ import (
 const (
 	RLSOK = iota
 	RLSOverLimit
+	RLSOverLimitPenalty
 	RLSUnknown
 )
 
-// RLSOutcomes are the classes of ShouldRateLimit answers, by overall code.
+// RLSOutcomes are the classes of ShouldRateLimit answers, by overall code;
+// an OVER_LIMIT of the penalty ladder is "OVER_LIMIT PENALTY" (see
+// ClassifyRLS).
 var RLSOutcomes = []report.Outcome{
-	RLSOK:        {Name: "OK", Decision: true},
-	RLSOverLimit: {Name: "OVER_LIMIT", Decision: true},
-	RLSUnknown:   {Name: "UNKNOWN", Decision: false},
+	RLSOK:               {Name: "OK", Decision: true},
+	RLSOverLimit:        {Name: "OVER_LIMIT", Decision: true},
+	RLSOverLimitPenalty: {Name: "OVER_LIMIT PENALTY", Decision: true, Penalty: true},
+	RLSUnknown:          {Name: "UNKNOWN", Decision: false},
 }
 
-// Descriptor entry keys RLS sends, as the gateway reads them (SPEC §4).
+// ClassifyRLS returns the RLSOutcomes index of an answer. An OVER_LIMIT is
+// the penalty ladder's when the gateway says so: the 403 of its top
+// carries the proxy's error body in raw_body, with a penalty_level; its
+// 429 PENALTY, bodiless as every 429 over RLS, carries a Retry-After but
+// none of the rate-limit headers a rule's rejection carries.
+func ClassifyRLS(resp *rlsv3.RateLimitResponse) int {
+	switch resp.GetOverallCode() {
+	case rlsv3.RateLimitResponse_OK:
+		return RLSOK
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+	default:
+		return RLSUnknown
+	}
+	if body := resp.GetRawBody(); len(body) > 0 {
+		if bytes.Contains(body, penaltyLevel) {
+			return RLSOverLimitPenalty
+		}
+		return RLSOverLimit
+	}
+	retry, limit := false, false
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		switch {
+		case strings.EqualFold(h.GetKey(), "Retry-After"):
+			retry = true
+		case strings.EqualFold(h.GetKey(), "X-RateLimit-Limit"):
+			limit = true
+		}
+	}
+	if retry && !limit {
+		return RLSOverLimitPenalty
+	}
+	return RLSOverLimit
+}
+
+// Descriptor entry keys RLS sends, as the gateway reads them.
 const (
 	EntryAPIKey = "api_key"
 	EntryPath   = "path"
@@ -118,14 +158,7 @@ func (r *RLS) Do(ctx context.Context, req gen.Request) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	switch resp.GetOverallCode() {
-	case rlsv3.RateLimitResponse_OK:
-		return RLSOK, nil
-	case rlsv3.RateLimitResponse_OVER_LIMIT:
-		return RLSOverLimit, nil
-	default:
-		return RLSUnknown, nil
-	}
+	return ClassifyRLS(resp), nil
 }
 
 // Close closes every connection.

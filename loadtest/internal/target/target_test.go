@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/loadtest/internal/gen"
 	"github.com/tollgate/tollgate/loadtest/internal/keyspace"
 	"github.com/tollgate/tollgate/loadtest/internal/report"
@@ -32,6 +35,104 @@ func TestClassifyHTTP(t *testing.T) {
 	} {
 		if got := target.HTTPOutcomes[target.ClassifyHTTP(tt.code)].Name; got != tt.want {
 			t.Errorf("ClassifyHTTP(%d) = %s, want %s", tt.code, got, tt.want)
+		}
+	}
+}
+
+// TestClassifyAnswer: the penalty ladder's answers, as the gateway's own
+// code writes them (JSON and problem+json), are told apart from a rule's
+// 429 and an operator's 403; through the proxy target too, whatever the
+// body's length.
+func TestClassifyAnswer(t *testing.T) {
+	t.Parallel()
+	const why = "20 of 20 requests in 60s arrived while a Retry-After was running (100%)"
+	until := time.Now().Add(time.Hour).UnixMicro()
+	limited := guard.Decision{Status: 429, Code: guard.CodeRateLimitExceeded, Reason: guard.ReasonRateLimited, RetryAfter: 7,
+		Deciding: 0, Rules: []guard.RuleResult{{ID: "per-key", Limit: 5, Window: 60, RetryAfter: 7}}}
+	cooldown := guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: 900,
+		PenaltyLevel: 2, PenaltyUntil: until, PenaltyReason: why}
+	top := guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1,
+		PenaltyLevel: 3, PenaltyUntil: until, PenaltyReason: strings.Repeat(why, 3), CloseConnection: true}
+	operator := guard.Decision{Status: 403, Code: guard.CodeKeyBlocked, Reason: guard.ReasonBlocklisted, Deciding: -1}
+	tests := []struct {
+		name string
+		d    guard.Decision
+		want string
+	}{
+		{"a rule's 429", limited, "429"},
+		{"429 PENALTY", cooldown, "429 PENALTY"},
+		{"the ladder's 403", top, "403 PENALTY"},
+		{"an operator's 403", operator, "403"},
+	}
+	for _, tt := range tests {
+		for _, accept := range []string{"application/json", "application/problem+json"} {
+			rec := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("Accept", accept)
+			httpguard.WriteDecision(rec, r, &tt.d)
+			if got := target.HTTPOutcomes[target.ClassifyAnswer(rec.Code, rec.Body.Bytes())].Name; got != tt.want &&
+				!(accept != "application/json" && tt.d.Status == 403) { // problem+json has no details
+				t.Errorf("%s, %s: %s, want %s (body %s)", tt.name, accept, got, tt.want, rec.Body)
+			}
+		}
+	}
+	// Through the proxy target: the body read to classify it, then drained.
+	srv := testtarget.StartHTTP(t, func(w http.ResponseWriter, r *http.Request, key string, _ int64) {
+		for _, tt := range tests {
+			if tt.name == key {
+				httpguard.WriteDecision(w, r, &tt.d)
+				_, _ = w.Write([]byte(strings.Repeat(" ", 64<<10))) // more than PeekBytes: drained
+				return
+			}
+		}
+	})
+	p := target.NewProxy(target.HTTPConfig{URL: srv.URL, Method: http.MethodGet, Conns: 1})
+	defer p.Close()
+	for range 2 {
+		for _, tt := range tests {
+			o, err := p.Do(t.Context(), gen.Request{Key: tt.name, Path: "/v1/x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.Outcomes()[o]; got.Name != tt.want || got.Penalty != strings.Contains(tt.want, "PENALTY") {
+				t.Errorf("proxy, %s: %+v, want %s", tt.name, got, tt.want)
+			}
+		}
+	}
+	if c := srv.Conns(); c > 2 {
+		t.Errorf("%d connections for sequential requests: bodies not drained", c)
+	}
+}
+
+// TestClassifyRLS: OVER_LIMIT answers of the penalty ladder, as the
+// gateway's RLS service words them.
+func TestClassifyRLS(t *testing.T) {
+	t.Parallel()
+	hdr := func(kv ...string) []*corev3.HeaderValue {
+		var out []*corev3.HeaderValue
+		for i := 0; i < len(kv); i += 2 {
+			out = append(out, &corev3.HeaderValue{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	over := rlsv3.RateLimitResponse_OVER_LIMIT
+	for _, tt := range []struct {
+		name string
+		resp *rlsv3.RateLimitResponse
+		want string
+	}{
+		{"ok", &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, "OK"},
+		{"a rule's rejection", &rlsv3.RateLimitResponse{OverallCode: over,
+			ResponseHeadersToAdd: hdr("x-ratelimit-limit", "5", "retry-after", "7")}, "OVER_LIMIT"},
+		{"429 PENALTY", &rlsv3.RateLimitResponse{OverallCode: over, ResponseHeadersToAdd: hdr("retry-after", "900")}, "OVER_LIMIT PENALTY"},
+		{"the ladder's 403", &rlsv3.RateLimitResponse{OverallCode: over, ResponseHeadersToAdd: hdr("content-type", "application/json"),
+			RawBody: []byte(`{"error":{"code":"KEY_BLOCKED","message":"…","details":{"penalty_level":3}}}`)}, "OVER_LIMIT PENALTY"},
+		{"an operator's 403", &rlsv3.RateLimitResponse{OverallCode: over, ResponseHeadersToAdd: hdr("content-type", "application/json"),
+			RawBody: []byte(`{"error":{"code":"KEY_BLOCKED","message":"This API key is blocked."}}`)}, "OVER_LIMIT"},
+		{"unknown", &rlsv3.RateLimitResponse{}, "UNKNOWN"},
+	} {
+		if got := target.RLSOutcomes[target.ClassifyRLS(tt.resp)].Name; got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
 		}
 	}
 }
@@ -93,8 +194,8 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// TestCheckBody decodes the body strictly: exactly the four fields of SPEC
-// §4, with the bearer token and the content type.
+// TestCheckBody decodes the body strictly: exactly the four fields the check API
+// reads, with the bearer token and the content type.
 func TestCheckBody(t *testing.T) {
 	t.Parallel()
 	type seen struct {

@@ -10,7 +10,8 @@
 // the durable state, or, given a random source, the durable state plus a
 // random prefix of each directory's later operations and of each file's
 // unsynced appends (sometimes as zeros: the size reached the disk, the data
-// did not). Directories are durable once created, a simplification: the
+// did not); of a file rewritten in place since its last Sync, each 512-byte
+// sector holds its old or its new bytes. Directories are durable once created, a simplification: the
 // spool never relies on creating one. A process's death (SIGKILL) loses
 // nothing of what it wrote: model it by reopening the same FS after making
 // every later operation fail (CrashAfter) instead.
@@ -490,12 +491,28 @@ func crashData(n *node, rng *rand.Rand) []byte {
 		}
 		return out
 	}
-	// Rewritten since its last sync: the old bytes, or part of the new.
+	// Rewritten since its last sync (in place, or truncated and written
+	// again): the old size or the new, and each sector the old bytes or
+	// the new ones (zeros where the one chosen has none).
+	size := len(n.synced)
 	if rng.IntN(2) == 0 {
-		return bytes.Clone(n.synced)
+		size = len(n.data)
 	}
-	return bytes.Clone(n.data[:rng.IntN(len(n.data)+1)])
+	out := make([]byte, size)
+	for off := 0; off < size; off += sector {
+		src := n.synced
+		if rng.IntN(2) == 0 {
+			src = n.data
+		}
+		if off < len(src) {
+			copy(out[off:min(off+sector, size)], src[off:])
+		}
+	}
+	return out
 }
+
+// sector is the unit a crash keeps or loses of a rewritten file.
+const sector = 512
 
 // file is an open file or directory.
 type file struct {
@@ -538,27 +555,51 @@ func (h *file) Write(p []byte) (int, error) {
 	return h.write(p)
 }
 
+// WriteAt writes p at offset off, as pwrite(2): the file's position does
+// not move. Overwriting bytes the file has takes no capacity.
+func (h *file) WriteAt(p []byte, off int64) (int, error) {
+	h.fs.mu.Lock()
+	defer h.fs.mu.Unlock()
+	if err := h.usable(OpWrite); err != nil {
+		if errors.Is(err, ErrCrashed) && !h.closed && !h.n.isDir && off >= 0 {
+			_, _ = h.writeAt(p[:len(p)/2], int(off))
+		}
+		return 0, err
+	}
+	if off < 0 || h.flag&os.O_APPEND != 0 {
+		return 0, &fs.PathError{Op: "writeat", Path: h.path, Err: syscall.EINVAL}
+	}
+	return h.writeAt(p, int(off))
+}
+
 // write writes p at h's position; h.fs.mu is held.
 func (h *file) write(p []byte) (int, error) {
-	if h.n.isDir || h.flag&(os.O_WRONLY|os.O_RDWR) == 0 {
-		return 0, &fs.PathError{Op: "write", Path: h.path, Err: syscall.EBADF}
-	}
 	if h.flag&os.O_APPEND != 0 {
 		h.pos = len(h.n.data)
 	}
+	n, err := h.writeAt(p, h.pos)
+	h.pos += n
+	return n, err
+}
+
+// writeAt writes p at off, growing the file within the FS's capacity;
+// h.fs.mu is held.
+func (h *file) writeAt(p []byte, off int) (int, error) {
+	if h.n.isDir || h.flag&(os.O_WRONLY|os.O_RDWR) == 0 {
+		return 0, &fs.PathError{Op: "write", Path: h.path, Err: syscall.EBADF}
+	}
 	want, err := len(p), error(nil)
 	if c := h.fs.capacity; c > 0 {
-		grow := int64(max(0, h.pos+len(p)-len(h.n.data)))
+		grow := int64(max(0, off+len(p)-len(h.n.data)))
 		if free := c - usage(h.fs.root); grow > free {
 			p = p[:max(0, int64(len(p))-(grow-max(free, 0)))]
 			err = &fs.PathError{Op: "write", Path: h.path, Err: syscall.ENOSPC}
 		}
 	}
-	if end := h.pos + len(p); end > len(h.n.data) {
+	if end := off + len(p); end > len(h.n.data) {
 		h.n.data = append(h.n.data, make([]byte, end-len(h.n.data))...)
 	}
-	copy(h.n.data[h.pos:], p)
-	h.pos += len(p)
+	copy(h.n.data[off:], p)
 	if err == nil && len(p) < want {
 		err = io.ErrShortWrite
 	}

@@ -1,4 +1,4 @@
-// Command evalbench measures the SPEC §8 throughput ratio of the guard
+// Command evalbench measures the throughput ratio of the guard
 // through Redis: guard.Check in-process, many goroutines sharing the store's
 // pipelines, against `redis-benchmark -P 16 -c 50` running EVALSHA of the
 // guard's own script with the KEYS and ARGV the guard sends for the same
@@ -6,8 +6,8 @@
 // scriptargs.Strings; only the hash tag varies, with -r).
 //
 // Both run against one redis-server it starts, in one run: on a small
-// machine the load generator competes with Redis for the CPUs (DEPENDENCIES
-// trap 11), so only figures taken side by side compare. Phases alternate:
+// machine the load generator competes with Redis for the CPUs,
+// so only figures taken side by side compare. Phases alternate:
 // redis-benchmark, guard, redis-benchmark, guard, ...; each guard phase is
 // divided by the mean of the two redis-benchmark phases around it, which
 // cancels a slow drift of the machine's speed. Every phase also reports the

@@ -1,0 +1,461 @@
+package adminapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// listBody is the body of PUT blocklist/{key} and allowlist/{key}.
+type listBody struct {
+	TTL    string `json:"ttl"`
+	Reason string `json:"reason"`
+}
+
+// parseTTL parses a ttl ("" = none, else a duration of at least 1s and at
+// most a year).
+func parseTTL(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := rules.ParseDuration(s)
+	if err != nil || d < time.Second || d > 366*24*time.Hour {
+		return 0, fmt.Errorf("ttl %q: a duration from 1s to 366d, e.g. 10m", s)
+	}
+	return d, nil
+}
+
+// listKey is the blocklist bucket's KV key and the audit kind of a list
+// route's {key}.
+func listKey(action, id string) (name, kind string) {
+	if action == tollgatev1.ActionAllow {
+		return tollgatev1.AllowlistKey(id), audit.KindAllowlist
+	}
+	return tollgatev1.BlocklistKey(id), audit.KindBlocklist
+}
+
+// corruptList answers a corrupt blocklist bucket entry.
+func corruptList(w http.ResponseWriter, kind string, ce *fleetkv.CorruptError) {
+	corruptAnswer(w, CodeEntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
+		"Replace it with PUT or remove it with DELETE on this route. Meanwhile gateways %s.", corruptListEffect(kind)))
+}
+
+// corruptListEffect says what gateways do with a corrupt entry of kind.
+func corruptListEffect(kind string) string {
+	if kind == audit.KindAllowlist {
+		return "do not allowlist the key"
+	}
+	return "block the key (403)"
+}
+
+func (a *api) getList(action string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		kv := a.kv(w)
+		if kv == nil {
+			return
+		}
+		id, _, ok := a.key(w, r)
+		if !ok {
+			return
+		}
+		name, kind := listKey(action, id)
+		cur, rev, err := kv.List(r.Context(), name)
+		var ce *fleetkv.CorruptError
+		switch {
+		case errors.As(err, &ce):
+			corruptList(w, kind, ce)
+		case err != nil:
+			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+		case cur == nil:
+			Error(w, http.StatusNotFound, CodeNotFound, "the key is not on the "+kind)
+		default:
+			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+			writeJSON(w, http.StatusOK, cur)
+		}
+	}
+}
+
+func (a *api) putList(action string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		kv := a.kv(w)
+		if kv == nil {
+			return
+		}
+		id, prefix, ok := a.key(w, r)
+		if !ok {
+			return
+		}
+		body, ok := readBody(w, r, maxSmallBody)
+		if !ok {
+			return
+		}
+		req, ttl, err := parseListBody(body)
+		if err != nil {
+			Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+			return
+		}
+		name, kind := listKey(action, id)
+		unlock, ok := a.lockWrites(w, r)
+		if !ok {
+			return
+		}
+		defer unlock()
+		var e *tollgatev1.ListEntry
+		for attempt := 1; ; attempt++ {
+			cur, rev, err := kv.List(r.Context(), name)
+			before := mustJSON(cur)
+			var ce *fleetkv.CorruptError
+			if errors.As(err, &ce) {
+				before = corruptState(ce) // replaced: the PUT repairs it
+			} else if err != nil {
+				Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+				return
+			}
+			now := time.Now().UTC()
+			e = &tollgatev1.ListEntry{KeyID: id, KeyPrefix: prefix, Action: action, Reason: req.Reason, Actor: actor(r), CreatedAt: now}
+			if ttl > 0 {
+				e.ExpiresAt = now.Add(ttl)
+			}
+			err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
+				Before: before, After: mustJSON(e)}, func(ctx context.Context) error {
+				_, err := kv.PutList(ctx, name, e, rev)
+				return err
+			})
+			if err == nil {
+				break
+			}
+			if errors.Is(err, fleetkv.ErrConflict) {
+				if attempt < writeAttempts {
+					continue
+				}
+				Error(w, http.StatusConflict, CodeConflict, "the entry kept changing meanwhile: try again")
+				return
+			}
+			changeFailed(w, err, CodeNATSUnavailable)
+			return
+		}
+		if action == tollgatev1.ActionAllow {
+			a.liftAllowlisted(r.Context(), id, actor(r))
+		}
+		writeJSON(w, http.StatusOK, e)
+	}
+}
+
+func (a *api) deleteList(action string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		kv := a.kv(w)
+		if kv == nil {
+			return
+		}
+		id, prefix, ok := a.key(w, r)
+		if !ok {
+			return
+		}
+		name, kind := listKey(action, id)
+		unlock, ok := a.lockWrites(w, r)
+		if !ok {
+			return
+		}
+		defer unlock()
+		for attempt := 1; ; attempt++ {
+			cur, rev, err := kv.List(r.Context(), name)
+			var ce *fleetkv.CorruptError
+			var before []byte
+			switch {
+			case errors.As(err, &ce):
+				before = corruptState(ce) // a corrupt entry can always be deleted
+			case err != nil:
+				Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+				return
+			case cur == nil || (action != tollgatev1.ActionAllow && cur.Action != action):
+				Error(w, http.StatusNotFound, CodeNotFound, "the key is not on the "+kind)
+				return
+			default:
+				before = mustJSON(cur)
+			}
+			err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
+				Before: before, After: []byte("null")}, func(ctx context.Context) error {
+				return fleetkv.Delete(ctx, kv.Lists, name, rev)
+			})
+			if err == nil {
+				break
+			}
+			if errors.Is(err, fleetkv.ErrConflict) {
+				if attempt < writeAttempts {
+					continue
+				}
+				Error(w, http.StatusConflict, CodeConflict, "the entry kept changing meanwhile: try again")
+				return
+			}
+			changeFailed(w, err, CodeNATSUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// overrideBody is the body of PUT overrides/{key}.
+type overrideBody struct {
+	Limit  *int64   `json:"limit"`
+	Factor *float64 `json:"factor"`
+	Rule   string   `json:"rule"`
+	TTL    string   `json:"ttl"`
+	Reason string   `json:"reason"`
+}
+
+// overrideSubject parses {key} of overrides: tenant:<name>, or a key.
+func (a *api) overrideSubject(w http.ResponseWriter, r *http.Request) (scope, subject, prefix string, ok bool) {
+	if t, isTenant := strings.CutPrefix(r.PathValue("key"), "tenant:"); isTenant {
+		if err := rules.CheckName(t); err != nil {
+			Error(w, http.StatusBadRequest, CodeInvalidRequest, "tenant: "+err.Error())
+			return "", "", "", false
+		}
+		return tollgatev1.ScopeTenant, t, "", true
+	}
+	id, prefix, ok := a.key(w, r)
+	return tollgatev1.ScopeKey, id, prefix, ok
+}
+
+// corruptOverride answers a corrupt overrides bucket entry.
+func corruptOverride(w http.ResponseWriter, ce *fleetkv.CorruptError) {
+	corruptAnswer(w, CodeEntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
+		"Replace it with PUT (If-Match: %d) or remove it with DELETE on this route. Meanwhile gateways ignore it: the rules' own limits apply.",
+		ce.Revision))
+}
+
+func (a *api) getOverride(w http.ResponseWriter, r *http.Request) {
+	kv := a.kv(w)
+	if kv == nil {
+		return
+	}
+	scope, subject, _, ok := a.overrideSubject(w, r)
+	if !ok {
+		return
+	}
+	cur, rev, err := kv.Override(r.Context(), tollgatev1.OverrideKey(scope, subject))
+	var ce *fleetkv.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		corruptOverride(w, ce)
+	case err != nil:
+		Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+	case cur == nil:
+		Error(w, http.StatusNotFound, CodeNotFound, "no override")
+	default:
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+		writeJSON(w, http.StatusOK, map[string]any{"version": rev, "override": cur})
+	}
+}
+
+func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
+	kv := a.kv(w)
+	if kv == nil {
+		return
+	}
+	scope, subject, prefix, ok := a.overrideSubject(w, r)
+	if !ok {
+		return
+	}
+	body, ok := readBody(w, r, maxSmallBody)
+	if !ok {
+		return
+	}
+	req, ttl, err := parseOverrideBody(body)
+	if err != nil {
+		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		return
+	}
+	pre, err := ifMatch(r)
+	if err != nil {
+		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		return
+	}
+	name := tollgatev1.OverrideKey(scope, subject)
+	unlock, ok := a.lockWrites(w, r)
+	if !ok {
+		return
+	}
+	defer unlock()
+	var e *tollgatev1.OverrideEntry
+	var nrev uint64
+	for attempt := 1; ; attempt++ {
+		cur, rev, err := kv.Override(r.Context(), name)
+		before := mustJSON(cur)
+		var ce *fleetkv.CorruptError
+		if errors.As(err, &ce) {
+			before = corruptState(ce)
+		} else if err != nil {
+			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			return
+		}
+		if pre.set && pre.revision() != rev {
+			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, fmt.Sprintf("the override is at version %d, not %s", rev, r.Header.Get("If-Match")))
+			return
+		}
+		now := time.Now().UTC()
+		e = &tollgatev1.OverrideEntry{Scope: scope, Subject: subject, KeyPrefix: prefix, Rule: req.Rule, Reason: req.Reason,
+			Actor: actor(r), CreatedAt: now}
+		if req.Limit != nil {
+			e.Limit = *req.Limit
+		} else {
+			e.Factor = *req.Factor
+		}
+		if ttl > 0 {
+			e.ExpiresAt = now.Add(ttl)
+		}
+		audited := &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix, Reason: req.Reason,
+			Before: before, After: mustJSON(e)}
+		err = a.apply(r, audited, func(ctx context.Context) error {
+			var err error
+			nrev, err = kv.PutOverride(ctx, name, e, rev)
+			return err
+		})
+		if err == nil {
+			break
+		}
+		if errors.Is(err, fleetkv.ErrConflict) {
+			if !pre.set && attempt < writeAttempts {
+				continue
+			}
+			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, "the override changed meanwhile: read it again")
+			return
+		}
+		changeFailed(w, err, CodeNATSUnavailable)
+		return
+	}
+	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(nrev, 10)))
+	writeJSON(w, http.StatusOK, map[string]any{"version": nrev, "override": e})
+}
+
+func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	kv := a.kv(w)
+	if kv == nil {
+		return
+	}
+	scope, subject, prefix, ok := a.overrideSubject(w, r)
+	if !ok {
+		return
+	}
+	pre, err := ifMatch(r)
+	if err != nil {
+		Error(w, http.StatusBadRequest, CodeInvalidRequest, err.Error())
+		return
+	}
+	name := tollgatev1.OverrideKey(scope, subject)
+	unlock, ok := a.lockWrites(w, r)
+	if !ok {
+		return
+	}
+	defer unlock()
+	for attempt := 1; ; attempt++ {
+		cur, rev, err := kv.Override(r.Context(), name)
+		var ce *fleetkv.CorruptError
+		var before []byte
+		switch {
+		case errors.As(err, &ce):
+			before = corruptState(ce)
+		case err != nil:
+			Error(w, http.StatusBadGateway, CodeNATSUnavailable, err.Error())
+			return
+		case cur == nil:
+			Error(w, http.StatusNotFound, CodeNotFound, "no override")
+			return
+		default:
+			before = mustJSON(cur)
+		}
+		if pre.set && pre.revision() != rev {
+			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, fmt.Sprintf("the override is at version %d", rev))
+			return
+		}
+		err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix,
+			Reason: r.URL.Query().Get("reason"), Before: before, After: []byte("null")}, func(ctx context.Context) error {
+			return fleetkv.Delete(ctx, kv.Overrides, name, rev)
+		})
+		if err == nil {
+			break
+		}
+		if errors.Is(err, fleetkv.ErrConflict) {
+			if !pre.set && attempt < writeAttempts {
+				continue
+			}
+			Error(w, http.StatusPreconditionFailed, CodeVersionMismatch, "the override changed meanwhile: read it again")
+			return
+		}
+		changeFailed(w, err, CodeNATSUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// key reads {key}: the key_id and the key's prefix for humans ("" for a
+// kid:).
+func (a *api) key(w http.ResponseWriter, r *http.Request) (id, prefix string, ok bool) {
+	k := r.PathValue("key")
+	id, ok = subject(a.cfg.Hasher, k)
+	if !ok {
+		Error(w, http.StatusBadRequest, CodeInvalidKey,
+			"{key}: an API key (at most 256 bytes, no spaces or control characters: what a gateway accepts) or kid:<key_id>")
+		return "", "", false
+	}
+	if !strings.HasPrefix(k, "kid:") {
+		prefix = keyid.Prefix(k)
+	}
+	return id, prefix, true
+}
+
+// subject turns a {key} (an API key or kid:<key_id>) into its key_id; ok
+// is false for a malformed one, or for an API key no gateway would accept
+// (guard.ValidKey: control characters, spaces, over 256 bytes): no
+// request can carry it, so an entry for it would only mislead.
+func subject(h *keyid.Hasher, key string) (string, bool) {
+	if id, ok := strings.CutPrefix(key, "kid:"); ok {
+		return id, keyid.Valid(id)
+	}
+	if key == "" || !guard.ValidKey(key) {
+		return "", false
+	}
+	return h.ID(key), true
+}
+
+func parseListBody(b []byte) (listBody, time.Duration, error) {
+	var req listBody
+	if len(strings.TrimSpace(string(b))) > 0 {
+		if err := strictJSON(b, &req); err != nil {
+			return req, 0, fmt.Errorf(`body: {"ttl": "10m", "reason": "…"} (both optional): %w`, err)
+		}
+	}
+	if len(req.Reason) > maxReason {
+		return req, 0, fmt.Errorf("reason: at most %d bytes", maxReason)
+	}
+	ttl, err := parseTTL(req.TTL)
+	return req, ttl, err
+}
+
+func parseOverrideBody(b []byte) (overrideBody, time.Duration, error) {
+	var req overrideBody
+	if err := strictJSON(b, &req); err != nil {
+		return req, 0, fmt.Errorf(`body: {"limit": N} or {"factor": F}, with "ttl", "reason" and "rule" optional: %w`, err)
+	}
+	if (req.Limit == nil) == (req.Factor == nil) || (req.Limit != nil && (*req.Limit < 1 || *req.Limit > 1<<40)) ||
+		(req.Factor != nil && !(*req.Factor > 0 && *req.Factor <= 1e6)) {
+		return req, 0, errors.New("exactly one of limit (an integer from 1 to 2^40) and factor (a number in (0, 1e6])")
+	}
+	if len(req.Reason) > maxReason || len(req.Rule) > 256 {
+		return req, 0, fmt.Errorf("reason: at most %d bytes; rule: at most 256", maxReason)
+	}
+	ttl, err := parseTTL(req.TTL)
+	return req, ttl, err
+}
