@@ -17,7 +17,7 @@ FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
 # make test ends with the short chaos soaks (make soak); SOAK=0 skips them.
 SOAK         ?= 1
-SOAKTIME     ?= 40s
+SOAKTIME     ?= 20s
 SOAKFLAGS    ?=
 
 # Main packages `make build` builds, each only once its directory holds Go
@@ -54,7 +54,7 @@ ifneq ($(SOAK),0)
 	@$(MAKE) --no-print-directory soak
 endif
 
-soak: ## The short chaos soaks: the whole fleet under faults, a fixed seed then a random one (printed), SOAKTIME=40s each, about a minute more for start-up, heal and checks (docs/reliability.md)
+soak: ## The short chaos soaks: the whole fleet under faults, a fixed seed then a random one (printed), SOAKTIME=20s of faults each, about 25 s more for start-up, heal and checks (docs/reliability.md)
 	@mkdir -p $(BIN_DIR)
 	$(GO) build -o $(BIN_DIR)/ ./gateway/cmd/gateway ./aggregator/cmd/aggregator ./loadtest/cmd/loadtest
 	$(BIN_DIR)/loadtest chaos -seed 1 -duration $(SOAKTIME) -quiet $(SOAKFLAGS)
