@@ -19,6 +19,12 @@ BIN_DIR      ?= bin
 SOAK         ?= 1
 SOAKTIME     ?= 20s
 SOAKFLAGS    ?=
+# The soaks' fault kinds: all but broker-kill. A SIGKILLed test broker
+# (kfake) aborts a transaction it finds open without writing its abort
+# marker, which a real broker always writes; a read-committed reader then
+# never sees the changelog's end, and an aggregator waits for it for good
+# (docs/reliability.md, What the soak has found). SOAKKINDS=all runs them all.
+SOAKKINDS    ?= gw-kill,gw-stop,gw-restart,agg-kill,agg-stop,agg-restart,broker-stop,broker-restart,nats-kill,nats-stop,nats-restart,redis-kill,redis-stop,replica-kill,sentinel-kill,link-cut,link-stall,link-latency,link-oneway,spool-full
 
 # Main packages `make build` builds, each only once its directory holds Go
 # files, so the Makefile works before they exist.
@@ -57,8 +63,8 @@ endif
 soak: ## The short chaos soaks: the whole fleet under faults, a fixed seed then a random one (printed), SOAKTIME=20s of faults each, about 25 s more for start-up, heal and checks (docs/reliability.md)
 	@mkdir -p $(BIN_DIR)
 	$(GO) build -o $(BIN_DIR)/ ./gateway/cmd/gateway ./aggregator/cmd/aggregator ./loadtest/cmd/loadtest
-	$(BIN_DIR)/loadtest chaos -seed 1 -duration $(SOAKTIME) -quiet $(SOAKFLAGS)
-	$(BIN_DIR)/loadtest chaos -duration $(SOAKTIME) -quiet $(SOAKFLAGS)
+	$(BIN_DIR)/loadtest chaos -seed 1 -duration $(SOAKTIME) -kinds $(SOAKKINDS) -quiet $(SOAKFLAGS)
+	$(BIN_DIR)/loadtest chaos -duration $(SOAKTIME) -kinds $(SOAKKINDS) -quiet $(SOAKFLAGS)
 
 lint: ## gofmt -l must print nothing; go vet
 	@unformatted="$$(gofmt -l $(GO_FILES))"; \
