@@ -60,6 +60,7 @@ type config struct {
 	brokers       int
 	seedTopics    []string
 	brokerConfigs map[string]string
+	advertised    string
 	log           *slog.Logger
 	startTimeout  time.Duration
 }
@@ -89,6 +90,16 @@ func newConfig(opts []Option) config {
 // "127.0.0.1:9092".
 func WithListen(addr string) Option {
 	return optionFunc(func(c *config) { c.listen = addr })
+}
+
+// WithAdvertisedAddr makes the first broker name addr ("host:port") in
+// its metadata instead of the address it listens on, so that clients,
+// which connect to the brokers the metadata names, reach it through addr:
+// a TCP proxy in front of it (the chaos soak puts one there to cut and
+// stall the broker's links). Seed clients with addr too. Default: the
+// listening address.
+func WithAdvertisedAddr(addr string) Option {
+	return optionFunc(func(c *config) { c.advertised = addr })
 }
 
 // WithDataDir keeps the broker's state (kfake's DataDir) in dir, created if
@@ -247,10 +258,24 @@ func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
 	if err != nil {
 		return err
 	}
+	var advertised net.Addr
+	if b.cfg.advertised != "" {
+		a, err := net.ResolveTCPAddr("tcp", b.cfg.advertised)
+		if err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			return fmt.Errorf("advertised address: %w", err)
+		}
+		advertised = a
+	}
 	next := 0
 	listenFn := func(network, address string) (net.Listener, error) {
 		if next < len(listeners) {
 			next++
+			if next == 1 && advertised != nil {
+				return advertisedListener{listeners[0], advertised}, nil
+			}
 			return listeners[next-1], nil
 		}
 		return net.Listen(network, address) // kfake's AddNode

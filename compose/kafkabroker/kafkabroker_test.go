@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -1049,5 +1050,99 @@ func TestLogger(t *testing.T) {
 		if rec.Count(prefix) == 0 {
 			t.Errorf("no log line starting %q", prefix)
 		}
+	}
+}
+
+// forwarder accepts connections on a free loopback port and forwards each
+// to target, counting them; it stands in for a proxy in front of a broker.
+func forwarder(t *testing.T) (addr string, setTarget func(string), accepted *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		target  atomic.Value
+		count   atomic.Int64
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		conns   []net.Conn
+		stopped bool
+	)
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			c.Close()
+			return false
+		}
+		conns = append(conns, c)
+		return true
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		stopped = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			count.Add(1)
+			s, err := net.Dial("tcp", target.Load().(string))
+			if err != nil {
+				c.Close()
+				continue
+			}
+			if !track(c) || !track(s) {
+				c.Close()
+				s.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(s, c); s.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return ln.Addr().String(), func(a string) { target.Store(a) }, &count
+}
+
+func TestAdvertisedAddr(t *testing.T) {
+	t.Parallel()
+	front, setTarget, accepted := forwarder(t)
+	b := kafkatest.StartTB(t, kafkabroker.WithAdvertisedAddr(front))
+	setTarget(b.Addr())
+	if b.Addr() == front {
+		t.Fatalf("Addr() = the advertised address %s, want the listening one", front)
+	}
+	// A client seeded with the front learns the front from the metadata,
+	// and every connection it makes goes through it.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(front), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	meta, err := adm.BrokerMetadata(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(meta.Brokers) != 1 || net.JoinHostPort(meta.Brokers[0].Host, strconv.Itoa(int(meta.Brokers[0].Port))) != front {
+		t.Fatalf("metadata names %+v, want %s", meta.Brokers, front)
+	}
+	createTopic(t, adm, "adv", 1, nil)
+	produce(t, cl, "adv", "through the front")
+	if accepted.Load() < 2 {
+		t.Fatalf("the front accepted %d connections, want the seed's and the broker's", accepted.Load())
 	}
 }

@@ -71,6 +71,15 @@ func (l *trackingListener) release() {
 	l.maybeDone()
 }
 
+// advertisedListener is a listener that reports addr as its address:
+// kfake advertises its listener's address in metadata.
+type advertisedListener struct {
+	*trackingListener
+	addr net.Addr
+}
+
+func (l advertisedListener) Addr() net.Addr { return l.addr }
+
 type trackedConn struct {
 	net.Conn
 	l    *trackingListener

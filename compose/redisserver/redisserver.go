@@ -152,10 +152,13 @@ func WithBinary(path string) Option {
 	return optionFunc(func(c *config) { c.binary = path })
 }
 
-// withConfigFile writes body to name in the server's directory and passes it
-// as redis-server's first argument (sentinels need a writable config file).
-// Restart keeps the file.
-func withConfigFile(name, body string) Option {
+// WithConfigFile writes body to name in the server's directory and passes
+// it as redis-server's first argument, before the default arguments:
+// sentinels need a writable config file of their own (they rewrite it),
+// which is how a caller builds a Sentinel topology other than
+// StartSentinel's. Restart keeps the file, and what the server wrote to
+// it. Default: none.
+func WithConfigFile(name, body string) Option {
 	return optionFunc(func(c *config) {
 		c.confName, c.confBody = name, body
 		c.keep = append(c.keep, name)

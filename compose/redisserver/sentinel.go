@@ -77,7 +77,7 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 		WithStartTimeout(cfg.startTimeout),
 		WithLogger(cfg.log),
 		WithBinary(cfg.binary),
-		withConfigFile("sentinel.conf", conf),
+		WithConfigFile("sentinel.conf", conf),
 		WithArgs("--sentinel"),
 	}
 	if st.sentinels, err = startAll(ctx, sentinelCount, func(int) []Option { return sentinelOpts }); err != nil {

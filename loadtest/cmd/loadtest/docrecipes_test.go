@@ -111,6 +111,7 @@ var (
 	pidVarRe  = regexp.MustCompile(`^([A-Z_][A-Z0-9_]*)="\$\((?:pgrep .*tollgate-stack|cat bin/stack\.pid)\)"`)
 	// A usage line, not a command: loadtest -target proxy|check|grpc …
 	usageRe = regexp.MustCompile(`\[|\|\w+\|`)
+	chaosRe = regexp.MustCompile(`^(bin/)?loadtest chaos\b`)
 )
 
 // blockRecipes returns the loadtest commands of one code block. files
@@ -169,6 +170,9 @@ func blockRecipes(doc string, block []codeLine, files map[string]string) []docRe
 			setup.stackEnv = env
 		case strings.HasPrefix(prog, "bin/gateway"):
 			setup.gatewayEnv = env
+		case chaosRe.MatchString(prog):
+			// The chaos soak starts a fleet of its own, not against a
+			// stack: make soak runs it, and its tests are in chaos_test.go.
 		case (strings.HasPrefix(prog, "bin/loadtest ") || strings.HasPrefix(prog, "loadtest ")) && !usageRe.MatchString(prog):
 			loads = append(loads, command{c.n, prog})
 		}

@@ -2,7 +2,8 @@
 // the gateway's proxy, check API or Envoy rate-limit service, prints a
 // progress line every second to stderr and a summary at the end (text, or
 // JSON on stdout with -json). `loadtest storm` runs the retry storm of
-// a CI fleet instead. Ctrl-C stops it cleanly, summary included; a
+// a CI fleet instead, `loadtest chaos` the chaos soak (docs/reliability.md).
+// Ctrl-C stops it cleanly, summary included; a
 // second Ctrl-C exits at once. See loadtest/README.md.
 //
 // Exit status: 0 after a run, 1 when the run could not start or no request
@@ -25,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/loadtest"
+	"github.com/tollgate/tollgate/loadtest/internal/chaos"
 )
 
 func main() {
@@ -54,15 +56,23 @@ const (
 // run is the command: it parses args, runs the load and writes the
 // summary, and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "storm" {
-		return runStorm(ctx, args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "storm":
+			return runStorm(ctx, args[1:], stdout, stderr)
+		case "chaos":
+			return runChaos(ctx, args[1:], stdout, stderr)
+		case chaos.ChildCommand:
+			return runChaosChild(ctx, args[1:], stdout, stderr)
+		}
 	}
 	cfg := loadtest.DefaultConfig()
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n"+
-			"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n\n"+
+			"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n"+
+			"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n\n"+
 			"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
 			"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n")
 		fs.PrintDefaults()

@@ -149,6 +149,7 @@ func (s *Summary) WriteHTML(w io.Writer) error {
 		Title:     fmt.Sprintf("loadtest: %s %s", s.Target, s.Endpoint),
 		Generated: s.generated(),
 		Lines:     s.lines(),
+		Tables:    s.Tables,
 	}
 	var figs []Chart
 	if len(s.chartSeconds()) >= 2 {
@@ -402,6 +403,7 @@ func xLabels(x []float64) []string {
 type htmlPage struct {
 	Title, Generated, Note string
 	Lines                  []summaryLine
+	Tables                 []Table
 	Figures                []htmlFigure
 }
 
@@ -432,6 +434,10 @@ table.summary td { padding: 2px 0; }
 figure.chart { margin: 0 0 14px; border: 1px solid #c9d1d9; border-radius: 4px; padding: 8px 8px 4px; }
 figure.chart figcaption { font-weight: bold; margin: 0 0 2px 6px; }
 figure.chart svg { display: block; width: 100%; height: auto; }
+table.data { border-collapse: collapse; margin: 0 0 18px; font-size: 13px; }
+table.data caption { text-align: left; font-weight: bold; margin-bottom: 4px; }
+table.data th, table.data td { border: 1px solid #d0d7de; padding: 2px 8px; text-align: left; vertical-align: top; }
+table.data th { background: #f6f8fa; }
 /* The charts measure their labels with Roboto; where it is missing, fonts of about its width. */
 figure.chart svg text { font-family: Roboto, "Helvetica Neue", Arial, "Liberation Sans", "DejaVu Sans Condensed", sans-serif !important; }
 </style>
@@ -443,6 +449,11 @@ figure.chart svg text { font-family: Roboto, "Helvetica Neue", Arial, "Liberatio
 {{range .Lines}}<tr><th>{{label .}}</th><td>{{text .}}</td></tr>
 {{end}}</table>
 {{with .Note}}<p class="note">{{.}}</p>
+{{end}}{{range .Tables}}<table class="data">
+<caption>{{.Title}}</caption>
+<tr>{{range .Header}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>
 {{end}}{{range .Figures}}<figure class="chart" id="{{.ID}}">
 <figcaption>{{.Title}}</figcaption>
 {{.SVG}}

@@ -137,6 +137,29 @@ func TestWriteHTMLRefusesBadCharts(t *testing.T) {
 	}
 }
 
+func TestExtraLinesAndTables(t *testing.T) {
+	t.Parallel()
+	s := testSummary()
+	s.Extra = []Line{{Label: "invariant 1", Text: "held: <strict>"}}
+	s.Tables = []Table{{Title: "Faults", Header: []string{"#", "kind"}, Rows: [][]string{{"1", "gw-kill"}, {"2", "a<b"}}}}
+	var text, page bytes.Buffer
+	if err := s.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "held: <strict>") {
+		t.Errorf("text lacks the extra line:\n%s", text.String())
+	}
+	if err := s.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<th>invariant 1</th><td>held: &lt;strict&gt;</td>", "<caption>Faults</caption>",
+		"<th>#</th><th>kind</th>", "<td>1</td><td>gw-kill</td>", "<td>2</td><td>a&lt;b</td>"} {
+		if !strings.Contains(page.String(), want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}
+
 // svgTexts returns the text elements of an SVG, in order.
 func svgTexts(svg string) []string {
 	var out []string

@@ -109,6 +109,24 @@ type Summary struct {
 	Seconds []Second `json:"-"`
 	// Charts are more charts for the HTML page ([Summary.AddChart]).
 	Charts []Chart `json:"-"`
+	// Extra are more lines of the summary, after the run's own (text and
+	// HTML alike).
+	Extra []Line `json:"-"`
+	// Tables are shown on the HTML page after the summary, before the
+	// charts.
+	Tables []Table `json:"-"`
+}
+
+// Line is one more line of a summary: a label and its text.
+type Line struct {
+	Label, Text string
+}
+
+// Table is a table of the HTML page.
+type Table struct {
+	Title  string
+	Header []string
+	Rows   [][]string
 }
 
 // WriteJSON writes s as indented JSON followed by a newline.
@@ -193,6 +211,9 @@ func (s *Summary) lines() []summaryLine {
 	line("loadtest", "%.1f µs CPU per request", s.LoadtestCPUMicrosPerRequest)
 	for _, msg := range slices.Sorted(maps.Keys(s.ErrorSamples)) {
 		line("error", "%d× %s", s.ErrorSamples[msg], msg)
+	}
+	for _, l := range s.Extra {
+		out = append(out, summaryLine{l.Label, l.Text})
 	}
 	return out
 }

@@ -1,0 +1,66 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunChild(t *testing.T) {
+	for _, kind := range []string{"kafka", "nats"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(t.Context())
+			var out syncBuffer
+			code := make(chan int, 1)
+			go func() { code <- RunChild(ctx, []string{kind, "-dir", t.TempDir()}, &out, io.Discard) }()
+			testwait.Eventually(t, 15*time.Second, func() error {
+				if !strings.HasPrefix(out.String(), childReady+" 127.0.0.1:") {
+					return io.ErrNoProgress
+				}
+				return nil
+			})
+			cancel()
+			select {
+			case c := <-code:
+				if c != 0 {
+					t.Fatalf("exit %d", c)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the child did not stop")
+			}
+		})
+	}
+}
+
+func TestRunChildRefusesBadArguments(t *testing.T) {
+	for _, args := range [][]string{nil, {"zookeeper", "-dir", "x"}, {"kafka"}, {"nats", "-nope"}} {
+		if code := RunChild(t.Context(), args, io.Discard, io.Discard); code != 2 {
+			t.Errorf("RunChild(%q) = %d, want 2", args, code)
+		}
+	}
+}

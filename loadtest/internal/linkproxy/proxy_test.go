@@ -1,0 +1,290 @@
+package linkproxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// echoServer answers every connection with what it reads, and reports each
+// chunk it receives on got.
+func echoServer(t *testing.T) (addr string, got <-chan []byte) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan []byte, 64)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 1024)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						select {
+						case ch <- bytes.Clone(buf[:n]):
+						default:
+						}
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), ch
+}
+
+// byIP names clients by their source address: 127.0.0.2 is "a", 127.0.0.3
+// is "b".
+func byIP(peer, _ netip.AddrPort) string {
+	switch peer.Addr().String() {
+	case "127.0.0.2":
+		return "a"
+	case "127.0.0.3":
+		return "b"
+	}
+	return ""
+}
+
+func newProxy(t *testing.T) *Proxy {
+	t.Helper()
+	target, _ := echoServer(t)
+	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetTarget(target)
+	return p
+}
+
+// dialFrom connects to addr from the loopback address src.
+func dialFrom(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// roundTrip writes msg and reads it back within wait; it returns the error
+// of the read (a timeout when nothing came back).
+func roundTrip(c net.Conn, msg string, wait time.Duration) error {
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	return readBack(c, msg, wait)
+}
+
+func readBack(c net.Conn, msg string, wait time.Duration) error {
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return errors.New("echo differs: " + string(buf))
+	}
+	return nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// hold is how long the tests wait to see that nothing arrives; answers that
+// must arrive get generous deadlines.
+const (
+	hold   = 300 * time.Millisecond
+	arrive = 10 * time.Second
+)
+
+func TestPassForwardsBothWays(t *testing.T) {
+	p := newProxy(t)
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	for _, msg := range []string{"hello", "again"} {
+		if err := roundTrip(c, msg, arrive); err != nil {
+			t.Fatalf("%s: %v", msg, err)
+		}
+	}
+	// A half-close reaches the server, whose close reaches the client.
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(arrive))
+	if n, err := c.Read(make([]byte, 8)); !errors.Is(err, io.EOF) {
+		t.Fatalf("after a half-close: read %d, %v; want EOF", n, err)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	cases := []struct {
+		name  string
+		fault Fault
+		// check runs with the fault set on client "a", on a connection
+		// opened before the fault (old) and one opened during it (new).
+		check func(t *testing.T, p *Proxy, old net.Conn)
+	}{
+		{"cut resets old and new connections", Fault{Mode: Cut}, func(t *testing.T, p *Proxy, old net.Conn) {
+			if err := roundTrip(old, "x", arrive); err == nil || isTimeout(err) {
+				t.Fatalf("old connection: %v, want a reset", err)
+			}
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: arrive}
+			c, err := d.Dial("tcp", p.Addr())
+			if err != nil {
+				return // reset before the dial returned: cut all the same
+			}
+			defer c.Close()
+			if err := roundTrip(c, "y", arrive); err == nil || isTimeout(err) {
+				t.Fatalf("new connection: %v, want a reset", err)
+			}
+		}},
+		{"stall holds until healed, then delivers", Fault{Mode: Stall}, func(t *testing.T, p *Proxy, old net.Conn) {
+			if err := roundTrip(old, "held", hold); !isTimeout(err) {
+				t.Fatalf("during the stall: %v, want a timeout", err)
+			}
+			c := dialFrom(t, "127.0.0.2", p.Addr())
+			if err := roundTrip(c, "new", hold); !isTimeout(err) {
+				t.Fatalf("new connection during the stall: %v, want a timeout", err)
+			}
+			p.Clear("a")
+			if err := readBack(old, "held", arrive); err != nil {
+				t.Fatalf("after the heal: %v", err)
+			}
+			if err := readBack(c, "new", arrive); err != nil {
+				t.Fatalf("new connection after the heal: %v", err)
+			}
+		}},
+		{"latency delays each chunk", Fault{Mode: Latency, Delay: 150 * time.Millisecond}, func(t *testing.T, p *Proxy, old net.Conn) {
+			start := time.Now()
+			if err := roundTrip(old, "slow", arrive); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d < 300*time.Millisecond {
+				t.Fatalf("round trip took %v, want at least twice the latency", d)
+			}
+		}},
+		{"one way to the server holds the answers", Fault{Mode: OneWay, ToServer: true}, func(t *testing.T, p *Proxy, old net.Conn) {
+			if err := roundTrip(old, "ping", hold); !isTimeout(err) {
+				t.Fatalf("answer came back: %v", err)
+			}
+			p.Clear("a")
+			if err := readBack(old, "ping", arrive); err != nil {
+				t.Fatalf("after the heal: %v", err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := newProxy(t)
+			a := dialFrom(t, "127.0.0.2", p.Addr())
+			b := dialFrom(t, "127.0.0.3", p.Addr())
+			if err := roundTrip(a, "warm", arrive); err != nil {
+				t.Fatal(err)
+			}
+			p.Set("a", tc.fault)
+			tc.check(t, p, a)
+			// The other client never noticed.
+			if err := roundTrip(b, "other", arrive); err != nil {
+				t.Fatalf("client b: %v", err)
+			}
+		})
+	}
+}
+
+func TestOneWayToClientDeliversNothingToTheServer(t *testing.T) {
+	target, got := echoServer(t)
+	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetTarget(target)
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	if err := roundTrip(c, "warm", arrive); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	p.Set(AnyClient, Fault{Mode: OneWay, ToServer: false})
+	if _, err := c.Write([]byte("lost")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		t.Fatalf("server received %q during a one-way fault towards the client", b)
+	case <-time.After(hold):
+	}
+	p.Clear(AnyClient)
+	select {
+	case b := <-got:
+		if string(b) != "lost" {
+			t.Fatalf("server received %q", b)
+		}
+	case <-time.After(arrive):
+		t.Fatal("held data never delivered after the heal")
+	}
+}
+
+func TestNoTargetHoldsConnections(t *testing.T) {
+	target, _ := echoServer(t)
+	p, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := dialFrom(t, "127.0.0.1", p.Addr())
+	if err := roundTrip(c, "early", hold); !isTimeout(err) {
+		t.Fatalf("before a target: %v, want a timeout", err)
+	}
+	p.SetTarget(target)
+	if err := readBack(c, "early", arrive); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Conns()[Unknown]; got != 1 {
+		t.Fatalf("Conns()[%q] = %d, want 1", Unknown, got)
+	}
+}
+
+func TestCloseIsIdempotentAndEndsConnections(t *testing.T) {
+	p := newProxy(t)
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	if err := roundTrip(c, "x", arrive); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Close() }()
+	}
+	wg.Wait()
+	if err := roundTrip(c, "y", arrive); err == nil || isTimeout(err) {
+		t.Fatalf("after Close: %v, want the connection gone", err)
+	}
+}
