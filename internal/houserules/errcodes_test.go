@@ -28,9 +28,12 @@ const vocabularyDir = "guard/apierror"
 
 // errorCodeAllowlist names non-test files (slash paths from the module
 // root) that may spell an API error code as a string literal, each with
-// the reason. Keep it empty: use the constants of guard/apierror. An entry
-// whose file breaks the rule no more, or is gone, fails the test.
-var errorCodeAllowlist = map[string]string{}
+// the reason. Use the constants of guard/apierror unless the file must not
+// depend on the code it judges. An entry whose file breaks the rule no
+// more, or is gone, fails the test.
+var errorCodeAllowlist = map[string]string{
+	"loadtest/internal/chaos/checker/checker.go": "the chaos soak's checker is written apart from the code it judges: it spells the wire as a client sees it, as tests do",
+}
 
 // vocabulary is what the error-code rule checks against.
 type vocabulary struct {
