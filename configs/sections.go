@@ -105,14 +105,6 @@ func Default[T comparable](p *T, v T) {
 	}
 }
 
-// DurationOr returns d, or def when d is not positive.
-func DurationOr(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
-}
-
 // Redis is the `redis` section: where the counters live. The library's
 // own type is redisstore.Config (Client converts); defaults are the
 // library's, stated once there.

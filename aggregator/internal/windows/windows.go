@@ -29,7 +29,6 @@
 package windows
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -674,13 +673,6 @@ func (x *Txn) Changes() []Change {
 	}
 	x.publish = nil
 	return out
-}
-
-// CompareRowKeys orders row keys by tenant, granularity, start, key_id,
-// endpoint and partition.
-func CompareRowKeys(a, b RowKey) int {
-	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Gran, b.Gran), cmp.Compare(a.Start, b.Start),
-		cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Partition, b.Partition))
 }
 
 // Commit applies the transaction's changes to the table, which records
