@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -40,13 +39,6 @@ func startKafkaCluster(t testing.TB) *kfake.Cluster {
 	}
 	t.Cleanup(c.Close)
 	return c
-}
-
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() || os.Getenv("TOLLGATE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
 }
 
 type instance struct {
@@ -83,7 +75,7 @@ func testConfig(brokers []string, id, dir string) aggregator.Config {
 // expects Run to return nil.
 func runAggregator(t testing.TB, cfg aggregator.Config) *instance {
 	t.Helper()
-	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", cfg.ID))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -29,6 +28,8 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -69,7 +70,7 @@ func TestLiveStack(t *testing.T) {
 	agg := startAggregator(t, c, "aggregator-1", deps{kafka: kafka, nats: nats.ClientURL()})
 	gw1 := startGateway(t, c, "gateway-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
 	// Nothing listens at gateway-2's Redis address: Redis is down for it.
-	gw2 := startGateway(t, c, "gateway-2", deps{redis: freeAddr(t), kafka: kafka, nats: nats.ClientURL()})
+	gw2 := startGateway(t, c, "gateway-2", deps{redis: testnet.FreeAddr(t), kafka: kafka, nats: nats.ClientURL()})
 	t.Logf("redis, kafka, nats, 2 gateways, 1 aggregator started after %v", time.Since(began).Round(time.Millisecond))
 
 	prom := startPrometheus(t, promBin, prometheusConfig(t, map[string][]string{
@@ -189,7 +190,7 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
 	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
-	srv, err := gateway.New(cfg, testLogger(t).With("service", name))
+	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	runUntilCleanup(t, name, srv.Run)
 	return srv
@@ -209,7 +210,7 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
 	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
-	srv, err := aggregator.New(cfg, testLogger(t).With("service", name))
+	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	runUntilCleanup(t, name, srv.Run)
 	return srv
@@ -232,11 +233,6 @@ func runUntilCleanup(t testing.TB, name string, run func(context.Context) error)
 			t.Errorf("%s: Run did not return within 30s of its context's end", name)
 		}
 	})
-}
-
-// testLogger logs warnings and errors into the test's output.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // mustf fails the test at once when err is not nil.
