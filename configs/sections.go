@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -94,6 +95,21 @@ func HostID(fallback string) string {
 		host = fallback
 	}
 	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// Loopback reports whether a listen address (host:port) binds a loopback
+// interface only: 127.0.0.1, ::1 or localhost. A binary refuses to serve
+// an unauthenticated endpoint on any other.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Default sets *p to v when *p is the zero value: the one helper every
