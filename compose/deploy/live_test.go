@@ -18,13 +18,14 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
@@ -142,11 +143,7 @@ func replaceAddr(c *compose, name string, overrides map[string]string, k, v stri
 // topic and returns its addresses.
 func startKafka(t testing.TB, partitions int) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0),
-		kfake.SeedTopics(int32(partitions), tollgatev1.TopicDecisions))
-	mustf(t, err, "kfake")
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return kafkatest.StartTB(t, kafkabroker.WithPartitions(partitions), kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions)).Addrs()
 }
 
 // serviceLookup returns the environment of a compose service with
