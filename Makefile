@@ -11,7 +11,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 BENCHFLAGS   ?=
 BENCHTIME    ?= 2s
-# Flags of the EVALSHA ratio run (go run ./guard/redisstore/internal/evalbench -h).
+# Flags of the EVALSHA ratio run (go run ./loadtest/cmd/evalbench -h).
 EVALBENCHFLAGS ?=
 FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
@@ -91,7 +91,7 @@ ci: lint tidy-check test ## lint, tidy-check and test, as before a merge
 bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio (guard checks ÷ raw EVALSHA); prints a summary
 	@mkdir -p $(BIN_DIR)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime=$(BENCHTIME) $(BENCHFLAGS) $(PKGS) | tee $(BIN_DIR)/bench.txt
-	$(GO) run ./guard/redisstore/internal/evalbench $(EVALBENCHFLAGS) | tee $(BIN_DIR)/evalbench.txt
+	$(GO) run ./loadtest/cmd/evalbench $(EVALBENCHFLAGS) | tee $(BIN_DIR)/evalbench.txt
 	@echo; echo "== make bench summary (full output: $(BIN_DIR)/bench.txt, $(BIN_DIR)/evalbench.txt) =="
 	@awk '/^BenchmarkCheck/ { c = ""; a = ""; for (i = 2; i <= NF; i++) { if ($$i == "checks/s") c = $$(i-1); if ($$i == "allocs/op") a = $$(i-1) } \
 		if (c != "") printf "  %-50s %10s checks/s %5s allocs/op\n", $$1, c, a }' $(BIN_DIR)/bench.txt

@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -65,7 +66,7 @@ func startFleetAggregatorOn(t *testing.T, brokers []string, opts ...func(*aggreg
 	cfg.Kafka.Brokers = brokers
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
-	srv, err := aggregator.New(cfg, testLogger(t))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -28,25 +28,13 @@ const (
 	secret     = "0123456789abcdef-secret"
 )
 
-func startKafka(t testing.TB) []string { return startKafkaCluster(t).ListenAddrs() }
+func startKafka(t testing.TB) []string { return startKafkaBroker(t).Addrs() }
 
-// startKafkaCluster starts kfake and returns it (for fault injection).
-func startKafkaCluster(t testing.TB) *kfake.Cluster {
+// startKafkaBroker starts a broker with the decisions topic; its Cluster
+// serves fault injection.
+func startKafkaBroker(t testing.TB) *kafkabroker.Broker {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond),
-		kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() || os.Getenv("TOLLGATE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
+	return kafkatest.StartTB(t, kafkabroker.WithPartitions(partitions), kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions))
 }
 
 type instance struct {
@@ -83,7 +71,7 @@ func testConfig(brokers []string, id, dir string) aggregator.Config {
 // expects Run to return nil.
 func runAggregator(t testing.TB, cfg aggregator.Config) *instance {
 	t.Helper()
-	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", cfg.ID))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

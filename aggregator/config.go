@@ -231,7 +231,7 @@ func (c *Config) Validate() error {
 	case c.AdminToken == "" && !c.AdminInsecure:
 		bad("admin_token", "required: the operator API changes the fleet's rules, lists and quotas (generate one with: openssl rand -base64 32); "+
 			"to run a local experiment without one, set %s=true", configs.EnvName("admin_insecure"))
-	case c.AdminToken == "" && listenErr == nil && !loopback(c.Listen):
+	case c.AdminToken == "" && listenErr == nil && !configs.Loopback(c.Listen):
 		bad("admin_token", "required when aggregator_listen (%s) is not a loopback address, even with %s", c.Listen, configs.EnvName("admin_insecure"))
 	}
 	if c.MetricsListen != Off {
@@ -253,18 +253,6 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Redis.Validate("redis")...)
 	errs = append(errs, c.Log.Validate("log")...)
 	return errors.Join(errs...)
-}
-
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Vars lists every configuration variable with its default and docs.

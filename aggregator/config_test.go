@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -95,11 +96,11 @@ func TestAdminTokenAtStart(t *testing.T) {
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", ID: "insecure", DataDir: t.TempDir(),
 		KeySecret: secret, SessionTimeout: 2 * time.Second}
 	cfg.Kafka.Brokers = startKafka(t)
-	if _, err := aggregator.New(cfg, testLogger(t)); err == nil || !strings.Contains(err.Error(), "TOLLGATE_ADMIN_TOKEN") {
+	if _, err := aggregator.New(cfg, logtest.Verbose(t)); err == nil || !strings.Contains(err.Error(), "TOLLGATE_ADMIN_TOKEN") {
 		t.Fatalf("New without a token: %v, want a refusal naming TOLLGATE_ADMIN_TOKEN", err)
 	}
 	cfg.AdminInsecure = true
-	srv, err := aggregator.New(cfg, testLogger(t))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -424,7 +425,7 @@ func TestDuplicateIDRefused(t *testing.T) {
 		gw.emit(t, "acme", "key-1", true, time.Now())
 	}
 
-	srv, err := aggregator.New(testConfig(brokers, "same", t.TempDir()), testLogger(t).With("aggregator", "same (second)"))
+	srv, err := aggregator.New(testConfig(brokers, "same", t.TempDir()), logtest.Verbose(t).With("aggregator", "same (second)"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -261,7 +261,7 @@ func failAudit(t *testing.T, c *kfake.Cluster, on *atomic.Bool) {
 // each (before and after ≈ 1 MB, over Kafka's record limit) are audited
 // with the old one's source replaced by its hash.
 func TestAuditBeforeEffect(t *testing.T) {
-	c := startKafkaCluster(t)
+	c := startKafkaBroker(t).Cluster()
 	in, js := startFleetAggregatorOn(t, c.ListenAddrs())
 	addr := in.srv.Addrs().API
 

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -69,7 +70,7 @@ func startPenaltyStack(t *testing.T, ladder aggregator.PenaltyConfig) *penaltySt
 	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.Partitions = partitions
 	cfg.NATS.URL = ns.ClientURL()
-	srv, err := aggregator.New(cfg, testLogger(t))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t))
 	if err != nil {
 		t.Fatal(err)
 	}

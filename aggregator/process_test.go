@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -33,7 +34,7 @@ func TestAggregatorProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", cfg.ID))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

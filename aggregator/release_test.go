@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -89,15 +90,15 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 	}{
 		{"api listener busy", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			cfg.Listen = busy.Addr().String()
-			return aggregator.New(cfg, testLogger(t))
+			return aggregator.New(cfg, logtest.Verbose(t))
 		}, configs.EnvName("aggregator_listen"), true},
 		{"metrics listener busy", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			cfg.MetricsListen = busy.Addr().String()
-			return aggregator.New(cfg, testLogger(t))
+			return aggregator.New(cfg, logtest.Verbose(t))
 		}, configs.EnvName("aggregator_metrics_listen"), true},
 		{"setup refused", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
 			miscopartition(t, brokers, cfg.Kafka.DecisionsTopic, cfg.Kafka.ChangelogTopic)
-			srv, err := aggregator.New(cfg, testLogger(t))
+			srv, err := aggregator.New(cfg, logtest.Verbose(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +107,7 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 			return srv, srv.Run(ctx)
 		}, "co-partitioned", false},
 		{"closed before run", func(t *testing.T, cfg aggregator.Config) (*aggregator.Server, error) {
-			srv, err := aggregator.New(cfg, testLogger(t))
+			srv, err := aggregator.New(cfg, logtest.Verbose(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +129,7 @@ func TestStartFailuresReleaseEverything(t *testing.T) {
 			}
 			settled(t, before)
 			// Pebble's lock on data_dir and the API address are free again.
-			again, err := aggregator.New(cfg, testLogger(t))
+			again, err := aggregator.New(cfg, logtest.Verbose(t))
 			if err != nil {
 				t.Fatalf("a second start on the same data_dir and address: %v", err)
 			}

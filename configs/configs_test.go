@@ -262,3 +262,25 @@ func TestTargetMustBeStructPointer(t *testing.T) {
 		t.Error("Decode into a nil pointer succeeded")
 	}
 }
+
+func TestLoopback(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		addr string
+		want bool
+	}{
+		{"127.0.0.1:8080", true},
+		{"127.0.0.2:0", true},
+		{"[::1]:9000", true},
+		{"localhost:80", true},
+		{":8080", false},
+		{"0.0.0.0:8080", false},
+		{"10.0.0.1:8080", false},
+		{"example.com:80", false},
+		{"127.0.0.1", false},
+	} {
+		if got := configs.Loopback(tt.addr); got != tt.want {
+			t.Errorf("Loopback(%q) = %v, want %v", tt.addr, got, tt.want)
+		}
+	}
+}

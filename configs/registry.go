@@ -16,6 +16,9 @@ type Tool struct {
 // tools lists the TOLLGATE_* variables read outside the binaries'
 // configurations: by scripts, the local stack's starters and the tests.
 // Binaries accept them so that one shell environment serves everything.
+// A test scans the repository: a TOLLGATE_* name read anywhere that is
+// neither here nor in the registry fails it, and so does an entry here
+// that nothing reads.
 var tools = []Tool{
 	{"TOLLGATE_REDIS_SERVER", "The redis-server binary tests and `make run` start (compose/redisserver); default: redis-server on PATH."},
 	{"TOLLGATE_CHROMIUM", "The Chromium binary the browser tests drive; default: chromium on PATH."},

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -68,6 +71,87 @@ func TestCheckEnv(t *testing.T) {
 			t.Errorf("%v: %v", tt.env, err)
 		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 			t.Errorf("%v: error %v, want it to contain %q", tt.env, err, tt.wantErr)
+		}
+	}
+}
+
+// variableName matches a TOLLGATE_* name; one ending in "_" is a family
+// (TOLLGATE_PENALTY_*) in prose, not a variable.
+var variableName = regexp.MustCompile(`TOLLGATE_[A-Z0-9_]+`)
+
+// fixtureNames are TOLLGATE_* names the repository writes but nothing reads,
+// each with where and why. configs' own tests are not scanned: their
+// made-up variables exercise the loader.
+var fixtureNames = map[string]string{
+	"TOLLGATE_SPECIAL": "internal/houserules: a citation fixture's example of a name that is no citation",
+	"TOLLGATE_A":       "internal/service: made-up variables naming test listeners",
+	"TOLLGATE_B":       "internal/service: made-up variables naming test listeners",
+	"TOLLGATE_C":       "internal/service: made-up variables naming test listeners",
+}
+
+// TestEveryReadVariableIsKnown scans every file of the repository (code,
+// scripts, Makefile, deploy files, docs) for TOLLGATE_* names: each must
+// be a binary's variable (the registry) or on the tools list, or CheckEnv
+// makes every binary refuse to start when a user exports it. And every
+// tool on the list must be named somewhere outside the list, so the list
+// holds nothing stale.
+func TestEveryReadVariableIsKnown(t *testing.T) {
+	t.Parallel()
+	known := map[string]bool{}
+	for _, n := range configs.Registry() {
+		known[n] = true
+	}
+	tools := map[string]bool{}
+	for _, tool := range configs.Tools() {
+		known[tool.Name], tools[tool.Name] = true, true
+	}
+	seen := map[string]bool{}
+	root := os.DirFS("..")
+	err := fs.WalkDir(root, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != "." && (strings.HasPrefix(d.Name(), ".") || p == "bin" || d.Name() == "node_modules") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || p == "configs/registry.go" ||
+			(path.Dir(p) == "configs" && strings.HasSuffix(p, "_test.go")) {
+			return nil
+		}
+		b, err := fs.ReadFile(root, p)
+		if err != nil {
+			return err
+		}
+		if bytes.IndexByte(b, 0) >= 0 {
+			return nil // binary
+		}
+		inFile := map[string]bool{}
+		for _, m := range variableName.FindAll(b, -1) {
+			name := string(m)
+			if strings.HasSuffix(name, "_") || inFile[name] {
+				continue
+			}
+			seen[name], inFile[name] = true, true
+			if !known[name] && fixtureNames[name] == "" {
+				t.Errorf("%s names %s, which is neither a binary's variable nor on the tools list (configs/registry.go): exporting it would stop every binary", p, name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range tools {
+		if !seen[name] {
+			t.Errorf("tools list names %s, which nothing in the repository reads: remove the entry", name)
+		}
+	}
+	for name, why := range fixtureNames {
+		if !seen[name] || known[name] {
+			t.Errorf("fixtureNames names %s (%s), which is gone or now a real variable: remove the entry", name, why)
 		}
 	}
 }

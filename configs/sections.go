@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -96,6 +96,21 @@ func HostID(fallback string) string {
 	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
+// Loopback reports whether a listen address (host:port) binds a loopback
+// interface only: 127.0.0.1, ::1 or localhost. A binary refuses to serve
+// an unauthenticated endpoint on any other.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // Default sets *p to v when *p is the zero value: the one helper every
 // Config's SetDefaults uses.
 func Default[T comparable](p *T, v T) {
@@ -105,45 +120,16 @@ func Default[T comparable](p *T, v T) {
 	}
 }
 
-// DurationOr returns d, or def when d is not positive.
-func DurationOr(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
-}
-
-// Redis is the `redis` section: where the counters live. The library's
-// own type is redisstore.Config (Client converts); defaults are the
-// library's, stated once there.
-type Redis struct {
-	Mode         string        `yaml:"mode" doc:"standalone, sentinel or cluster."`
-	Addrs        []string      `yaml:"addrs" doc:"Redis server, Sentinel addresses or Cluster seed nodes, comma-separated."`
-	MasterName   string        `yaml:"master_name" doc:"Sentinel master name."`
-	Username     string        `yaml:"username" doc:"Redis ACL user name. Empty: none."`
-	Password     string        `yaml:"password" doc:"Redis password. Prefer password_file. Empty: none."`
-	PasswordFile string        `yaml:"password_file" doc:"File holding the Redis password (trailing newline ignored); wins over password."`
-	TLS          bool          `yaml:"tls" doc:"true to connect to Redis over TLS."`
-	TLSCAFile    string        `yaml:"tls_ca_file" doc:"PEM bundle of CAs trusted for Redis TLS. Empty: the system's."`
-	DB           int           `yaml:"db" doc:"Redis database number, standalone and Sentinel."`
-	KeyPrefix    string        `yaml:"key_prefix" doc:"Prefix of every counter's Redis key."`
-	PoolSize     int           `yaml:"pool_size" doc:"go-redis connections per Redis node (0: the client's, 10 per CPU); decisions on standalone and Sentinel use the store's own connections."`
-	Timeout      time.Duration `yaml:"timeout" doc:"Deadline of one Redis call, holding even when Redis hangs; a call that timed out is answered by the failure mode of its rules, never retried."`
-}
+// Redis is the `redis` section: where the counters live. Its fields,
+// their docs and defaults are the library's own (redisstore.Config),
+// written once there; Client converts.
+type Redis redisstore.Config
 
 // Client returns the library's configuration of the section.
-func (c Redis) Client() redisstore.Config {
-	return redisstore.Config{Mode: c.Mode, Addrs: c.Addrs, MasterName: c.MasterName, Username: c.Username,
-		Password: c.Password, PasswordFile: c.PasswordFile, TLS: c.TLS, TLSCAFile: c.TLSCAFile, DB: c.DB,
-		KeyPrefix: c.KeyPrefix, PoolSize: c.PoolSize, Timeout: c.Timeout}
-}
+func (c Redis) Client() redisstore.Config { return redisstore.Config(c) }
 
 // SetDefaults fills zero fields with redisstore's defaults.
-func (c *Redis) SetDefaults() {
-	d := c.Client()
-	d.SetDefaults()
-	c.Mode, c.Addrs, c.MasterName, c.KeyPrefix, c.Timeout = d.Mode, d.Addrs, d.MasterName, d.KeyPrefix, d.Timeout
-}
+func (c *Redis) SetDefaults() { (*redisstore.Config)(c).SetDefaults() }
 
 // Validate checks the section (prefix is its YAML path, "redis"), each
 // problem naming its variable.

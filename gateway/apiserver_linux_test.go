@@ -16,6 +16,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -48,7 +49,7 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 			e := newEnv(t, envOptions{rules: apiRules, redisAddr: rd.Addr()})
 			cfg := e.config()
 			cfg.ShutdownTimeout = 1500 * time.Millisecond
-			srv, err := gateway.New(cfg, testLogger(t))
+			srv, err := gateway.New(cfg, logtest.Warnings(t))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,9 +7,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -222,11 +220,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
 	configs.Default(&c.Events.FlushInterval, DefaultEventFlushInterval)
 	if c.GatewayID == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "gateway"
-		}
-		c.GatewayID = host + "-" + strconv.Itoa(os.Getpid())
+		c.GatewayID = configs.HostID("gateway")
 	}
 	configs.Default(&c.MaxCost, DefaultMaxCost)
 	configs.Default(&c.MaxBatch, DefaultMaxBatch)

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +26,8 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -77,24 +77,7 @@ type fleet struct {
 type fleetGateway struct {
 	id   string
 	run  *runningGateway
-	logs *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs *testnet.Buffer
 }
 
 // newFleet starts the control plane, Redis and n gateways, and waits
@@ -135,7 +118,7 @@ func (f *fleet) startAggregator() {
 	cfg.Kafka.Brokers = kb.Addrs()
 	f.brokers = kb.Addrs()
 	cfg.NATS.URL = f.ns.ClientURL()
-	srv, err := aggregator.New(cfg, testLogger(t).With("part", "aggregator"))
+	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("part", "aggregator"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,8 +171,8 @@ func (f *fleet) gatewayConfig(id string) gateway.Config {
 // startGateway starts a fleet gateway, stopped at cleanup.
 func (f *fleet) startGateway(id string) *fleetGateway {
 	f.t.Helper()
-	g := &fleetGateway{id: id, logs: &lockedBuffer{}}
-	log := slog.New(slog.NewMultiHandler(testLogger(f.t).Handler(), slog.NewTextHandler(g.logs, nil))).With("gateway", id)
+	g := &fleetGateway{id: id, logs: &testnet.Buffer{}}
+	log := slog.New(slog.NewMultiHandler(logtest.Warnings(f.t).Handler(), slog.NewTextHandler(g.logs, nil))).With("gateway", id)
 	srv, err := gateway.New(f.gatewayConfig(id), log)
 	if err != nil {
 		f.t.Fatal(err)

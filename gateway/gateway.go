@@ -585,7 +585,7 @@ func (s *Server) exposed() []string {
 	for _, l := range []struct{ name, addr string }{
 		{"proxy", s.addrs.Proxy}, {"api", s.addrs.API}, {"metrics", s.addrs.Metrics}, {"grpc", s.addrs.GRPC},
 	} {
-		if l.addr != "" && !loopback(l.addr) {
+		if l.addr != "" && !configs.Loopback(l.addr) {
 			out = append(out, l.name)
 		}
 	}
@@ -597,11 +597,11 @@ func (s *Server) exposed() []string {
 // TLS (it never uses api_token). Secrets are never logged, only whether
 // they are set.
 func (s *Server) warnExposure() {
-	if s.addrs.API != "" && !loopback(s.addrs.API) && s.cfg.APIToken == "" {
+	if s.addrs.API != "" && !configs.Loopback(s.addrs.API) && s.cfg.APIToken == "" {
 		s.log.Warn("the check API is reachable beyond loopback without api_token: anyone who reaches it can spend and read quotas; set TOLLGATE_API_TOKEN or bind api_listen to loopback",
 			slog.String("api", s.addrs.API))
 	}
-	if s.addrs.GRPC != "" && !loopback(s.addrs.GRPC) && s.cfg.GRPCTLSClientCAFile == "" {
+	if s.addrs.GRPC != "" && !configs.Loopback(s.addrs.GRPC) && s.cfg.GRPCTLSClientCAFile == "" {
 		s.log.Warn("Envoy RLS is reachable beyond loopback without mutual TLS (it does not use api_token): bind grpc_listen to loopback or a private interface, or set grpc_tls_client_ca_file",
 			slog.String("grpc", s.addrs.GRPC))
 	}
@@ -618,20 +618,6 @@ func (s *Server) grpcTLSMode() string {
 		return "tls"
 	}
 	return "plaintext"
-}
-
-// loopback reports whether a bound address (host:port) is on a loopback
-// interface only.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // redactURL drops user information from a URL for logs.

@@ -19,6 +19,8 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -184,7 +186,7 @@ func TestHealthUnderFaults(t *testing.T) {
 	}{
 		{"redis down at start", "redis", func(t *testing.T) (func(*gateway.Config), func(*runningGateway)) {
 			// A Redis that accepts and never answers.
-			addr := freeAddr(t)
+			addr := testnet.FreeAddr(t)
 			blackhole(t, addr)
 			return func(c *gateway.Config) { c.Redis = redisConfig(addr) }, nil
 		}},
@@ -200,7 +202,7 @@ func TestHealthUnderFaults(t *testing.T) {
 		{"nats down at start", "nats", func(t *testing.T) (func(*gateway.Config), func(*runningGateway)) {
 			// A NATS that accepts and never says hello: the client waits
 			// for each handshake holding its connection's lock.
-			addr := freeAddr(t)
+			addr := testnet.FreeAddr(t)
 			blackhole(t, addr)
 			return func(c *gateway.Config) { c.NATS.URL = "nats://" + addr }, nil
 		}},
@@ -214,7 +216,7 @@ func TestHealthUnderFaults(t *testing.T) {
 			}
 		}},
 		{"kafka down at start", "kafka", func(t *testing.T) (func(*gateway.Config), func(*runningGateway)) {
-			addr := freeAddr(t)
+			addr := testnet.FreeAddr(t)
 			return func(c *gateway.Config) { c.Kafka.Brokers = []string{addr} }, nil
 		}},
 		{"kafka lost later", "kafka", func(t *testing.T) (func(*gateway.Config), func(*runningGateway)) {
@@ -246,7 +248,7 @@ func TestHealthUnderFaults(t *testing.T) {
 				cfg.Redis = redisConfig(redistest.StartTB(t).Addr())
 			}
 			mutate(&cfg)
-			srv, err := gateway.New(cfg, testLogger(t))
+			srv, err := gateway.New(cfg, logtest.Warnings(t))
 			if err != nil {
 				t.Fatal(err)
 			}

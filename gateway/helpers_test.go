@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 )
 
 // testSecret is the key secret of test gateways.
@@ -98,7 +97,7 @@ func (e *env) startGateway(mutate func(*gateway.Config)) *runningGateway {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	srv, err := gateway.New(cfg, testLogger(e.t))
+	srv, err := gateway.New(cfg, logtest.Warnings(e.t))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -136,11 +135,6 @@ func (e *env) writeRules(rules string) {
 	if err := os.Rename(tmp, e.rulesPath); err != nil {
 		e.t.Fatal(err)
 	}
-}
-
-// testLogger logs warnings and errors into the test's output.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // echo is the default upstream: 200 and a short body naming the path.
@@ -278,18 +272,6 @@ func (e *env) metric(g *runningGateway, name string, labels ...string) float64 {
 		sum += v
 	}
 	return sum
-}
-
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
 
 // counter hands out distinct keys within a test binary.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -111,7 +112,7 @@ func TestProxyStreams(t *testing.T) {
 // TestProxyUpstreamDown: a dead upstream is a 502 with a JSON error.
 func TestProxyUpstreamDown(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOptions{rules: proxyRules, config: func(c *gateway.Config) { c.Upstream = "http://" + freeAddr(t) }})
+	e := newEnv(t, envOptions{rules: proxyRules, config: func(c *gateway.Config) { c.Upstream = "http://" + testnet.FreeAddr(t) }})
 	resp, body := e.proxyGet("/x", "sk_down")
 	if resp.StatusCode != http.StatusBadGateway || !contains(body, `"UPSTREAM_UNAVAILABLE"`) {
 		t.Fatalf("%d %s", resp.StatusCode, body)

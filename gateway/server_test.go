@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -219,7 +220,7 @@ func TestHealthAndReadiness(t *testing.T) {
 func TestWithoutRedis(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{
-		redisAddr: freeAddr(t),
+		redisAddr: testnet.FreeAddr(t),
 		rules: `
 rules:
   - {id: open, match: {endpoint: "^/open"}, algorithm: token_bucket, capacity: 10, rate: 10/1h}

@@ -15,7 +15,7 @@ import (
 // Benchmarks of Guard.CheckInto through Redis and through memstore. Results
 // and the commands that produce them are in docs/benchmarks.md; `make bench`
 // runs them, then the EVALSHA ratio
-// (guard/redisstore/internal/evalbench).
+// (loadtest/cmd/evalbench).
 
 const (
 	// benchKeys is how many distinct API keys the checks are spread over.

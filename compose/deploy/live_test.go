@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -19,16 +18,19 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -69,7 +71,7 @@ func TestLiveStack(t *testing.T) {
 	agg := startAggregator(t, c, "aggregator-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
 	gw1 := startGateway(t, c, "gateway-1", deps{redis: redis.Addr(), kafka: kafka, nats: nats.ClientURL()})
 	// Nothing listens at gateway-2's Redis address: Redis is down for it.
-	gw2 := startGateway(t, c, "gateway-2", deps{redis: freeAddr(t), kafka: kafka, nats: nats.ClientURL()})
+	gw2 := startGateway(t, c, "gateway-2", deps{redis: testnet.FreeAddr(t), kafka: kafka, nats: nats.ClientURL()})
 	t.Logf("redis, kafka, nats, 2 gateways, 1 aggregator started after %v", time.Since(began).Round(time.Millisecond))
 
 	prom := startPrometheus(t, promBin, prometheusConfig(t, map[string][]string{
@@ -147,11 +149,7 @@ func replaceAddr(c *compose, name string, overrides map[string]string, k, v stri
 // topic and returns its addresses.
 func startKafka(t testing.TB, partitions int) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0),
-		kfake.SeedTopics(int32(partitions), tollgatev1.TopicDecisions))
-	mustf(t, err, "kfake")
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return kafkatest.StartTB(t, kafkabroker.WithPartitions(partitions), kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions)).Addrs()
 }
 
 // serviceLookup returns the environment of a compose service with
@@ -195,7 +193,7 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
 	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
-	srv, err := gateway.New(cfg, testLogger(t).With("service", name))
+	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	runUntilCleanup(t, name, srv.Run)
 	return srv
@@ -224,7 +222,7 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
 	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, overrides))
 	mustf(t, err, "service %s: configuration", name)
-	srv, err := aggregator.New(cfg, testLogger(t).With("service", name))
+	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	runUntilCleanup(t, name, srv.Run)
 	return srv
@@ -301,11 +299,6 @@ func runUntilCleanup(t testing.TB, name string, run func(context.Context) error)
 			t.Errorf("%s: Run did not return within 30s of its context's end", name)
 		}
 	})
-}
-
-// testLogger logs warnings and errors into the test's output.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // mustf fails the test at once when err is not nil.

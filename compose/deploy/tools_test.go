@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,12 +14,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -113,27 +112,9 @@ func prometheusConfig(t testing.TB, targets map[string][]string, interval string
 // promServer is a prometheus process started for a test.
 type promServer struct {
 	url  string
-	out  *lockedBuffer
+	out  *testnet.Buffer
 	done chan struct{}
 	err  error
-}
-
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startPrometheus runs bin with config on a free loopback port, storage in
@@ -156,8 +137,8 @@ func startPrometheus(t testing.TB, bin string, config []byte) *promServer {
 
 func tryPrometheus(t testing.TB, bin, cfgPath string) (*promServer, error) {
 	t.Helper()
-	addr := freeAddr(t)
-	p := &promServer{url: "http://" + addr, out: &lockedBuffer{}, done: make(chan struct{})}
+	addr := testnet.FreeAddr(t)
+	p := &promServer{url: "http://" + addr, out: &testnet.Buffer{}, done: make(chan struct{})}
 	cmd := exec.Command(bin,
 		"--config.file="+cfgPath,
 		"--storage.tsdb.path="+t.TempDir(),
@@ -222,17 +203,6 @@ func (p *promServer) stop(t testing.TB, cmd *exec.Cmd) {
 		<-p.done
 		t.Errorf("prometheus did not stop within 10s of SIGINT; killed")
 	}
-}
-
-// freeAddr returns a loopback address nothing listens on right now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // apiResponse is the envelope of Prometheus's HTTP API.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -158,18 +159,6 @@ func (p *proc) waitListening(addr string) error {
 	}
 }
 
-// freeAddr returns a loopback address nothing listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
-
 // shipped reads a shipped configuration file and replaces each key of
 // repl with its value. Every key must occur in the file: a test that
 // replaced nothing would test another file than the one shipped.
@@ -195,7 +184,7 @@ func shipped(t *testing.T, path string, repl ...string) string {
 func startProxy(t *testing.T, name string, run func(addr string) *proc) string {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
-		addr := freeAddr(t)
+		addr := testnet.FreeAddr(t)
 		p := run(addr)
 		err := p.waitListening(addr)
 		if errors.Is(err, errPortTaken) && attempt < 3 {

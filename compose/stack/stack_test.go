@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/stack"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -53,9 +53,9 @@ func testConfig(redis string) stack.Config {
 // running is a stack running in the background.
 type running struct {
 	st       *stack.Stack
-	logs     *lockedBuffer // every log line, debug level included
-	startLog string        // the log up to Ready
-	banner   *bytes.Buffer // written once, before Ready is closed
+	logs     *testnet.Buffer // every log line, debug level included
+	startLog string          // the log up to Ready
+	banner   *bytes.Buffer   // written once, before Ready is closed
 	cancel   context.CancelFunc
 	errc     chan error
 	addrs    stack.Addrs
@@ -65,7 +65,7 @@ type running struct {
 // with stop; a cleanup does it too if the test fails first.
 func start(t *testing.T, cfg stack.Config) *running {
 	t.Helper()
-	r := &running{logs: &lockedBuffer{}, banner: &bytes.Buffer{}, errc: make(chan error, 1)}
+	r := &running{logs: &testnet.Buffer{}, banner: &bytes.Buffer{}, errc: make(chan error, 1)}
 	log := slog.New(slog.NewMultiHandler(
 		slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
 		slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -119,24 +119,6 @@ func (r *running) checkCleanStart(t *testing.T) {
 			t.Logf("start-up warning: %s", line)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // checkLogKeys fails when a log line repeats an attribute key that names

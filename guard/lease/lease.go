@@ -64,6 +64,9 @@ const (
 	// DefaultSweepInterval is how often expired leases are given back
 	// (WithSweepInterval).
 	DefaultSweepInterval = 250 * time.Millisecond
+	// returnTimeout is the deadline of one background call giving
+	// leases back.
+	returnTimeout = time.Second
 	// BucketShare is the part of a token bucket's or GCRA's full-refill
 	// time a lease may live: it bounds what a bucket may admit beyond the
 	// reference model to this part of its limit (the bound: 1 %).
@@ -91,7 +94,6 @@ type Store struct {
 	clock    func() int64
 	maxTTL   int64
 	interval time.Duration
-	timeout  time.Duration
 	log      *slog.Logger
 
 	tab   table
@@ -147,10 +149,6 @@ func WithCounters(n int) Option {
 // (default DefaultSweepInterval).
 func WithSweepInterval(d time.Duration) Option { return func(s *Store) { s.interval = d } }
 
-// WithReturnTimeout sets the deadline of a background return call
-// (default 1 s).
-func WithReturnTimeout(d time.Duration) Option { return func(s *Store) { s.timeout = d } }
-
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
 
@@ -164,7 +162,6 @@ func New(inner guard.Store, opts ...Option) *Store {
 		clock:    func() int64 { return int64(time.Since(start) / time.Microsecond) },
 		maxTTL:   DefaultMaxTTL.Microseconds(),
 		interval: DefaultSweepInterval,
-		timeout:  time.Second,
 		quit:     make(chan struct{}),
 	}
 	s.tab.size = DefaultCounters
@@ -887,7 +884,7 @@ next:
 // them when the call failed, unless the store says which ran: Returned)
 // are sent again at the next sweep unless the store is closing.
 func (s *Store) giveBack(cs []guard.Counter) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), returnTimeout)
 	defer cancel()
 	res := make([]guard.CounterResult, len(cs))
 	_, err := s.inner.Do(ctx, guard.OpReturn, 0, cs, res)

@@ -13,32 +13,33 @@ import (
 )
 
 // Config says how to reach Redis. Processes fill it from their `redis`
-// section (configs.Redis); the defaults below are the only statement of
-// them.
+// section (configs.Redis, this type): the yaml and doc tags name and
+// document each field there (TOLLGATE_REDIS_* variables, --help), and the
+// defaults below are the only statement of them.
 type Config struct {
 	// Mode is standalone (default), sentinel or cluster.
-	Mode string
+	Mode string `yaml:"mode" doc:"standalone, sentinel or cluster."`
 	// Addrs: the server, the sentinels, or cluster seed nodes (default
 	// 127.0.0.1:6379).
-	Addrs []string
+	Addrs []string `yaml:"addrs" doc:"Redis server, Sentinel addresses or Cluster seed nodes, comma-separated."`
 	// MasterName is the Sentinel master name (default mymaster).
-	MasterName string
+	MasterName string `yaml:"master_name" doc:"Sentinel master name."`
 	// Username, Password, PasswordFile: ACL credentials. PasswordFile wins
 	// over Password.
-	Username     string
-	Password     string
-	PasswordFile string
+	Username     string `yaml:"username" doc:"Redis ACL user name. Empty: none."`
+	Password     string `yaml:"password" doc:"Redis password. Prefer password_file. Empty: none."`
+	PasswordFile string `yaml:"password_file" doc:"File holding the Redis password (trailing newline ignored); wins over password."`
 	// TLS enables TLS, with TLSCAFile as the trusted CA bundle (optional).
-	TLS       bool
-	TLSCAFile string
+	TLS       bool   `yaml:"tls" doc:"true to connect to Redis over TLS."`
+	TLSCAFile string `yaml:"tls_ca_file" doc:"PEM bundle of CAs trusted for Redis TLS. Empty: the system's."`
 	// DB is the database (standalone and Sentinel).
-	DB int
+	DB int `yaml:"db" doc:"Redis database number, standalone and Sentinel."`
 	// KeyPrefix starts every counter's key (default tg).
-	KeyPrefix string
+	KeyPrefix string `yaml:"key_prefix" doc:"Prefix of every counter's Redis key."`
 	// PoolSize is connections per node (default: the client's, 10 per CPU).
-	PoolSize int
+	PoolSize int `yaml:"pool_size" doc:"go-redis connections per Redis node (0: the client's, 10 per CPU); decisions on standalone and Sentinel use the store's own connections."`
 	// Timeout is the deadline of one Redis call (default 50ms).
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout" doc:"Deadline of one Redis call, holding even when Redis hangs; a call that timed out is answered by the failure mode of its rules, never retried."`
 }
 
 // Modes.

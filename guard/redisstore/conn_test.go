@@ -16,7 +16,6 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
-	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -37,13 +36,13 @@ func oneCounter(name string) []guard.Counter {
 }
 
 // TestAppendRESPMatchesBuild: the pre-serialised call carries exactly the
-// KEYS and ARGV the go-redis path sends.
+// KEYS and ARGV the go-redis path sends, which ScriptArgs gives tools.
 func TestAppendRESPMatchesBuild(t *testing.T) {
 	t.Parallel()
 	counters := testCounters("tg{t}")
 	cmd, tail := appendScriptCall(nil, "0123456789012345678901234567890123456789", guard.OpCheck, 0, 1000, counters)
 	got := decodeCommand(t, cmd)
-	keys, args := scriptargs.Strings(guard.OpCheck, 0, 1000, counters)
+	keys, args := ScriptArgs(guard.OpCheck, 0, 1000, counters)
 	want := append([]string{"EVALSHA", "0123456789012345678901234567890123456789", strconv.Itoa(len(keys))}, keys...)
 	want = append(want, args...)
 	if strings.Join(got, "|") != strings.Join(want, "|") {

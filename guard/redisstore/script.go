@@ -5,6 +5,9 @@ import (
 	"embed"
 	"encoding/hex"
 	"strings"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 )
 
 //go:embed lua/*.lua
@@ -49,4 +52,13 @@ func DecideScript() Script {
 func NewScript(src string) Script {
 	sum := sha1.Sum([]byte(src))
 	return Script{Source: src, SHA: hex.EncodeToString(sum[:])}
+}
+
+// ScriptArgs returns the KEYS and ARGV a Store sends to DecideScript's
+// script for op on counters, as strings (as redis-cli and redis-benchmark
+// take them): now is the decision time in ms (0: the script reads Redis's
+// TIME) and margin the TTL margin in ms. It lets a tool outside the store
+// replay the store's exact calls, for instance to measure the script alone.
+func ScriptArgs(op guard.Op, now, margin int64, counters []guard.Counter) (keys, args []string) {
+	return scriptargs.Strings(op, now, margin, counters)
 }

@@ -290,7 +290,7 @@ var invocations = []invocation{
 	{regexp.MustCompile(`(?:^|[\s(` + "`" + `$])(?:bin/)?loadtest\s+-`), "loadtest"},
 	{regexp.MustCompile(`(?:\bbin/scenario\b|loadtest/cmd/scenario\b)`), "scenario"},
 	{regexp.MustCompile(`(?:\bbin/sidebyside\b|loadtest/cmd/sidebyside\b|scripts/sidebyside\.sh|SIDEBYSIDEFLAGS=)`), "sidebyside"},
-	{regexp.MustCompile(`internal/evalbench\b|EVALBENCHFLAGS=`), "evalbench"},
+	{regexp.MustCompile(`(?:\bbin/evalbench\b|loadtest/cmd/evalbench\b|EVALBENCHFLAGS=)`), "evalbench"},
 	{regexp.MustCompile(`docs/examples/usage-consumer\b`), "usage-consumer"},
 	{regexp.MustCompile(`SCENARIOFLAGS=`), "scenario"},
 }

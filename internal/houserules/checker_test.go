@@ -92,6 +92,28 @@ func init() { slog.Info("x") }
 		"long/long.go":      file("// Package long has a long function.\npackage long\n\nfunc Short() {}\n\nfunc Long() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-1) + "}\n\nfunc Edge() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-2) + "}\n"),
 		"long/long_test.go": file("package long\n\nfunc helper() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines) + "}\n"),
 
+		// Imports run down the floors: the guard library may not import
+		// the starters in non-test code; its tests may, and so may a
+		// tool under loadtest.
+		"guard/store/store.go": file(`// Package store is a library.
+package store
+
+import (
+	_ "example.com/m/compose/server"
+	_ "example.com/m/guard/rules"
+	_ "example.com/m/guardian"
+)
+`),
+		"guard/store/store_test.go": file(`package store
+
+import _ "example.com/m/compose/server"
+`),
+		"loadtest/cmd/bench/main.go": file(`// Command bench may import anything.
+package main
+
+import _ "example.com/m/compose/server"
+`),
+
 		// Not checked at all.
 		"lib/testdata/bad.go":  file("package util\nimport \"log/slog\"\nfunc f() { slog.Info(\"x\") }\n"),
 		"nested/go.mod":        file("module example.com/nested\n"),
@@ -119,6 +141,7 @@ func init() { slog.Info("x") }
 		ruleName + " stuff",
 		ruleName + " utils",
 		ruleLength + " long/long.go:Long",
+		ruleImport + " guard/store/store.go:5",
 	}
 	slices.Sort(gotS)
 	slices.Sort(want)
@@ -128,7 +151,7 @@ func init() { slog.Info("x") }
 			t.Log(v)
 		}
 	}
-	if wantPkgs := 9; pkgs != wantPkgs {
+	if wantPkgs := 11; pkgs != wantPkgs {
 		t.Errorf("checked %d package directories, want %d", pkgs, wantPkgs)
 	}
 }

@@ -18,7 +18,12 @@
 //     `"code":"PENALTY"`), a code-shaped literal answered as a code that
 //     is not in its table, or a code answered with an HTTP status its
 //     table does not give it: every surface answers from that one table
-//     (tests spell the wire as it is).
+//     (tests spell the wire as it is);
+//   - in non-test code, an import that runs back up the floors
+//     (importRules): guard imports nothing of compose, loadtest, aggregator
+//     or gateway; schemas nothing of Tollgate's; gateway and aggregator not
+//     each other (nor loadtest). A tool that needs both the library and the
+//     starters lives under loadtest/cmd.
 //
 // It also reads every file git tracks (docs, READMEs, comments, --help
 // texts, configs, scripts, test messages) and fails on a citation of a

@@ -45,6 +45,27 @@ var longFuncAllowlist = map[string]string{
 	"loadtest/storm_summary.go:summarize": "151 lines when the rule came: the storm page's verdicts; to be split",
 }
 
+// importRules say which parts of the module a part may not import in
+// non-test code, so that imports only run down the floors: the guard
+// library stands alone, and the data plane (gateway) and the control plane
+// (aggregator) meet only through schemas and the library. Tests may import
+// more (the guard's tests start real servers through compose). Paths are
+// module-relative; a rule on "a" covers everything below a/.
+var importRules = []struct {
+	from string
+	deny []string
+	why  string
+}{
+	{"guard", []string{"compose", "loadtest", "aggregator", "gateway"},
+		"the guard library must build without the servers, starters and tools; put a tool that uses both under loadtest/cmd"},
+	{"schemas", []string{"compose", "loadtest", "aggregator", "gateway", "guard", "configs"},
+		"the wire contracts depend on nothing of Tollgate's"},
+	{"gateway", []string{"aggregator", "loadtest"},
+		"the data plane reaches the control plane only through schemas and the fleet KV; cross-process tests live in compose/pipeline"},
+	{"aggregator", []string{"gateway", "loadtest"},
+		"the control plane reaches the data plane only through schemas and the fleet KV; cross-process tests live in compose/pipeline"},
+}
+
 // globalLoggerFuncs are the package-level functions of log/slog and log that
 // use or change the process-wide default logger.
 var globalLoggerFuncs = map[string]map[string]bool{
@@ -70,6 +91,7 @@ const (
 	ruleDoc     = "package-comment"
 	ruleParsing = "parse"
 	ruleLength  = "function-length"
+	ruleImport  = "import-direction"
 )
 
 // violation is one broken rule at a position ("dir/file.go:line" or "dir").
@@ -96,6 +118,10 @@ func check(fsys fs.FS) ([]violation, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	module, err := modulePath(fsys)
+	if err != nil {
+		return nil, 0, err
+	}
 
 	var out []violation
 	keys := make([]string, 0, len(dirs))
@@ -119,6 +145,7 @@ func check(fsys fs.FS) ([]violation, int, error) {
 			files = append(files, goFile{path: p, test: strings.HasSuffix(p, "_test.go"), gen: ast.IsGenerated(f), ast: f})
 		}
 		out = append(out, checkPackage(fset, dir, files)...)
+		out = append(out, checkImports(fset, module, dir, files)...)
 	}
 	return out, len(keys), nil
 }
@@ -240,6 +267,41 @@ func checkPackage(fset *token.FileSet, dir string, files []goFile) []violation {
 			}
 			return true
 		})
+	}
+	return out
+}
+
+// under reports whether the slash path p is dir or below it.
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// checkImports applies importRules to the non-test files of one directory.
+func checkImports(fset *token.FileSet, module, dir string, files []goFile) []violation {
+	var out []violation
+	for _, r := range importRules {
+		if !under(dir, r.from) {
+			continue
+		}
+		for _, f := range files {
+			if f.test {
+				continue
+			}
+			for _, imp := range f.ast.Imports {
+				p, err := strconv.Unquote(imp.Path.Value)
+				if err != nil {
+					continue
+				}
+				rel, ok := strings.CutPrefix(p, module+"/")
+				if !ok {
+					continue
+				}
+				for _, d := range r.deny {
+					if under(rel, d) {
+						out = append(out, violation{ruleImport, fmt.Sprintf("%s:%d", f.path, fset.Position(imp.Pos()).Line),
+							fmt.Sprintf("%s imports %s: %s", r.from, rel, r.why)})
+					}
+				}
+			}
+		}
 	}
 	return out
 }

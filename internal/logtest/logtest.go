@@ -1,6 +1,8 @@
-// Package logtest is a slog handler for tests that keeps every record's
-// level and message ("INFO nats-server started"), so a test can ask what a
-// component logged.
+// Package logtest holds the tests' loggers: Recorder, a slog handler that
+// keeps every record's level and message ("INFO nats-server started"), so a
+// test can ask what a component logged; Warnings, which shows a test's
+// warnings and errors in its output; and Verbose, silent unless asked for
+// (-v or TOLLGATE_TEST_LOG).
 package logtest
 
 import (

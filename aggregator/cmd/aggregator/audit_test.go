@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -29,12 +30,7 @@ const token = "audit-test-admin-token"
 // instances, snapshots one, writes more, and reads the snapshot offline:
 // it answers as of its time.
 func TestAuditEverywhereAndSnapshot(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()
+	brokers := kafkatest.StartTB(t).Addrs()
 	start := func(id string) *aggregator.Server {
 		cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: id, DataDir: t.TempDir(),
 			AdminToken: token, KeySecret: "0123456789abcdef-secret", SessionTimeout: 2 * time.Second}
@@ -133,13 +129,7 @@ func TestAuditEverywhereAndSnapshot(t *testing.T) {
 // ladder; a snapshot holds each step's audit entry with its evidence, and
 // the offline reader shows them.
 func TestPenaltyStepsInSnapshot(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.GroupMinSessionTimeout(100*time.Millisecond),
-		kfake.SeedTopics(3, tollgatev1.TopicDecisions))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()
+	brokers := kafkatest.StartTB(t, kafkabroker.WithPartitions(3), kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions)).Addrs()
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "a", DataDir: t.TempDir(),
 		AdminToken: token, KeySecret: "0123456789abcdef-secret", SessionTimeout: 2 * time.Second,
 		Penalty: aggregator.PenaltyConfig{Window: 2 * time.Second, BackoffMinIgnored: 20, Grace: 100 * time.Millisecond}}

@@ -45,6 +45,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -462,8 +463,8 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 // add counts one decision in the ring; false when its sub-window is older
 // than every one the ring holds.
 func (s *State) add(width, t int64, rejected, ignored bool) bool {
-	start := floorDiv(t, width) * width
-	b := &s.Ring[mod(floorDiv(t, width), Buckets)]
+	start := windows.FloorDiv(t, width) * width
+	b := &s.Ring[windows.Mod(windows.FloorDiv(t, width), Buckets)]
 	switch {
 	case b.Requests == 0 || b.Start < start:
 		*b = Bucket{Start: start, First: t, Last: t}
@@ -765,13 +766,3 @@ func (x *Txn) Commit() {
 	}
 	*x = Txn{}
 }
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
-func mod(a, b int64) int64 { return a - floorDiv(a, b)*b }

@@ -161,7 +161,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	// Windows that start in [from, to): a window containing `from` starts
 	// before it, so round from down to the window's start.
 	q.Gran, q.Limit, q.Cursor = g, limit, v.Get("cursor")
-	q.From = from.Unix() - mod(from.Unix(), g.Seconds())
+	q.From = from.Unix() - windows.Mod(from.Unix(), g.Seconds())
 	q.To = to.Unix()
 	if to.Nanosecond() > 0 {
 		q.To++
@@ -213,14 +213,6 @@ func parseTime(s string, def time.Time) (time.Time, error) {
 		return t, errors.New("not an RFC 3339 time (e.g. 2026-11-23T12:00:00Z)")
 	}
 	return t, nil
-}
-
-func mod(a, b int64) int64 {
-	m := a % b
-	if m < 0 {
-		m += b
-	}
-	return m
 }
 
 // csvHeader is the first line of a CSV report.

@@ -29,7 +29,6 @@
 package windows
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -528,11 +527,11 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 		return true, nil
 	}
 	x.stats.Applied++
-	sec := floorDiv(ev.TimeMicros, 1_000_000)
+	sec := FloorDiv(ev.TimeMicros, 1_000_000)
 	late := false
 	for _, g := range All {
 		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
-		k.Start = sec - mod(sec, g.Seconds())
+		k.Start = sec - Mod(sec, g.Seconds())
 		r, err := x.row(k)
 		if err != nil {
 			return true, err
@@ -676,13 +675,6 @@ func (x *Txn) Changes() []Change {
 	return out
 }
 
-// CompareRowKeys orders row keys by tenant, granularity, start, key_id,
-// endpoint and partition.
-func CompareRowKeys(a, b RowKey) int {
-	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Gran, b.Gran), cmp.Compare(a.Start, b.Start),
-		cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Partition, b.Partition))
-}
-
 // Commit applies the transaction's changes to the table, which records
 // written as the changelog position of their write (the offset of the last
 // changelog record of the transaction). Call it only once the Kafka
@@ -721,7 +713,9 @@ func AddSat(a, b int64) int64 {
 	return s
 }
 
-func floorDiv(a, b int64) int64 {
+// FloorDiv is a / b rounded toward negative infinity, so that a time
+// before the epoch falls in the window that holds it.
+func FloorDiv(a, b int64) int64 {
 	q := a / b
 	if a%b != 0 && (a < 0) != (b < 0) {
 		q--
@@ -729,4 +723,6 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-func mod(a, b int64) int64 { return a - floorDiv(a, b)*b }
+// Mod is a modulo b with b's sign (for b > 0, in [0, b)): a - Mod(a, b)
+// is the start of a's window of width b.
+func Mod(a, b int64) int64 { return a - FloorDiv(a, b)*b }

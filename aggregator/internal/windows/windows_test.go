@@ -63,9 +63,9 @@ func TestTableMatchesModel(t *testing.T) {
 				issued[s.src] = append(issued[s.src], ev)
 			}
 			count := func(ev Event) {
-				sec := floorDiv(ev.TimeMicros, 1_000_000)
+				sec := FloorDiv(ev.TimeMicros, 1_000_000)
 				for _, g := range All {
-					k := RowKey{Partition: 3, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g, Start: sec - mod(sec, g.Seconds())}
+					k := RowKey{Partition: 3, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g, Start: sec - Mod(sec, g.Seconds())}
 					w := want[k]
 					switch {
 					case ev.Kind == KindReport:

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -136,7 +137,7 @@ func startAggregator(t *testing.T, brokers []string) *aggregator.Server {
 	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.Partitions = partitions
 	cfg.Usage.Lateness = time.Second
-	srv, err := aggregator.New(cfg, testLogger(t).With("aggregator", cfg.ID))
+	srv, err := aggregator.New(cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/gateway/internal/spool/spooltest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -22,7 +23,7 @@ import (
 // the ones dropped when the disk was full, missing.
 func TestRestartOnFullDiskReplays(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testnet.FreePort(t)
 	brokers := []string{"127.0.0.1:" + strconv.Itoa(port)}
 	fsys := spooltest.New()
 	cfg := testConfig(t, brokers, t.TempDir()) // a path of fsys, unique for the ledger
@@ -167,7 +168,7 @@ func TestQuarantinedSegmentsAreCounted(t *testing.T) {
 	if err := fsys.WriteFile(seg, b); err != nil {
 		t.Fatal(err)
 	}
-	cfg := testConfig(t, []string{"127.0.0.1:" + strconv.Itoa(freePort(t))}, dir)
+	cfg := testConfig(t, []string{"127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))}, dir)
 	cfg.FS = fsys
 	p := newProducer(t, cfg)
 	if q := p.metric(t, "tollgate_events_spool_quarantined_total"); q != 1 {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -27,35 +26,15 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
 // The tests' topic has this many partitions.
 const partitions = 6
-
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() || os.Getenv("TOLLGATE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
-// freePort returns a loopback port nothing listens on (for a broker that is
-// down, or one that comes back on the same port).
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return port
-}
 
 // portOf returns the port of a host:port address.
 func portOf(t testing.TB, addr string) int {
@@ -114,7 +93,7 @@ type producer struct {
 
 // testConfig is a config for brokers and spool dir with short intervals.
 func testConfig(t testing.TB, brokers []string, dir string) events.Config {
-	return configWithLog(brokers, dir, testLogger(t))
+	return configWithLog(brokers, dir, logtest.Verbose(t))
 }
 
 // configWithLog is testConfig's producer configuration, logging to log.
@@ -533,7 +512,7 @@ func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 // missing (a graceful stop records the last numbers used exactly).
 func TestStopWithKafkaDownSpoolsAndRestartReplays(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testnet.FreePort(t)
 	brokers := []string{"127.0.0.1:" + strconv.Itoa(port)}
 	dir := t.TempDir()
 
@@ -613,7 +592,7 @@ func TestStopWithKafkaDownSpoolsAndRestartReplays(t *testing.T) {
 // counts each drop as missing: applied + missing = recorded.
 func TestSpoolFullDropsAreCountedAndRecordNeverBlocks(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testnet.FreePort(t)
 	brokers := []string{"127.0.0.1:" + strconv.Itoa(port)}
 	dir := t.TempDir()
 	cfg := testConfig(t, brokers, dir)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // The "record" helper's producer settings.
@@ -33,7 +35,7 @@ func TestSIGKILLLosesOnlyTheMemoryTail(t *testing.T) {
 		kafkaUp bool
 	}{{"kafka up", true}, {"kafka down", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := freePort(t)
+			port := testnet.FreePort(t)
 			brokers := []string{"127.0.0.1:" + strconv.Itoa(port)}
 			if tc.kafkaUp {
 				startKafka(t, port, "")

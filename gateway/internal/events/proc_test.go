@@ -15,8 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
+	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -43,12 +42,12 @@ func TestMain(m *testing.M) {
 func runHelper(kind string) error {
 	switch kind {
 	case "kfake":
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions))
+		b, err := kafkabroker.Start(context.Background(), kafkabroker.WithPartitions(partitions), kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions))
 		if err != nil {
 			return err
 		}
-		defer c.Close()
-		fmt.Printf("addr %s\n", c.ListenAddrs()[0])
+		defer func() { _ = b.Stop() }()
+		fmt.Printf("addr %s\n", b.Addr())
 		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it or dies
 		return nil
 	case "record":

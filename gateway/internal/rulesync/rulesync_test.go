@@ -1,7 +1,6 @@
 package rulesync_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -105,7 +105,7 @@ func (b *buckets) del(kv jetstream.KeyValue, key string) {
 type syncer struct {
 	s        *rulesync.Syncer
 	controls *guard.Controls
-	logs     *lockedBuffer
+	logs     *testnet.Buffer
 	refused  atomic.Int32
 	changed  atomic.Int32 // OnCountersChanged calls
 	lastSeen atomic.Value // OnCountersChanged's last arguments: counterChange
@@ -123,7 +123,7 @@ type counterChange struct {
 
 func newSyncer(t *testing.T, url, dir string) *syncer {
 	t.Helper()
-	sy := &syncer{controls: guard.NewControls(), logs: &lockedBuffer{}, done: make(chan error, 1)}
+	sy := &syncer{controls: guard.NewControls(), logs: &testnet.Buffer{}, done: make(chan error, 1)}
 	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
 		slog.NewTextHandler(sy.logs, nil)))
 	var err error
@@ -203,23 +203,6 @@ func (sy *syncer) waitVersion(t *testing.T, v int64) {
 func (sy *syncer) waitControls(t *testing.T, want func(*guard.ControlSet) error) {
 	t.Helper()
 	testwait.Eventually(t, 5*time.Second, func() error { return want(sy.controls.Snapshot()) })
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestSyncAppliesEveryKind(t *testing.T) {

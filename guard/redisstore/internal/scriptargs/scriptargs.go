@@ -1,6 +1,7 @@
 // Package scriptargs lays out the KEYS and ARGV of the guard's Redis
-// script (guard/redisstore/lua/decide.lua): the store sends them, and the
-// EVALSHA benchmark (evalbench) replays them with redis-benchmark.
+// script (guard/redisstore/lua/decide.lua): the store sends them, and
+// redisstore.ScriptArgs hands them to tools that replay them (the EVALSHA
+// benchmark, loadtest/cmd/evalbench, with redis-benchmark).
 package scriptargs
 
 import (

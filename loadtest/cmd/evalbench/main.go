@@ -3,7 +3,7 @@
 // pipelines, against `redis-benchmark -P 16 -c 50` running EVALSHA of the
 // guard's own script with the KEYS and ARGV the guard sends for the same
 // single token-bucket rule (taken from a real Guard through
-// scriptargs.Strings; only the hash tag varies, with -r).
+// redisstore.ScriptArgs; only the hash tag varies, with -r).
 //
 // Both run against one redis-server it starts, in one run: on a small
 // machine the load generator competes with Redis for the CPUs,
@@ -23,7 +23,7 @@
 //
 // Usage (make bench runs it with its defaults):
 //
-//	go run ./guard/redisstore/internal/evalbench [-rounds 6] [-duration 2s]
+//	go run ./loadtest/cmd/evalbench [-rounds 6] [-duration 2s]
 //	    [-goroutines 200] [-batch default,32x8] [-procs 0,1] [-keys 10000]
 //
 // -procs 0,1 measures the guard with GOMAXPROCS unchanged and with 1: on a
@@ -34,7 +34,7 @@
 // the guard's script for each algorithm, against the script of git
 // revision REV, side by side in one run (scriptcpu.go):
 //
-//	go run ./guard/redisstore/internal/evalbench -baseline f1a8d53 [-rounds 6] [-duration 2s]
+//	go run ./loadtest/cmd/evalbench -baseline f1a8d53 [-rounds 6] [-duration 2s]
 //
 // It exits 2 when redis-benchmark or redis-server is missing, naming the
 // command that installs them, and 1 when a check fails.
@@ -65,7 +65,6 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore"
-	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -274,7 +273,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("guard sent %d counters, want 1", len(capture.counters))
 	}
 	// The store's TTL margin is its default, 1000 ms.
-	keys, args := scriptargs.Strings(guard.OpCheck, 0, 1000, capture.counters)
+	keys, args := redisstore.ScriptArgs(guard.OpCheck, 0, 1000, capture.counters)
 	sha := redisstore.DecideScript().SHA
 	loaded, err := admin.ScriptLoad(ctx, redisstore.DecideScript().Source).Result()
 	if err != nil {

@@ -30,7 +30,6 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore"
-	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
@@ -133,7 +132,7 @@ func runBaseline(ctx context.Context, cfg config, ref, only string) error {
 		if err != nil {
 			return err
 		}
-		keys, args := scriptargs.Strings(guard.OpCheck, 0, 1000, cs)
+		keys, args := redisstore.ScriptArgs(guard.OpCheck, 0, 1000, cs)
 		patterns := make([]string, len(keys))
 		for i, k := range keys {
 			if patterns[i], err = randKey(k); err != nil {

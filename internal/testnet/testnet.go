@@ -1,0 +1,66 @@
+// Package testnet holds what tests need around processes and servers:
+// loopback addresses nothing listens on, and a buffer several goroutines
+// (a process's stdout and stderr, a logger) may write to while the test
+// reads it.
+package testnet
+
+import (
+	"bytes"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// FreeAddr returns a loopback address ("127.0.0.1:port") nothing listens
+// on right now: for a server that is down, or one a test starts on a port
+// it must know in advance. Another process may take the port before the
+// test does; callers that bind it retry or accept that.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testnet: find a free port: %v", err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatalf("testnet: release %s: %v", addr, err)
+	}
+	return addr
+}
+
+// FreePort is FreeAddr's port.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(FreeAddr(t))
+	if err != nil {
+		t.Fatalf("testnet: %v", err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatalf("testnet: port of %s: %v", port, err)
+	}
+	return n
+}
+
+// Buffer is a bytes.Buffer safe for concurrent use: writers (a process's
+// output, a logger) and a test reading what they wrote. The zero value is
+// ready to use.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
