@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -35,7 +36,7 @@ func startTraefik(t *testing.T, tollgate, upstream string) string {
 	var authz string
 	addr := startProxy(t, "traefik", func(addr string) *proc {
 		dir := t.TempDir()
-		authz = freeAddr(t)
+		authz = testnet.FreeAddr(t)
 		dynamic := shipped(t, "configs/traefik/dynamic.yml",
 			"address: http://127.0.0.1:8001/v1/authz", "address: http://"+authz+"/v1/authz",
 			"url: http://127.0.0.1:9000", "url: http://"+upstream,
