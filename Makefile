@@ -41,7 +41,7 @@ NESTED_MODULES := compose/helm
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
-.PHONY: help build test soak deps lint ci bench run fuzz tidy-check clean generate loadtest sidebyside
+.PHONY: help build test soak deps lint ci bench run traefik fuzz tidy-check clean generate loadtest sidebyside
 
 help: ## List the targets (default)
 	@echo "Tollgate make targets:"
@@ -115,6 +115,9 @@ sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS l
 run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it)
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)
 	exec $(BIN_DIR)/tollgate-stack
+
+traefik: deps ## Build Traefik from the Go module proxy into the user's cache (minutes, once), then run the shipped configs/traefik in it; make test runs that test only once it is built
+	$(GO) test -race -count=1 -run TestTraefik -v ./compose/forwardauth/ -args -traefik.build
 
 fuzz: ## Run each Fuzz target for FUZZTIME (default 10s)
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh $(PKGS)
