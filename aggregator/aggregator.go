@@ -16,7 +16,6 @@ package aggregator
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -38,13 +37,13 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/aggregator/internal/console"
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/aggregator/internal/outbox"
 	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/configs"
-	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/internal/fleetkv"
@@ -71,6 +70,7 @@ type Server struct {
 	redis   redis.UniversalClient
 	store   *redisstore.Store
 	keyGard atomic.Pointer[hashedGuard] // the operator API's guard, by ruleset hash
+	guard   *console.Guard              // who a request is: tokens and console sessions
 
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
@@ -204,7 +204,11 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	}
 	adminapi.Register(mux, acfg)
 	labelled.MustRegister(s.readyGauge())
-	s.api = &http.Server{Handler: s.authorize(s.gate(mux)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	s.guard = console.NewGuard(cfg.AdminToken, cfg.ViewerToken, nil)
+	top := http.NewServeMux()
+	top.Handle("/", s.authorize(s.gate(mux)))
+	console.Register(top, s.guard)
+	s.api = &http.Server{Handler: top, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	ls := []service.Listener{{Name: "api", Addr: cfg.Listen, Var: configs.EnvName("aggregator_listen")}}
@@ -256,34 +260,31 @@ func (s *Server) insecureWarning() string {
 		s.cfg.Listen + " can change the fleet's rules, lists and quotas\n"
 }
 
-// authorize requires a bearer token on the operator API and the reports:
-// admin_token, or, with admin_insecure (no token configured), any
-// non-empty one. A request without it is answered 401 and changes nothing,
-// whatever its method, content type or Origin: a web page cannot make a
-// browser attach an Authorization header to a cross-site request without
-// a CORS preflight, which this API never grants, so no page can forge a
-// change (not even a text/plain POST, which needs no preflight).
+// authorize requires a caller on the operator API and the reports: the
+// admin token, the viewer token (reads only) or a console session
+// (package console). A request without one is answered 401 and changes
+// nothing, whatever its method, content type or Origin: a web page cannot
+// make a browser attach an Authorization header to a cross-site request
+// without a CORS preflight, which this API never grants, and a change made
+// with the console's cookie must come from the console's own pages and
+// carry its session's CSRF token. With admin_insecure (no admin token
+// configured) any bearer token but the viewer's is the admin's.
 func (s *Server) authorize(next http.Handler) http.Handler {
-	token := []byte(s.cfg.AdminToken)
-	if len(token) == 0 {
+	if s.cfg.AdminToken == "" {
 		s.log.Warn("the operator API has NO TOKEN ("+configs.EnvName("admin_insecure")+"=true): whoever reaches its address can change the fleet's rules, lists and quotas; any bearer token is accepted",
 			slog.String("aggregator_listen", s.cfg.Listen))
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		v := r.Header.Get("Authorization")
-		const scheme = "bearer "
-		var presented []byte
-		if len(v) > len(scheme) && strings.EqualFold(v[:len(scheme)], scheme) {
-			presented = []byte(strings.TrimSpace(v[len(scheme):]))
-		}
-		if len(presented) == 0 || (len(token) > 0 && subtle.ConstantTimeCompare(presented, token) != 1) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
-			apierror.Write(w, http.StatusUnauthorized, apierror.Unauthorized, "a valid operator token is required: Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	if s.guard == nil {
+		s.guard = console.NewGuard(s.cfg.AdminToken, s.cfg.ViewerToken, nil)
+	}
+	return s.guard.Wrap(next)
 }
+
+// ConsoleCode returns a single-use code that signs a browser in to the
+// console as the admin within an hour: the link `make run` prints is
+// /console/#code=<code> (a URL fragment: never sent to a server, so never
+// in an access log). The code is not a token: once exchanged it is gone.
+func (s *Server) ConsoleCode() string { return s.guard.NewCode(console.RoleAdmin) }
 
 // Run serves and aggregates until ctx is done or a part fails, then stops
 // gracefully: HTTP drains within aggregator_shutdown_timeout, the

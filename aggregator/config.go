@@ -27,6 +27,7 @@ type Config struct {
 	DataDir       string `yaml:"data_dir" doc:"Directory of this instance's state (Pebble: the materialized changelog and audit log; checkpoints). One per instance."`
 	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the operator API and the reports (Authorization: Bearer <token>), at least 16 characters (generate one with: openssl rand -base64 32). Required unless admin_insecure."`
 	AdminInsecure bool   `yaml:"admin_insecure" doc:"Run the operator API without admin_token, on a loopback aggregator_listen only (a local experiment): any bearer token is accepted, and a request without an Authorization header is still refused, so that no web page can forge a change. Logged as a warning at start and shown on /readyz."`
+	ViewerToken   string `yaml:"viewer_token" doc:"Read-only bearer token of the operator API, the reports and the console (Authorization: Bearer <token>): reads are answered, every change is 403 FORBIDDEN. At least 16 characters, different from admin_token. Empty: no viewer token."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
@@ -233,6 +234,15 @@ func (c *Config) Validate() error {
 			"to run a local experiment without one, set %s=true", configs.EnvName("admin_insecure"))
 	case c.AdminToken == "" && listenErr == nil && !configs.Loopback(c.Listen):
 		bad("admin_token", "required when aggregator_listen (%s) is not a loopback address, even with %s", c.Listen, configs.EnvName("admin_insecure"))
+	}
+	switch {
+	case c.ViewerToken == "":
+	case strings.ContainsFunc(c.ViewerToken, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }):
+		bad("viewer_token", "must not hold spaces or control characters (it travels in an HTTP header)")
+	case utf8.RuneCountInString(c.ViewerToken) < MinAdminTokenLen:
+		bad("viewer_token", "at least %d characters (generate one with: openssl rand -base64 32)", MinAdminTokenLen)
+	case c.ViewerToken == c.AdminToken:
+		bad("viewer_token", "must differ from admin_token (%s): the viewer token may not change anything", configs.EnvName("admin_token"))
 	}
 	if c.MetricsListen != Off {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {

@@ -70,6 +70,10 @@ func TestConfigRefusals(t *testing.T) {
 		{"15-character token", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789abcde"}, "TOLLGATE_ADMIN_TOKEN"},
 		{"16-character token", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789abcdef"}, ""},
 		{"token with a space", map[string]string{"TOLLGATE_ADMIN_TOKEN": "0123456789 abcdef"}, "spaces"},
+		{"viewer token", map[string]string{"TOLLGATE_VIEWER_TOKEN": "viewer-0123456789"}, ""},
+		{"short viewer token", map[string]string{"TOLLGATE_VIEWER_TOKEN": "viewer"}, "TOLLGATE_VIEWER_TOKEN"},
+		{"viewer token with a space", map[string]string{"TOLLGATE_VIEWER_TOKEN": "viewer 0123456789"}, "TOLLGATE_VIEWER_TOKEN"},
+		{"viewer token is the admin token", map[string]string{"TOLLGATE_VIEWER_TOKEN": token}, "must differ"},
 		{"bad redis mode", map[string]string{"TOLLGATE_REDIS_MODE": "mesh"}, "TOLLGATE_REDIS_MODE"},
 	}
 	for _, tt := range tests {

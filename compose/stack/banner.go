@@ -40,6 +40,8 @@ func (s *Stack) printBanner() {
 	line("  nats             %s  (embedded, JetStream on: KV buckets tollgate_rules, tollgate_blocklist, tollgate_overrides)", a.NATS)
 	line("  aggregator       http://%s  (usage reports, operator API /admin/v1/; bearer admin token)", dialable(a.Aggregator))
 	line("  aggregator ops   http://%s/metrics  (also /healthz, /readyz)", dialable(a.AggregatorMetrics))
+	line("  console          %s", s.console)
+	line("                   open it to sign in as the admin (the link works once, within an hour); later, sign in with a token below")
 	if s.cfg.EnvFile != "" && s.cfg.EnvFile != "off" {
 		line("  join the stack   set -a; . %s; set +a   then bin/gateway or bin/aggregator (README: Joining the local stack)", s.cfg.EnvFile)
 	}
@@ -56,6 +58,12 @@ func (s *Stack) printBanner() {
 		line("                   for the operator API and reports; set %s to keep one", configs.EnvName("admin_token"))
 	} else {
 		line("  admin token      %s  (from %s)", s.cfg.AdminToken, configs.EnvName("admin_token"))
+	}
+	if s.genViewer {
+		line("  viewer token     %s", s.cfg.ViewerToken)
+		line("                   read-only, for the console and the operator API's reads; set %s to keep one", configs.EnvName("viewer_token"))
+	} else {
+		line("  viewer token     %s  (from %s)", s.cfg.ViewerToken, configs.EnvName("viewer_token"))
 	}
 	line("")
 	line("Try it:")

@@ -49,13 +49,14 @@ type Config struct {
 	RulesFile     string `yaml:"rules_file" doc:"Rules file that seeds the NATS rules bucket when it is empty (the stack's gateway runs in fleet mode and starts from it until NATS answers); afterwards change the rules through the operator API (PUT /admin/v1/rules). Relative paths start from the current directory (make run: the repository root)."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids, at least 16 bytes. Empty: generated at start and printed."`
 	AdminToken    string `yaml:"admin_token" doc:"Bearer token of the aggregator's operator API and usage reports. Empty: generated at start and printed."`
+	ViewerToken   string `yaml:"viewer_token" doc:"Read-only token of the aggregator's operator API, reports and console: reads are answered, changes are 403 FORBIDDEN. Empty: generated at start and printed."`
 
 	KafkaListen             string `yaml:"stack_kafka_listen" doc:"Address of the embedded Kafka-protocol broker (franz-go's kfake): any Kafka client can read the topics from it."`
 	NATSListen              string `yaml:"stack_nats_listen" doc:"Address of the embedded NATS server (JetStream on), nats://host:port or host:port: the nats CLI can watch the KV buckets."`
 	AggregatorListen        string `yaml:"aggregator_listen" doc:"Address of the aggregator's operator API and usage reports (bearer admin_token)."`
 	AggregatorMetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of the aggregator's GET /metrics, /healthz and /readyz."`
 	DataDir                 string `yaml:"data_dir" doc:"Directory of the stack's state: the Kafka log, NATS's JetStream store and the aggregator's Pebble. Empty: a new temporary directory, removed on exit; set it to keep state across runs."`
-	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET and TOLLGATE_ADMIN_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
+	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET, TOLLGATE_ADMIN_TOKEN and TOLLGATE_VIEWER_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
 	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
 
 	// The aggregator's penalty ladder and the gateway's connection-level
@@ -69,7 +70,7 @@ type Config struct {
 }
 
 // SetDefaults fills zero fields with their defaults (the addresses docs/local-stack.md lists).
-// It leaves KeySecret and AdminToken empty: New generates them.
+// It leaves KeySecret, AdminToken and ViewerToken empty: New generates them.
 func (c *Config) SetDefaults() {
 	configs.Default(&c.Listen, gateway.DefaultListen)
 	configs.Default(&c.APIListen, gateway.DefaultAPIListen)

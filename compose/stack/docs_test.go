@@ -175,6 +175,7 @@ func checkBannerSample(t *testing.T, r *running, cfg stack.Config) {
 	})
 	banner = strings.NewReplacer(
 		bannerValue(t, banner, "key secret"), value("key secret"), bannerValue(t, banner, "admin token"), value("admin token"),
+		bannerValue(t, banner, "viewer token"), value("viewer token"), bannerValue(t, banner, "console"), value("console"),
 		cfg.RulesFile, def.RulesFile, cfg.EnvFile, def.EnvFile,
 	).Replace(banner)
 	head, _, ok := strings.Cut(strings.TrimLeft(banner, "\n"), "\nTry it:\n")

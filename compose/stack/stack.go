@@ -100,8 +100,10 @@ type Stack struct {
 	cfg        Config
 	log        *slog.Logger
 	out        io.Writer
-	genSecret  bool // KeySecret was generated
-	genToken   bool // AdminToken was generated
+	genSecret  bool   // KeySecret was generated
+	genToken   bool   // AdminToken was generated
+	genViewer  bool   // ViewerToken was generated
+	console    string // the console's one-time sign-in link; written before ready is closed
 	ready      chan struct{}
 	addrs      Addrs      // written before ready is closed
 	redisKind  string     // written before ready is closed
@@ -132,6 +134,9 @@ func New(cfg Config, log *slog.Logger, out io.Writer) (*Stack, error) {
 	}
 	if s.cfg.AdminToken == "" {
 		s.cfg.AdminToken, s.genToken = rand.Text(), true
+	}
+	if s.cfg.ViewerToken == "" {
+		s.cfg.ViewerToken, s.genViewer = rand.Text(), true
 	}
 	if _, err := os.Stat(cfg.RulesFile); err != nil {
 		return nil, fmt.Errorf("stack: rules file: %w (run from the repository root, as make run does, or set %s)",
@@ -343,6 +348,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
 		Kafka: kb.Addr(), NATS: ns.ClientURL(), Aggregator: aa.API, AggregatorMetrics: aa.Metrics}
 	s.redisKind = rds.kind
+	s.console = "http://" + dialable(aa.API) + "/console/#code=" + agg.ConsoleCode()
 
 	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, nil); err != nil {
 		if ctx.Err() != nil {
@@ -596,6 +602,7 @@ func (s *Stack) aggregatorConfig(rds *redisBackend, dataDir string, brokers []st
 		ID:              gatewayID,
 		DataDir:         filepath.Join(dataDir, "aggregator"),
 		AdminToken:      s.cfg.AdminToken,
+		ViewerToken:     s.cfg.ViewerToken,
 		KeySecret:       s.cfg.KeySecret,
 		RulesFile:       s.cfg.RulesFile,
 		SessionTimeout:  6 * time.Second,
@@ -645,6 +652,7 @@ func (s *Stack) envLines() []string {
 		configs.EnvName("nats.url") + "=" + s.addrs.NATS,
 		configs.EnvName("key_secret") + "=" + s.cfg.KeySecret,
 		configs.EnvName("admin_token") + "=" + s.cfg.AdminToken,
+		configs.EnvName("viewer_token") + "=" + s.cfg.ViewerToken,
 	}
 }
 

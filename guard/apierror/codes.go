@@ -37,6 +37,10 @@ const (
 	BatchTooLarge = "BATCH_TOO_LARGE"
 	// Unauthorized: the bearer token is missing or wrong (401).
 	Unauthorized = "UNAUTHORIZED"
+	// Forbidden: the credentials are valid but may not do this: a change
+	// made with the read-only viewer token, or a console change that fails
+	// the cross-site checks (403).
+	Forbidden = "FORBIDDEN"
 	// NotFound: no such route, entry or version (404).
 	NotFound = "NOT_FOUND"
 	// MethodNotAllowed: a method the route does not take (405).
@@ -165,6 +169,7 @@ var table = []Row{
 	{Aggregator, 400, InvalidRequest, "a malformed body, query parameter or `If-Match` (the message says which and what is expected)"},
 	{Aggregator, 400, InvalidKey, "`{key}` is not an API key a gateway would accept (at most 256 bytes, valid UTF-8, no control characters or spaces) nor `kid:<22-character key_id>`; for `keys/{key}`, a `kid:` of a key not in the rules' key registry"},
 	{Aggregator, 401, Unauthorized, "no or a wrong `Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>` (with `WWW-Authenticate: Bearer realm=\"tollgate\"`); a request without a bearer token never changes anything, whatever its content type or origin"},
+	{Aggregator, 403, Forbidden, "a change made with `TOLLGATE_VIEWER_TOKEN` (the viewer token reads only), or a change made with a console session cookie whose `Origin` (else `Referer`) is not the API's own host or that lacks the session's `X-CSRF-Token`; nothing changed"},
 	{Aggregator, 404, NotFound, "no such route, no ruleset yet, a rollback version outside the kept history, a key not on the list, no override, no penalty state to lift"},
 	{Aggregator, 409, Conflict, "an entry kept changing under an unconditional write (retried a few times first)"},
 	{Aggregator, 409, RulesCorrupt, "the ruleset entry in NATS does not decode; `revision`, `bytes`, `sha256` and `cause` describe it and the `ETag` is `\"r<revision>\"`: replace it with `PUT rules` and `If-Match: r<revision>`, or roll back"},
