@@ -203,6 +203,7 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 			KafkaLog: kafkalog.Slog(log)}, labelled)
 	}
 	adminapi.Register(mux, acfg)
+	mux.HandleFunc("GET /admin/v1/overview", s.overview)
 	labelled.MustRegister(s.readyGauge())
 	s.guard = console.NewGuard(cfg.AdminToken, cfg.ViewerToken, nil)
 	top := http.NewServeMux()
