@@ -40,6 +40,9 @@ func Register(mux *http.ServeMux, g *Guard) {
 		}
 		http.ServeFileFS(w, r, assets, "assets/"+name)
 	})
+	mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
+	})
 	mux.HandleFunc("POST /console/session", func(w http.ResponseWriter, r *http.Request) {
 		headers(w.Header())
 		g.signIn(w, r)

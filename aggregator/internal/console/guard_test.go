@@ -409,3 +409,13 @@ func TestPages(t *testing.T) {
 		t.Fatalf("path escape: %d", rec.Code)
 	}
 }
+
+// TestConsoleWithoutSlash: /console leads to the console.
+func TestConsoleWithoutSlash(t *testing.T) {
+	t.Parallel()
+	s := newServer(adminTok, viewerTok)
+	rec := s.do(req("GET", "/console", ""))
+	if rec.Code != http.StatusMovedPermanently || rec.Header().Get("Location") != "/console/" {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+}
