@@ -269,6 +269,12 @@ func TestConsoleJourneys(t *testing.T) {
 	p.shot("signin")
 	p.run("type the viewer token", chromedp.SendKeys(chromedp.CSS("#token"), viewerToken+"\r"))
 	p.waitText("#who", "viewer")
+	adminToken := bannerValue(t, banner, "admin token")
+	for name, secret := range map[string]string{"viewer token": viewerToken, "admin token": adminToken} {
+		if html, _ := p.eval(`document.documentElement.outerHTML + location.href`); strings.Contains(html, secret) {
+			t.Errorf("the page or its address holds the %s", name)
+		}
+	}
 	p.open("lists?list=blocklist&key=sk_prod_acme_1", "Blocklist")
 	if dis, _ := p.eval(`document.getElementById("l-put").disabled`); dis != "true" {
 		t.Errorf("the viewer's Add button is enabled")
@@ -278,6 +284,13 @@ func TestConsoleJourneys(t *testing.T) {
 	p.waitText("#l-out", "FORBIDDEN")
 	if got := status(t, r, "sk_prod_acme_1"); got == http.StatusForbidden {
 		t.Fatalf("the viewer blocked a key")
+	}
+
+	code := link[strings.Index(link, "#code=")+len("#code="):]
+	for name, secret := range map[string]string{"viewer token": viewerToken, "admin token": adminToken, "one-time code": code} {
+		if strings.Contains(r.logs.String(), secret) {
+			t.Errorf("the stack's log holds the %s", name)
+		}
 	}
 
 	// A phone-sized screen.
