@@ -244,6 +244,8 @@ func TestConsoleJourneys(t *testing.T) {
 	p.open("keys?key=sk_free_demo&endpoint=/v1/users/42", "Key lookup")
 	p.waitText("#k-out", "free-default")
 	p.shot("keys")
+	p.run("grant", chromedp.SendKeys(chromedp.CSS("#k-tokens"), "3"), chromedp.Click(chromedp.CSS("#k-grant")))
+	p.waitText("#k-note", "Granted 3")
 
 	// The audit log holds the console's changes, by actor.
 	p.open("audit", "Audit log")
@@ -251,6 +253,20 @@ func TestConsoleJourneys(t *testing.T) {
 	p.waitText("#a-out", "console (admin)")
 	p.waitText("#a-out", "blocklist")
 	p.shot("audit")
+
+	// Roll the rules back to version 1 from the versions list: the burst
+	// of 5 is back, and sk_free_demo, which spent more, is refused.
+	p.open("rules", "Rules")
+	p.waitText("#r-versions", "Roll back to 1")
+	p.exec("accept the confirmation", `window.confirm = () => true`)
+	p.exec("roll back", `[...document.querySelectorAll("#r-versions button")].find((b) => b.textContent === "Roll back to 1").click()`)
+	p.waitText("#r-out", "Rolled back")
+	testwait.Eventually(t, 30*time.Second, func() error {
+		if got := status(t, r, "sk_free_demo"); got != http.StatusTooManyRequests {
+			return fmt.Errorf("sk_free_demo after the rollback: %d, want 429", got)
+		}
+		return nil
+	})
 
 	p.open("usage?tenant=acme", "Usage")
 	p.waitText("#u-allowed .value", "")
