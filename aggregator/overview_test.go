@@ -23,11 +23,11 @@ func TestOverview(t *testing.T) {
 	gw := newGateway(t, brokers, "gw-1", 1)
 	now := time.Now()
 	for range 3 {
-		gw.emit(t, "acme", "kid-noisy", false, now)
+		gw.emit(t, "acme", "kid-z-noisy", false, now)
 	}
-	gw.emit(t, "acme", "kid-noisy", true, now)
+	gw.emit(t, "acme", "kid-z-noisy", true, now)
 	gw.emit(t, "acme", "kid-calm", true, now)
-	gw.emit(t, "globex", "kid-other", false, now)
+	gw.emit(t, "abc", "kid-other", false, now)
 	gw.emit(t, "acme", "kid-old", false, now.Add(-2*time.Hour)) // outside the span
 
 	type body struct {
@@ -68,7 +68,7 @@ func TestOverview(t *testing.T) {
 	if got.Minutes != 10 || got.Traffic.RejectionRate < 0.66 || got.Traffic.RejectionRate > 0.67 || got.Traffic.DecisionsPerSecond <= 0 {
 		t.Errorf("overview %+v", got)
 	}
-	if len(got.TopKeys) != 2 || got.TopKeys[0].KeyID != "kid-noisy" || got.TopKeys[0].Rejected != 3 || got.TopKeys[0].Allowed != 1 ||
+	if len(got.TopKeys) != 2 || got.TopKeys[0].KeyID != "kid-z-noisy" || got.TopKeys[0].Rejected != 3 || got.TopKeys[0].Allowed != 1 ||
 		got.TopKeys[1].KeyID != "kid-other" {
 		t.Errorf("top keys %+v", got.TopKeys)
 	}
