@@ -48,6 +48,10 @@ type resolution struct {
 type resolvedRule struct {
 	rule   *rules.Rule
 	params rules.Params
+	// limit is the rule's limit for this key before the region's share
+	// was taken (a regional rule: params.Limit): a cost above it can
+	// never be admitted anywhere.
+	limit  int64
 	window int64 // params.PolicyWindow
 	name   string
 }
@@ -152,11 +156,23 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, r
 				rr.params = o.Apply(rr.params)
 				r.expires(exp)
 			}
+			rr.limit = rr.params.Limit
+			if rule.Regions == rules.RegionsGlobal {
+				rr.params = regionShare(rs, g.region, rr.params)
+			}
 			rr.window = rr.params.PolicyWindow(rule.Algorithm)
 			rr.name = g.counterName(rule, &mreq)
 		}
 		r.rules = append(r.rules, rr)
 	}
+}
+
+// regionShare is p cut to region's share of a global rule's limit: a
+// window's units, or a bucket's capacity, whose full-refill time stays so
+// that its rate is split in the same proportion.
+func regionShare(rs *rules.Ruleset, region string, p rules.Params) rules.Params {
+	p.Limit = rs.RegionShare(region, p.Limit)
+	return p
 }
 
 // expires makes r valid no later than exp (Unix µs; 0: never expires).

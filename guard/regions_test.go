@@ -1,0 +1,162 @@
+package guard_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/memstore"
+)
+
+// regionAlgorithms are the algorithms' parameters, L = 7 per 500 ms (a
+// bucket: capacity 7, refilled in 500 ms).
+var regionAlgorithms = []string{
+	"algorithm: fixed_window\n    limit: 7\n    window: 500ms",
+	"algorithm: sliding_window_log\n    limit: 7\n    window: 500ms",
+	"algorithm: sliding_window_counter\n    limit: 7\n    window: 500ms\n    precision: 4",
+	"algorithm: token_bucket\n    capacity: 7\n    rate: 7/500ms",
+	"algorithm: gcra\n    limit: 7\n    window: 500ms\n    burst: 7",
+}
+
+// TestGlobalRuleAcrossRegions: two regions, each its own redis-server and
+// gateway (guard) told its region, and a client rotating between them as
+// fast as it can (far above 10 × L) for 2.5 windows. A global rule admits
+// at most L across both: every admission, in time order, is one that a
+// single region holding the whole limit admits too (memstore, the exact
+// model of the Redis scripts, judges). A regional rule gives each region
+// the whole limit: 2 × L per fixed window. Nothing here, nor anything on
+// the request path, calls the other region: each guard holds only its own
+// store.
+func TestGlobalRuleAcrossRegions(t *testing.T) {
+	t.Parallel()
+	const fleet = "regions: [{name: eu}, {name: us}]\n"
+	for _, alg := range regionAlgorithms {
+		name, _, _ := strings.Cut(strings.TrimPrefix(alg, "algorithm: "), "\n")
+		for _, mode := range []string{"global", "regional"} {
+			if mode == "regional" && name != "fixed_window" {
+				continue // one algorithm shows the regional N × L
+			}
+			t.Run(name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				rule := "rules:\n  - id: r\n    match: {}\n    regions: " + mode + "\n    " + alg + "\n"
+				rs := mustRules(t, fleet+rule)
+				ctx := context.Background()
+				regions := []*guard.Guard{
+					mustGuard(t, newRedisStore(t), rs, guard.WithRegion("eu")),
+					mustGuard(t, newRedisStore(t), rs, guard.WithRegion("us")),
+				}
+				type admission struct {
+					at     int64
+					region int
+				}
+				var admitted []admission
+				req := &guard.Request{Key: "sk_rotating", Path: "/"}
+				var start int64
+				for i := 0; i < 20_000; i++ {
+					d, err := regions[i%2].Check(ctx, req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Degraded {
+						t.Fatalf("decided without Redis: %+v", d)
+					}
+					if start == 0 {
+						start = d.Time
+					}
+					if d.Time-start > 1_250_000 {
+						break
+					}
+					rr := d.Rules[0]
+					wantLimit := int64(7)
+					if mode == "global" {
+						wantLimit = []int64{4, 3}[i%2] // 7 split equally, the odd unit to the first
+					}
+					if rr.Limit != wantLimit || rr.Remaining > wantLimit {
+						t.Fatalf("region %d: limit %d remaining %d, want the region's share %d", i%2, rr.Limit, rr.Remaining, wantLimit)
+					}
+					if !d.Allowed && (d.RetryAfter < 1 || d.Status != 429) {
+						t.Fatalf("rejected with status %d, Retry-After %d", d.Status, d.RetryAfter)
+					}
+					if d.Allowed {
+						admitted = append(admitted, admission{d.Time, i % 2})
+					}
+				}
+				slices.SortStableFunc(admitted, func(a, b admission) int { return int(a.at - b.at) })
+				if mode == "regional" {
+					// A whole window: 7 in each region.
+					per := map[int64]int{}
+					for _, a := range admitted {
+						per[a.at/500_000]++
+					}
+					first := start/500_000 + 1
+					if got := per[first]; got != 14 {
+						t.Fatalf("regional: %d admitted in window %d, want 2 × 7 (per window %v)", got, first, per)
+					}
+					return
+				}
+				// The judge: one region alone with the whole limit.
+				whole := mustRules(t, rule)
+				var now int64
+				judge := mustGuard(t, memstore.New(memstore.WithClock(func() int64 { return now })), whole)
+				for k, a := range admitted {
+					now = a.at
+					d, err := judge.Check(ctx, req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !d.Allowed {
+						t.Fatalf("admission %d (region %d at +%dµs) exceeds the global limit: %s", k, a.region, a.at-start, describeAdmissions(admitted, start))
+					}
+				}
+				if len(admitted) < 7 {
+					t.Fatalf("only %d admitted in 2.5 windows", len(admitted))
+				}
+			})
+		}
+	}
+}
+
+func describeAdmissions[T any](as []T, start int64) string {
+	return fmt.Sprintf("%d admissions from %d: %+v", len(as), start, as)
+}
+
+// TestGlobalRuleShareOfZero: with a limit below the number of regions
+// some regions hold a share of 0. There every request is a 429 with a
+// Retry-After (a cost within the whole limit is never a 400: units may be
+// lent to the region), in Redis and in memory alike.
+func TestGlobalRuleShareOfZero(t *testing.T) {
+	t.Parallel()
+	const fleet = "regions: [{name: eu}, {name: us}, {name: ap}]\n"
+	zero := []string{
+		"algorithm: fixed_window\n    limit: 2\n    window: 500ms",
+		"algorithm: sliding_window_log\n    limit: 2\n    window: 500ms",
+		"algorithm: sliding_window_counter\n    limit: 2\n    window: 500ms\n    precision: 4",
+		"algorithm: token_bucket\n    capacity: 2\n    rate: 2/500ms",
+		"algorithm: gcra\n    limit: 2\n    window: 500ms\n    burst: 2",
+	}
+	for _, alg := range zero {
+		name, _, _ := strings.Cut(strings.TrimPrefix(alg, "algorithm: "), "\n")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rs := mustRules(t, fleet+"rules:\n  - id: r\n    match: {}\n    regions: global\n    "+alg+"\n")
+			for _, store := range []struct {
+				name string
+				s    guard.Store
+			}{{"redis", newRedisStore(t)}, {"memory", memstore.New()}} {
+				g := mustGuard(t, store.s, rs, guard.WithRegion("ap"))
+				for i := 0; i < 3; i++ {
+					d, err := g.Check(context.Background(), &guard.Request{Key: "sk_zero", Path: "/"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Allowed || d.Status != 429 || d.RetryAfter < 1 || d.Rules[0].Limit != 0 || d.Rules[0].Remaining != 0 {
+						t.Fatalf("%s: share of 0 answered %+v", store.name, d)
+					}
+				}
+			}
+		})
+	}
+}
