@@ -65,6 +65,9 @@ type Guard struct {
 	cacheSize int
 
 	rules atomic.Pointer[rules.Ruleset]
+	// shares is the share table of global rules' counters (SetShares);
+	// nil until the first.
+	shares atomic.Pointer[shareTable]
 
 	observers []Observer
 
@@ -434,6 +437,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	// One state of the controls for the whole decision: a change made
 	// meanwhile is seen entirely or not at all.
 	ctl := g.controls.Snapshot()
+	st := g.shares.Load()
 	ip := cacheIP(rs, req)
 
 	if g.cache == nil || (len(req.Descriptor) > 0 && rs.MatchesDescriptors()) {
@@ -443,7 +447,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		}
 		now := g.clock()
 		var r resolution
-		g.resolveInto(&r, rs, ctl, req, endpoint, ip, now)
+		g.resolveInto(&r, rs, ctl, st, req, endpoint, ip, now)
 		d.Path, d.Endpoint = path, endpoint
 		return g.apply(op, req, d, &r, now, apps)
 	}
@@ -455,7 +459,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	if r == nil || r.until != math.MaxInt64 || r.penalised {
 		now = g.clock()
 	}
-	if r == nil || !r.current(rs, ctl.Generation(), now) {
+	if r == nil || !r.current(rs, ctl.Generation(), st, now) {
 		// A cached resolution's key was valid: only a new one needs the
 		// check.
 		if !ValidKey(req.Key) {
@@ -466,9 +470,9 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			now = g.clock()
 		}
 		r = new(resolution)
-		g.resolveInto(r, rs, ctl, req, endpoint, ip, now)
+		g.resolveInto(r, rs, ctl, st, req, endpoint, ip, now)
 		r.hash = h
-		g.cache.put(r, rs, r.gen, now)
+		g.cache.put(r, rs, r.gen, st, now)
 	}
 	d.Path, d.Endpoint = path, endpoint
 	return g.apply(op, req, d, r, now, apps)

@@ -171,3 +171,61 @@ func TestGlobalRuleShareOfZero(t *testing.T) {
 		})
 	}
 }
+
+// TestGrownShareLiftsNegativeCache: a counter rejected against its share
+// is answered from the negative cache until its Retry-After (here up to a
+// minute); a share table that grows its share has it decided against the
+// new share by the very next request, and one that leaves it alone does
+// not.
+func TestGrownShareLiftsNegativeCache(t *testing.T) {
+	t.Parallel()
+	rs := mustRules(t, "regions: [{name: eu}, {name: us}]\nrules:\n  - id: r\n    match: {}\n    regions: global\n    algorithm: fixed_window\n    limit: 4\n    window: 1m\n")
+	fast := lease.New(newRedisStore(t))
+	t.Cleanup(func() { fast.Close() })
+	g := mustGuard(t, fast, rs, guard.WithRegion("eu"))
+	ctx := context.Background()
+	req := &guard.Request{Key: "sk_grow", Path: "/"}
+	other := &guard.Request{Key: "sk_other", Path: "/"}
+	check := func(r *guard.Request) *guard.Decision {
+		t.Helper()
+		d, err := g.Check(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	admitted := 0
+	for i := 0; i < 6; i++ {
+		if check(req).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("%d admitted against a static share of 2 (of 4, two regions)", admitted)
+	}
+	if fast.Stats().Negative == 0 {
+		t.Fatal("the negative cache answered nothing: the test would not show it lifted")
+	}
+	names := g.CounterNames(req)
+	if len(names) != 1 {
+		t.Fatalf("counter names %v", names)
+	}
+	// Another counter's share changes: this one stays rejected.
+	g.SetShares(map[string]int64{g.CounterNames(other)[0]: 4})
+	if d := check(req); d.Allowed || d.Rules[0].Limit != 2 {
+		t.Fatalf("another counter's share changed this one's: %+v", d.Rules[0])
+	}
+	g.SetShares(map[string]int64{names[0]: 3})
+	d := check(req)
+	if !d.Allowed || d.Rules[0].Limit != 3 || d.Rules[0].Remaining != 0 {
+		t.Fatalf("after the share grew to 3: allowed %v, %+v", d.Allowed, d.Rules[0])
+	}
+	if d := check(req); d.Allowed {
+		t.Fatalf("admitted beyond the grown share: %+v", d.Rules[0])
+	}
+	// A share above the limit is held to the limit.
+	g.SetShares(map[string]int64{names[0]: 40})
+	if d := check(req); !d.Allowed || d.Rules[0].Limit != 4 {
+		t.Fatalf("share of 40 of a limit of 4: allowed %v, %+v", d.Allowed, d.Rules[0])
+	}
+}
