@@ -24,8 +24,8 @@ var regionAlgorithms = []string{
 }
 
 // TestGlobalRuleAcrossRegions: two regions, each its own redis-server and
-// gateway (guard) told its region, and a client rotating between them as
-// fast as it can (far above 10 × L) for 2.5 windows. A global rule admits
+// gateway (guard) told its region, and a client rotating between them at a
+// check a millisecond (about 70 × L) for 2.5 windows. A global rule admits
 // at most L across both: every admission, in time order, is one that a
 // single region holding the whole limit admits too (memstore, the exact
 // model of the Redis scripts, judges). A regional rule gives each region
@@ -68,8 +68,13 @@ func TestGlobalRuleAcrossRegions(t *testing.T) {
 				var admitted []admission
 				req := &guard.Request{Key: "sk_rotating", Path: "/"}
 				var start int64
-				end := time.Now().Add(1250 * time.Millisecond) // 2.5 windows
+				// A check a millisecond (about 70 × L per window) for 2.5
+				// windows.
+				end := time.Now().Add(1250 * time.Millisecond)
+				tick := time.NewTicker(time.Millisecond)
+				defer tick.Stop()
 				for i := 0; time.Now().Before(end); i++ {
+					<-tick.C
 					d, err := regions[i%2].Check(ctx, req)
 					if err != nil {
 						t.Fatal(err)
