@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/lease"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -47,6 +48,8 @@ type Config struct {
 	Redis configs.Redis `yaml:"redis"`
 	Kafka configs.Kafka `yaml:"kafka"`
 	NATS  configs.NATS  `yaml:"nats"`
+
+	Region string `yaml:"region" doc:"Name of the region this gateway is in (1 to 64 characters from a-z, 0-9 and -): a rule marked regions: global is enforced against this region's share of its limit, as the rules file's regions list gives it (a region the list does not name gets a share of 0). Without a regions list in the rules, the region holds every limit whole, whatever its name."`
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files."`
 	DataDir   string `yaml:"data_dir" doc:"Directory of local state, shared with the other Tollgate processes of a host (the aggregator's variable too). The gateway keeps its files under <data_dir>/gateway/<gateway_id>/ (fleet mode: lkg.json, the last-known-good copy of the rules, blocklist and overrides it starts from when NATS is unreachable) and its event spool under <data_dir>/spool/<gateway_id>/. Created when first needed."`
@@ -167,6 +170,7 @@ const (
 	DefaultMetricsListen   = "127.0.0.1:9091"
 	DefaultGRPCListen      = "127.0.0.1:8089"
 	DefaultRulesFile       = "configs/rules.yaml"
+	DefaultRegion          = guard.DefaultRegion
 	DefaultDataDir         = "tollgate-data"
 	DefaultMaxCost         = 1000
 	DefaultMaxBatch        = 100
@@ -219,6 +223,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Events.SpoolMaxBytes, DefaultSpoolMaxBytes)
 	configs.Default(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
 	configs.Default(&c.Events.FlushInterval, DefaultEventFlushInterval)
+	configs.Default(&c.Region, DefaultRegion)
 	if c.GatewayID == "" {
 		c.GatewayID = configs.HostID("gateway")
 	}
@@ -283,6 +288,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
+	}
+	if err := rules.CheckRegionName(c.Region); err != nil {
+		bad("region", "%v", err)
 	}
 	if c.GatewayID == "." || c.GatewayID == ".." || strings.ContainsAny(c.GatewayID, `/\`) {
 		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)

@@ -145,6 +145,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		FailureShare:       2,
 		MaxCost:            -1,
 		MaxRulesPerRequest: -1,
+		Region:             "EU_West",
 		Identity: gateway.IdentityConfig{
 			KeySources:     []string{"header:X-API-Key", "cookie:sid"},
 			TrustedProxies: []string{"10.0.0.0/33"},
@@ -163,6 +164,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"upstream (TOLLGATE_UPSTREAM)", "api_listen (TOLLGATE_API_LISTEN)",
 		"failure_share", "max_cost", "max_rules_per_request (TOLLGATE_MAX_RULES_PER_REQUEST)", "identity.key_sources (TOLLGATE_IDENTITY_KEY_SOURCES): item 2",
 		"identity.trusted_proxies", "identity.tenant_header", "limits.read_timeout", "log.level",
+		`region (TOLLGATE_REGION): invalid region name "EU_West"`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)

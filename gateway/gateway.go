@@ -214,6 +214,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		guard.WithResolutionCache(cfg.FastPath.Resolutions),
 		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
+		guard.WithRegion(cfg.Region),
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
 		guard.WithObserver(observers...),

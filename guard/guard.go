@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,11 +59,15 @@ type Guard struct {
 	log       *slog.Logger
 	onDegr    func(error)
 	maxRules  int
+	region    string
 	onTooMany func(matched int)
 	cache     *resolutionCache
 	cacheSize int
 
 	rules atomic.Pointer[rules.Ruleset]
+	// shares is the share table of global rules' counters (SetShares);
+	// nil until the first.
+	shares atomic.Pointer[shareTable]
 
 	observers []Observer
 
@@ -101,6 +106,16 @@ func WithControls(c *Controls) Option { return func(g *Guard) { g.controls = c }
 func WithFallback(s Store, share float64) Option {
 	return func(g *Guard) { g.fallback, g.share = s, share }
 }
+
+// DefaultRegion is the region a Guard is in unless WithRegion says
+// otherwise.
+const DefaultRegion = "local"
+
+// WithRegion sets the region the guard decides in (default DefaultRegion):
+// a `regions: global` rule is enforced against this region's share of its
+// limit (rules.Ruleset.RegionShare), `regional` rules whole. Without a
+// `regions` list in the rules the region holds every limit whole.
+func WithRegion(name string) Option { return func(g *Guard) { g.region = name } }
 
 // WithClock sets the clock for expiries of controls (Unix µs; default the
 // system clock). Counters always use the store's time.
@@ -174,6 +189,7 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 		maxCost:   1000,
 		share:     0.25,
 		maxRules:  DefaultMaxRules,
+		region:    DefaultRegion,
 		cacheSize: DefaultResolutionCache,
 		clock:     func() int64 { return time.Now().UnixMicro() },
 	}
@@ -209,6 +225,10 @@ func New(store Store, secret []byte, rs *rules.Ruleset, opts ...Option) (*Guard,
 // dropped. It does not check rs: call CheckRules first to refuse a ruleset
 // that would answer every request of some kind with TOO_MANY_RULES.
 func (g *Guard) SetRules(rs *rules.Ruleset) {
+	if rs != nil && !rs.HasRegion(g.region) && slices.ContainsFunc(rs.Rules(), func(r *rules.Rule) bool { return r.Regions == rules.RegionsGlobal }) {
+		g.log.Warn("the rules' regions list does not name this region: its global rules admit nothing here",
+			slog.String("region", g.region))
+	}
 	g.rules.Store(rs)
 	g.ForgetCounters()
 }
@@ -417,6 +437,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	// One state of the controls for the whole decision: a change made
 	// meanwhile is seen entirely or not at all.
 	ctl := g.controls.Snapshot()
+	st := g.shares.Load()
 	ip := cacheIP(rs, req)
 
 	if g.cache == nil || (len(req.Descriptor) > 0 && rs.MatchesDescriptors()) {
@@ -426,7 +447,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 		}
 		now := g.clock()
 		var r resolution
-		g.resolveInto(&r, rs, ctl, req, endpoint, ip, now)
+		g.resolveInto(&r, rs, ctl, st, req, endpoint, ip, now)
 		d.Path, d.Endpoint = path, endpoint
 		return g.apply(op, req, d, &r, now, apps)
 	}
@@ -438,7 +459,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	if r == nil || r.until != math.MaxInt64 || r.penalised {
 		now = g.clock()
 	}
-	if r == nil || !r.current(rs, ctl.Generation(), now) {
+	if r == nil || !r.current(rs, ctl.Generation(), st, now) {
 		// A cached resolution's key was valid: only a new one needs the
 		// check.
 		if !ValidKey(req.Key) {
@@ -449,9 +470,9 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 			now = g.clock()
 		}
 		r = new(resolution)
-		g.resolveInto(r, rs, ctl, req, endpoint, ip, now)
+		g.resolveInto(r, rs, ctl, st, req, endpoint, ip, now)
 		r.hash = h
-		g.cache.put(r, rs, r.gen, now)
+		g.cache.put(r, rs, r.gen, st, now)
 	}
 	d.Path, d.Endpoint = path, endpoint
 	return g.apply(op, req, d, r, now, apps)
@@ -535,8 +556,10 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		if rule.Cost > 0 && op == OpCheck {
 			c = rule.Cost
 		}
-		if !rule.Shadow && (op == OpCheck || op == OpPeek) && c > rr.params.Limit {
-			d.Cost, d.RefusingRule, d.RefusingLimit = c, rule.ID, rr.params.Limit
+		// Against the whole limit: a global rule's share may be below the
+		// cost here and units may be lent to this region later (429).
+		if !rule.Shadow && (op == OpCheck || op == OpPeek) && c > rr.limit {
+			d.Cost, d.RefusingRule, d.RefusingLimit = c, rule.ID, rr.limit
 			d.reject(400, apierror.CostExceedsLimit, ReasonCostExceedsLimit)
 			return apps, false
 		}

@@ -31,9 +31,10 @@ type resolution struct {
 
 	// Valid for rs at controls generation gen, before until (Unix µs: the
 	// earliest expiry of a control it applied).
-	rs    *rules.Ruleset
-	gen   uint64
-	until int64
+	rs     *rules.Ruleset
+	gen    uint64
+	shares *shareTable
+	until  int64
 
 	keyID, keyPrefix, tenant, tier string
 	status                         rules.ListStatus
@@ -48,6 +49,10 @@ type resolution struct {
 type resolvedRule struct {
 	rule   *rules.Rule
 	params rules.Params
+	// limit is the rule's limit for this key before the region's share
+	// was taken (a regional rule: params.Limit): a cost above it can
+	// never be admitted anywhere.
+	limit  int64
 	window int64 // params.PolicyWindow
 	name   string
 }
@@ -70,19 +75,19 @@ func (r *resolution) matches(req *Request, endpoint string, ip netip.Addr) bool 
 }
 
 // current reports whether r still holds for rs, the controls at
-// generation gen, at time now.
-func (r *resolution) current(rs *rules.Ruleset, gen uint64, now int64) bool {
-	return r.rs == rs && r.gen == gen && now < r.until
+// generation gen and the share table st, at time now.
+func (r *resolution) current(rs *rules.Ruleset, gen uint64, st *shareTable, now int64) bool {
+	return r.rs == rs && r.gen == gen && r.shares == st && now < r.until
 }
 
 // resolve computes r for req (whose key is valid) under rs and the
 // controls ctl at time now. It allocates: the key_id, names and the rules'
 // slice.
-func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, req *Request, endpoint string, ip netip.Addr, now int64) {
+func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, st *shareTable, req *Request, endpoint string, ip netip.Addr, now int64) {
 	*r = resolution{
 		key: req.Key, tenantIn: req.Tenant, tierIn: req.Tier, endpoint: endpoint,
 		method: req.Method, dom: req.Domain, ip: ip,
-		rs: rs, gen: ctl.Generation(), until: math.MaxInt64,
+		rs: rs, gen: ctl.Generation(), shares: st, until: math.MaxInt64,
 	}
 	mreq := rules.Request{
 		Key:        req.Key,
@@ -152,11 +157,29 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, r
 				rr.params = o.Apply(rr.params)
 				r.expires(exp)
 			}
-			rr.window = rr.params.PolicyWindow(rule.Algorithm)
 			rr.name = g.counterName(rule, &mreq)
+			rr.limit = rr.params.Limit
+			if rule.Regions == rules.RegionsGlobal {
+				rr.params = regionShare(rs, g.region, st, rr.name, rr.params)
+			}
+			rr.window = rr.params.PolicyWindow(rule.Algorithm)
 		}
 		r.rules = append(r.rules, rr)
 	}
+}
+
+// regionShare is p cut to region's share of a global rule's limit: the
+// share table's entry for the counter when it has one (never above the
+// limit), else the static share. The share is of a window's units, or of
+// a bucket's capacity, whose full-refill time stays so that its rate is
+// split in the same proportion.
+func regionShare(rs *rules.Ruleset, region string, st *shareTable, name string, p rules.Params) rules.Params {
+	if u, ok := st.get(name); ok {
+		p.Limit = min(max(u, 0), p.Limit)
+		return p
+	}
+	p.Limit = rs.RegionShare(region, p.Limit)
+	return p
 }
 
 // expires makes r valid no later than exp (Unix µs; 0: never expires).
@@ -205,12 +228,13 @@ func (c *resolutionCache) get(h uint64, req *Request, endpoint string, ip netip.
 	return nil
 }
 
-// put caches r (whose hash is set) for rs at generation gen and time now.
-func (c *resolutionCache) put(r *resolution, rs *rules.Ruleset, gen uint64, now int64) {
+// put caches r (whose hash is set) for rs at generation gen, share table
+// st and time now.
+func (c *resolutionCache) put(r *resolution, rs *rules.Ruleset, gen uint64, st *shareTable, now int64) {
 	for i := uint64(0); i < resolutionProbe; i++ {
 		p := &c.slots[(r.hash+i)&c.mask]
 		old := p.Load()
-		if old == nil || !old.current(rs, gen, now) || (old.hash == r.hash && old.key == r.key && old.endpoint == r.endpoint) {
+		if old == nil || !old.current(rs, gen, st, now) || (old.hash == r.hash && old.key == r.key && old.endpoint == r.endpoint) {
 			p.Store(r)
 			return
 		}

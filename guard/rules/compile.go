@@ -48,6 +48,7 @@ func Compile(doc *Document) (*Ruleset, error) {
 	c.rs.allowlist = c.globList("allowlist", doc.Allowlist)
 	c.rs.blocklist = c.globList("blocklist", doc.Blocklist)
 	c.routes()
+	c.regionList()
 	c.rules()
 	if len(c.errs) == 0 {
 		c.totalBlocks()
@@ -327,6 +328,8 @@ func (c *compiler) rule(i int, name string, s *RuleSpec) *Rule {
 				"cost %d exceeds the rule's limit %d: no request could ever pass", r.Cost, r.Params.Limit)
 		}
 	}
+
+	c.regionMode(name, r, s, line)
 
 	if len(s.Overrides) > 0 {
 		c.overrides(name, r, s, base, paramsOK && algOK)

@@ -49,6 +49,10 @@ type Document struct {
 	// rule matching every request): without it such a ruleset is refused,
 	// with it [Ruleset.Warnings] names each total block.
 	AllowTotalBlock bool `yaml:"allow_total_block,omitempty" json:"allow_total_block,omitempty"`
+	// Regions (`regions`) lists the deployment's regions and their static
+	// parts of every `regions: global` rule's limit. Absent: the gateway's
+	// own region alone, with the whole limit.
+	Regions []RegionSpec `yaml:"regions,omitempty" json:"regions,omitempty"`
 
 	hash  string  // hex SHA-256 of the source bytes; "" when built in code
 	lines lineMap // top-level field -> line
@@ -67,6 +71,17 @@ type KeySpec struct {
 type TierSpec struct {
 	Pattern string `yaml:"pattern,omitempty" json:"pattern,omitempty"`
 	Tier    string `yaml:"tier,omitempty" json:"tier,omitempty"`
+
+	line int
+}
+
+// RegionSpec is one `regions` entry: a region's name and its weight, the
+// part of every global rule's limit the region holds (a number in [0, 1],
+// at most six decimals; the weights sum to at most 1). When no entry gives
+// a weight, every region gets an equal part, the parts summing to 1.
+type RegionSpec struct {
+	Name   string `yaml:"name,omitempty" json:"name,omitempty"`
+	Weight string `yaml:"weight,omitempty" json:"weight,omitempty"` // exact decimal text, e.g. 0.25
 
 	line int
 }
@@ -104,6 +119,11 @@ type RuleSpec struct {
 	// OnFailure (`on_failure`): open (default) or closed, how the rule is
 	// decided while Redis is unavailable.
 	OnFailure string `yaml:"on_failure,omitempty" json:"on_failure,omitempty"`
+	// Regions (`regions`): regional (default: every region enforces the
+	// whole limit, so a client rotating N regions gets N × the limit) or
+	// global (one limit for every region together, each region enforcing
+	// its share).
+	Regions string `yaml:"regions,omitempty" json:"regions,omitempty"`
 	// Replaces (`replaces`) lists ids of rules this rule displaces for the
 	// requests it matches (not transitive).
 	Replaces []string `yaml:"replaces,omitempty" json:"replaces,omitempty"`
@@ -480,6 +500,8 @@ func (d *decoder) document(n *yaml.Node) *Document {
 			doc.Routes, _ = d.strings(v, "", key, doc.lines)
 		case "allow_total_block":
 			doc.AllowTotalBlock, _ = d.boolean(v, "", key)
+		case "regions":
+			doc.Regions = d.regions(v)
 		case "rules":
 			if d.kind(v, yaml.SequenceNode, "", key, "a list of rules") {
 				doc.Rules = make([]RuleSpec, 0, len(v.Content))
@@ -539,6 +561,29 @@ func (d *decoder) tiers(n *yaml.Node) []TierSpec {
 	return out
 }
 
+func (d *decoder) regions(n *yaml.Node) []RegionSpec {
+	if !d.kind(n, yaml.SequenceNode, "", "regions", "a list of {name, weight}") {
+		return nil
+	}
+	out := make([]RegionSpec, 0, len(n.Content))
+	for i, item := range n.Content {
+		field := fmt.Sprintf("regions[%d]", i)
+		rs := RegionSpec{line: item.Line}
+		d.mapping(item, "", field, func(f string, fk, fv *yaml.Node) {
+			switch f {
+			case "name":
+				rs.Name, _ = d.nonEmpty(fv, "", field+".name")
+			case "weight":
+				rs.Weight, _ = d.number(fv, "", field+".weight")
+			default:
+				d.unknown("", field+"."+f, fk)
+			}
+		})
+		out = append(out, rs)
+	}
+	return out
+}
+
 // ruleName is how errors name a rule: its id, or rules[i] without one.
 func ruleName(i int, id string) string {
 	if id == "" {
@@ -583,6 +628,8 @@ func (d *decoder) rule(i int, n *yaml.Node) RuleSpec {
 			r.ByEndpoint, _ = d.boolean(v, name, key)
 		case "on_failure":
 			r.OnFailure, _ = d.nonEmpty(v, name, key)
+		case "regions":
+			r.Regions, _ = d.nonEmpty(v, name, key)
 		case "replaces":
 			r.Replaces, _ = d.strings(v, name, key, r.lines)
 		case "overrides":

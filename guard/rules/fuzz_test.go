@@ -23,6 +23,9 @@ func FuzzLoad(f *testing.F) {
 		"rules:\n  - &a {id: a, capacity: 1, rate: 1/s}\n  - *a\n",
 		"rules:\n  - {id: a, capacity: 1, rate: 1/s, <<: {x: 1}}\n",
 		"keys: {k: {tier: t}}\nrules:\n  - {id: a, algorithm: gcra, limit: 3, window: 1d1h1m1s1ms, burst: 7, overrides: {k: {limit: 9}}}\n",
+		"regions: [{name: eu, weight: 0.5}, {name: us, weight: 0.25}]\nrules:\n  - {id: a, algorithm: fixed_window, limit: 7, window: 1s, regions: global}\n",
+		"regions: [{name: a}, {name: b}, {name: c}]\nrules:\n  - {id: a, capacity: 2, rate: 2/s, regions: global}\n  - {id: b, capacity: 2, rate: 2/s, regions: regional}\n",
+		`{"regions":[{"name":"x","weight":"1"}],"rules":[{"id":"a","limit":1,"window":"1s","algorithm":"sliding_window_log","regions":"global"}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -71,6 +74,34 @@ func FuzzLoad(f *testing.F) {
 				if p.PolicyWindow(r.Algorithm) < 1 {
 					t.Fatalf("rule %s: PolicyWindow < 1", r.ID)
 				}
+			}
+		}
+		// The regions: weights sum to at most 1, and every rule's shares
+		// sum to its limit split by them, none above its exact part.
+		var sum int64
+		for _, reg := range rs.Regions() {
+			if CheckRegionName(reg.Name) != nil || reg.Weight < 0 {
+				t.Fatalf("region %+v accepted", reg)
+			}
+			sum += reg.Weight
+		}
+		if sum > WeightScale || (len(rs.Regions()) > 0 && rs.HasRegion("")) {
+			t.Fatalf("regions %+v accepted", rs.Regions())
+		}
+		for _, r := range rs.Rules() {
+			if r.Regions != RegionsRegional && r.Regions != RegionsGlobal {
+				t.Fatalf("rule %s: regions %q", r.ID, r.Regions)
+			}
+			var total int64
+			for _, reg := range rs.Regions() {
+				s := rs.RegionShare(reg.Name, r.Params.Limit)
+				if s < 0 || s > r.Params.Limit {
+					t.Fatalf("rule %s: share %d of %d in %s", r.ID, s, r.Params.Limit, reg.Name)
+				}
+				total += s
+			}
+			if len(rs.Regions()) > 0 && (total > r.Params.Limit || sum == WeightScale && total != r.Params.Limit) {
+				t.Fatalf("rule %s: shares sum to %d of %d (weights %d)", r.ID, total, r.Params.Limit, sum)
 			}
 		}
 		var dst []*Rule

@@ -13,7 +13,10 @@ type Rule struct {
 	Block      bool
 	ByEndpoint bool
 	OnFailure  FailureMode
-	Replaces   []string
+	// Regions is regional (every region enforces the whole limit) or
+	// global (each region enforces its share: Ruleset.RegionShare).
+	Regions  RegionMode
+	Replaces []string
 
 	// Tag is a short string (base64url characters) derived from the counter
 	// identity's rule part (id, algorithm, window, precision, scope), unique
@@ -69,6 +72,7 @@ type Ruleset struct {
 	allowlist globList
 	blocklist globList
 	routes    []route
+	regions   []Region
 
 	// displacedBy maps a rule index to the indexes of rules that list it
 	// in `replaces`.
