@@ -96,6 +96,8 @@ const (
 	DefaultReconnectWait = fleetkv.DefaultReconnectWait
 	// historyTimeout bounds reading the rules bucket's history.
 	historyTimeout = 10 * time.Second
+	// DefaultSaveInterval is Config.SaveInterval's default.
+	DefaultSaveInterval = time.Second
 )
 
 // Config configures a Syncer.
@@ -138,6 +140,12 @@ type Config struct {
 	// ReconnectWait is the pause between two attempts to reach NATS
 	// (default DefaultReconnectWait).
 	ReconnectWait time.Duration
+	// SaveInterval is the least time between two writes of the
+	// last-known-good copy (default DefaultSaveInterval): the changes of a
+	// burst are in force at once and reach the disk as one write, the
+	// newest, at the end of the interval or when Run returns. A fleet of
+	// gateways sharing a disk otherwise fsyncs once per gateway per change.
+	SaveInterval time.Duration
 }
 
 // Syncer watches the control plane's buckets. Create it with New, call
@@ -201,6 +209,9 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	if cfg.ReconnectWait <= 0 {
 		cfg.ReconnectWait = DefaultReconnectWait
+	}
+	if cfg.SaveInterval <= 0 {
+		cfg.SaveInterval = DefaultSaveInterval
 	}
 	if cfg.OnRefused == nil {
 		cfg.OnRefused = func(error) {}
@@ -400,10 +411,17 @@ func (s *Syncer) changed() {
 
 // saver writes the copies changed hands it until toSave is closed, so that
 // a change is in force before the disk has it and a slow fsync never
-// delays the next change; a burst of changes costs one write.
+// delays the next change. Writes are SaveInterval apart at least: a burst
+// of changes costs one write, of the newest copy; the copy pending when
+// toSave is closed is written at once.
 func (s *Syncer) saver() {
 	failing := ""
+	var last time.Time
 	for b := range s.toSave {
+		if wait := s.cfg.SaveInterval - time.Since(last); !last.IsZero() && wait > 0 {
+			b = s.newestWithin(b, wait)
+		}
+		last = time.Now()
 		if err := writeAtomic(s.cfg.Dir, LKGFile, b); err != nil {
 			if msg := err.Error(); msg != failing {
 				failing = msg
@@ -412,6 +430,24 @@ func (s *Syncer) saver() {
 			continue
 		}
 		failing = ""
+	}
+}
+
+// newestWithin returns the newest copy handed to the saver within d,
+// starting from b; it returns early when toSave is closed.
+func (s *Syncer) newestWithin(b []byte, d time.Duration) []byte {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case nb, ok := <-s.toSave:
+			if !ok {
+				return b
+			}
+			b = nb
+		case <-t.C:
+			return b
+		}
 	}
 }
 
