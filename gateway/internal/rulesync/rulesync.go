@@ -140,11 +140,12 @@ type Config struct {
 	// ReconnectWait is the pause between two attempts to reach NATS
 	// (default DefaultReconnectWait).
 	ReconnectWait time.Duration
-	// SaveInterval is the least time between two writes of the
-	// last-known-good copy (default DefaultSaveInterval): the changes of a
-	// burst are in force at once and reach the disk as one write, the
-	// newest, at the end of the interval or when Run returns. A fleet of
-	// gateways sharing a disk otherwise fsyncs once per gateway per change.
+	// SaveInterval is the least time between two encodings and writes of
+	// the last-known-good copy (default DefaultSaveInterval): the changes
+	// of a burst are in force at once and reach the disk as one write, of
+	// the newest state, at the first tick (every second) after the
+	// interval or when Run returns. A fleet of gateways sharing a disk
+	// otherwise encodes and fsyncs once per gateway per change.
 	SaveInterval time.Duration
 }
 
@@ -169,6 +170,8 @@ type Syncer struct {
 	// corruptLogged: the corrupt entries logged, by bucket/key/revision.
 	corruptLogged map[string]bool
 	toSave        chan []byte // to the saver: the newest copy not written yet
+	dirty         bool        // a change is not in the copy handed to the saver
+	handed        time.Time   // when the last copy was handed to the saver
 }
 
 // state is what the Syncer holds from the buckets: the blocklist and
@@ -292,7 +295,12 @@ func (s *Syncer) Run(ctx context.Context) error {
 	// In this order on return: the connection closed, with the watchers
 	// being stopped; the last copy written.
 	defer saving.Wait()
-	defer close(s.toSave)
+	defer func() {
+		if s.dirty {
+			s.handOff()
+		}
+		close(s.toSave)
+	}()
 	defer nc.Close()
 	return nc.Follow(ctx, follower{s}, ladderEndDelay)
 }
@@ -303,7 +311,10 @@ type follower struct{ s *Syncer }
 
 func (f follower) Sync(ctx context.Context, snap *fleetkv.Snapshot) { f.s.resync(ctx, snap) }
 func (f follower) Change(c fleetkv.Change)                          { f.s.change(c) }
-func (f follower) Tick(now time.Time)                               { f.s.flushLadderEnds(now) }
+func (f follower) Tick(now time.Time) {
+	f.s.flushLadderEnds(now)
+	f.s.saveDue(now)
+}
 
 // countersChanged handles a message on tollgatev1.SubjectCounters.
 func (s *Syncer) countersChanged(c tollgatev1.CountersChanged, err error) {
@@ -391,17 +402,29 @@ func (s *Syncer) newestGoodRules(ctx context.Context, snap *fleetkv.Snapshot, be
 	return nil, nil
 }
 
-// changed records an applied change: the time, and the last-known-good
-// copy, which the saver writes.
+// changed records an applied change: the time, and that the
+// last-known-good copy is behind. The copy is encoded and handed to the
+// saver at once when the last one was handed SaveInterval ago or more,
+// else at the first tick after that, or when Run returns: a burst of
+// changes costs one encoding and one write.
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
+	s.dirty = true
+	if time.Since(s.handed) >= s.cfg.SaveInterval {
+		s.handOff()
+	}
+}
+
+// handOff encodes the copy and hands it to the saver, which writes the
+// newest: one it has not started on is replaced (only Run's goroutine
+// sends).
+func (s *Syncer) handOff() {
+	s.dirty, s.handed = false, time.Now()
 	b, err := s.encode()
 	if err != nil {
 		s.log.Error("last-known-good copy not written", slog.String("error", err.Error()))
 		return
 	}
-	// The saver writes the newest copy: one it has not started on is
-	// replaced (only this goroutine sends).
 	select {
 	case <-s.toSave:
 	default:
@@ -409,19 +432,19 @@ func (s *Syncer) changed() {
 	s.toSave <- b
 }
 
-// saver writes the copies changed hands it until toSave is closed, so that
-// a change is in force before the disk has it and a slow fsync never
-// delays the next change. Writes are SaveInterval apart at least: a burst
-// of changes costs one write, of the newest copy; the copy pending when
-// toSave is closed is written at once.
+// saveDue hands off the copy when it is behind and the interval is over.
+func (s *Syncer) saveDue(now time.Time) {
+	if s.dirty && now.Sub(s.handed) >= s.cfg.SaveInterval {
+		s.handOff()
+	}
+}
+
+// saver writes the copies handOff hands it until toSave is closed, so
+// that a change is in force before the disk has it and a slow fsync never
+// delays the next change.
 func (s *Syncer) saver() {
 	failing := ""
-	var last time.Time
 	for b := range s.toSave {
-		if wait := s.cfg.SaveInterval - time.Since(last); !last.IsZero() && wait > 0 {
-			b = s.newestWithin(b, wait)
-		}
-		last = time.Now()
 		if err := writeAtomic(s.cfg.Dir, LKGFile, b); err != nil {
 			if msg := err.Error(); msg != failing {
 				failing = msg
@@ -430,24 +453,6 @@ func (s *Syncer) saver() {
 			continue
 		}
 		failing = ""
-	}
-}
-
-// newestWithin returns the newest copy handed to the saver within d,
-// starting from b; it returns early when toSave is closed.
-func (s *Syncer) newestWithin(b []byte, d time.Duration) []byte {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		select {
-		case nb, ok := <-s.toSave:
-			if !ok {
-				return b
-			}
-			b = nb
-		case <-t.C:
-			return b
-		}
 	}
 }
 
