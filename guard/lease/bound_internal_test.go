@@ -2,7 +2,7 @@ package lease
 
 import (
 	"context"
-	"os"
+	"flag"
 	"runtime"
 	"strconv"
 	"testing"
@@ -12,11 +12,13 @@ import (
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
+var boundDefault = flag.Bool("bound-default", false, "TestMemoryBoundedUnderManyKeys: 200 000 keys at the default table sizes")
+
 // boundBytesPerKey is the documented bound (docs/gateway.md, "Memory per
 // tracked key") of the heap one tracked API key takes in a gateway: its
 // fast-path counter state (lease, negative cache) and its cached
 // resolution, both in bounded tables that evict. Measured ≈ 1 060 B at
-// the default sizes (TOLLGATE_BOUND_DEFAULT=1 runs this test at them).
+// the default sizes (-bound-default runs this test at them).
 const boundBytesPerKey = 1200
 
 // fixedBytes is what the test's guard takes besides its tables (memstore's
@@ -35,7 +37,7 @@ func heapInUse() uint64 {
 // TestMemoryBoundedUnderManyKeys sends one check of each of 60 000
 // distinct keys through a guard over the fast path whose tables hold 2 048
 // counters and 2 048 resolutions (200 000 keys at the default sizes with
-// TOLLGATE_BOUND_DEFAULT=1): the fast path tracks at most its table's size,
+// -bound-default): the fast path tracks at most its table's size,
 // the heap stops growing with the number of keys once the tables are full
 // (the second half of the keys add less than 8 B each; at the default
 // sizes the tables are still filling then), and it stays within
@@ -46,7 +48,7 @@ func TestMemoryBoundedUnderManyKeys(t *testing.T) {
 		t.Skip("60 000 checks")
 	}
 	keys, counters, resolutions := 60_000, 2048, 2048
-	if os.Getenv("TOLLGATE_BOUND_DEFAULT") == "1" {
+	if *boundDefault {
 		keys, counters, resolutions = 200_000, DefaultCounters, guard.DefaultResolutionCache
 	}
 	half := keys / 2
