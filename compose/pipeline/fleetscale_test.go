@@ -243,3 +243,22 @@ func BenchmarkFleetScale(b *testing.B) {
 		})
 	}
 }
+
+// TestFleetScalePropagation: a rule change and a blocklist entry reach
+// each of 10 gateways on one NATS within the propagation bound (2 s at
+// p99); BenchmarkFleetScale gives the figures at 10, 50 and 200.
+func TestFleetScalePropagation(t *testing.T) {
+	t.Parallel()
+	f := newScaleFleet(t, 10)
+	times := f.measure(5)
+	for _, m := range []struct {
+		what string
+		ds   []time.Duration
+	}{{"rule change", times.rule}, {"blocklist entry", times.block}} {
+		p99 := nearestRank(m.ds, 99)
+		t.Logf("%s, 10 gateways: p50 %v, p99 %v after the API's answer", m.what, nearestRank(m.ds, 50), p99)
+		if p99 > 2*time.Second {
+			t.Errorf("%s: p99 %v, want < 2s", m.what, p99)
+		}
+	}
+}
