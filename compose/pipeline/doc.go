@@ -6,5 +6,10 @@
 //
 //	go test ./compose/pipeline -run TestKafkaOutage -outage=30s -v
 //
-// measures the "Kafka down 30 s under load" figure of docs/benchmarks.md.
+// measures the "Kafka down 30 s under load" figure of docs/benchmarks.md, and
+//
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -timeout 15m
+//
+// rule and blocklist propagation to 10, 50 and 200 in-process gateways on
+// one NATS server.
 package pipeline

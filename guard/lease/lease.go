@@ -98,6 +98,12 @@ type Store struct {
 
 	tab   table
 	epoch atomic.Uint64
+	// leased is set when a lease is installed and cleared by the sweep
+	// that finds none left: an idle store's sweep scans nothing (a process
+	// holding many guards, or a gateway between bursts, pays no scan of
+	// its whole table four times a second).
+	leased atomic.Bool
+	scans  atomic.Int64 // the sweep's scans of the table, for the tests
 
 	mu      sync.Mutex
 	pending []guard.Counter // units to give back that a failed call could not
@@ -680,7 +686,11 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 		t: t, recv: recv,
 	}
 	l.units.Store(r.Leased)
-	if old := e.lease.Swap(l); old != nil {
+	old := e.lease.Swap(l)
+	if !s.leased.Load() {
+		s.leased.Store(true)
+	}
+	if old != nil {
 		e.leaseHits.Add(old.hits.Load())
 		if left := old.close(); left > 0 {
 			s.giveBackLater(returnOf(e.name, old, left))
@@ -832,19 +842,32 @@ func (s *Store) sweep(all bool) {
 	batch := s.pending
 	s.pending = nil
 	s.mu.Unlock()
-	s.tab.each(func(e *entry) {
-		l := e.lease.Load()
-		if l == nil || (!all && now < l.until && l.epoch == epoch) {
-			return
+	// Cleared before the scan: a lease installed meanwhile sets it again,
+	// so the next sweep scans.
+	if s.leased.Swap(false) || all {
+		s.scans.Add(1)
+		kept := false
+		s.tab.each(func(e *entry) {
+			l := e.lease.Load()
+			if l == nil {
+				return
+			}
+			if !all && now < l.until && l.epoch == epoch {
+				kept = true
+				return
+			}
+			if !e.lease.CompareAndSwap(l, nil) {
+				return
+			}
+			e.leaseHits.Add(l.hits.Load())
+			if left := l.close(); left > 0 {
+				batch = append(batch, returnOf(e.name, l, left))
+			}
+		})
+		if kept {
+			s.leased.Store(true)
 		}
-		if !e.lease.CompareAndSwap(l, nil) {
-			return
-		}
-		e.leaseHits.Add(l.hits.Load())
-		if left := l.close(); left > 0 {
-			batch = append(batch, returnOf(e.name, l, left))
-		}
-	})
+	}
 	for len(batch) > 0 {
 		var call []guard.Counter
 		call, batch = nextReturns(batch)

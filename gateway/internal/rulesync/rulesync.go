@@ -96,6 +96,8 @@ const (
 	DefaultReconnectWait = fleetkv.DefaultReconnectWait
 	// historyTimeout bounds reading the rules bucket's history.
 	historyTimeout = 10 * time.Second
+	// DefaultSaveInterval is Config.SaveInterval's default.
+	DefaultSaveInterval = time.Second
 )
 
 // Config configures a Syncer.
@@ -138,6 +140,13 @@ type Config struct {
 	// ReconnectWait is the pause between two attempts to reach NATS
 	// (default DefaultReconnectWait).
 	ReconnectWait time.Duration
+	// SaveInterval is the least time between two encodings and writes of
+	// the last-known-good copy (default DefaultSaveInterval): the changes
+	// of a burst are in force at once and reach the disk as one write, of
+	// the newest state, at the first tick (every second) after the
+	// interval or when Run returns. A fleet of gateways sharing a disk
+	// otherwise encodes and fsyncs once per gateway per change.
+	SaveInterval time.Duration
 }
 
 // Syncer watches the control plane's buckets. Create it with New, call
@@ -161,6 +170,8 @@ type Syncer struct {
 	// corruptLogged: the corrupt entries logged, by bucket/key/revision.
 	corruptLogged map[string]bool
 	toSave        chan []byte // to the saver: the newest copy not written yet
+	dirty         bool        // a change is not in the copy handed to the saver
+	handed        time.Time   // when the last copy was handed to the saver
 }
 
 // state is what the Syncer holds from the buckets: the blocklist and
@@ -201,6 +212,9 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	if cfg.ReconnectWait <= 0 {
 		cfg.ReconnectWait = DefaultReconnectWait
+	}
+	if cfg.SaveInterval <= 0 {
+		cfg.SaveInterval = DefaultSaveInterval
 	}
 	if cfg.OnRefused == nil {
 		cfg.OnRefused = func(error) {}
@@ -281,7 +295,12 @@ func (s *Syncer) Run(ctx context.Context) error {
 	// In this order on return: the connection closed, with the watchers
 	// being stopped; the last copy written.
 	defer saving.Wait()
-	defer close(s.toSave)
+	defer func() {
+		if s.dirty {
+			s.handOff()
+		}
+		close(s.toSave)
+	}()
 	defer nc.Close()
 	return nc.Follow(ctx, follower{s}, ladderEndDelay)
 }
@@ -292,7 +311,10 @@ type follower struct{ s *Syncer }
 
 func (f follower) Sync(ctx context.Context, snap *fleetkv.Snapshot) { f.s.resync(ctx, snap) }
 func (f follower) Change(c fleetkv.Change)                          { f.s.change(c) }
-func (f follower) Tick(now time.Time)                               { f.s.flushLadderEnds(now) }
+func (f follower) Tick(now time.Time) {
+	f.s.flushLadderEnds(now)
+	f.s.saveDue(now)
+}
 
 // countersChanged handles a message on tollgatev1.SubjectCounters.
 func (s *Syncer) countersChanged(c tollgatev1.CountersChanged, err error) {
@@ -380,17 +402,29 @@ func (s *Syncer) newestGoodRules(ctx context.Context, snap *fleetkv.Snapshot, be
 	return nil, nil
 }
 
-// changed records an applied change: the time, and the last-known-good
-// copy, which the saver writes.
+// changed records an applied change: the time, and that the
+// last-known-good copy is behind. The copy is encoded and handed to the
+// saver at once when the last one was handed SaveInterval ago or more,
+// else at the first tick after that, or when Run returns: a burst of
+// changes costs one encoding and one write.
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
+	s.dirty = true
+	if time.Since(s.handed) >= s.cfg.SaveInterval {
+		s.handOff()
+	}
+}
+
+// handOff encodes the copy and hands it to the saver, which writes the
+// newest: one it has not started on is replaced (only Run's goroutine
+// sends).
+func (s *Syncer) handOff() {
+	s.dirty, s.handed = false, time.Now()
 	b, err := s.encode()
 	if err != nil {
 		s.log.Error("last-known-good copy not written", slog.String("error", err.Error()))
 		return
 	}
-	// The saver writes the newest copy: one it has not started on is
-	// replaced (only this goroutine sends).
 	select {
 	case <-s.toSave:
 	default:
@@ -398,9 +432,16 @@ func (s *Syncer) changed() {
 	s.toSave <- b
 }
 
-// saver writes the copies changed hands it until toSave is closed, so that
-// a change is in force before the disk has it and a slow fsync never
-// delays the next change; a burst of changes costs one write.
+// saveDue hands off the copy when it is behind and the interval is over.
+func (s *Syncer) saveDue(now time.Time) {
+	if s.dirty && now.Sub(s.handed) >= s.cfg.SaveInterval {
+		s.handOff()
+	}
+}
+
+// saver writes the copies handOff hands it until toSave is closed, so
+// that a change is in force before the disk has it and a slow fsync never
+// delays the next change.
 func (s *Syncer) saver() {
 	failing := ""
 	for b := range s.toSave {

@@ -123,11 +123,16 @@ type counterChange struct {
 
 func newSyncer(t *testing.T, url, dir string) *syncer {
 	t.Helper()
+	return newSyncerWith(t, url, dir, func(*rulesync.Config) {})
+}
+
+// newSyncerWith is newSyncer with its Config changed by mutate.
+func newSyncerWith(t *testing.T, url, dir string, mutate func(*rulesync.Config)) *syncer {
+	t.Helper()
 	sy := &syncer{controls: guard.NewControls(), logs: &testnet.Buffer{}, done: make(chan error, 1)}
 	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
 		slog.NewTextHandler(sy.logs, nil)))
-	var err error
-	sy.s, err = rulesync.New(rulesync.Config{
+	cfg := rulesync.Config{
 		URL: url, Name: "test", Dir: dir, Controls: sy.controls, Log: log,
 		Apply: func(rs *rulefile.Ruleset) {
 			sy.mu.Lock()
@@ -140,8 +145,10 @@ func newSyncer(t *testing.T, url, dir string) *syncer {
 			sy.changed.Add(1)
 		},
 		ReconnectWait: 20 * time.Millisecond,
-	})
-	if err != nil {
+	}
+	mutate(&cfg)
+	var err error
+	if sy.s, err = rulesync.New(cfg); err != nil {
 		t.Fatal(err)
 	}
 	return sy
@@ -741,4 +748,62 @@ func TestCountersChangedReachTheGateway(t *testing.T) {
 		return nil
 	})
 	heard(sy.changed.Load() + 1)
+}
+
+// lkgVersion returns the ruleset version the copy in dir holds, 0 when
+// there is none yet.
+func lkgVersion(t *testing.T, dir string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, rulesync.LKGFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Rules tollgatev1.RulesEntry `json:"rules"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatalf("copy: %v", err)
+	}
+	return f.Rules.Version
+}
+
+// TestSaveIntervalCoalescesWrites: the changes of a burst are in force at
+// once but reach the last-known-good copy as one write, SaveInterval after
+// the previous one (a fleet on one disk otherwise fsyncs per gateway per
+// change); the copy pending when Run returns is written then.
+func TestSaveIntervalCoalescesWrites(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	dir := t.TempDir()
+	sy := newSyncerWith(t, ns.ClientURL(), dir, func(c *rulesync.Config) { c.SaveInterval = time.Hour })
+	sy.start(t)
+	sy.waitVersion(t, 1)
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if v := lkgVersion(t, dir); v != 1 {
+			return fmt.Errorf("copy holds version %d, want 1 (the first write is not delayed)", v)
+		}
+		return nil
+	})
+	for v := int64(2); v <= 5; v++ {
+		b.putRules(v, strings.Replace(rulesV1, "capacity: 10", fmt.Sprintf("capacity: %d", 10*v), 1))
+		sy.waitVersion(t, v)
+	}
+	// In force, not yet on disk: for a second (an unthrottled saver writes
+	// within milliseconds), the copy stays at version 1.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(time.Second); time.Now().Before(end); <-tick.C {
+		if v := lkgVersion(t, dir); v != 1 {
+			t.Fatalf("copy holds version %d within the save interval, want 1", v)
+		}
+	}
+	sy.stop(t)
+	if v := lkgVersion(t, dir); v != 5 {
+		t.Fatalf("after Run returned the copy holds version %d, want 5 (the newest)", v)
+	}
 }

@@ -1,0 +1,264 @@
+package pipeline_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/testwait"
+)
+
+var fleetSizes = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
+
+// scaleRules is the fleet's ruleset: rule demo gives sk_fleet_* keys a
+// token bucket of the given capacity.
+func scaleRules(capacity int) string {
+	return fmt.Sprintf(`rules:
+  - id: demo
+    match: {api_key: "sk_fleet_*"}
+    algorithm: token_bucket
+    capacity: %d
+    rate: %d/1h
+`, capacity, capacity)
+}
+
+// scaleFleet is one NATS server, one aggregator with its operator API
+// (on a Kafka-protocol broker), one Redis, and gateways in fleet mode in
+// this process. The gateways share nothing but NATS and Redis: each has
+// its own guard, rules syncer, controls, NATS connection, KV watchers and
+// state directory (its last-known-good copy).
+type scaleFleet struct {
+	tb     testing.TB
+	admin  string
+	client *http.Client
+	gws    []*gateway.Server
+	stops  []func()
+}
+
+func newScaleFleet(tb testing.TB, n int) *scaleFleet {
+	tb.Helper()
+	f := &scaleFleet{tb: tb, client: &http.Client{Timeout: 30 * time.Second}}
+	tb.Cleanup(f.client.CloseIdleConnections)
+	redisAddr := redistest.StartTB(tb).Addr()
+	ns := natstest.StartTB(tb)
+	rulesFile := filepath.Join(tb.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rulesFile, []byte(scaleRules(3)), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	kb := kafkatest.StartTB(tb)
+	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "agg", DataDir: tb.TempDir(),
+		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
+	cfg.Kafka.Brokers = kb.Addrs()
+	cfg.NATS.URL = ns.ClientURL()
+	cfg.Redis = configs.Redis{Addrs: []string{redisAddr}, Timeout: 2 * time.Second}
+	agg, err := aggregator.New(cfg, logger(tb).With("part", "aggregator"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agg.Run(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("aggregator: %v", err)
+		}
+	})
+	f.admin = agg.Addrs().API
+	testwait.Eventually(tb, 20*time.Second, func() error {
+		if code, b := f.op("GET", "/admin/v1/rules/versions", ""); code != 200 {
+			return fmt.Errorf("operator API: %d %s", code, b)
+		}
+		return nil
+	})
+	f.op("PUT", "/admin/v1/rules", scaleRules(5))
+
+	dataDir := tb.TempDir()
+	var wg sync.WaitGroup
+	tb.Cleanup(func() {
+		// Stopped together: one at a time, 200 gateways' shutdowns add up.
+		var stopping sync.WaitGroup
+		for _, stop := range f.stops {
+			stopping.Go(stop)
+		}
+		stopping.Wait()
+		wg.Wait()
+	})
+	for i := range n {
+		id := fmt.Sprintf("gw%d", i+1)
+		c := gateway.Config{APIListen: "127.0.0.1:0", MetricsListen: gateway.Off, GRPCListen: gateway.Off,
+			RulesFile: rulesFile, KeySecret: secret, GatewayID: id, DataDir: dataDir,
+			Redis: configs.Redis{Addrs: []string{redisAddr}, Timeout: 2 * time.Second}}
+		c.NATS.URL = ns.ClientURL()
+		srv, err := gateway.New(c, logger(tb).With("part", id))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		gctx, gcancel := context.WithCancel(context.Background())
+		gdone := make(chan error, 1)
+		wg.Go(func() { gdone <- srv.Run(gctx) })
+		f.gws = append(f.gws, srv)
+		f.stops = append(f.stops, func() {
+			gcancel()
+			if err := <-gdone; err != nil {
+				tb.Errorf("gateway %s: %v", id, err)
+			}
+		})
+	}
+	// Every gateway enforces the operator API's ruleset (capacity 5).
+	testwait.Eventually(tb, 60*time.Second, func() error {
+		for i, g := range f.gws {
+			d, err := g.Guard().Peek(context.Background(), &guard.Request{Key: "sk_fleet_probe", Path: "/v1/x"})
+			if err != nil {
+				return err
+			}
+			if d.Deciding < 0 || d.Rules[d.Deciding].Limit != 5 {
+				return fmt.Errorf("gw%d does not enforce the fleet's ruleset yet", i+1)
+			}
+		}
+		return nil
+	})
+	return f
+}
+
+// op calls the operator API.
+func (f *scaleFleet) op(method, path, body string) (int, []byte) {
+	f.tb.Helper()
+	req, err := http.NewRequest(method, "http://"+f.admin+path, strings.NewReader(body))
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// scaleTimes are, per change, the time from the operator API's answer to
+// enforcement on every gateway (0 when all enforced it before the answer).
+type scaleTimes struct{ rule, block []time.Duration }
+
+// measure makes n rule changes (the limit of rule demo) and n blocklist
+// entries through the operator API and waits, after each, until every
+// gateway's guard enforces it (polled in process every 200µs, every
+// gateway on each poll).
+func (f *scaleFleet) measure(n int) scaleTimes {
+	ctx := context.Background()
+	enforced := func(cond func(*guard.Decision) bool, req *guard.Request) time.Time {
+		tick := time.NewTicker(200 * time.Microsecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(30 * time.Second)
+		pending := slices.Clone(f.gws)
+		for len(pending) > 0 {
+			pending = slices.DeleteFunc(pending, func(g *gateway.Server) bool {
+				d, err := g.Guard().Peek(ctx, req)
+				return err == nil && cond(d)
+			})
+			if time.Now().After(deadline) {
+				f.tb.Fatalf("%d of %d gateways do not enforce the change after 30s", len(pending), len(f.gws))
+			}
+			if len(pending) > 0 {
+				<-tick.C
+			}
+		}
+		return time.Now()
+	}
+	var out scaleTimes
+	for i := range n {
+		limit := int64(100 + i)
+		if code, b := f.op("PUT", "/admin/v1/rules", scaleRules(int(limit))); code != 200 {
+			f.tb.Fatalf("PUT rules: %d %s", code, b)
+		}
+		answered := time.Now()
+		at := enforced(func(d *guard.Decision) bool { return d.Deciding >= 0 && d.Rules[d.Deciding].Limit == limit },
+			&guard.Request{Key: "sk_fleet_probe", Path: "/v1/x"})
+		out.rule = append(out.rule, max(0, at.Sub(answered)))
+
+		key := "sk_fleet_blk" + strconv.Itoa(i)
+		if code, b := f.op("PUT", "/admin/v1/blocklist/"+key, `{"ttl":"1m","reason":"propagation"}`); code != 200 {
+			f.tb.Fatalf("PUT blocklist: %d %s", code, b)
+		}
+		answered = time.Now()
+		at = enforced(func(d *guard.Decision) bool { return d.Status == 403 }, &guard.Request{Key: key, Path: "/v1/x"})
+		out.block = append(out.block, max(0, at.Sub(answered)))
+	}
+	return out
+}
+
+// nearestRank returns the p-th percentile (nearest rank) of ds.
+func nearestRank(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(p/100*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// BenchmarkFleetScale measures rule and blocklist propagation to 10, 50
+// and 200 gateways on one NATS server (docs/benchmarks.md):
+//
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -timeout 30m
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -fleet-sizes 200
+//
+// Each iteration changes the limit of a rule and blocks a new key through
+// the operator API. Metrics, in milliseconds, from the API's answer to
+// enforcement on every gateway: rule-p50-ms, rule-p99-ms, block-p50-ms,
+// block-p99-ms.
+func BenchmarkFleetScale(b *testing.B) {
+	for _, s := range strings.Split(*fleetSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			b.Fatalf("-fleet-sizes: %q is not a gateway count", s)
+		}
+		b.Run(fmt.Sprintf("gateways=%d", n), func(b *testing.B) {
+			f := newScaleFleet(b, n)
+			b.ResetTimer()
+			times := f.measure(b.N)
+			b.StopTimer()
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+			b.ReportMetric(ms(nearestRank(times.rule, 50)), "rule-p50-ms")
+			b.ReportMetric(ms(nearestRank(times.rule, 99)), "rule-p99-ms")
+			b.ReportMetric(ms(nearestRank(times.block, 50)), "block-p50-ms")
+			b.ReportMetric(ms(nearestRank(times.block, 99)), "block-p99-ms")
+		})
+	}
+}
+
+// TestFleetScalePropagation: a rule change and a blocklist entry reach
+// each of 10 gateways on one NATS within the propagation bound (2 s at
+// p99); BenchmarkFleetScale gives the figures at 10, 50 and 200.
+func TestFleetScalePropagation(t *testing.T) {
+	t.Parallel()
+	f := newScaleFleet(t, 10)
+	times := f.measure(5)
+	for _, m := range []struct {
+		what string
+		ds   []time.Duration
+	}{{"rule change", times.rule}, {"blocklist entry", times.block}} {
+		p99 := nearestRank(m.ds, 99)
+		t.Logf("%s, 10 gateways: p50 %v, p99 %v after the API's answer", m.what, nearestRank(m.ds, 50), p99)
+		if p99 > 2*time.Second {
+			t.Errorf("%s: p99 %v, want < 2s", m.what, p99)
+		}
+	}
+}
