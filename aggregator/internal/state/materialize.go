@@ -112,7 +112,9 @@ func (m *Materializer) caughtUp(start map[int32]int64) bool {
 // changelog partitions from Resume's offsets, keeping control records)
 // until ctx is done, when it returns nil. ready is called once, when every
 // partition has reached start (their last stable offsets when Run
-// started). topic is the changelog's name.
+// started). topic is the changelog's name; reader, a client that
+// consumes nothing, reads the gaps described below (cl would queue those
+// reads behind its own long-polling fetches).
 //
 // A partition counts as caught up to an offset when the DB holds every
 // record a read_committed reader can read before it. Kafka ends every
@@ -122,7 +124,7 @@ func (m *Materializer) caughtUp(start map[int32]int64) bool {
 // nothing is ever read at their offsets. When the changelog is idle and a
 // partition is still short of an offset awaited, Run reads the gap itself
 // and skips what is aborted (skipUnreadable).
-func (m *Materializer) Run(ctx context.Context, cl *kgo.Client, topic string, start map[int32]int64, ready func()) error {
+func (m *Materializer) Run(ctx context.Context, cl, reader *kgo.Client, topic string, start map[int32]int64, ready func()) error {
 	isReady := m.caughtUp(start)
 	if isReady {
 		m.restored(start, ready)
@@ -145,7 +147,7 @@ func (m *Materializer) Run(ctx context.Context, cl *kgo.Client, topic string, st
 		recs = changelogRecords(fs, recs[:0])
 		if len(recs) == 0 {
 			if idle {
-				m.skipUnreadable(ctx, cl, topic)
+				m.skipUnreadable(ctx, reader, topic)
 			}
 		} else {
 			if err := m.db.Materialize(recs); err != nil {
