@@ -22,10 +22,6 @@ import (
 // reader never gets a record at the last stable offset − 1, and the
 // aggregator waited for one for good.
 func TestReadyAfterBrokerCrashMidTransaction(t *testing.T) {
-	t.Skip("defect found by the chaos soak (broker-kill; invariants 3 and 4): the changelog reader counts itself caught up " +
-		"only from the last record it read, never from the fetch's last stable offset, so a changelog whose tail is a " +
-		"transaction aborted without its marker (a SIGKILLed kfake) is never restored and the aggregator is never ready; " +
-		"the fix belongs to the aggregator's state restore")
 	t.Parallel()
 	dir := t.TempDir()
 	b1, err := kafkabroker.Start(t.Context(), kafkabroker.WithDataDir(dir), kafkabroker.WithPartitions(partitions))

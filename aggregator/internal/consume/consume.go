@@ -277,7 +277,7 @@ func (p *Processor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var matErr, procErr error
 	wg.Go(func() {
-		if matErr = p.mat.Run(ctx, mat, start, p.markRestore); matErr != nil {
+		if matErr = p.mat.Run(ctx, mat, admin, p.cfg.Topics.Changelog, start, p.markRestore); matErr != nil {
 			cancel()
 		}
 	})

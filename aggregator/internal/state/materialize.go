@@ -2,12 +2,16 @@ package state
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
@@ -26,9 +30,14 @@ type Materializer struct {
 
 	mu       sync.Mutex
 	next     map[int32]int64 // the next changelog offset the DB holds, per partition
+	want     map[int32]int64 // the offsets Run's start and Restore wait for, per partition
 	advanced chan struct{}   // closed and replaced when next moves
 	ready    bool            // every partition has reached Run's start
 }
+
+// idlePoll is how long Run waits for changelog records before it looks
+// whether the offsets still awaited can be read at all (skipUnreadable).
+const idlePoll = time.Second
 
 // NewMaterializer returns the materializer of db. records, when not nil,
 // counts the changelog records materialized; log may be nil.
@@ -36,7 +45,8 @@ func NewMaterializer(db *DB, log *slog.Logger, records prometheus.Counter) *Mate
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Materializer{db: db, log: log, records: records, next: map[int32]int64{}, advanced: make(chan struct{})}
+	return &Materializer{db: db, log: log, records: records, next: map[int32]int64{}, want: map[int32]int64{},
+		advanced: make(chan struct{})}
 }
 
 // Resume returns, for each of partitions, the changelog offset the DB
@@ -87,6 +97,9 @@ func (m *Materializer) caughtUp(start map[int32]int64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for q, off := range start {
+		m.want[q] = max(m.want[q], off)
+	}
+	for q, off := range start {
 		if m.next[q] < off {
 			return false
 		}
@@ -99,8 +112,19 @@ func (m *Materializer) caughtUp(start map[int32]int64) bool {
 // changelog partitions from Resume's offsets, keeping control records)
 // until ctx is done, when it returns nil. ready is called once, when every
 // partition has reached start (their last stable offsets when Run
-// started).
-func (m *Materializer) Run(ctx context.Context, cl *kgo.Client, start map[int32]int64, ready func()) error {
+// started). topic is the changelog's name; reader, a client that
+// consumes nothing, reads the gaps described below (cl would queue those
+// reads behind its own long-polling fetches).
+//
+// A partition counts as caught up to an offset when the DB holds every
+// record a read_committed reader can read before it. Kafka ends every
+// transaction with a marker, which cl keeps, so the records read reach the
+// last stable offset by themselves; a broker that recovered from a crash
+// may abort the transactions left open without writing their markers, and
+// nothing is ever read at their offsets. When the changelog is idle and a
+// partition is still short of an offset awaited, Run reads the gap itself
+// and skips what is aborted (skipUnreadable).
+func (m *Materializer) Run(ctx context.Context, cl, reader *kgo.Client, topic string, start map[int32]int64, ready func()) error {
 	isReady := m.caughtUp(start)
 	if isReady {
 		m.restored(start, ready)
@@ -108,33 +132,150 @@ func (m *Materializer) Run(ctx context.Context, cl *kgo.Client, start map[int32]
 	var recs []Record
 	next := map[int32]int64{}
 	for {
-		fs := cl.PollFetches(ctx)
+		pollCtx, cancel := context.WithTimeout(ctx, idlePoll)
+		fs := cl.PollFetches(pollCtx)
+		idle := pollCtx.Err() != nil
+		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
-		fs.EachError(m.logFetchError)
+		fs.EachError(func(t string, q int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				m.logFetchError(t, q, err)
+			}
+		})
 		recs = changelogRecords(fs, recs[:0])
 		if len(recs) == 0 {
-			continue
-		}
-		if err := m.db.Materialize(recs); err != nil {
-			return err
-		}
-		if m.records != nil {
-			m.records.Add(float64(len(recs)))
-		}
-		clear(next)
-		for _, r := range recs {
-			next[r.Partition] = max(next[r.Partition], r.Offset+1)
-		}
-		for q, off := range next {
-			m.advance(q, off)
+			if idle {
+				m.skipUnreadable(ctx, reader, topic)
+			}
+		} else {
+			if err := m.db.Materialize(recs); err != nil {
+				return err
+			}
+			if m.records != nil {
+				m.records.Add(float64(len(recs)))
+			}
+			clear(next)
+			for _, r := range recs {
+				next[r.Partition] = max(next[r.Partition], r.Offset+1)
+			}
+			for q, off := range next {
+				m.advance(q, off)
+			}
 		}
 		if !isReady && m.caughtUp(start) {
 			isReady = true
 			m.restored(start, ready)
 		}
 	}
+}
+
+// behind returns the partitions whose next offset is short of the one
+// awaited, with both.
+func (m *Materializer) behind() map[int32][2]int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out map[int32][2]int64
+	for q, want := range m.want {
+		if next := m.next[q]; next < want {
+			if out == nil {
+				out = map[int32][2]int64{}
+			}
+			out[q] = [2]int64{next, want}
+		}
+	}
+	return out
+}
+
+// skipUnreadable advances each partition short of an awaited offset over
+// the offsets a read_committed reader can never read (records of aborted
+// transactions), up to the first record it can read. It asks the
+// partition's leader directly, since cl delivers no fetch that yields no
+// record. Failures are logged and left for the next idle poll.
+func (m *Materializer) skipUnreadable(ctx context.Context, cl *kgo.Client, topic string) {
+	gaps := m.behind()
+	if len(gaps) == 0 {
+		return
+	}
+	md, err := kadm.NewClient(cl).Metadata(ctx, topic)
+	if err == nil {
+		err = md.Topics.Error()
+	}
+	if err != nil {
+		m.log.Debug("changelog metadata for the restore failed", slog.String("error", err.Error()))
+		return
+	}
+	td := md.Topics[topic]
+	for q, gap := range gaps {
+		p, ok := td.Partitions[q]
+		if !ok || p.Leader < 0 {
+			continue
+		}
+		to, err := unreadableUntil(ctx, cl.Broker(int(p.Leader)), topic, td.ID, q, gap[0], gap[1])
+		if err != nil {
+			m.log.Debug("changelog gap read failed", slog.Int("partition", int(q)), slog.String("error", err.Error()))
+			continue
+		}
+		if to > gap[0] {
+			m.log.Info("changelog offsets skipped: transactions aborted without their markers",
+				slog.Int("partition", int(q)), slog.Int64("from", gap[0]), slog.Int64("to", to))
+			m.advance(q, to)
+		}
+	}
+}
+
+// unreadableUntil returns the end of the run of offsets from from in which
+// a read_committed reader that keeps control records reads nothing: the
+// offset of the first record it can read, or target when there is none
+// before it (or where a few fetches got to), from itself when from is
+// readable.
+func unreadableUntil(ctx context.Context, br *kgo.Broker, topic string, id kadm.TopicID, q int32, from, target int64) (int64, error) {
+	off := from
+	for range 8 {
+		if off >= target {
+			return target, nil
+		}
+		req := kmsg.NewPtrFetchRequest()
+		req.ReplicaID = -1
+		req.MaxBytes = 1 << 20
+		req.IsolationLevel = 1
+		req.SessionEpoch = -1
+		rt := kmsg.NewFetchRequestTopic()
+		rt.Topic, rt.TopicID = topic, id
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = q, off, 1<<20
+		rp.CurrentLeaderEpoch, rp.LogStartOffset = -1, -1
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		kresp, err := br.Request(ctx, req)
+		if err != nil {
+			return off, fmt.Errorf("state: fetch changelog partition %d at %d: %w", q, off, err)
+		}
+		resp := kresp.(*kmsg.FetchResponse)
+		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+			return off, fmt.Errorf("state: fetch changelog partition %d at %d: a response without the partition", q, off)
+		}
+		part := &resp.Topics[0].Partitions[0]
+		fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+			KeepControlRecords: true,
+			Offset:             off,
+			IsolationLevel:     kgo.ReadCommitted(),
+			Topic:              topic,
+			Partition:          q,
+		}, part, kgo.DefaultDecompressor(), nil)
+		if fp.Err != nil {
+			return off, fmt.Errorf("state: fetch changelog partition %d at %d: %w", q, off, fp.Err)
+		}
+		if len(fp.Records) > 0 {
+			return fp.Records[0].Offset, nil
+		}
+		if after <= off {
+			return off, nil
+		}
+		off = after
+	}
+	return min(off, target), nil
 }
 
 func (m *Materializer) restored(start map[int32]int64, ready func()) {
@@ -192,6 +333,9 @@ func (m *Materializer) Restore(ctx context.Context, q int32, target int64) (Part
 
 // wait blocks until the DB holds partition q's changelog up to target.
 func (m *Materializer) wait(ctx context.Context, q int32, target int64) error {
+	m.mu.Lock()
+	m.want[q] = max(m.want[q], target)
+	m.mu.Unlock()
 	for {
 		m.mu.Lock()
 		off, ch := m.next[q], m.advanced
