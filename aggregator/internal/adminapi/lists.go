@@ -46,6 +46,26 @@ func listKey(action, id string) (name, kind string) {
 	return tollgatev1.BlocklistKey(id), audit.KindBlocklist
 }
 
+// listTarget is the entry a list route's request names.
+type listTarget struct {
+	kv         *fleetkv.KV
+	id, prefix string // the key's key_id and its prefix for humans
+	name, kind string // the entry's KV key and audit kind
+}
+
+// listTarget reads the entry a list route's request names; when ok is
+// false the request is answered.
+func (a *api) listTarget(w http.ResponseWriter, r *http.Request, action string) (t listTarget, ok bool) {
+	if t.kv = a.kv(w); t.kv == nil {
+		return t, false
+	}
+	if t.id, t.prefix, ok = a.key(w, r); !ok {
+		return t, false
+	}
+	t.name, t.kind = listKey(action, t.id)
+	return t, true
+}
+
 // listRace answers a list write that kept losing to other writers.
 var listRace = lostRace{retry: true, status: http.StatusConflict, code: apierror.Conflict,
 	msg: "the entry kept changing meanwhile: try again"}
@@ -66,15 +86,11 @@ func corruptListEffect(kind string) string {
 
 func (a *api) getList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, _, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
-		name, kind := listKey(action, id)
+		kv, name, kind := t.kv, t.name, t.kind
 		cur, rev, err := kv.List(r.Context(), name)
 		var ce *fleetkv.CorruptError
 		switch {
@@ -93,14 +109,11 @@ func (a *api) getList(action string) http.HandlerFunc {
 
 func (a *api) putList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, prefix, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
+		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
 		body, ok := readBody(w, r, maxSmallBody)
 		if !ok {
 			return
@@ -110,7 +123,6 @@ func (a *api) putList(action string) http.HandlerFunc {
 			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 			return
 		}
-		name, kind := listKey(action, id)
 		unlock, ok := a.lockWrites(w, r)
 		if !ok {
 			return
@@ -149,15 +161,11 @@ func (a *api) putList(action string) http.HandlerFunc {
 
 func (a *api) deleteList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, prefix, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
-		name, kind := listKey(action, id)
+		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
 		unlock, ok := a.lockWrites(w, r)
 		if !ok {
 			return
