@@ -27,11 +27,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "aggregator: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("aggregator", run)
 }
 
 const usageHead = `Usage: aggregator [--config FILE]

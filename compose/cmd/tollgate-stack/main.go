@@ -29,11 +29,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "tollgate-stack: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("tollgate-stack", run)
 }
 
 const usageHead = `Usage: tollgate-stack   (or: make run)

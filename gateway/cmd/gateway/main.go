@@ -28,11 +28,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "gateway: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("gateway", run)
 }
 
 const usageHead = `Usage: bin/gateway [--config FILE]
