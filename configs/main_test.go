@@ -2,6 +2,8 @@ package configs
 
 import (
 	"bytes"
+	"errors"
+	"flag"
 	"io"
 	"strings"
 	"testing"
@@ -40,6 +42,58 @@ func TestMainStatus(t *testing.T) {
 			}
 			if !strings.HasPrefix(stderr.String(), tt.wantStderr) || (tt.wantStderr == "") != (stderr.Len() == 0) {
 				t.Fatalf("stderr %q, want it to start with %q", stderr.String(), tt.wantStderr)
+			}
+		})
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	tests := []struct {
+		args       []string
+		wantOK     bool
+		wantStatus int
+		wantStderr string
+	}{
+		{[]string{"--config", "x.yaml"}, true, 0, ""},
+		{[]string{"--help"}, false, 5, ""},
+		{[]string{"--nope"}, false, 2, "gw: flag provided but not defined: -nope\nRun bin/gw --help for usage.\n"},
+		{[]string{"--config", "x.yaml", "extra"}, false, 2, "gw: unexpected argument \"extra\"\nRun bin/gw --help for usage.\n"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			fs := flag.NewFlagSet("gw", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			config := fs.String("config", "", "")
+			var stderr bytes.Buffer
+			status, ok := ParseArgs(fs, tt.args, &stderr, "gw", "bin/gw", func() int { return 5 })
+			if ok != tt.wantOK || status != tt.wantStatus || stderr.String() != tt.wantStderr {
+				t.Fatalf("ParseArgs = %d, %v, stderr %q; want %d, %v, %q", status, ok, stderr.String(), tt.wantStatus, tt.wantOK, tt.wantStderr)
+			}
+			if ok && *config != "x.yaml" {
+				t.Fatalf("--config = %q", *config)
+			}
+		})
+	}
+}
+
+func TestWriteUsage(t *testing.T) {
+	vars := []Var{{Name: "TOLLGATE_X", Doc: "The x."}}
+	tests := []struct {
+		name       string
+		vars       func() ([]Var, error)
+		wantStatus int
+		wantStdout string
+		wantStderr string
+	}{
+		{"listed", func() ([]Var, error) { return vars, nil }, 0, "Usage: gw\n  TOLLGATE_X", ""},
+		{"unlisted", func() ([]Var, error) { return nil, errors.New("boom") }, 1, "", "gw: boom\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			status := WriteUsage(&stdout, &stderr, "gw", "Usage: gw\n", tt.vars)
+			if status != tt.wantStatus || !strings.HasPrefix(stdout.String(), tt.wantStdout) || stderr.String() != tt.wantStderr {
+				t.Fatalf("WriteUsage = %d, stdout %q, stderr %q", status, stdout.String(), stderr.String())
 			}
 		})
 	}
