@@ -1,8 +1,8 @@
 package houserules
 
 import (
-	"errors"
 	"fmt"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -344,31 +344,10 @@ func importNames(f *ast.File) map[string]string {
 	return m
 }
 
-// moduleRoot finds the directory holding go.mod, from the test's directory up.
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
 // TestHouseRules checks the whole module; see the package comment.
 func TestHouseRules(t *testing.T) {
 	t.Parallel()
-	root := moduleRoot(t)
+	root := testnet.ModuleRoot(t)
 	violations, pkgs, err := check(os.DirFS(root))
 	if err != nil {
 		t.Fatal(err)
