@@ -20,6 +20,10 @@
 // SetDefaults method filling zero fields, applied after [Load], and the
 // embedded example file ([GatewayYAML]) states those defaults, which the
 // gateway's tests check.
+//
+// The binaries share their start too: [Main] refuses an unknown TOLLGATE_*
+// variable before anything runs, [ParseArgs] answers bad flags and --help,
+// and [WriteUsage] writes the --help text with every variable.
 package configs
 
 import (

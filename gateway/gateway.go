@@ -510,18 +510,11 @@ func (s *Server) shutdownHTTP(ctx context.Context, hs *httpServer) {
 
 // sweep drops expired controls every sweepInterval until ctx is done.
 func (s *Server) sweep(ctx context.Context) {
-	t := time.NewTicker(sweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n := s.guard.Controls().Sweep(time.Now().UnixMicro()); n > 0 {
-				s.log.Debug("expired controls dropped", slog.Int("entries", n))
-			}
+	service.Every(ctx, sweepInterval, func(time.Time) {
+		if n := s.guard.Controls().Sweep(time.Now().UnixMicro()); n > 0 {
+			s.log.Debug("expired controls dropped", slog.Int("entries", n))
 		}
-	}
+	})
 }
 
 // loadScript loads the Redis script so that the first checks need no

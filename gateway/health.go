@@ -116,20 +116,6 @@ func (s *Server) checkNATS() {
 	s.natsHealth.Store(&natsState{depState: prev.next(st.Connected, "", time.Now()), synced: st.Synced, lastApplied: st.LastApplied})
 }
 
-// monitor calls check every interval until ctx is done.
-func monitor(ctx context.Context, interval time.Duration, check func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			check()
-		}
-	}
-}
-
 // startHealth checks Redis once, waiting at most minPingTimeout (a Redis
 // that has not answered by then counts as down until the monitor's next
 // PING), and starts the monitors in g, so that /readyz has a state from
@@ -139,14 +125,14 @@ func (s *Server) startHealth(ctx context.Context, g *service.Group) {
 	s.checkRedis(ctx, minPingTimeout)
 	g.Go(func() error {
 		timeout := max(s.cfg.Redis.Timeout, minPingTimeout)
-		monitor(ctx, redisHealthInterval, func() { s.checkRedis(ctx, timeout) })
+		service.Every(ctx, redisHealthInterval, func(time.Time) { s.checkRedis(ctx, timeout) })
 		return nil
 	})
 	if s.sync != nil {
 		// The first check may wait for NATS's first dial: in the monitor.
 		g.Go(func() error {
 			s.checkNATS()
-			monitor(ctx, natsHealthInterval, s.checkNATS)
+			service.Every(ctx, natsHealthInterval, func(time.Time) { s.checkNATS() })
 			return nil
 		})
 	}

@@ -53,25 +53,8 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		s.ConnectionsClosed, s.AcceptDelayed, s.AcceptRefused = last.closed-first.closed, last.delayed-first.delayed, last.refused-first.refused
 	}
 
-	// When the key reached each level.
-	start := make([]int, TopLevel+2) // first sample index at each level; -1: never
-	for level := 1; level <= TopLevel; level++ {
-		lt := LevelTime{Level: level, Aggregator: -1, Gateway: -1}
-		start[level] = -1
-		for i, sm := range samples {
-			if lt.Aggregator < 0 && sm.level >= level {
-				lt.Aggregator = sm.at.Seconds()
-			}
-			if lt.Gateway < 0 && sm.gwLevel >= level {
-				lt.Gateway = sm.at.Seconds()
-			}
-			if start[level] < 0 && sm.levelNow() >= level {
-				start[level] = i
-			}
-		}
-		s.Levels = append(s.Levels, lt)
-	}
-	start[TopLevel+1] = -1
+	var start []int
+	s.Levels, start = levelTimes(samples)
 
 	// The phases: each level from its first sample to the next level's.
 	if len(samples) < 2 {
@@ -173,6 +156,32 @@ func (r *stormRun) summarize(elapsed time.Duration) *StormSummary {
 		}
 	}
 	return s
+}
+
+// levelTimes says when the key reached each penalty level, by the
+// aggregator's and the gateway's account, and start, the index of the
+// first sample at each level by either (-1: never; start[TopLevel+1] is
+// -1 too, so that the level above the top is never reached).
+func levelTimes(samples []stormSample) (levels []LevelTime, start []int) {
+	start = make([]int, TopLevel+2)
+	start[TopLevel+1] = -1
+	for level := 1; level <= TopLevel; level++ {
+		lt := LevelTime{Level: level, Aggregator: -1, Gateway: -1}
+		start[level] = -1
+		for i, sm := range samples {
+			if lt.Aggregator < 0 && sm.level >= level {
+				lt.Aggregator = sm.at.Seconds()
+			}
+			if lt.Gateway < 0 && sm.gwLevel >= level {
+				lt.Gateway = sm.at.Seconds()
+			}
+			if start[level] < 0 && sm.levelNow() >= level {
+				start[level] = i
+			}
+		}
+		levels = append(levels, lt)
+	}
+	return levels, start
 }
 
 // penalisedFrom returns the index of the first sample after which the

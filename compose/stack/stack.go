@@ -289,15 +289,8 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return s.portOr(fmt.Errorf("stack: start the aggregator: %w", err))
 	}
-	aggCtx, aggCancel := context.WithCancel(context.WithoutCancel(ctx))
-	aggRun := start(func() error { return agg.Run(aggCtx) })
-	stops = append(stops, func() error {
-		aggCancel()
-		if err := aggRun.wait(); err != nil && !aggRun.reported {
-			return fmt.Errorf("stack: aggregator: %w", err)
-		}
-		return nil
-	})
+	aggRun, aggStop := startPart(ctx, "aggregator", agg.Run)
+	stops = append(stops, aggStop)
 
 	// The gateway starts once the aggregator has created the topics it
 	// produces to and the buckets it watches, and seeded the rules: else
@@ -332,17 +325,8 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 		return fmt.Errorf("stack: start the gateway: %w", err)
 	}
-	// The gateway's context is not ctx's child: the stops below end it,
-	// first of all, rather than ctx all at once.
-	gwCtx, gwCancel := context.WithCancel(context.WithoutCancel(ctx))
-	gwRun := start(func() error { return gw.Run(gwCtx) })
-	stops = append(stops, func() error {
-		gwCancel()
-		if err := gwRun.wait(); err != nil && !gwRun.reported {
-			return fmt.Errorf("stack: gateway: %w", err)
-		}
-		return nil
-	})
+	gwRun, gwStop := startPart(ctx, "gateway", gw.Run)
+	stops = append(stops, gwStop)
 
 	ga, aa := gw.Addrs(), agg.Addrs()
 	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
@@ -384,6 +368,21 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		return aggRun.report("aggregator")
 	case <-demo.run.Done():
 		return demo.run.report("demo API")
+	}
+}
+
+// startPart runs a part (the aggregator, the gateway) on a context that is
+// not ctx's child, and returns its task and its stop, which ends it: the
+// stops end the parts one by one, in order, rather than ctx all at once.
+func startPart(ctx context.Context, name string, run func(context.Context) error) (*task, func() error) {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t := start(func() error { return run(pctx) })
+	return t, func() error {
+		cancel()
+		if err := t.wait(); err != nil && !t.reported {
+			return fmt.Errorf("stack: %s: %w", name, err)
+		}
+		return nil
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/internal/testnet"
 	_ "github.com/tollgate/tollgate/schemas/tollgatev1" // registers the messages
 )
 
@@ -55,7 +56,7 @@ func docFiles(fsys fs.FS) ([]docFile, error) {
 
 func readDocs(t *testing.T) (fs.FS, []docFile) {
 	t.Helper()
-	fsys := os.DirFS(moduleRoot(t))
+	fsys := os.DirFS(testnet.ModuleRoot(t))
 	docs, err := docFiles(fsys)
 	if err != nil {
 		t.Fatal(err)

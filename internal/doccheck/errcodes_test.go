@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/guard/apierror"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated parts of the docs (the error tables of docs/reference/http.md)")
@@ -59,7 +60,7 @@ func rewriteErrorTables(lines []string) ([]string, error) {
 // rows of guard/apierror's table, surface by surface; -update rewrites
 // them.
 func TestErrorTables(t *testing.T) {
-	file := filepath.Join(moduleRoot(t), filepath.FromSlash(errorTablesPage))
+	file := filepath.Join(testnet.ModuleRoot(t), filepath.FromSlash(errorTablesPage))
 	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)

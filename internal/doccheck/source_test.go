@@ -1,42 +1,20 @@
 package doccheck
 
 import (
-	"errors"
 	"fmt"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 )
-
-// moduleRoot finds the directory holding go.mod, from the test's directory up.
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
 
 // parseDir parses the non-test Go files of dir (a slash path under fsys).
 func parseDir(fsys fs.FS, dir string) ([]*ast.File, error) {
@@ -362,7 +340,7 @@ func concatLit(e ast.Expr) string {
 // finding nothing (a renamed mux variable, a flag set built another way).
 func TestSourceScanFindsRoutesAndFlags(t *testing.T) {
 	t.Parallel()
-	fsys := os.DirFS(moduleRoot(t))
+	fsys := os.DirFS(testnet.ModuleRoot(t))
 	routes, err := serverRoutes(fsys)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -108,7 +109,7 @@ func trackedFiles(root string) ([]string, string, error) {
 // that holds it (docs/reference/ holds the contract).
 func TestNoOutsideCitations(t *testing.T) {
 	t.Parallel()
-	root := moduleRoot(t)
+	root := testnet.ModuleRoot(t)
 	files, how, err := trackedFiles(root)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"testing/fstest"
 
 	"github.com/tollgate/tollgate/guard/apierror"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 const ruleErrorCode = "error-code"
@@ -359,7 +360,7 @@ func httpStatuses(t *testing.T) map[string]int {
 // table of guard/apierror.
 func TestErrorCodes(t *testing.T) {
 	t.Parallel()
-	root := moduleRoot(t)
+	root := testnet.ModuleRoot(t)
 	violations, err := checkErrorCodes(os.DirFS(root), vocabulary{
 		dir: vocabularyDir, known: apierror.Known, answers: apierror.Answers, statuses: httpStatuses(t),
 	})

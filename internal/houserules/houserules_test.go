@@ -1,8 +1,8 @@
 package houserules
 
 import (
-	"errors"
 	"fmt"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -40,10 +40,7 @@ const maxFuncLines = 150
 // slash paths from the module root; methods by their name alone), each with
 // the reason. An entry whose function has become short enough, or no longer
 // exists, fails the test, so the list only shrinks.
-var longFuncAllowlist = map[string]string{
-	"compose/stack/stack.go:Run":          "164 lines when the rule came: starts the local stack step by step; to be split",
-	"loadtest/storm_summary.go:summarize": "151 lines when the rule came: the storm page's verdicts; to be split",
-}
+var longFuncAllowlist = map[string]string{}
 
 // importRules say which parts of the module a part may not import in
 // non-test code, so that imports only run down the floors: the guard
@@ -344,31 +341,10 @@ func importNames(f *ast.File) map[string]string {
 	return m
 }
 
-// moduleRoot finds the directory holding go.mod, from the test's directory up.
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
 // TestHouseRules checks the whole module; see the package comment.
 func TestHouseRules(t *testing.T) {
 	t.Parallel()
-	root := moduleRoot(t)
+	root := testnet.ModuleRoot(t)
 	violations, pkgs, err := check(os.DirFS(root))
 	if err != nil {
 		t.Fatal(err)

@@ -2,13 +2,15 @@
 // goroutines that stops at the first error and waits for all, and a
 // Lifecycle that lets Run be called once and Close any number of times,
 // from any goroutine, returning only when everything Run started has
-// stopped (STYLE: every goroutine has an owner that waits for it).
+// stopped (STYLE: every goroutine has an owner that waits for it); and
+// Every, the loop of a goroutine that works at an interval.
 package service
 
 import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // Errors of Lifecycle.
@@ -145,4 +147,21 @@ func (t *Task) Done() <-chan struct{} { return t.done }
 func (t *Task) Wait() error {
 	<-t.done
 	return t.err
+}
+
+// Every calls fn with the tick's time every interval, the first time one
+// interval after the call, until ctx is done; it returns then. A call of
+// fn that outlasts the interval delays the next one (ticks are dropped,
+// not queued).
+func Every(ctx context.Context, interval time.Duration, fn func(now time.Time)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			fn(now)
+		}
+	}
 }

@@ -3,8 +3,13 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 func TestGroupStopsAtFirstError(t *testing.T) {
@@ -58,5 +63,32 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("Start after Close = %v", err)
 			}
 		})
+	}
+}
+
+func TestEvery(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls atomic.Int64
+	start := time.Now()
+	done := Go(func() error {
+		Every(ctx, time.Millisecond, func(now time.Time) {
+			if now.Before(start) {
+				t.Errorf("tick at %v, before the call at %v", now, start)
+			}
+			calls.Add(1)
+		})
+		return nil
+	})
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if n := calls.Load(); n < 3 {
+			return fmt.Errorf("%d calls so far, want 3", n)
+		}
+		return nil
+	})
+	cancel()
+	select {
+	case <-done.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Every still running 10s after its context ended")
 	}
 }

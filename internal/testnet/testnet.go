@@ -1,12 +1,17 @@
 // Package testnet holds what tests need around processes and servers:
-// loopback addresses nothing listens on, and a buffer several goroutines
+// loopback addresses nothing listens on, a buffer several goroutines
 // (a process's stdout and stderr, a logger) may write to while the test
-// reads it.
+// reads it, and the module's root directory for tests that read the
+// source tree.
 package testnet
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -63,4 +68,26 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// ModuleRoot returns the directory holding go.mod, looked for from the
+// test's working directory (its package's directory) up.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatalf("testnet: %v", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("testnet: %v", err)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("testnet: go.mod not found above the test's directory")
+		}
+		dir = parent
+	}
 }

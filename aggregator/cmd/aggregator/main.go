@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,11 +26,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "aggregator: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("aggregator", run)
 }
 
 const usageHead = `Usage: aggregator [--config FILE]
@@ -63,16 +58,8 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("aggregator", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return help(stdout, stderr)
-		}
-		fmt.Fprintf(stderr, "aggregator: %v\nRun aggregator --help for usage.\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "aggregator: unexpected argument %q\nRun aggregator --help for usage.\n", fs.Arg(0))
-		return 2
+	if status, ok := configs.ParseArgs(fs, args, stderr, "aggregator", "aggregator", func() int { return help(stdout, stderr) }); !ok {
+		return status
 	}
 	cfg, err := aggregator.LoadConfig(*configPath, lookup)
 	if err != nil {
@@ -98,14 +85,5 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 }
 
 func help(stdout, stderr io.Writer) int {
-	vars, err := aggregator.Vars()
-	if err != nil {
-		fmt.Fprintf(stderr, "aggregator: %v\n", err)
-		return 1
-	}
-	_, _ = io.WriteString(stdout, usageHead)
-	if err := configs.WriteHelp(stdout, vars); err != nil {
-		return 1
-	}
-	return 0
+	return configs.WriteUsage(stdout, stderr, "aggregator", usageHead, aggregator.Vars)
 }

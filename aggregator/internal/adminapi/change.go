@@ -111,6 +111,46 @@ func (a *api) apply(r *http.Request, e *tollgatev1.AuditEntry, do func(ctx conte
 	return err
 }
 
+// errAnswered is returned by a write attempt (see retryWrite) that has
+// answered the request itself: a failed read, a failed precondition.
+var errAnswered = errors.New("adminapi: request answered")
+
+// lostRace is what a conditional write answers when another writer changed
+// the entry between its read and its write.
+type lostRace struct {
+	// retry: read again and retry, up to writeAttempts in all, before
+	// answering (a write without If-Match).
+	retry  bool
+	status int
+	code   string
+	msg    string
+}
+
+// retryWrite runs attempt, one read-check-write of an entry ending in
+// apply, until it succeeds or answers. A lost race is retried or answered
+// as lost says; any other failure is answered by changeFailed. It reports
+// whether the write succeeded; when it did not, the request is answered.
+func retryWrite(w http.ResponseWriter, lost lostRace, attempt func() error) bool {
+	for n := 1; ; n++ {
+		err := attempt()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, errAnswered):
+			return false
+		case errors.Is(err, fleetkv.ErrConflict):
+			if lost.retry && n < writeAttempts {
+				continue
+			}
+			apierror.Write(w, lost.status, lost.code, lost.msg)
+			return false
+		default:
+			changeFailed(w, err, apierror.NATSUnavailable)
+			return false
+		}
+	}
+}
+
 // changeFailed answers a change apply returned err for (not a lost race:
 // callers answer those). code is the answer for a plain failure of the
 // store the change went to.

@@ -228,13 +228,15 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 	}
 	defer unlock()
 	var e *tollgatev1.RulesEntry
-	for attempt := 1; ; attempt++ {
+	lost := lostRace{retry: !pre.set, status: http.StatusPreconditionFailed, code: apierror.VersionMismatch,
+		msg: "the rules changed meanwhile: read them again"}
+	if !retryWrite(w, lost, func() error {
 		cur, rev, err := kv.ActiveRules(r.Context())
 		var ce *fleetkv.CorruptError
 		isCorrupt := errors.As(err, &ce)
 		if err != nil && !isCorrupt {
 			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-			return
+			return errAnswered
 		}
 		var curVersion int64
 		before := mustJSON(map[string]any{"version": 0})
@@ -242,7 +244,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		case isCorrupt:
 			if curVersion, err = newestVersion(r.Context(), kv); err != nil {
 				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-				return
+				return errAnswered
 			}
 			before = corruptState(ce)
 		case cur != nil:
@@ -253,35 +255,25 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 			w.Header().Set("ETag", strconv.Quote(fmt.Sprintf("r%d", ce.Revision)))
 			apierror.Write(w, http.StatusPreconditionFailed, apierror.RulesCorrupt, fmt.Sprintf(
 				"the active ruleset entry (revision %d) is corrupt: to replace it, send If-Match: r%d", ce.Revision, ce.Revision))
-			return
+			return errAnswered
 		case pre.set && !isCorrupt && (pre.rev != 0 || pre.version != curVersion):
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(curVersion, 10)))
 			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch,
 				fmt.Sprintf("the rules are at version %d, not %s: another change came first", curVersion, r.Header.Get("If-Match")))
-			return
+			return errAnswered
 		}
 		e = &tollgatev1.RulesEntry{Version: curVersion + 1, Source: src, Format: format, Actor: actor(r), Reason: reason, Time: time.Now().UTC()}
 		if n, err := fleetkv.EncodedSize(e); err != nil || n > kv.MaxValue() {
 			apierror.Write(w, http.StatusRequestEntityTooLarge, apierror.RulesTooLarge,
 				fmt.Sprintf("the ruleset takes %d bytes as a NATS value, more than the %d NATS accepts", n, kv.MaxValue()))
-			return
+			return errAnswered
 		}
-		err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: "rules", Reason: reason, Version: e.Version,
+		return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: "rules", Reason: reason, Version: e.Version,
 			Before: before, After: rulesState(e.Version, src)}, func(ctx context.Context) error {
 			_, err := kv.PutRules(ctx, e, rev)
 			return err
 		})
-		if err == nil {
-			break
-		}
-		if errors.Is(err, fleetkv.ErrConflict) {
-			if !pre.set && attempt < writeAttempts {
-				continue
-			}
-			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the rules changed meanwhile: read them again")
-			return
-		}
-		changeFailed(w, err, apierror.NATSUnavailable)
+	}) {
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(e.Version, 10)))

@@ -46,6 +46,30 @@ func listKey(action, id string) (name, kind string) {
 	return tollgatev1.BlocklistKey(id), audit.KindBlocklist
 }
 
+// listTarget is the entry a list route's request names.
+type listTarget struct {
+	kv         *fleetkv.KV
+	id, prefix string // the key's key_id and its prefix for humans
+	name, kind string // the entry's KV key and audit kind
+}
+
+// listTarget reads the entry a list route's request names; when ok is
+// false the request is answered.
+func (a *api) listTarget(w http.ResponseWriter, r *http.Request, action string) (t listTarget, ok bool) {
+	if t.kv = a.kv(w); t.kv == nil {
+		return t, false
+	}
+	if t.id, t.prefix, ok = a.key(w, r); !ok {
+		return t, false
+	}
+	t.name, t.kind = listKey(action, t.id)
+	return t, true
+}
+
+// listRace answers a list write that kept losing to other writers.
+var listRace = lostRace{retry: true, status: http.StatusConflict, code: apierror.Conflict,
+	msg: "the entry kept changing meanwhile: try again"}
+
 // corruptList answers a corrupt blocklist bucket entry.
 func corruptList(w http.ResponseWriter, kind string, ce *fleetkv.CorruptError) {
 	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
@@ -62,15 +86,11 @@ func corruptListEffect(kind string) string {
 
 func (a *api) getList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, _, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
-		name, kind := listKey(action, id)
+		kv, name, kind := t.kv, t.name, t.kind
 		cur, rev, err := kv.List(r.Context(), name)
 		var ce *fleetkv.CorruptError
 		switch {
@@ -89,14 +109,11 @@ func (a *api) getList(action string) http.HandlerFunc {
 
 func (a *api) putList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, prefix, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
+		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
 		body, ok := readBody(w, r, maxSmallBody)
 		if !ok {
 			return
@@ -106,14 +123,13 @@ func (a *api) putList(action string) http.HandlerFunc {
 			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 			return
 		}
-		name, kind := listKey(action, id)
 		unlock, ok := a.lockWrites(w, r)
 		if !ok {
 			return
 		}
 		defer unlock()
 		var e *tollgatev1.ListEntry
-		for attempt := 1; ; attempt++ {
+		if !retryWrite(w, listRace, func() error {
 			cur, rev, err := kv.List(r.Context(), name)
 			before := mustJSON(cur)
 			var ce *fleetkv.CorruptError
@@ -121,29 +137,19 @@ func (a *api) putList(action string) http.HandlerFunc {
 				before = corruptState(ce) // replaced: the PUT repairs it
 			} else if err != nil {
 				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-				return
+				return errAnswered
 			}
 			now := time.Now().UTC()
 			e = &tollgatev1.ListEntry{KeyID: id, KeyPrefix: prefix, Action: action, Reason: req.Reason, Actor: actor(r), CreatedAt: now}
 			if ttl > 0 {
 				e.ExpiresAt = now.Add(ttl)
 			}
-			err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
+			return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
 				Before: before, After: mustJSON(e)}, func(ctx context.Context) error {
 				_, err := kv.PutList(ctx, name, e, rev)
 				return err
 			})
-			if err == nil {
-				break
-			}
-			if errors.Is(err, fleetkv.ErrConflict) {
-				if attempt < writeAttempts {
-					continue
-				}
-				apierror.Write(w, http.StatusConflict, apierror.Conflict, "the entry kept changing meanwhile: try again")
-				return
-			}
-			changeFailed(w, err, apierror.NATSUnavailable)
+		}) {
 			return
 		}
 		if action == tollgatev1.ActionAllow {
@@ -155,21 +161,17 @@ func (a *api) putList(action string) http.HandlerFunc {
 
 func (a *api) deleteList(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		kv := a.kv(w)
-		if kv == nil {
-			return
-		}
-		id, prefix, ok := a.key(w, r)
+		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
-		name, kind := listKey(action, id)
+		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
 		unlock, ok := a.lockWrites(w, r)
 		if !ok {
 			return
 		}
 		defer unlock()
-		for attempt := 1; ; attempt++ {
+		if !retryWrite(w, listRace, func() error {
 			cur, rev, err := kv.List(r.Context(), name)
 			var ce *fleetkv.CorruptError
 			var before []byte
@@ -178,32 +180,29 @@ func (a *api) deleteList(action string) http.HandlerFunc {
 				before = corruptState(ce) // a corrupt entry can always be deleted
 			case err != nil:
 				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-				return
+				return errAnswered
 			case cur == nil || (action != tollgatev1.ActionAllow && cur.Action != action):
 				apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
-				return
+				return errAnswered
 			default:
 				before = mustJSON(cur)
 			}
-			err = a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
+			return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
 				Before: before, After: []byte("null")}, func(ctx context.Context) error {
 				return fleetkv.Delete(ctx, kv.Lists, name, rev)
 			})
-			if err == nil {
-				break
-			}
-			if errors.Is(err, fleetkv.ErrConflict) {
-				if attempt < writeAttempts {
-					continue
-				}
-				apierror.Write(w, http.StatusConflict, apierror.Conflict, "the entry kept changing meanwhile: try again")
-				return
-			}
-			changeFailed(w, err, apierror.NATSUnavailable)
+		}) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}
+}
+
+// overrideRace answers an override write that lost to another writer:
+// retried when the request named no version.
+func overrideRace(pre precondition) lostRace {
+	return lostRace{retry: !pre.set, status: http.StatusPreconditionFailed, code: apierror.VersionMismatch,
+		msg: "the override changed meanwhile: read it again"}
 }
 
 // overrideBody is the body of PUT overrides/{key}.
@@ -290,7 +289,7 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 	defer unlock()
 	var e *tollgatev1.OverrideEntry
 	var nrev uint64
-	for attempt := 1; ; attempt++ {
+	if !retryWrite(w, overrideRace(pre), func() error {
 		cur, rev, err := kv.Override(r.Context(), name)
 		before := mustJSON(cur)
 		var ce *fleetkv.CorruptError
@@ -298,12 +297,12 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 			before = corruptState(ce)
 		} else if err != nil {
 			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-			return
+			return errAnswered
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
 			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, fmt.Sprintf("the override is at version %d, not %s", rev, r.Header.Get("If-Match")))
-			return
+			return errAnswered
 		}
 		now := time.Now().UTC()
 		e = &tollgatev1.OverrideEntry{Scope: scope, Subject: subject, KeyPrefix: prefix, Rule: req.Rule, Reason: req.Reason,
@@ -318,22 +317,12 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 		}
 		audited := &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix, Reason: req.Reason,
 			Before: before, After: mustJSON(e)}
-		err = a.apply(r, audited, func(ctx context.Context) error {
+		return a.apply(r, audited, func(ctx context.Context) error {
 			var err error
 			nrev, err = kv.PutOverride(ctx, name, e, rev)
 			return err
 		})
-		if err == nil {
-			break
-		}
-		if errors.Is(err, fleetkv.ErrConflict) {
-			if !pre.set && attempt < writeAttempts {
-				continue
-			}
-			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the override changed meanwhile: read it again")
-			return
-		}
-		changeFailed(w, err, apierror.NATSUnavailable)
+	}) {
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(nrev, 10)))
@@ -360,7 +349,7 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer unlock()
-	for attempt := 1; ; attempt++ {
+	if !retryWrite(w, overrideRace(pre), func() error {
 		cur, rev, err := kv.Override(r.Context(), name)
 		var ce *fleetkv.CorruptError
 		var before []byte
@@ -369,33 +358,23 @@ func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
 			before = corruptState(ce)
 		case err != nil:
 			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-			return
+			return errAnswered
 		case cur == nil:
 			apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no override")
-			return
+			return errAnswered
 		default:
 			before = mustJSON(cur)
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
 			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, fmt.Sprintf("the override is at version %d", rev))
-			return
+			return errAnswered
 		}
-		err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix,
+		return a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix,
 			Reason: r.URL.Query().Get("reason"), Before: before, After: []byte("null")}, func(ctx context.Context) error {
 			return fleetkv.Delete(ctx, kv.Overrides, name, rev)
 		})
-		if err == nil {
-			break
-		}
-		if errors.Is(err, fleetkv.ErrConflict) {
-			if !pre.set && attempt < writeAttempts {
-				continue
-			}
-			apierror.Write(w, http.StatusPreconditionFailed, apierror.VersionMismatch, "the override changed meanwhile: read it again")
-			return
-		}
-		changeFailed(w, err, apierror.NATSUnavailable)
+	}) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

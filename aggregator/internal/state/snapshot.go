@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // Snapshots writes consistent checkpoints of a DB into a directory, one
@@ -71,18 +73,11 @@ func (s *Snapshots) prune() error {
 // Run takes a snapshot every interval until ctx is done; a failure is
 // logged and the next interval tries again.
 func (s *Snapshots) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			if dir, err := s.Take(now); err != nil {
-				s.log.Error("snapshot failed", slog.String("error", err.Error()))
-			} else {
-				s.log.Info("snapshot written", slog.String("dir", dir))
-			}
+	service.Every(ctx, every, func(now time.Time) {
+		if dir, err := s.Take(now); err != nil {
+			s.log.Error("snapshot failed", slog.String("error", err.Error()))
+		} else {
+			s.log.Info("snapshot written", slog.String("dir", dir))
 		}
-	}
+	})
 }

@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,11 +28,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "tollgate-stack: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("tollgate-stack", run)
 }
 
 const usageHead = `Usage: tollgate-stack   (or: make run)
@@ -61,16 +56,8 @@ Environment variables:
 func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tollgate-stack", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return help(stdout, stderr)
-		}
-		fmt.Fprintf(stderr, "tollgate-stack: %v\nRun tollgate-stack --help for usage.\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tollgate-stack: unexpected argument %q\nRun tollgate-stack --help for usage.\n", fs.Arg(0))
-		return 2
+	if status, ok := configs.ParseArgs(fs, args, stderr, "tollgate-stack", "tollgate-stack", func() int { return help(stdout, stderr) }); !ok {
+		return status
 	}
 
 	cfg, err := stack.LoadConfig(lookup)
@@ -105,14 +92,8 @@ func fail(stderr io.Writer, err error) {
 }
 
 func help(stdout, stderr io.Writer) int {
-	vars, err := stack.Vars()
-	if err != nil {
-		fmt.Fprintf(stderr, "tollgate-stack: %v\n", err)
-		return 1
-	}
-	_, _ = io.WriteString(stdout, usageHead)
-	if err := configs.WriteHelp(stdout, vars); err != nil {
-		return 1
+	if status := configs.WriteUsage(stdout, stderr, "tollgate-stack", usageHead, stack.Vars); status != 0 {
+		return status
 	}
 	_, _ = fmt.Fprintf(stdout, "  TOLLGATE_REDIS_SERVER  (default: redis-server from PATH)\n      Path of the redis-server binary to run.\n")
 	return 0

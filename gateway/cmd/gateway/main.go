@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,11 +27,7 @@ import (
 )
 
 func main() {
-	if err := configs.CheckEnv(os.Environ(), configs.Registry()); err != nil {
-		fmt.Fprintf(os.Stderr, "gateway: %v\n", err)
-		os.Exit(2)
-	}
-	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	configs.Main("gateway", run)
 }
 
 const usageHead = `Usage: bin/gateway [--config FILE]
@@ -61,16 +56,8 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")
 	example := fs.Bool("example-config", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return help(stdout, stderr)
-		}
-		fmt.Fprintf(stderr, "gateway: %v\nRun bin/gateway --help for usage.\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gateway: unexpected argument %q\nRun bin/gateway --help for usage.\n", fs.Arg(0))
-		return 2
+	if status, ok := configs.ParseArgs(fs, args, stderr, "gateway", "bin/gateway", func() int { return help(stdout, stderr) }); !ok {
+		return status
 	}
 	if *example {
 		_, _ = stdout.Write(configs.GatewayYAML())
@@ -120,14 +107,5 @@ func applyRuntime(rc gateway.RuntimeConfig, lookup configs.LookupFunc) {
 }
 
 func help(stdout, stderr io.Writer) int {
-	vars, err := gateway.Vars()
-	if err != nil {
-		fmt.Fprintf(stderr, "gateway: %v\n", err)
-		return 1
-	}
-	_, _ = io.WriteString(stdout, usageHead)
-	if err := configs.WriteHelp(stdout, vars); err != nil {
-		return 1
-	}
-	return 0
+	return configs.WriteUsage(stdout, stderr, "gateway", usageHead, gateway.Vars)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,21 +18,17 @@ import (
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg := chaos.DefaultConfig()
 	fs := flag.NewFlagSet("loadtest chaos", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: loadtest chaos [flags]\n"+
-			"       loadtest chaos -check HISTORY   (judge a history written with -history again)\n\n"+
-			"The chaos soak: a fleet of real processes on loopback (Redis Sentinel, the Kafka-protocol broker, NATS,\n"+
-			"aggregators, gateways), every link through a proxy the soak controls, open-loop load through the proxy,\n"+
-			"the check API and Envoy RLS, operator changes, and a seeded schedule of faults (kills, pauses, restarts,\n"+
-			"link cuts, stalls and latency, a full spool). A checker written apart from the code judges what clients\n"+
-			"saw against five invariants. The last line is\n"+
-			"  chaos: N invariants held, M violated, F faults (seed S)\n"+
-			"and the exit status 0 only when every invariant held. -duration is the fault phase; start-up, heal and\n"+
-			"settling come on top (bounded by -startup and -heal). Needs Linux and bin/gateway, bin/aggregator\n"+
-			"(make build). See docs/reliability.md.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	setUsage(fs, "Usage: loadtest chaos [flags]\n"+
+		"       loadtest chaos -check HISTORY   (judge a history written with -history again)\n\n"+
+		"The chaos soak: a fleet of real processes on loopback (Redis Sentinel, the Kafka-protocol broker, NATS,\n"+
+		"aggregators, gateways), every link through a proxy the soak controls, open-loop load through the proxy,\n"+
+		"the check API and Envoy RLS, operator changes, and a seeded schedule of faults (kills, pauses, restarts,\n"+
+		"link cuts, stalls and latency, a full spool). A checker written apart from the code judges what clients\n"+
+		"saw against five invariants. The last line is\n"+
+		"  chaos: N invariants held, M violated, F faults (seed S)\n"+
+		"and the exit status 0 only when every invariant held. -duration is the fault phase; start-up, heal and\n"+
+		"settling come on top (bounded by -startup and -heal). Needs Linux and bin/gateway, bin/aggregator\n"+
+		"(make build). See docs/reliability.md.\n\nFlags:\n", stderr)
 	var (
 		seed                                  uint64
 		kinds, reportFile, jsonFile, histFile string
@@ -60,15 +55,8 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&histFile, "history", "", "write the whole history (every answer, fault and change) as JSON lines to `file`")
 	fs.StringVar(&checkFile, "check", "", "judge the history in `file` (written with -history) instead of running a soak")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "loadtest chaos: unexpected arguments %q\n", fs.Args())
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	var err error
 	if cfg.Kinds, err = chaos.ParseKinds(kinds); err != nil {

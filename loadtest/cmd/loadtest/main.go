@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -68,15 +67,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := loadtest.DefaultConfig()
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n"+
-			"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n"+
-			"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n\n"+
-			"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
-			"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	setUsage(fs, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n"+
+		"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n"+
+		"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n\n"+
+		"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
+		"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n", stderr)
 	var (
 		paths, redisAddrs string
 		jsonOut, quiet    bool
@@ -110,15 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
 	fs.StringVar(&reportFile, "report", "", "also write the summary and charts of the run second by second (throughput, p50/p99, outcomes)\nto `file`.html, a self-contained page that opens offline")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write loadtest's own CPU profile to `file` (to tune the generator)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "loadtest: unexpected arguments %q\n", fs.Args())
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -153,15 +141,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 
 	// Create the report's file first: a bad path should not cost a run.
-	var reportOut *os.File
-	if reportFile != "" {
-		f, err := os.Create(reportFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "loadtest: report: %v\n", err)
-			return exitFailed
-		}
-		defer f.Close()
-		reportOut = f
+	reportOut, code, ok := createReport("loadtest", reportFile, stderr)
+	if !ok {
+		return code
+	}
+	if reportOut != nil {
+		defer reportOut.Close()
 	}
 
 	var progress io.Writer

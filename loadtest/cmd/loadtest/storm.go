@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,16 +16,12 @@ import (
 func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg := loadtest.DefaultStormConfig()
 	fs := flag.NewFlagSet("loadtest storm", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: loadtest storm [flags]\n\n"+
-			"The retry storm: -clients clients of one tenant, each from its own loopback address,\n"+
-			"poll at -factor times the key's -limit and retry every rejection at once, beside a polite client of\n"+
-			"the same tenant that waits out Retry-After. It samples the gateway's CPU (-pid), its Redis calls\n"+
-			"(-metrics, -redis) and the key's penalty level (-admin) while the aggregator climbs the ladder, and\n"+
-			"stops once the key has held the top level for -hold (or after -duration). See loadtest/README.md.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	setUsage(fs, "Usage: loadtest storm [flags]\n\n"+
+		"The retry storm: -clients clients of one tenant, each from its own loopback address,\n"+
+		"poll at -factor times the key's -limit and retry every rejection at once, beside a polite client of\n"+
+		"the same tenant that waits out Retry-After. It samples the gateway's CPU (-pid), its Redis calls\n"+
+		"(-metrics, -redis) and the key's penalty level (-admin) while the aggregator climbs the ladder, and\n"+
+		"stops once the key has held the top level for -hold (or after -duration). See loadtest/README.md.\n\nFlags:\n", stderr)
 	var (
 		redisAddrs, reportFile string
 		jsonOut, quiet         bool
@@ -54,15 +49,8 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text goes to stderr)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
 	fs.StringVar(&reportFile, "report", "", "also write an HTML page with charts of the run to `file`.html")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "loadtest storm: unexpected arguments %q\n", fs.Args())
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	cfg.AdminToken = os.Getenv("TOLLGATE_ADMIN_TOKEN")
 	if cfg.AdminToken == "" {
@@ -78,15 +66,12 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "%v\n\nRun loadtest storm -h for the flags.\n", err)
 		return exitUsage
 	}
-	var reportOut *os.File
-	if reportFile != "" {
-		f, err := os.Create(reportFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "loadtest storm: report: %v\n", err)
-			return exitFailed
-		}
-		defer f.Close()
-		reportOut = f
+	reportOut, code, ok := createReport("loadtest storm", reportFile, stderr)
+	if !ok {
+		return code
+	}
+	if reportOut != nil {
+		defer reportOut.Close()
 	}
 	var progress io.Writer
 	if !quiet {

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// setUsage sends fs's errors and -h to stderr, -h as usage followed by
+// the flags. (Commands create their flag sets with flag.NewFlagSet and a
+// literal name: the documentation test reads their flags from there.)
+func setUsage(fs *flag.FlagSet, usage string, stderr io.Writer) {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = io.WriteString(stderr, usage)
+		fs.PrintDefaults()
+	}
+}
+
+// parseFlags parses args with fs. When ok is false the command exits with
+// code: exitOK after -h, exitUsage after a bad flag (fs has said why) or
+// an argument after the flags.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+// createReport creates the report's file before the run, so that a bad
+// path costs no run; nil when file is "". When ok is false the command
+// exits with code (the error is on stderr, prefixed by name).
+func createReport(name, file string, stderr io.Writer) (f *os.File, code int, ok bool) {
+	if file == "" {
+		return nil, 0, true
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: report: %v\n", name, err)
+		return nil, exitFailed, false
+	}
+	return f, 0, true
+}
