@@ -406,6 +406,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.sync != nil {
 		s.waitForNATS(ctx)
 	}
+	// The warnings come before the start line, so that whoever reads up
+	// to "gateway started" (a person, a test) has read them too.
+	s.warnExposure()
 	s.log.Info("gateway started",
 		slog.String("gateway_id", s.cfg.GatewayID),
 		slog.String("proxy", s.addrs.Proxy), slog.String("upstream", redactURL(s.cfg.Upstream)),
@@ -415,7 +418,6 @@ func (s *Server) Run(ctx context.Context) error {
 		slog.String("rules_source", s.ruleState.Load().source), slog.String("rules_file", s.cfg.RulesFile),
 		slog.String("rules_version", s.ruleState.Load().Version()), slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)),
 		slog.Any("redis", s.cfg.Redis.Addrs), slog.String("redis_mode", s.cfg.Redis.Mode))
-	s.warnExposure()
 
 	g.Go(func() error { s.loadScript(ctx); return nil })
 	if s.events != nil {

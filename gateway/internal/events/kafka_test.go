@@ -315,7 +315,7 @@ type source struct {
 type mark struct {
 	hwm, missing uint64
 	closed       bool
-	top          uint64 // the highest seq of an event (not a marker) applied
+	last         uint64 // the last number used, as the EpochClosed marker names it
 }
 
 // tally is what the deduplication made of a topic.
@@ -372,14 +372,14 @@ func aggregate(t testing.TB, recs []*kgo.Record) tally {
 				t.Fatalf("marker with seq %d, last_seq %d", ev.Seq, ev.LastSeq)
 			}
 			m.missing += ev.LastSeq - m.hwm
-			m.hwm, m.closed = ev.Seq, true
+			m.hwm, m.closed, m.last = ev.Seq, true, ev.LastSeq
 			out.markers++
 		default:
 			if ev.Seq > m.hwm+1 {
 				m.missing += ev.Seq - m.hwm - 1
 				out.skips++
 			}
-			m.hwm, m.top = ev.Seq, ev.Seq
+			m.hwm = ev.Seq
 			out.applied++
 			out.byEpoch[ev.Epoch]++
 		}

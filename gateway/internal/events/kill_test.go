@@ -90,7 +90,7 @@ func TestSIGKILLLosesOnlyTheMemoryTail(t *testing.T) {
 			for s, m := range got.marks {
 				if s.epoch == epoch {
 					missing += m.missing
-					top = max(top, m.top)
+					top = max(top, m.last)
 					if m.closed {
 						closed++
 					}
@@ -106,7 +106,7 @@ func TestSIGKILLLosesOnlyTheMemoryTail(t *testing.T) {
 				t.Errorf("%d of %d partitions of the killed epoch closed", closed, partitions)
 			}
 			if top <= 10_000 {
-				t.Errorf("the highest sequence number used was %d: the test did not cross a reservation", top)
+				t.Errorf("the markers name %d as the highest sequence number used: the test did not cross a reservation", top)
 			}
 			if uint64(applied)+missing < uint64(recorded) {
 				t.Errorf("applied %d + missing %d < recorded %d: a loss went uncounted", applied, missing, recorded)
