@@ -11,7 +11,9 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -29,6 +31,7 @@ type Config struct {
 	AdminInsecure bool   `yaml:"admin_insecure" doc:"Run the operator API without admin_token, on a loopback aggregator_listen only (a local experiment): any bearer token is accepted, and a request without an Authorization header is still refused, so that no web page can forge a change. Logged as a warning at start and shown on /readyz."`
 	ViewerToken   string `yaml:"viewer_token" doc:"Read-only bearer token of the operator API, the reports and the console (Authorization: Bearer <token>): reads are answered, every change is 403 FORBIDDEN. At least 16 characters, different from admin_token. Empty: no viewer token."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
+	Region        string `yaml:"region" doc:"Name of the region this aggregator is in, as its gateways' region: the operator API's key state, reset and quota grant read a rule marked regions: global at this region's share of its limit. Without a regions list in the rules, every limit is whole, whatever the name."`
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
 
@@ -187,6 +190,7 @@ func (c *Config) SetDefaults() {
 		c.ID = configs.HostID("aggregator")
 	}
 	configs.Default(&c.DataDir, DefaultDataDir)
+	configs.Default(&c.Region, guard.DefaultRegion)
 	c.Kafka.SetDefaults()
 	c.Redis.SetDefaults()
 	configs.Default(&c.ConsumerGroup, "tollgate-aggregator")
@@ -214,6 +218,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.KeySecret) < keyid.MinSecretLen {
 		bad("key_secret", "required, at least %d bytes (generate one with: openssl rand -base64 32)", keyid.MinSecretLen)
+	}
+	if err := rules.CheckRegionName(c.Region); err != nil {
+		bad("region", "%v", err)
 	}
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "required: the aggregator consumes decision events")

@@ -49,7 +49,7 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 		return cur.g, nil
 	}
 	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs,
-		guard.WithLogger(s.log.With(slog.String("component", "guard"))))
+		guard.WithLogger(s.log.With(slog.String("component", "guard"))), guard.WithRegion(s.cfg.Region))
 	if err != nil {
 		return nil, err
 	}
