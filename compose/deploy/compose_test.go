@@ -265,6 +265,46 @@ func TestComposeExampleEnv(t *testing.T) {
 	}
 }
 
+// TestComposeViewerToken: the optional read-only viewer token in .env
+// reaches every aggregator's configuration and no gateway, and an empty
+// one still starts the deployment, with no viewer token.
+func TestComposeViewerToken(t *testing.T) {
+	for _, c := range []struct {
+		name, value string
+	}{
+		{"set", "viewer-token-0123456789abcdef"},
+		{"empty", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := testEnv(t)
+			env["TOLLGATE_VIEWER_TOKEN"] = c.value
+			cm := loadCompose(t, env)
+			if required := cm.refs["TOLLGATE_VIEWER_TOKEN"]; required {
+				t.Errorf("%s requires TOLLGATE_VIEWER_TOKEN; it is optional", composeFile)
+			}
+			for _, n := range cm.running(binGateway) {
+				if _, ok := cm.Services[n].Environment["TOLLGATE_VIEWER_TOKEN"]; ok {
+					t.Errorf("service %s: a gateway gets TOLLGATE_VIEWER_TOKEN", n)
+				}
+			}
+			aggs := cm.running(binAggregator)
+			if len(aggs) == 0 {
+				t.Fatal("no aggregator")
+			}
+			for _, n := range aggs {
+				s := cm.Services[n]
+				cfg, err := aggregator.LoadConfig("", func(name string) (string, bool) { v, ok := s.Environment[name]; return v, ok })
+				if err != nil {
+					t.Fatalf("service %s: %v", n, err)
+				}
+				if cfg.ViewerToken != c.value {
+					t.Errorf("service %s: viewer token %q, want .env's %q", n, cfg.ViewerToken, c.value)
+				}
+			}
+		})
+	}
+}
+
 // TestComposeAggregatorsShareGateways: the aggregators reach the gateways'
 // Redis with the gateways' settings (the operator API reads and resets
 // their counters there) and read the rules file the gateways read, from

@@ -39,8 +39,9 @@ const podName = "tg-tollgate-x-0"
 // everything but the addresses and the Secret.
 var minimalValues = filepath.Join(chartDir, "ci", "minimal-values.yaml")
 
-// secretValue is what a secretKeyRef resolves to in these tests: long
-// enough for the key secret.
+// secretValue is what a secretKeyRef resolves to in these tests, followed
+// by the key's name: long enough for the key secret, and different per key
+// (the viewer token must differ from the admin token).
 const secretValue = "secret-from-the-secret-0123456789"
 
 // binary returns the Tollgate binary a container runs.
@@ -60,7 +61,7 @@ func env(c corev1.Container, overrides map[string]string) func(string) (string, 
 		case e.ValueFrom == nil:
 			m[e.Name] = e.Value
 		case e.ValueFrom.SecretKeyRef != nil:
-			m[e.Name] = secretValue
+			m[e.Name] = secretValue + "-" + e.ValueFrom.SecretKeyRef.Key
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
 			m[e.Name] = podName
 		}
@@ -388,7 +389,7 @@ func TestChartNetworkPolicies(t *testing.T) {
 // creates holds every key its pods ask for.
 func TestChartSecrets(t *testing.T) {
 	t.Parallel()
-	secretVars := []string{"TOLLGATE_KEY_SECRET", "TOLLGATE_API_TOKEN", "TOLLGATE_ADMIN_TOKEN", "TOLLGATE_REDIS_PASSWORD"}
+	secretVars := []string{"TOLLGATE_KEY_SECRET", "TOLLGATE_API_TOKEN", "TOLLGATE_ADMIN_TOKEN", "TOLLGATE_VIEWER_TOKEN", "TOLLGATE_REDIS_PASSWORD"}
 	for _, rel := range allReleases(t) {
 		created := map[string]*corev1.Secret{}
 		for _, s := range find[*corev1.Secret](rel) {
@@ -413,6 +414,80 @@ func TestChartSecrets(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestChartViewerToken: the read-only viewer token reaches the aggregators
+// (never the gateways) from the Secret when one is set or the Secret is
+// the user's (then optional: a Secret without viewer-token leaves it
+// unset), loads into the aggregator's configuration, and is absent
+// otherwise.
+func TestChartViewerToken(t *testing.T) {
+	t.Parallel()
+	fleet := filepath.Join(chartDir, "ci", "fleet-values.yaml")
+	for _, c := range []struct {
+		name     string
+		file     string
+		sets     []string
+		want     bool // the aggregator gets TOLLGATE_VIEWER_TOKEN
+		inSecret string
+		optional bool
+	}{
+		{"set: from the chart's Secret", fleet, nil, true, "replace-with-a-read-only-token", true},
+		{"unset: none", fleet, []string{"secrets.viewerToken="}, false, "", false},
+		{"existing Secret: optional key", minimalValues, nil, true, "", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rel := renderSet(t, c.file, c.sets...)
+			var aggregators int
+			for workload, pod := range rel.pods() {
+				ct := pod.Spec.Containers[0]
+				e, ok := envVar(ct, "TOLLGATE_VIEWER_TOKEN")
+				if binary(ct) != binAggregator {
+					if ok {
+						t.Errorf("%s: a gateway gets TOLLGATE_VIEWER_TOKEN", workload)
+					}
+					continue
+				}
+				aggregators++
+				if ok != c.want {
+					t.Fatalf("%s: TOLLGATE_VIEWER_TOKEN present %v, want %v", workload, ok, c.want)
+				}
+				cfg, err := aggregator.LoadConfig("", env(ct, nil))
+				if err != nil {
+					t.Fatalf("%s: %v", workload, err)
+				}
+				if !ok {
+					if cfg.ViewerToken != "" {
+						t.Errorf("%s: viewer token %q without the variable", workload, cfg.ViewerToken)
+					}
+					continue
+				}
+				ref := e.ValueFrom.SecretKeyRef
+				if ref == nil || ref.Key != "viewer-token" {
+					t.Fatalf("%s: TOLLGATE_VIEWER_TOKEN is not the Secret's viewer-token: %+v", workload, e)
+				}
+				if got := ref.Optional != nil && *ref.Optional; got != c.optional {
+					t.Errorf("%s: optional %v, want %v", workload, got, c.optional)
+				}
+				if want := secretValue + "-viewer-token"; cfg.ViewerToken != want {
+					t.Errorf("%s: the aggregator's viewer token is %q, want the Secret's %q", workload, cfg.ViewerToken, want)
+				}
+			}
+			if aggregators == 0 {
+				t.Fatalf("%s renders no aggregator", rel.name)
+			}
+			var secret *corev1.Secret
+			for _, s := range find[*corev1.Secret](rel) {
+				secret = s
+			}
+			switch {
+			case c.inSecret == "" && secret != nil && secret.Data["viewer-token"] != nil:
+				t.Errorf("the chart's Secret holds a viewer-token nobody set")
+			case c.inSecret != "" && (secret == nil || string(secret.Data["viewer-token"]) != c.inSecret):
+				t.Errorf("the chart's Secret does not hold viewer-token %q", c.inSecret)
+			}
+		})
 	}
 }
 

@@ -255,6 +255,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"short key secret", nil, []string{"redis.addrs={r:6379}", "kafka.brokers={k:9092}", "secrets.keySecret=short"}, "at least 16 bytes"},
 		{"no api token", nil, []string{"redis.addrs={r:6379}", "kafka.brokers={k:9092}", "secrets.keySecret=0123456789abcdef0123", "secrets.adminToken=a"}, "secrets.apiToken"},
 		{"no admin token", nil, []string{"redis.addrs={r:6379}", "kafka.brokers={k:9092}", "secrets.keySecret=0123456789abcdef0123", "secrets.apiToken=a"}, "secrets.adminToken"},
+		{"short viewer token", []string{minimal}, []string{"secrets.existingSecret=", "secrets.keySecret=0123456789abcdef0123", "secrets.apiToken=a", "secrets.adminToken=admin-0123456789abcdef", "secrets.viewerToken=short"}, "secrets.viewerToken: at least 16"},
+		{"viewer token is the admin token", []string{minimal}, []string{"secrets.existingSecret=", "secrets.keySecret=0123456789abcdef0123", "secrets.apiToken=a", "secrets.adminToken=admin-0123456789abcdef", "secrets.viewerToken=admin-0123456789abcdef"}, "secrets.viewerToken: must differ"},
 		{"misspelt value", []string{minimal}, []string{"gateway.replica=3"}, "replica"},
 		{"unknown redis mode", []string{minimal}, []string{"redis.mode=sentinal"}, "/redis/mode"},
 		{"address without port", []string{minimal}, []string{"redis.addrs={redis.example}"}, "/redis/addrs"},

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/configs"
@@ -56,8 +57,11 @@ type Config struct {
 	AggregatorListen        string `yaml:"aggregator_listen" doc:"Address of the aggregator's operator API and usage reports (bearer admin_token)."`
 	AggregatorMetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of the aggregator's GET /metrics, /healthz and /readyz."`
 	DataDir                 string `yaml:"data_dir" doc:"Directory of the stack's state: the Kafka log, NATS's JetStream store and the aggregator's Pebble. Empty: a new temporary directory, removed on exit; set it to keep state across runs."`
-	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET, TOLLGATE_ADMIN_TOKEN and TOLLGATE_VIEWER_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
+	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_REDIS_TIMEOUT, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET, TOLLGATE_ADMIN_TOKEN and TOLLGATE_VIEWER_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
 	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
+	// RedisClient is how the stack's gateway and aggregator call the
+	// stack's Redis (the redis section of bin/gateway and bin/aggregator).
+	RedisClient RedisClient `yaml:"redis"`
 
 	// The aggregator's penalty ladder and the gateway's connection-level
 	// answer to its top, as bin/aggregator and bin/gateway read them
@@ -67,6 +71,12 @@ type Config struct {
 	Offenders gateway.OffendersConfig  `yaml:"offenders"`
 
 	Log configs.Log `yaml:"log"`
+}
+
+// RedisClient is the part of the redis section the stack lets you set:
+// the rest (addresses, mode) is the Redis the stack runs.
+type RedisClient struct {
+	Timeout time.Duration `yaml:"timeout" doc:"Deadline of one Redis call of the stack's gateway and aggregator: past it the gateway decides by the rules' failure mode (an open rule answers 200 without RateLimit headers) and the operator API answers 503 REDIS_UNAVAILABLE. Empty: 50ms on a redis-server, 500ms on the embedded Redis; raise it on a machine so loaded that Redis answers late."`
 }
 
 // SetDefaults fills zero fields with their defaults (the addresses docs/local-stack.md lists).
@@ -111,6 +121,9 @@ func (c *Config) Validate() error {
 	}
 	if c.KeySecret != "" && len(c.KeySecret) < minSecret {
 		bad("key_secret", "too short: at least %d bytes (or leave it unset to have one generated)", minSecret)
+	}
+	if c.RedisClient.Timeout < 0 {
+		bad("redis.timeout", "%v is negative: leave it unset for the default, or give a deadline such as 2s", c.RedisClient.Timeout)
 	}
 	switch c.Redis {
 	case RedisAuto, RedisServer, RedisEmbedded:
@@ -160,7 +173,20 @@ func natsHostPort(s string) string { return strings.TrimPrefix(s, "nats://") }
 func Vars() ([]configs.Var, error) {
 	var c Config
 	c.SetDefaults()
-	return configs.Vars(&c, nil)
+	vars, err := configs.Vars(&c, nil)
+	if err != nil {
+		return nil, err
+	}
+	// The Redis deadline stays zero until the backend is known (the
+	// embedded one gets more): show the redis-server's, the library's.
+	var rc configs.Redis
+	rc.SetDefaults()
+	for i := range vars {
+		if vars[i].Path == "redis.timeout" {
+			vars[i].Default = rc.Timeout.String()
+		}
+	}
+	return vars, nil
 }
 
 // LoadConfig reads the configuration from the environment (lookup; nil

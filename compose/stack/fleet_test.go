@@ -240,6 +240,9 @@ func TestFleetJourney(t *testing.T) {
 
 	// A second gateway joins through bin/stack.env.
 	env := readEnvFile(t, cfg.EnvFile)
+	if got := env["TOLLGATE_REDIS_TIMEOUT"]; got != testRedisTimeout.String() {
+		t.Errorf("stack.env: TOLLGATE_REDIS_TIMEOUT=%q, want the stack's deadline %v", got, testRedisTimeout)
+	}
 	for _, k := range []string{"TOLLGATE_REDIS_ADDRS", "TOLLGATE_KAFKA_BROKERS", "TOLLGATE_NATS_URL", "TOLLGATE_KEY_SECRET", "TOLLGATE_ADMIN_TOKEN"} {
 		if env[k] == "" {
 			t.Errorf("stack.env lacks %s", k)

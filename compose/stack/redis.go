@@ -28,12 +28,14 @@ type redisBackend struct {
 	mini *miniredis.Miniredis
 }
 
-// config is how the stack's gateway and aggregator reach this Redis.
-func (r *redisBackend) config() configs.Redis {
-	c := configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{r.addr}}
-	if r.kind == BackendEmbedded {
+// config is how the stack's gateway and aggregator reach this Redis:
+// with the deadline set (client), else the backend's.
+func (r *redisBackend) config(client RedisClient) configs.Redis {
+	c := configs.Redis{Mode: redisstore.ModeStandalone, Addrs: []string{r.addr}, Timeout: client.Timeout}
+	if c.Timeout == 0 && r.kind == BackendEmbedded {
 		c.Timeout = embeddedRedisTimeout
 	}
+	c.SetDefaults()
 	return c
 }
 

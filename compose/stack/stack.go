@@ -74,9 +74,10 @@ const (
 	shutdownTimeout = 5 * time.Second
 	// readyTimeout bounds the wait for the gateway's /readyz at start.
 	readyTimeout = 10 * time.Second
-	// embeddedRedisTimeout is the gateway's Redis deadline on the embedded
-	// Redis, which runs Lua far slower than redis-server (the default,
-	// 50ms, stays for redis-server).
+	// embeddedRedisTimeout is the gateway's and aggregator's Redis
+	// deadline on the embedded Redis, which runs Lua far slower than
+	// redis-server (the default, 50ms, stays for redis-server), unless
+	// redis.timeout is set.
 	embeddedRedisTimeout = 500 * time.Millisecond
 )
 
@@ -107,6 +108,7 @@ type Stack struct {
 	ready      chan struct{}
 	addrs      Addrs      // written before ready is closed
 	redisKind  string     // written before ready is closed
+	redisDL    string     // the gateway's and aggregator's Redis deadline; written before ready is closed
 	running    sync.Mutex // guards runStarted
 	runStarted bool
 }
@@ -332,6 +334,7 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
 		Kafka: kb.Addr(), NATS: ns.ClientURL(), Aggregator: aa.API, AggregatorMetrics: aa.Metrics}
 	s.redisKind = rds.kind
+	s.redisDL = rds.config(s.cfg.RedisClient).Timeout.String()
 	s.console = "http://" + dialable(aa.API) + "/console/#code=" + agg.ConsoleCode()
 
 	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, nil); err != nil {
@@ -430,7 +433,7 @@ func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir stri
 	}
 	c.NATS.URL = natsURL
 	c.Kafka.Brokers = brokers
-	c.Redis = rds.config()
+	c.Redis = rds.config(s.cfg.RedisClient)
 	return c
 }
 
@@ -611,7 +614,7 @@ func (s *Stack) aggregatorConfig(rds *redisBackend, dataDir string, brokers []st
 	}
 	c.Kafka.Brokers = brokers
 	c.NATS.URL = natsURL
-	c.Redis = rds.config()
+	c.Redis = rds.config(s.cfg.RedisClient)
 	return c
 }
 
@@ -647,6 +650,7 @@ func (s *Stack) portOr(err error) error {
 func (s *Stack) envLines() []string {
 	return []string{
 		configs.EnvName("redis.addrs") + "=" + s.addrs.Redis,
+		configs.EnvName("redis.timeout") + "=" + s.redisDL,
 		configs.EnvName("kafka.brokers") + "=" + dialable(s.addrs.Kafka),
 		configs.EnvName("nats.url") + "=" + s.addrs.NATS,
 		configs.EnvName("key_secret") + "=" + s.cfg.KeySecret,

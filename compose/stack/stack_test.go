@@ -31,9 +31,19 @@ import (
 // rulesFile is the shipped ruleset, the one make run loads.
 const rulesFile = "../../configs/rules.yaml"
 
-// testConfig puts every listener on a free port.
+// testRedisTimeout is the stack's Redis deadline in tests. The journeys
+// check decisions, not latency: on a loaded CI machine (two cores, the
+// race detector, other packages' tests beside) a Redis call can take
+// longer than the product's 50 ms, and past the deadline a 429 turns into
+// a fail-open 200 without RateLimit headers and the operator API's key
+// routes into 503 REDIS_UNAVAILABLE.
+const testRedisTimeout = 5 * time.Second
+
+// testConfig puts every listener on a free port, with a generous Redis
+// deadline.
 func testConfig(redis string) stack.Config {
 	return stack.Config{
+		RedisClient:   stack.RedisClient{Timeout: testRedisTimeout},
 		Listen:        "127.0.0.1:0",
 		APIListen:     "127.0.0.1:0",
 		MetricsListen: "127.0.0.1:0",
@@ -134,8 +144,8 @@ func (r *running) checkLogKeys(t *testing.T) {
 	}
 }
 
-// stop cancels Run's context and checks that Run returns nil within a few
-// seconds.
+// stop cancels Run's context and checks that Run returns nil within
+// stopTimeout.
 func (r *running) stop(t *testing.T) {
 	t.Helper()
 	r.cancel()
@@ -145,10 +155,16 @@ func (r *running) stop(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return within 10s of the cancel")
+	case <-time.After(stopTimeout):
+		t.Fatalf("Run did not return within %v of the cancel", stopTimeout)
 	}
 }
+
+// stopTimeout bounds the stack's shutdown in tests: a liveness bound, not
+// a speed one. The gateway drains and flushes its events for up to 5 s,
+// and on a loaded CI machine the Kafka broker alone was seen taking 11 s
+// to close.
+const stopTimeout = 45 * time.Second
 
 var client = &http.Client{Timeout: 10 * time.Second}
 
@@ -324,6 +340,7 @@ func TestJourneyRedisServer(t *testing.T) {
 		}
 	}
 	r.checkCleanStart(t)
+	lateRedis(t, r)
 	retryEnds := journey(t, r)
 	// A malformed key is refused by the gateway's proxy, which logs it at
 	// debug level under its component, within the stack's gateway part.
@@ -360,6 +377,46 @@ func TestJourneyRedisServer(t *testing.T) {
 		t.Errorf("second Run: %v, want ErrRunning", err)
 	}
 }
+
+// lateRedis checks that the stack's gateway and aggregator wait for a
+// Redis that answers late (paused with CLIENT PAUSE for longer than the
+// product's 50 ms deadline, as a loaded machine makes it) for up to the
+// stack's deadline: the gateway decides with its RateLimit headers rather
+// than failing open, and the operator API reads the key's state rather
+// than answering 503 REDIS_UNAVAILABLE.
+func lateRedis(t *testing.T, r *running) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: r.addrs.Redis, DisableIdentity: true})
+	defer rdb.Close()
+	pause := func() {
+		t.Helper()
+		if err := rdb.Do(t.Context(), "CLIENT", "PAUSE", strconv.Itoa(int(lateFor.Milliseconds())), "ALL").Err(); err != nil {
+			t.Fatalf("CLIENT PAUSE: %v", err)
+		}
+	}
+	pause()
+	began := time.Now()
+	resp, body := get(t, "http://"+r.addrs.Proxy+"/v1/users/42", "sk_prod_acme_1")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit") == "" {
+		t.Errorf("sk_prod_acme_1 while Redis answers late: %d, RateLimit %q, after %v: %s; want 200 decided by Redis, with its headers",
+			resp.StatusCode, resp.Header.Get("RateLimit"), time.Since(began).Round(time.Millisecond), body)
+	}
+	pause()
+	began = time.Now()
+	req, err := http.NewRequest(http.MethodGet, "http://"+r.addrs.Aggregator+"/admin/v1/keys/sk_prod_acme_1?endpoint=/v1/users/42", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+bannerValue(t, r.banner.String(), "admin token"))
+	if resp, body := do(t, req); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET keys/sk_prod_acme_1 while Redis answers late: %d after %v: %s; want 200",
+			resp.StatusCode, time.Since(began).Round(time.Millisecond), body)
+	}
+}
+
+// lateFor is how long lateRedis pauses Redis: past the product's 50 ms
+// deadline, well within the tests' (testRedisTimeout).
+const lateFor = 300 * time.Millisecond
 
 // TestJourneyEmbeddedRedis runs the same journey when no redis-server can
 // be found, so make run falls back to the embedded Redis. That fallback is
@@ -442,6 +499,8 @@ func TestConfig(t *testing.T) {
 		{"bad address", func(c *stack.Config) { c.DemoListen = "9000" }, "TOLLGATE_DEMO_LISTEN"},
 		{"same port twice", func(c *stack.Config) { c.GRPCListen = c.Listen }, "TOLLGATE_GRPC_LISTEN"},
 		{"bad log level", func(c *stack.Config) { c.Log.Level = "loud" }, "TOLLGATE_LOG_LEVEL"},
+		{"redis deadline", func(c *stack.Config) { c.RedisClient.Timeout = 2 * time.Second }, ""},
+		{"negative redis deadline", func(c *stack.Config) { c.RedisClient.Timeout = -time.Second }, "TOLLGATE_REDIS_TIMEOUT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -69,6 +69,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.aggregator.enabled (not .Values.secrets.adminToken) -}}
 {{- fail "secrets.adminToken: the operator API needs a token: set it, or secrets.existingSecret" -}}
 {{- end -}}
+{{- with .Values.secrets.viewerToken -}}
+{{- if lt (len .) 16 -}}
+{{- fail "secrets.viewerToken: at least 16 characters (openssl rand -base64 32), or leave it empty for no viewer token" -}}
+{{- end -}}
+{{- if eq . $.Values.secrets.adminToken -}}
+{{- fail "secrets.viewerToken: must differ from secrets.adminToken (the viewer token may not change anything)" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if and (eq .Values.redis.mode "sentinel") (not .Values.redis.masterName) -}}
 {{- fail "redis.masterName: sentinel mode needs the master name the sentinels monitor" -}}
