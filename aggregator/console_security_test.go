@@ -1,7 +1,6 @@
 package aggregator_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,35 +10,17 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 const viewerToken = "test-viewer-token-0123"
-
-// syncBuffer is a log sink the test reads while the aggregator writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // browser is an HTTP client with a cookie jar, as a signed-in console page.
 type browser struct {
@@ -94,7 +75,7 @@ func TestViewerAndConsoleSessions(t *testing.T) {
 	cfg.Kafka.Brokers = startKafka(t)
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
-	logs := &syncBuffer{}
+	logs := &testnet.Buffer{}
 	srv, err := aggregator.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)

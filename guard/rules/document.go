@@ -539,12 +539,7 @@ func (d *decoder) keys(n *yaml.Node) map[string]KeySpec {
 }
 
 func (d *decoder) tiers(n *yaml.Node) []TierSpec {
-	if !d.kind(n, yaml.SequenceNode, "", "tiers", "a list of {pattern, tier}") {
-		return nil
-	}
-	out := make([]TierSpec, 0, len(n.Content))
-	for i, item := range n.Content {
-		field := fmt.Sprintf("tiers[%d]", i)
+	return decodeList(d, n, "tiers", "a list of {pattern, tier}", func(field string, item *yaml.Node) TierSpec {
 		ts := TierSpec{line: item.Line}
 		d.mapping(item, "", field, func(f string, fk, fv *yaml.Node) {
 			switch f {
@@ -556,18 +551,12 @@ func (d *decoder) tiers(n *yaml.Node) []TierSpec {
 				d.unknown("", field+"."+f, fk)
 			}
 		})
-		out = append(out, ts)
-	}
-	return out
+		return ts
+	})
 }
 
 func (d *decoder) regions(n *yaml.Node) []RegionSpec {
-	if !d.kind(n, yaml.SequenceNode, "", "regions", "a list of {name, weight}") {
-		return nil
-	}
-	out := make([]RegionSpec, 0, len(n.Content))
-	for i, item := range n.Content {
-		field := fmt.Sprintf("regions[%d]", i)
+	return decodeList(d, n, "regions", "a list of {name, weight}", func(field string, item *yaml.Node) RegionSpec {
 		rs := RegionSpec{line: item.Line}
 		d.mapping(item, "", field, func(f string, fk, fv *yaml.Node) {
 			switch f {
@@ -579,7 +568,20 @@ func (d *decoder) regions(n *yaml.Node) []RegionSpec {
 				d.unknown("", field+"."+f, fk)
 			}
 		})
-		out = append(out, rs)
+		return rs
+	})
+}
+
+// decodeList decodes a top-level list named name, each item by decode
+// with its field path (name[i]); a node that is not a list is refused,
+// saying it should be want.
+func decodeList[T any](d *decoder, n *yaml.Node, name, want string, decode func(field string, item *yaml.Node) T) []T {
+	if !d.kind(n, yaml.SequenceNode, "", name, want) {
+		return nil
+	}
+	out := make([]T, 0, len(n.Content))
+	for i, item := range n.Content {
+		out = append(out, decode(fmt.Sprintf("%s[%d]", name, i), item))
 	}
 	return out
 }

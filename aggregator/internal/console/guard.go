@@ -291,30 +291,32 @@ func (g *Guard) signIn(w http.ResponseWriter, r *http.Request) {
 // session is GET /console/session: the signed-in session's role and CSRF
 // token (a page reload learns it again), or 401.
 func (g *Guard) session(w http.ResponseWriter, r *http.Request) {
+	if _, sess, ok := g.cookieSession(w, r); ok {
+		writeSession(w, http.StatusOK, sess)
+	}
+}
+
+// cookieSession returns the request's session cookie and its session, or
+// answers 401 and false.
+func (g *Guard) cookieSession(w http.ResponseWriter, r *http.Request) (*http.Cookie, Session, bool) {
 	c, err := r.Cookie(CookieName)
 	if err != nil {
 		unauthorized(w)
-		return
+		return nil, Session{}, false
 	}
 	sess, ok := g.sessions.Get(c.Value)
 	if !ok {
 		unauthorized(w)
-		return
+		return nil, Session{}, false
 	}
-	writeSession(w, http.StatusOK, sess)
+	return c, sess, true
 }
 
 // signOut is DELETE /console/session: the session ends and the cookie is
 // cleared. It needs the same-origin and CSRF checks of any change.
 func (g *Guard) signOut(w http.ResponseWriter, r *http.Request) {
-	c, err := r.Cookie(CookieName)
-	if err != nil {
-		unauthorized(w)
-		return
-	}
-	sess, ok := g.sessions.Get(c.Value)
+	c, sess, ok := g.cookieSession(w, r)
 	if !ok {
-		unauthorized(w)
 		return
 	}
 	if !SameOrigin(r) || !sess.CSRFMatches(r.Header.Get(CSRFHeader)) {
