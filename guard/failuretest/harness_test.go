@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -82,6 +84,37 @@ type rig struct {
 
 	opens, halfOpens, closes atomic.Int64
 	degradedHook             atomic.Int64
+
+	// causes counts the errors of degraded decisions by message, for a
+	// failing test to say why its checks degraded.
+	causesMu sync.Mutex
+	causes   map[string]int
+	changes  []string // the breakers' changes of state: "node from→to"
+}
+
+// everOpened reports whether node's breaker has opened.
+func (r *rig) everOpened(node string) bool {
+	for _, c := range r.breakerChanges() {
+		if strings.HasPrefix(c, node+" ") && strings.HasSuffix(c, "→open") {
+			return true
+		}
+	}
+	return false
+}
+
+// breakerChanges returns the breakers' changes of state so far.
+func (r *rig) breakerChanges() []string {
+	r.causesMu.Lock()
+	defer r.causesMu.Unlock()
+	return slices.Clone(r.changes)
+}
+
+// degradedCauses returns the errors of the degraded decisions so far,
+// each with its count.
+func (r *rig) degradedCauses() map[string]int {
+	r.causesMu.Lock()
+	defer r.causesMu.Unlock()
+	return maps.Clone(r.causes)
 }
 
 func newRig(t *testing.T, cfg redisstore.Config) *rig {
@@ -93,7 +126,10 @@ func newRig(t *testing.T, cfg redisstore.Config) *rig {
 	}
 	r := &rig{client: client, fallback: memstore.New(memstore.WithMaxCounters(100_000))}
 	r.store = redisstore.New(client, redisstore.WithTimeout(callDeadline),
-		redisstore.WithOnBreakerChange(func(_ string, from, to breaker.State) {
+		redisstore.WithOnBreakerChange(func(node string, from, to breaker.State) {
+			r.causesMu.Lock()
+			r.changes = append(r.changes, fmt.Sprintf("%s %v→%v", node, from, to))
+			r.causesMu.Unlock()
 			switch to {
 			case breaker.Open:
 				r.opens.Add(1)
@@ -113,7 +149,19 @@ func newRig(t *testing.T, cfg redisstore.Config) *rig {
 	}
 	r.guard, err = guard.New(r.store, secret, rs,
 		guard.WithFallback(r.fallback, 0.25),
-		guard.WithOnDegraded(func(error) { r.degradedHook.Add(1) }))
+		guard.WithOnDegraded(func(err error) {
+			r.degradedHook.Add(1)
+			msg := fmt.Sprint(err)
+			if i := strings.Index(msg, "127.0.0.1:"); i >= 0 {
+				msg = msg[:i] + "<addr>" // one line per cause, not per port
+			}
+			r.causesMu.Lock()
+			if r.causes == nil {
+				r.causes = map[string]int{}
+			}
+			r.causes[msg]++
+			r.causesMu.Unlock()
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/breaker"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 // TestSentinelPrimaryKilled: a Sentinel setup on loopback (one primary,
@@ -90,15 +91,16 @@ func TestClusterNodeKilled(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
 	r := newRig(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs()})
 	ctx := context.Background()
-	if err := r.store.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Loading the script on every primary goes through the test's 50 ms
+	// read deadline, which a loaded machine can miss (CI did): try again.
+	testwait.Eventually(t, 10*time.Second, func() error { return r.store.Load(ctx) })
 	dead := cl.Nodes()[1].Addr()
 	cc := r.client.(*redis.ClusterClient)
 	// Tenants by the primary of their hash tag (the key-scope counter of a
 	// key with a tenant is named tg{<tenant>}<tag><key_id>).
 	var tenants []string
 	onDead := map[string]bool{}
+	nodeOf := map[string]string{}
 	nDead := 0
 	for i := 0; len(tenants) < 12 || nDead < 4; i++ {
 		tn := fmt.Sprintf("tenant-%d", i)
@@ -106,6 +108,7 @@ func TestClusterNodeKilled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		nodeOf[tn] = c.Options().Addr
 		onDead[tn] = c.Options().Addr == dead
 		if onDead[tn] {
 			nDead++
@@ -119,7 +122,19 @@ func TestClusterNodeKilled(t *testing.T) {
 	// the client for a whole deadline (-race on two loaded cores); one
 	// that degrades faster than the deadline was refused without waiting:
 	// a breaker or pipeline shared with the dead primary.
-	var liveDegraded, liveDegradedFast, deadNormalWhileOpen, deadDegraded, liveNormal atomic.Int64
+	// The live primaries' checks are counted per node: a live node's own
+	// breaker may open too when the machine stalls the client past five
+	// deadlines in a row (-race -cpu 1 at load 16 did), and its checks
+	// then degrade at once, rightly. What must never happen is a live
+	// node's checks degrading at once while its breaker stays closed.
+	type liveCounts struct{ degraded, fast, normal atomic.Int64 }
+	live := map[string]*liveCounts{}
+	for _, tn := range tenants {
+		if !onDead[tn] && live[nodeOf[tn]] == nil {
+			live[nodeOf[tn]] = &liveCounts{}
+		}
+	}
+	var deadNormalWhileOpen, deadDegraded atomic.Int64
 	req := func(w, i int) guard.Request {
 		tn := tenants[(w+i*workers)%len(tenants)]
 		return guard.Request{Key: "key-" + tn, Tenant: tn, Path: "/load"}
@@ -130,12 +145,13 @@ func TestClusterNodeKilled(t *testing.T) {
 		}
 		switch {
 		case !onDead[req.Tenant] && d.Degraded:
-			liveDegraded.Add(1)
+			lc := live[nodeOf[req.Tenant]]
+			lc.degraded.Add(1)
 			if took < callDeadline {
-				liveDegradedFast.Add(1)
+				lc.fast.Add(1)
 			}
 		case !onDead[req.Tenant]:
-			liveNormal.Add(1)
+			live[nodeOf[req.Tenant]].normal.Add(1)
 		case d.Degraded:
 			deadDegraded.Add(1)
 		case phase == 2:
@@ -156,21 +172,37 @@ func TestClusterNodeKilled(t *testing.T) {
 		return l.degraded[2].Load() >= 2000 && l.normal[2].Load() >= 2000 && r.halfOpens.Load() >= 3
 	})
 	stats := l.assertAnswered(t, 1, 2)
-	if n := liveDegradedFast.Load(); n != 0 {
-		t.Errorf("%d checks for tenants on live primaries degraded without waiting for their deadline", n)
+	var liveNormal, liveDegraded int64
+	judged := 0
+	for node, lc := range live {
+		liveNormal += lc.normal.Load()
+		liveDegraded += lc.degraded.Load()
+		if r.everOpened(node) {
+			t.Logf("live primary %s: its own breaker opened (the machine stalled its calls past their deadline): %d checks degraded, %d fast, %d normal; not judged",
+				node, lc.degraded.Load(), lc.fast.Load(), lc.normal.Load())
+			continue
+		}
+		judged++
+		if n := lc.fast.Load(); n != 0 {
+			t.Errorf("%d checks for tenants on live primary %s degraded without waiting for their deadline while its breaker stayed closed; the degraded decisions' errors: %v; breakers (dead: %s): %v",
+				n, node, r.degradedCauses(), dead, r.breakerChanges())
+		}
+		if n := lc.degraded.Load(); n*100 > lc.normal.Load() {
+			t.Errorf("%d checks degraded for tenants on live primary %s, %d normal", n, node, lc.normal.Load())
+		}
 	}
-	if n := liveDegraded.Load(); n*100 > liveNormal.Load() {
-		t.Errorf("%d checks degraded for tenants on live primaries, %d normal", n, liveNormal.Load())
+	if judged == 0 {
+		t.Logf("every live primary's breaker opened: the machine stalled the load; breakers: %v", r.breakerChanges())
 	}
 	if n := deadNormalWhileOpen.Load(); n != 0 {
 		t.Errorf("%d non-degraded checks for the dead primary's slots", n)
 	}
 	for _, s := range r.store.BreakerStates() {
-		if s.Node != dead && s.State != breaker.Closed {
+		if s.Node != dead && s.State != breaker.Closed && !r.everOpened(s.Node) {
 			t.Errorf("breaker of live node %s: %v", s.Node, s.State)
 		}
 	}
 	t.Logf("figure: Cluster primary SIGKILLed under load (%d workers): its breaker open %v after; %d checks on live primaries, %d degraded (timed out); %d degraded on the dead one's slots",
-		workers, toOpen.Round(time.Millisecond), liveNormal.Load()+liveDegraded.Load(), liveDegraded.Load(), deadDegraded.Load())
+		workers, toOpen.Round(time.Millisecond), liveNormal+liveDegraded, liveDegraded, deadDegraded.Load())
 	t.Logf("figure: Cluster: checks until the breaker opened: %v; while open: %v", stats[0], stats[1])
 }
