@@ -114,8 +114,12 @@ func NewAnnouncer(cfg AnnouncerConfig) (*Announcer, error) {
 }
 
 // Poke asks for a write now (the rules in force changed). It never
-// blocks; pokes that arrive while one is pending are one.
+// blocks; pokes that arrive while one is pending are one. A nil Announcer
+// ignores it.
 func (a *Announcer) Poke() {
+	if a == nil {
+		return
+	}
 	select {
 	case a.poke <- struct{}{}:
 	default:
