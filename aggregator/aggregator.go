@@ -204,6 +204,7 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	}
 	adminapi.Register(mux, acfg)
 	mux.HandleFunc("GET /admin/v1/overview", s.overview)
+	mux.HandleFunc("GET /admin/v1/gateways", s.gateways)
 	labelled.MustRegister(s.readyGauge())
 	s.guard = console.NewGuard(cfg.AdminToken, cfg.ViewerToken, nil)
 	top := http.NewServeMux()

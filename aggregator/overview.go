@@ -18,6 +18,9 @@ const (
 	overviewMaxLimit   = 100
 	// overviewMaxPenalties bounds the penalised keys listed.
 	overviewMaxPenalties = 200
+	// overviewMaxGateways bounds the gateways listed (all are counted):
+	// the most recently heard from.
+	overviewMaxGateways = 100
 )
 
 // overviewTotals are decisions over the overview's span.
@@ -65,13 +68,17 @@ type overviewBody struct {
 	TopTenants []overviewTenant  `json:"top_tenants"`
 	Levels     map[string]int    `json:"penalty_levels"`
 	Penalties  []overviewPenalty `json:"penalties"`
+	// Gateways is GET /admin/v1/gateways' answer, its list cut to the
+	// overviewMaxGateways most recently heard from; null when NATS is not
+	// configured or not reached.
+	Gateways *gatewaysBody `json:"gateways"`
 }
 
 // overview is GET /admin/v1/overview?minutes=&limit=: what the console's
 // overview shows, in one read of this instance's state — decisions in
 // the last minutes (the open minute included) with the keys and tenants
-// most rejected, the penalties in force by level, the consumer lag and
-// /readyz's health. While the state is restoring, the figures are
+// most rejected, the penalties in force by level, the consumer lag,
+// /readyz's health and the gateways with their rules version. While the state is restoring, the figures are
 // partial and health.state says so.
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -156,6 +163,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	slices.SortFunc(body.Penalties, func(a, b overviewPenalty) int {
 		return cmp.Or(cmp.Compare(b.Level, a.Level), cmp.Compare(a.KeyID, b.KeyID))
 	})
+	if gws, code, _ := s.readGateways(r.Context(), now); code == "" {
+		if len(gws.Gateways) > overviewMaxGateways {
+			slices.SortStableFunc(gws.Gateways, func(a, b gatewayRow) int { return cmp.Compare(a.AgeSeconds, b.AgeSeconds) })
+			gws.Gateways = gws.Gateways[:overviewMaxGateways]
+			slices.SortFunc(gws.Gateways, func(a, b gatewayRow) int { return cmp.Compare(a.ID, b.ID) })
+		}
+		body.Gateways = &gws
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	enc := json.NewEncoder(w)

@@ -51,7 +51,7 @@ type Config struct {
 
 	Region string `yaml:"region" doc:"Name of the region this gateway is in (1 to 64 characters from a-z, 0-9 and -): a rule marked regions: global is enforced against this region's share of its limit, as the rules file's regions list gives it (a region the list does not name gets a share of 0). Without a regions list in the rules, the region holds every limit whole, whatever its name."`
 
-	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files."`
+	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files. In fleet mode it also names the gateway's entry in the tollgate_gateways NATS KV bucket (the gateways the operator API lists), so it holds only a-z, A-Z, 0-9 and - _ = . and neither starts nor ends with a dot."`
 	DataDir   string `yaml:"data_dir" doc:"Directory of local state, shared with the other Tollgate processes of a host (the aggregator's variable too). The gateway keeps its files under <data_dir>/gateway/<gateway_id>/ (fleet mode: lkg.json, the last-known-good copy of the rules, blocklist and overrides it starts from when NATS is unreachable) and its event spool under <data_dir>/spool/<gateway_id>/. Created when first needed."`
 
 	Events EventsConfig `yaml:"events"`
@@ -294,6 +294,10 @@ func (c *Config) Validate() error {
 	}
 	if c.GatewayID == "." || c.GatewayID == ".." || strings.ContainsAny(c.GatewayID, `/\`) {
 		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)
+	} else if c.NATS.URL != "" {
+		if err := tollgatev1.CheckGatewayID(c.GatewayID); err != nil {
+			bad("gateway_id", "%v: in fleet mode it names the gateway's entry in the NATS KV bucket %s", err, tollgatev1.BucketGateways)
+		}
 	}
 	errs = append(errs, c.Redis.Validate("redis")...)
 	if c.MaxCost < 1 || c.MaxCost > tollgatev1.MaxCost {

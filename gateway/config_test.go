@@ -224,3 +224,29 @@ func TestMaxCostWithinTheEventBound(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayIDInFleetMode: in fleet mode gateway_id names a NATS KV key
+// (the gateway's presence entry), so what a KV key cannot hold is refused
+// there and only there.
+func TestGatewayIDInFleetMode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		id   string
+		nats string
+		bad  bool
+	}{
+		{"gw-eu-1", "nats://127.0.0.1:4222", false},
+		{"gw 1", "", false},
+		{"gw 1", "nats://127.0.0.1:4222", true},
+		{"gw:1", "nats://127.0.0.1:4222", true},
+		{".gw", "nats://127.0.0.1:4222", true},
+	} {
+		c := gateway.Config{KeySecret: testSecret, GatewayID: tc.id}
+		c.NATS.URL = tc.nats
+		c.SetDefaults()
+		err := c.Validate()
+		if got := err != nil && strings.Contains(err.Error(), "gateway_id"); got != tc.bad {
+			t.Errorf("gateway_id %q, nats %q: %v", tc.id, tc.nats, err)
+		}
+	}
+}

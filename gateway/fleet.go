@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -32,6 +35,12 @@ func (s *Server) startRules() error {
 	var rs *rulefile.Ruleset
 	source := sourceFile
 	if cfg.NATS.URL != "" {
+		announcer, err := fleetkv.NewAnnouncer(fleetkv.AnnouncerConfig{ID: cfg.GatewayID, Entry: s.presence,
+			Log: s.log.With(slog.String("component", "presence"))})
+		if err != nil {
+			return err
+		}
+		s.announcer = announcer
 		sy, err := rulesync.New(rulesync.Config{
 			URL:       cfg.NATS.URL,
 			Name:      "tollgate-gateway-" + cfg.GatewayID,
@@ -43,6 +52,7 @@ func (s *Server) startRules() error {
 			// A reset or quota grant from the operator API: what the fast
 			// path holds of those counters is stale.
 			OnCountersChanged: s.guard.ForgetNames,
+			Announcer:         announcer,
 			Log:               s.log.With(slog.String("component", "rulesync")),
 		})
 		if err != nil {
@@ -94,11 +104,43 @@ func (s *Server) applyFromNATS(rs *rulefile.Ruleset) {
 		if cur.source != sourceNATS {
 			s.ruleState.Store(&activeRules{Ruleset: rs, source: sourceNATS})
 			s.log.Info("rules in force confirmed by NATS", slog.String("version", rs.Version()))
+			s.announcer.Poke()
 		}
 		return
 	}
 	s.setRules(rs, sourceNATS, true)
 }
+
+// presence is the gateway's entry in the presence bucket
+// (tollgate_gateways), which fleetkv.Announcer writes at start, after
+// every ruleset put in force (setRules pokes it) and every
+// fleetkv.DefaultHeartbeat. It reads atomics only, and holds no API key.
+func (s *Server) presence() tollgatev1.GatewayEntry {
+	e := tollgatev1.GatewayEntry{Region: s.cfg.Region, Build: buildVersion(), StartedAt: s.started.UTC()}
+	if cur := s.ruleState.Load(); cur != nil {
+		e.RulesVersion, e.RulesHash, e.RulesSource = cur.Rules.Version(), cur.Version(), cur.source
+	}
+	if s.sync != nil {
+		e.NATSSynced = s.sync.Status().Synced
+	}
+	return e
+}
+
+// buildVersion is the binary's module version and VCS revision, as the Go
+// toolchain recorded them ("(devel)" for a plain go build).
+var buildVersion = sync.OnceValue(func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	v := bi.Main.Version
+	for _, st := range bi.Settings {
+		if st.Key == "vcs.revision" && len(st.Value) >= 12 {
+			v += " " + st.Value[:12]
+		}
+	}
+	return v
+})
 
 // waitForNATS waits, at most natsStartWait, for the first complete read of
 // the buckets, and says what the gateway serves when they did not answer.

@@ -86,8 +86,9 @@ type Server struct {
 	lease  *lease.Store // nil when fast_path.disabled
 
 	rules     rulesSource
-	sync      *rulesync.Syncer // fleet mode; nil in static mode
-	events    *events.Producer // nil without kafka.brokers
+	sync      *rulesync.Syncer   // fleet mode; nil in static mode
+	announcer *fleetkv.Announcer // fleet mode: the presence entry; nil in static mode
+	events    *events.Producer   // nil without kafka.brokers
 	reporter  *proxy.Reporter
 	upstream  *http.Transport
 	offenders *offenders
@@ -356,6 +357,7 @@ func (s *Server) setRules(rs *rulefile.Ruleset, source string, reload bool) {
 	s.guard.SetRules(rs.Rules)
 	s.m.SetRules(rs.Rules, rs.Routes, reload)
 	s.ruleState.Store(&activeRules{Ruleset: rs, source: source})
+	s.announcer.Poke()
 	if reload {
 		s.log.Info("rules reloaded", slog.String("source", source), slog.String("version", rs.Version()),
 			slog.Int("rules", len(rs.Rules.Rules())))

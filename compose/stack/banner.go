@@ -37,7 +37,7 @@ func (s *Stack) printBanner() {
 	line("  Envoy RLS gRPC   %s", dialable(a.GRPC))
 	line("  redis            %s", redis)
 	line("  kafka            %s  (embedded Kafka-protocol broker: topics %s, …)", dialable(a.Kafka), "tollgate.decisions.v1")
-	line("  nats             %s  (embedded, JetStream on: KV buckets tollgate_rules, tollgate_blocklist, tollgate_overrides)", a.NATS)
+	line("  nats             %s  (embedded, JetStream on: KV buckets tollgate_rules, tollgate_blocklist, tollgate_overrides, tollgate_gateways)", a.NATS)
 	line("  aggregator       http://%s  (usage reports, operator API /admin/v1/; bearer admin token)", dialable(a.Aggregator))
 	line("  aggregator ops   http://%s/metrics  (also /healthz, /readyz)", dialable(a.AggregatorMetrics))
 	line("  console          %s", s.console)

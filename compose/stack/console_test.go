@@ -175,6 +175,10 @@ func TestConsoleJourneys(t *testing.T) {
 		}
 		return nil
 	})
+	// The stack's gateway announces itself, on the active rules version.
+	p.waitText("#ov-gateways", "local")
+	p.waitText("#ov-gateways", "✓ current")
+	p.waitText("#m-gateways .value", "1")
 	p.shot("overview")
 
 	// A penalty: hammer a free key until the ladder climbs, then lift it
@@ -214,12 +218,18 @@ func TestConsoleJourneys(t *testing.T) {
 	p.shot("rules")
 	p.run("save", chromedp.Click(chromedp.CSS("#r-save")))
 	p.waitText("#r-out", "Saved as version")
+	saved := strings.TrimSuffix(strings.Fields(strings.SplitN(p.text("#r-out"), "Saved as version ", 2)[1])[0], ":")
 	testwait.Eventually(t, 30*time.Second, func() error {
 		if got := status(t, r, "sk_free_demo"); got != http.StatusOK {
 			return fmt.Errorf("sk_free_demo after the raise: %d, want 200", got)
 		}
 		return nil
 	})
+	// The overview shows the gateway on the version just saved.
+	p.open("overview", "Overview")
+	p.waitText("#ov-gateways", "v"+saved+" ✓ current")
+	p.exec("scroll to the gateways", `document.getElementById("ov-gateways").scrollIntoView()`)
+	p.shot("gateways")
 
 	// Block a key from the lists page: every gateway refuses it.
 	if got := status(t, r, "sk_prod_acme_2"); got != http.StatusOK {

@@ -60,7 +60,7 @@ func TestDecode(t *testing.T) {
 				t.Fatalf("change %+v: wrong identity", c)
 			}
 			decoded := 0
-			for _, ok := range []bool{c.Rules != nil, c.List != nil, c.Override != nil} {
+			for _, ok := range []bool{c.Rules != nil, c.List != nil, c.Override != nil, c.Gateway != nil} {
 				if ok {
 					decoded++
 				}
@@ -168,10 +168,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(tollgatev1.BucketOverrides, "tenant.YWNtZQ", []byte(`{"scope":"tenant","subject":"acme","limit":3}`))
 	f.Add(tollgatev1.BucketRules, tollgatev1.RulesKey, []byte(`{"version":2,"source":"rules: []"}`))
 	f.Add(tollgatev1.BucketBlocklist, kidA, []byte("\x00\x01garbage"))
+	f.Add(tollgatev1.BucketGateways, "gw-1", []byte(`{"gateway_id":"gw-1","region":"eu","rules_version":4,"rules_source":"nats"}`))
 	f.Fuzz(func(t *testing.T, bucket, key string, value []byte) {
 		c := Decode(bucket, key, 1, value)
 		decoded := 0
-		for _, ok := range []bool{c.Rules != nil, c.List != nil, c.Override != nil} {
+		for _, ok := range []bool{c.Rules != nil, c.List != nil, c.Override != nil, c.Gateway != nil} {
 			if ok {
 				decoded++
 			}
@@ -193,6 +194,11 @@ func FuzzDecode(f *testing.F) {
 			again = Decode(bucket, key, 1, mustJSON(t, c.Override))
 		case c.Rules != nil:
 			again = Decode(bucket, key, 1, mustJSON(t, c.Rules))
+		case c.Gateway != nil:
+			if tollgatev1.CheckGatewayKey(key, c.Gateway) != nil || tollgatev1.CheckGatewayID(key) != nil {
+				t.Fatalf("a gateway entry decoded under the wrong or an illegal key %q: %+v", key, c.Gateway)
+			}
+			again = Decode(bucket, key, 1, mustJSON(t, c.Gateway))
 		default:
 			return
 		}

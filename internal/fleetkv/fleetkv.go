@@ -11,7 +11,10 @@
 //
 // The buckets: tollgate_rules (key active: the ruleset, history kept for
 // rollback), tollgate_blocklist (blocked, penalised and allowlisted keys,
-// by key_id) and tollgate_overrides (key.<key_id>, tenant.<base64url>).
+// by key_id) and tollgate_overrides (key.<key_id>, tenant.<base64url>);
+// and tollgate_gateways, which the gateways write and the operator API
+// reads: one entry per gateway, by gateway_id, that expires by itself
+// (Announcer, Gateways).
 // Beside them, core NATS subject tollgatev1.SubjectCounters tells gateways
 // that the operator API changed a key's counters in Redis.
 //
@@ -83,8 +86,8 @@ func (e *CorruptError) Error() string {
 // Unwrap makes errors.Is(err, ErrCorrupt) true, and reaches the cause.
 func (e *CorruptError) Unwrap() []error { return []error{ErrCorrupt, e.Err} }
 
-// Change is one entry of a bucket as read: a value, decoded (Rules, List or
-// Override, by Bucket) or Corrupt, or a deletion.
+// Change is one entry of a bucket as read: a value, decoded (Rules, List,
+// Override or Gateway, by Bucket) or Corrupt, or a deletion.
 type Change struct {
 	Bucket   string
 	Key      string
@@ -94,6 +97,7 @@ type Change struct {
 	Rules    *tollgatev1.RulesEntry
 	List     *tollgatev1.ListEntry
 	Override *tollgatev1.OverrideEntry
+	Gateway  *tollgatev1.GatewayEntry
 	Corrupt  *CorruptError
 }
 
@@ -123,6 +127,11 @@ func Decode(bucket, key string, rev uint64, value []byte) Change {
 		c.Override, err = tollgatev1.DecodeOverrideEntry(value)
 		if err == nil {
 			err = tollgatev1.CheckOverrideKey(key, c.Override)
+		}
+	case tollgatev1.BucketGateways:
+		c.Gateway, err = tollgatev1.DecodeGatewayEntry(value)
+		if err == nil {
+			err = tollgatev1.CheckGatewayKey(key, c.Gateway)
 		}
 	default:
 		err = fmt.Errorf("no bucket %q in the control plane", bucket)

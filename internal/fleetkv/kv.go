@@ -30,15 +30,18 @@ var buckets = []struct {
 	{tollgatev1.BucketOverrides, 1, "Tollgate temporary overrides (key.<key_id>, tenant.<base64url>)", jetstream.AllKeys},
 }
 
-// KV is the three buckets, for writing, and the connection they were
-// opened on.
+// KV is the three control buckets, for writing, the gateways' presence
+// bucket (tollgate_gateways, for reading; nil when Bind made the KV), and
+// the connection they were opened on.
 type KV struct {
 	Rules, Lists, Overrides jetstream.KeyValue
+	Presence                jetstream.KeyValue
 	c                       *Conn
 }
 
-// Open creates the buckets when missing (updating their settings when
-// they differ) and returns them.
+// Open creates the buckets when missing (updating the control buckets'
+// settings when they differ; the presence bucket keeps its own, see
+// OpenPresence) and returns them.
 func Open(ctx context.Context, c *Conn) (*KV, error) {
 	k := &KV{c: c}
 	dst := []*jetstream.KeyValue{&k.Rules, &k.Lists, &k.Overrides}
@@ -48,6 +51,10 @@ func Open(ctx context.Context, c *Conn) (*KV, error) {
 			return nil, fmt.Errorf("fleetkv: bucket %s: %w", b.name, err)
 		}
 		*dst[i] = kv
+	}
+	var err error
+	if k.Presence, err = OpenPresence(ctx, c, 0); err != nil {
+		return nil, err
 	}
 	return k, nil
 }

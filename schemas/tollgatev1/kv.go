@@ -102,6 +102,88 @@ const (
 	ScopeTenant = "tenant"
 )
 
+// GatewayEntry is a value of BucketGateways: a gateway in fleet mode says
+// it is alive and which rules it runs, under GatewayKey(GatewayID). It
+// writes the entry at start, after every ruleset it puts in force and
+// every few seconds, and deletes it when it stops; the bucket's MaxAge
+// removes the entry of a gateway that stopped without deleting it. It
+// holds no API key.
+type GatewayEntry struct {
+	GatewayID string `json:"gateway_id"`
+	Region    string `json:"region,omitempty"`
+	// RulesVersion is the version of the ruleset in force (the operator
+	// API's version when it came from BucketRules); RulesHash its
+	// version and content hash as the gateway's /readyz shows it.
+	RulesVersion int64  `json:"rules_version"`
+	RulesHash    string `json:"rules_hash,omitempty"`
+	// RulesSource is where the ruleset in force came from: "nats", "lkg"
+	// (the last-known-good copy on disk, NATS not read yet) or "file"
+	// (rules_file).
+	RulesSource string `json:"rules_source"`
+	// NATSSynced: the gateway has read the buckets whole since it started.
+	NATSSynced bool      `json:"nats_synced,omitempty"`
+	Build      string    `json:"build,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	// Time is when the gateway wrote the entry (its own clock).
+	Time time.Time `json:"time"`
+}
+
+// Rules sources of a GatewayEntry.
+const (
+	RulesFromNATS = "nats"
+	RulesFromLKG  = "lkg"
+	RulesFromFile = "file"
+)
+
+// GatewayKey names a gateway's entry in BucketGateways: its gateway_id,
+// which CheckGatewayID accepts.
+func GatewayKey(gatewayID string) string { return gatewayID }
+
+// CheckGatewayID checks that a gateway_id can name its entry in
+// BucketGateways: 1 to 256 characters from a-z, A-Z, 0-9 and - _ = .,
+// neither starting nor ending with a dot (the characters NATS KV keys
+// allow, less the / that gateway_id refuses).
+func CheckGatewayID(id string) error {
+	if id == "" || len(id) > 256 {
+		return errors.New("gateway_id: 1 to 256 characters")
+	}
+	for _, r := range id {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '=', r == '.':
+		default:
+			return fmt.Errorf("gateway_id %q: only a-z, A-Z, 0-9 and - _ = . name a NATS KV key", id)
+		}
+	}
+	if id[0] == '.' || id[len(id)-1] == '.' || strings.Contains(id, "..") {
+		return fmt.Errorf("gateway_id %q: a NATS KV key neither starts nor ends with a dot, nor holds two in a row", id)
+	}
+	return nil
+}
+
+// CheckGatewayKey checks that a BucketGateways entry sits under the KV key
+// its gateway_id names.
+func CheckGatewayKey(kvKey string, e *GatewayEntry) error {
+	if want := GatewayKey(e.GatewayID); kvKey != want {
+		return fmt.Errorf("the entry of gateway %q belongs under KV key %q", e.GatewayID, want)
+	}
+	return nil
+}
+
+// DecodeGatewayEntry decodes and checks a BucketGateways value.
+func DecodeGatewayEntry(b []byte) (*GatewayEntry, error) {
+	var e GatewayEntry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return nil, fmt.Errorf("gateway entry: %w", err)
+	}
+	if err := CheckGatewayID(e.GatewayID); err != nil {
+		return nil, fmt.Errorf("gateway entry: %w", err)
+	}
+	if e.RulesVersion < 0 {
+		return nil, errors.New("gateway entry: rules_version below 0")
+	}
+	return &e, nil
+}
+
 // Live reports whether an entry expiring at exp applies at now.
 func Live(exp, now time.Time) bool { return exp.IsZero() || exp.After(now) }
 

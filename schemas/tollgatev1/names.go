@@ -33,6 +33,11 @@ const (
 	// BucketOverrides holds temporary per-key limit overrides, named by
 	// key_id.
 	BucketOverrides = "tollgate_overrides"
+	// BucketGateways holds one GatewayEntry per gateway in fleet mode,
+	// named by its gateway_id: the gateways seen, with the rules version
+	// each runs. The bucket's entries expire by themselves (its MaxAge), so
+	// a gateway that stops without deleting its entry leaves the list.
+	BucketGateways = "tollgate_gateways"
 	// RulesKey is the key of the active ruleset in BucketRules.
 	RulesKey = "active"
 )

@@ -65,7 +65,8 @@
 // callback dispatcher goroutines for it, and fleetkv a goroutine per ended
 // session that stops its watchers) and closes it, waiting for those,
 // before it returns; it also waits for the saver, which writes the
-// last-known-good copy and finishes the last one first. Everything else
+// last-known-good copy and finishes the last one first, and for the
+// Config.Announcer, which deletes the gateway's presence entry first. Everything else
 // happens on Run's goroutine, which owns the Syncer's state: it needs no
 // lock.
 package rulesync
@@ -140,6 +141,11 @@ type Config struct {
 	// ReconnectWait is the pause between two attempts to reach NATS
 	// (default DefaultReconnectWait).
 	ReconnectWait time.Duration
+	// Announcer, when set, keeps the gateway's entry in the presence
+	// bucket (tollgate_gateways) on the Syncer's connection: Run runs it
+	// and waits for it (it deletes the entry) before closing the
+	// connection. nil: no presence.
+	Announcer *fleetkv.Announcer
 	// SaveInterval is the least time between two encodings and writes of
 	// the last-known-good copy (default DefaultSaveInterval): the changes
 	// of a burst are in force at once and reach the disk as one write, of
@@ -290,10 +296,13 @@ func (s *Syncer) Run(ctx context.Context) error {
 		nc.Close()
 		return fmt.Errorf("rulesync: %w", err)
 	}
-	var saving sync.WaitGroup
+	var saving, announcing sync.WaitGroup
 	saving.Go(s.saver)
-	// In this order on return: the connection closed, with the watchers
-	// being stopped; the last copy written.
+	if a := s.cfg.Announcer; a != nil {
+		announcing.Go(func() { a.Run(ctx, nc) })
+	}
+	// In this order on return: the presence entry deleted; the connection
+	// closed, with the watchers being stopped; the last copy written.
 	defer saving.Wait()
 	defer func() {
 		if s.dirty {
@@ -302,6 +311,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		close(s.toSave)
 	}()
 	defer nc.Close()
+	defer announcing.Wait()
 	return nc.Follow(ctx, follower{s}, ladderEndDelay)
 }
 

@@ -257,6 +257,8 @@
           card("Decisions", fmt(o.traffic.allowed + o.traffic.rejected), fmt(o.traffic.allowed) + " allowed", "m-decisions"),
           card("Kafka lag", fmt(o.kafka_lag), "events not yet counted", "m-lag"),
           card("Health", health, deps, "m-health"),
+          card("Gateways", o.gateways ? fmt(o.gateways.count) : "–", o.gateways ?
+            fmt(o.gateways.current) + " on rules v" + o.gateways.rules_version : "NATS not reached", "m-gateways"),
           card("Penalties", "L1 " + o.penalty_levels["1"] + " · L2 " + o.penalty_levels["2"] + " · L3 " + o.penalty_levels["3"],
             "reduced · cooldown · blocked", "m-penalties")),
         h("h2", {}, "Decisions per second"),
@@ -269,6 +271,7 @@
               h("a", { href: "#usage?tenant=" + encodeURIComponent(t.tenant) }, t.tenant), t.rejected, t.allowed])))),
         h("h2", {}, "Penalties in force"),
         penaltyTable(o.penalties),
+        h("section", { id: "ov-gateways" }, h("h2", {}, "Gateways"), gatewayTable(o.gateways)),
         h("p", { class: "small" }, "Updated " + new Date(o.time).toLocaleTimeString() + "; refreshes every 2 s."));
       setStatus("");
     };
@@ -279,6 +282,28 @@
   function card(label, value, sub, id) {
     return h("div", { class: "card", id }, h("div", { class: "label" }, label), h("div", { class: "value" }, value),
       sub ? h("div", { class: "small" }, sub) : null);
+  }
+
+  // ago says how long ago a number of seconds was, in words.
+  function ago(sec) {
+    sec = Math.round(sec);
+    if (sec < 90) return sec + " s ago";
+    if (sec < 5400) return Math.round(sec / 60) + " min ago";
+    return Math.round(sec / 3600) + " h ago";
+  }
+
+  // gatewayTable lists the gateways with their rules version, marked in
+  // words (and a symbol) when it is not the active one.
+  function gatewayTable(g) {
+    if (!g) return h("p", { class: "small" }, "The gateways announce themselves through NATS, which this aggregator does not reach now.");
+    return table(["gateway", "region", "rules version", "rules from", "last seen"], g.gateways.map((w) => [
+      w.id, w.region,
+      w.current ? h("span", { class: "current" }, "v" + w.rules_version + " ✓ current") :
+        h("span", { class: "behind" }, "v" + w.rules_version + " ⚠ behind (active v" + g.rules_version + ")"),
+      w.rules_source,
+      h("span", { class: w.stale ? "behind" : null, title: w.last_seen }, ago(w.age_seconds) + (w.stale ? " ⚠ stale" : ""))]),
+    g.count + " gateway" + (g.count === 1 ? "" : "s") + ", " + g.current + " on the active rules version v" + g.rules_version +
+      (g.corrupt_entries ? "; " + g.corrupt_entries + " unreadable entries skipped" : ""));
   }
 
   const levelNames = { 1: "1 reduced limit", 2: "2 cooldown", 3: "3 blocked" };

@@ -1,0 +1,252 @@
+package fleetkv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// announce runs an Announcer for gateway id on c until the returned stop
+// is called, which waits for it.
+func announce(t *testing.T, c *Conn, cfg AnnouncerConfig) (stop func()) {
+	t.Helper()
+	a, err := NewAnnouncer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(ctx, c) })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// seen returns the gateways kv's presence bucket holds, by id, and its
+// corrupt entries' count.
+func seen(t *testing.T, kv *KV) (map[string]GatewaySeen, int) {
+	t.Helper()
+	gs, corrupt, err := trySeen(t, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gs, corrupt
+}
+
+// trySeen is seen that returns its error (NATS may be down).
+func trySeen(t *testing.T, kv *KV) (map[string]GatewaySeen, int, error) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	gs, corrupt, err := kv.Gateways(ctx)
+	out := map[string]GatewaySeen{}
+	for _, g := range gs {
+		out[g.Entry.GatewayID] = g
+	}
+	return out, len(corrupt), err
+}
+
+// TestAnnouncer: the entry is written at start with what Entry returns,
+// again at once after a Poke, and deleted when Run returns.
+func TestAnnouncer(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	var mu sync.Mutex
+	version := int64(3)
+	started := time.Now().UTC().Truncate(time.Second)
+	a, err := NewAnnouncer(AnnouncerConfig{ID: "gw-a", Interval: time.Hour, Entry: func() tollgatev1.GatewayEntry {
+		mu.Lock()
+		defer mu.Unlock()
+		return tollgatev1.GatewayEntry{Region: "eu", RulesVersion: version, RulesSource: tollgatev1.RulesFromNATS, StartedAt: started}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(ctx, kv.c) })
+	defer func() { cancel(); wg.Wait() }()
+
+	wantVersion := func(v int64) {
+		t.Helper()
+		testwait.Eventually(t, 2*time.Second, func() error {
+			gs, _ := seen(t, kv)
+			g, ok := gs["gw-a"]
+			if !ok || g.Entry.RulesVersion != v {
+				return fmt.Errorf("gateways %+v, want gw-a on version %d", gs, v)
+			}
+			if g.Entry.Region != "eu" || !g.Entry.StartedAt.Equal(started) || g.Entry.Time.IsZero() || g.Stored.IsZero() {
+				return fmt.Errorf("entry %+v stored %v: fields missing", g.Entry, g.Stored)
+			}
+			return nil
+		})
+	}
+	wantVersion(3)
+	mu.Lock()
+	version = 4
+	mu.Unlock()
+	a.Poke() // the interval is an hour: only the poke writes
+	wantVersion(4)
+
+	cancel()
+	wg.Wait()
+	if gs, _ := seen(t, kv); len(gs) != 0 {
+		t.Fatalf("after Run returned: %+v, want no entry", gs)
+	}
+}
+
+// TestAnnouncerTTL: a gateway that stops without deleting its entry (its
+// connection gone, as when it is killed) leaves the bucket by itself
+// after the bucket's MaxAge.
+func TestAnnouncerTTL(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	reader, err := Connect(ns.ClientURL(), Options{Name: "reader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	const ttl = time.Second
+	if _, err := OpenPresence(t.Context(), reader, ttl); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := Open(t.Context(), reader) // finds the bucket: its MaxAge stays
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := Connect(ns.ClientURL(), Options{Name: "gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := announce(t, gw, AnnouncerConfig{ID: "gw-killed", Interval: 100 * time.Millisecond,
+		Entry: func() tollgatev1.GatewayEntry { return tollgatev1.GatewayEntry{RulesSource: tollgatev1.RulesFromFile} }})
+	testwait.Eventually(t, 2*time.Second, func() error {
+		if gs, _ := seen(t, kv); len(gs) != 1 {
+			return fmt.Errorf("gateways %+v, want gw-killed", gs)
+		}
+		return nil
+	})
+	gw.Close() // the connection dies first: the entry cannot be deleted
+	stop()
+	if gs, _ := seen(t, kv); len(gs) != 1 {
+		t.Fatalf("right after the gateway died: %+v, want its entry still there", gs)
+	}
+	testwait.Eventually(t, ttl+5*time.Second, func() error {
+		if gs, _ := seen(t, kv); len(gs) != 0 {
+			return fmt.Errorf("gateways %+v, want none once the MaxAge has passed", gs)
+		}
+		return nil
+	})
+}
+
+// TestAnnouncerNATSRestart: a NATS server that comes back without its
+// store (the bucket gone) gets the bucket and the entry back at the next
+// heartbeat; the failures meanwhile are logged once, and the recovery.
+func TestAnnouncerNATSRestart(t *testing.T) {
+	t.Parallel()
+	ns := natstest.StartTB(t)
+	gw, err := Connect(ns.ClientURL(), Options{Name: "gateway", ReconnectWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	rec := &logtest.Recorder{}
+	announce(t, gw, AnnouncerConfig{ID: "gw-r", Interval: 100 * time.Millisecond, Log: rec.Logger(),
+		Entry: func() tollgatev1.GatewayEntry { return tollgatev1.GatewayEntry{RulesSource: tollgatev1.RulesFromNATS} }})
+	reader, err := Connect(ns.ClientURL(), Options{Name: "reader", ReconnectWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	var kv *KV
+	testwait.Eventually(t, 2*time.Second, func() error {
+		if kv, err = Open(t.Context(), reader); err != nil {
+			return err
+		}
+		if gs, _ := seen(t, kv); len(gs) != 1 {
+			return fmt.Errorf("gateways %+v, want gw-r", gs)
+		}
+		return nil
+	})
+
+	if err := ns.Down(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Eventually(t, 5*time.Second, func() error {
+		if n := rec.Count("WARN presence heartbeat failed"); n == 0 {
+			return fmt.Errorf("no failure logged yet")
+		}
+		return nil
+	})
+	if err := os.RemoveAll(ns.StoreDir()); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Eventually(t, 10*time.Second, func() error {
+		// The reader's bucket handle still names the bucket, which the
+		// heartbeat creates anew.
+		gs, _, err := trySeen(t, kv)
+		if err != nil || len(gs) != 1 {
+			return fmt.Errorf("gateways %+v (%v), want gw-r back", gs, err)
+		}
+		return nil
+	})
+	if n := rec.Count("WARN presence heartbeat failed"); n != 1 {
+		t.Errorf("%d failure lines over the outage, want 1 (at most one a minute)", n)
+	}
+	testwait.Eventually(t, 2*time.Second, func() error {
+		if !rec.Has("INFO presence heartbeat resumed") {
+			return fmt.Errorf("the recovery is not logged")
+		}
+		return nil
+	})
+}
+
+// TestGatewaysCorrupt: entries that do not decode or sit under another
+// gateway's key are returned apart, counted, beside the good ones.
+func TestGatewaysCorrupt(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	for key, value := range map[string]string{
+		"gw-good":  `{"gateway_id":"gw-good","rules_version":2,"rules_source":"nats"}`,
+		"gw-junk":  "\x00\x01not json",
+		"gw-moved": `{"gateway_id":"gw-other","rules_version":2,"rules_source":"nats"}`,
+		"gw-neg":   `{"gateway_id":"gw-neg","rules_version":-1}`,
+	} {
+		if _, err := kv.Presence.Put(t.Context(), key, []byte(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gs, corrupt := seen(t, kv)
+	if len(gs) != 1 || gs["gw-good"].Entry == nil || corrupt != 3 {
+		t.Fatalf("gateways %+v, %d corrupt; want gw-good and 3 corrupt", gs, corrupt)
+	}
+}
+
+// TestCheckGatewayID: the gateway_ids that name a KV key, and those that
+// do not.
+func TestCheckGatewayID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		id string
+		ok bool
+	}{
+		{"gw1", true}, {"eu-west-1.gw_3=a", true}, {"host-1234", true},
+		{"", false}, {"gw 1", false}, {"gw:1", false}, {"gw*", false}, {"gw>", false}, {".gw", false}, {"gw.", false},
+		{"gw..1", false}, {"gw/1", false}, {"gé", false}, {string(make([]byte, 257)), false},
+	} {
+		if err := tollgatev1.CheckGatewayID(tc.id); (err == nil) != tc.ok {
+			t.Errorf("CheckGatewayID(%q) = %v, want ok %v", tc.id, err, tc.ok)
+		}
+	}
+}
