@@ -1,0 +1,95 @@
+-- ledger.lua: a region's share ledger of one global counter, as one Redis
+-- hash: how it is read, pruned and written back. fixed.lua holds the
+-- fixed-window arithmetic and ops.lua the operations; the three files are
+-- concatenated, in that order, into the one script every call runs.
+--
+-- Lua numbers are IEEE doubles: every value here is an integer below 2^53
+-- (the Go side refuses limits and clamps costs and keeps above 2^52), where
+-- +, - and * are exact and rg_fdiv makes division exact.
+--
+-- The hash (its key: the counter's name, ":region:" and the region, so it
+-- shares the counter's Cluster hash tag):
+--   lim        "<kind>:<units>:<window µs>", the limit it was made with
+--   p          no give before this time (a Retry-After the region sent)
+--   n:<j>      units charged in window j (fixed window)
+--   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
+--   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
+-- <id> is "<epoch>/<seq>" in decimal; the script never reads it as a number
+-- (an epoch does not fit a double).
+
+local function rg_fdiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then
+    q = q - 1
+  elseif (q + 1) * y <= x then
+    q = q + 1
+  end
+  return q
+end
+
+local function rg_fmt(x)
+  return string.format('%d', x)
+end
+
+-- rg_load reads the hash into a table: lim (false when the counter is
+-- new), promise, n (window -> units), outs and ins (id -> record).
+local function rg_load(key)
+  local raw = redis.call('HGETALL', key)
+  local st = { lim = false, promise = 0, n = {}, outs = {}, ins = {} }
+  for i = 1, #raw, 2 do
+    local f, v = raw[i], raw[i + 1]
+    if f == 'lim' then
+      st.lim = v
+    elseif f == 'p' then
+      st.promise = tonumber(v)
+    else
+      local t, rest = string.sub(f, 1, 2), string.sub(f, 3)
+      if t == 'n:' then
+        st.n[tonumber(rest)] = tonumber(v)
+      elseif t == 'o:' or t == 'i:' then
+        local who, u, a, b, at = string.match(v, '^([^:]+):(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
+        local rec = { who = who, units = tonumber(u), first = tonumber(a), last = tonumber(b), at = tonumber(at) }
+        if t == 'o:' then
+          st.outs[rest] = rec
+        else
+          st.ins[rest] = rec
+        end
+      end
+    end
+  end
+  return st
+end
+
+local function rg_rec(r)
+  return r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
+end
+
+-- rg_save writes the whole hash back and sets its expiry: margin ms after
+-- the last moment anything in it can still count (needed(st)); the limit
+-- is forgotten with the rest.
+local function rg_save(key, st, now, margin, needed)
+  local args = { 'lim', st.lim }
+  if st.promise > 0 then
+    args[#args + 1] = 'p'
+    args[#args + 1] = rg_fmt(st.promise)
+  end
+  for j, c in pairs(st.n) do
+    args[#args + 1] = 'n:' .. rg_fmt(j)
+    args[#args + 1] = rg_fmt(c)
+  end
+  for id, r in pairs(st.outs) do
+    args[#args + 1] = 'o:' .. id
+    args[#args + 1] = rg_rec(r)
+  end
+  for id, r in pairs(st.ins) do
+    args[#args + 1] = 'i:' .. id
+    args[#args + 1] = rg_rec(r)
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, unpack(args))
+  local left = needed(st) - now
+  if left < 0 then
+    left = 0
+  end
+  redis.call('PEXPIRE', key, -rg_fdiv(-left, 1000) + margin)
+end

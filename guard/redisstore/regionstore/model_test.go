@@ -1,0 +1,255 @@
+package regionstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
+	"github.com/tollgate/tollgate/internal/regions"
+)
+
+// startRedis starts a redis-server for the test and returns a client built
+// the way production builds it.
+func startRedis(tb testing.TB) redis.UniversalClient {
+	tb.Helper()
+	srv := redistest.StartTB(tb)
+	c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// errClass is the sentinel an error of the store or the ledger wraps.
+func errClass(err error) string {
+	for _, s := range []error{regions.ErrInvalid, regions.ErrLimitMismatch, regions.ErrNotMine, regionstore.ErrKind} {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	if err != nil {
+		return "other: " + err.Error()
+	}
+	return ""
+}
+
+// TestStoreMatchesLedger runs random sequences of admissions, gives,
+// receives, states, actives and time steps through the Redis store and the
+// Ledger (the reference model), with the same explicit times, and requires
+// identical answers and identical inspections of every counter touched.
+// Orders and transfers are duplicated, reordered, extended, late,
+// contradictory and addressed to the wrong region; limits change under a
+// counter's name.
+func TestStoreMatchesLedger(t *testing.T) {
+	client := startRedis(t)
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runLedgerSequence(t, client, seed, 1500)
+		})
+	}
+}
+
+type modelCounter struct {
+	name string
+	lim  regions.Limit
+}
+
+func randomLimit(rng *rand.Rand) regions.Limit {
+	units := []int64{1, 2, 3, 5, 10, 40, 100}[rng.IntN(7)]
+	window := []int64{400_000, 1_000_000, 1_500_000, 3_000_000, 10_000_000}[rng.IntN(5)]
+	return regions.Limit{Kind: regions.FixedWindow, Units: units, Window: window}
+}
+
+func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, seed*7919))
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2", "r3")
+	if seed%2 == 0 {
+		fleet = regions.Fleet{Members: []regions.Member{{Name: "r1", Weight: 200_000}, {Name: "r2", Weight: 500_000}, {Name: "r3", Weight: 300_000}}}
+	}
+	ledger, err := regions.NewLedger(cfg, fleet, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := fmt.Sprintf("%d-%d", seed, time.Now().UnixNano())
+	store, err := regionstore.New(client, cfg, fleet, "r1", regionstore.WithKeyPrefix("tg"+tag), regionstore.WithExpiryMargin(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := int64(1_763_000_000_000_000) + rng.Int64N(1_000_000_000)
+	pool := make([]*modelCounter, 6)
+	for i := range pool {
+		pool[i] = &modelCounter{name: fmt.Sprintf("tg{g:rule%d-%s}rule%d", i, tag, i), lim: randomLimit(rng)}
+	}
+	epochs := []regions.Epoch{regions.NewEpoch(1, 0), regions.NewEpoch(2, 1), regions.NewEpoch(7, 2)}
+	var seq uint64
+	newID := func() regions.LoanID {
+		seq++
+		return regions.LoanID{Epoch: epochs[rng.IntN(len(epochs))], Seq: seq}
+	}
+	var orders []regions.Order
+	var transfers []regions.Transfer
+	others := []string{"r2", "r3"}
+	window := func(mc *modelCounter, d int64) int64 { return max(now/mc.lim.Window+d, 0) }
+
+	var given, applied, admitted int
+	for step := range steps {
+		switch r := rng.IntN(10); {
+		case r < 2:
+		case r < 5:
+			now += rng.Int64N(1000)
+		case r < 9:
+			now += rng.Int64N(500_000)
+		default:
+			now += rng.Int64N(20_000_000)
+		}
+		mc := pool[rng.IntN(len(pool))]
+		var what string
+		var got, want any
+		var gerr, werr error
+		switch r := rng.IntN(100); {
+		case r < 40:
+			cost := rng.Int64N(max(mc.lim.Units/3, 1) + 1)
+			if rng.IntN(20) == 0 {
+				cost = mc.lim.Units + rng.Int64N(3)
+			}
+			what = fmt.Sprintf("admit %s cost %d", mc.name, cost)
+			got, gerr = store.Admit(ctx, mc.name, mc.lim, cost, now)
+			want, werr = ledger.Admit(mc.name, mc.lim, cost, now)
+			if a, ok := want.(regions.Admission); ok && a.Allowed {
+				admitted++
+			}
+		case r < 60:
+			var o regions.Order
+			switch k := rng.IntN(10); {
+			case k < 5 || len(orders) == 0:
+				first := window(mc, rng.Int64N(6)-2)
+				o = regions.Order{Epoch: epochs[0], Loan: regions.Loan{
+					ID: newID(), Counter: mc.name, Limit: mc.lim, From: "r1", To: others[rng.IntN(2)],
+					Units: 1 + rng.Int64N(mc.lim.Units), First: first, Last: first + rng.Int64N(4),
+				}}
+				if rng.IntN(15) == 0 {
+					o.Extend = true // an extension of a loan never given
+				}
+				if rng.IntN(30) == 0 {
+					o.Loan.From = "r2" // not this region's to give
+				}
+			case k < 7:
+				o = orders[rng.IntN(len(orders))] // a duplicate
+			default:
+				o = orders[rng.IntN(len(orders))]
+				o.Extend = true
+				o.Loan.Last += 1 + rng.Int64N(3)
+				if rng.IntN(10) == 0 {
+					o.Loan.To = others[rng.IntN(2)] // maybe another receiver: refused
+				}
+			}
+			keep := rng.Int64N(o.Loan.Limit.Units + 2)
+			what = fmt.Sprintf("give %+v keep %d", o, keep)
+			type giveAnswer struct {
+				Loan   regions.Loan
+				Reason string
+			}
+			gl, gr, e1 := store.Give(ctx, &o, keep, now)
+			wl, wr, e2 := ledger.Give(ctx, &o, keep, now)
+			got, want, gerr, werr = giveAnswer{gl, gr}, giveAnswer{wl, wr}, e1, e2
+			if e2 == nil && wl.Units > 0 {
+				given++
+				orders = append(orders, o)
+			} else if e2 == nil && rng.IntN(3) == 0 {
+				orders = append(orders, o)
+			}
+		case r < 85:
+			var tr regions.Transfer
+			switch k := rng.IntN(10); {
+			case k < 5 || len(transfers) == 0:
+				first := window(mc, rng.Int64N(6)-3)
+				tr = regions.Transfer{Loan: regions.Loan{
+					ID: newID(), Counter: mc.name, Limit: mc.lim, From: others[rng.IntN(2)], To: "r1",
+					Units: rng.Int64N(mc.lim.Units + 1), First: first, Last: first + rng.Int64N(4),
+				}}
+				if rng.IntN(30) == 0 {
+					tr.Loan.To = "r3" // not addressed here
+				}
+			case k < 7:
+				tr = transfers[rng.IntN(len(transfers))] // a duplicate, maybe late
+			case k < 8:
+				tr = transfers[rng.IntN(len(transfers))] // an older copy, reordered
+				tr.Loan.Last = max(tr.Loan.First, tr.Loan.Last-1-rng.Int64N(2))
+			case k < 9:
+				tr = transfers[rng.IntN(len(transfers))] // an extension
+				tr.Loan.Last += 1 + rng.Int64N(3)
+			default:
+				tr = transfers[rng.IntN(len(transfers))] // contradicting its first copy
+				tr.Loan.Units = max(tr.Loan.Units-1, 1)
+				if rng.IntN(2) == 0 {
+					tr.Loan.From = others[rng.IntN(2)]
+				}
+			}
+			what = fmt.Sprintf("receive %+v", tr)
+			type receiveAnswer struct {
+				Applied bool
+				Reason  string
+			}
+			ga, gr, e1 := store.Receive(ctx, &tr, now)
+			wa, wr, e2 := ledger.Receive(ctx, &tr, now)
+			got, want, gerr, werr = receiveAnswer{ga, gr}, receiveAnswer{wa, wr}, e1, e2
+			if wa {
+				applied++
+			}
+			if e2 == nil {
+				transfers = append(transfers, tr)
+			}
+		case r < 93:
+			what = "state " + mc.name
+			got, gerr = store.State(ctx, mc.name, mc.lim, now)
+			want, werr = ledger.State(ctx, mc.name, mc.lim, now)
+		case r < 97:
+			what = "active"
+			got, gerr = store.Active(ctx, now)
+			want, werr = ledger.Active(ctx, now)
+		default:
+			// The rule changed under the counter's name: refused while the
+			// counter holds its old limit.
+			lim := randomLimit(rng)
+			what = fmt.Sprintf("admit %s under %+v", mc.name, lim)
+			got, gerr = store.Admit(ctx, mc.name, lim, 1, now)
+			want, werr = ledger.Admit(mc.name, lim, 1, now)
+		}
+		if errClass(gerr) != errClass(werr) {
+			t.Fatalf("step %d (t=%d) %s:\nredis error %v\nmodel error %v", step, now, what, gerr, werr)
+		}
+		if werr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d (t=%d) %s:\nredis %+v\nmodel %+v", step, now, what, got, want)
+		}
+		for _, c := range pool {
+			if c != mc && step%25 != 0 {
+				continue
+			}
+			gi, gok, err := store.Inspect(ctx, c.name, now)
+			if err != nil {
+				t.Fatalf("step %d: inspect %s: %v", step, c.name, err)
+			}
+			wi, wok := ledger.Inspect(c.name, now)
+			if gok != wok || !reflect.DeepEqual(gi, wi) {
+				t.Fatalf("step %d (t=%d) after %s: inspect %s:\nredis %v %+v\nmodel %v %+v", step, now, what, c.name, gok, gi, wok, wi)
+			}
+		}
+	}
+	// The sequence must reach the interesting paths, or it tests nothing.
+	if given == 0 || applied == 0 || admitted == 0 {
+		t.Errorf("%d steps gave %d loans, applied %d, admitted %d: the sequence misses a path", steps, given, applied, admitted)
+	}
+	t.Logf("%d steps: %d loans given, %d applied, %d admissions", steps, given, applied, admitted)
+}
