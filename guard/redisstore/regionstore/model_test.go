@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	window := func(mc *modelCounter, d int64) int64 { return max(now/mc.lim.Window+d, 0) }
 
 	var given, applied, admitted int
+	paths := map[string]int{}
 	for step := range steps {
 		switch r := rng.IntN(10); {
 		case r < 2:
@@ -227,6 +229,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			got, gerr = store.Admit(ctx, mc.name, lim, 1, now)
 			want, werr = ledger.Admit(mc.name, lim, 1, now)
 		}
+		paths[fmt.Sprintf("%s %T %+v %s", what[:strings.IndexByte(what, ' ')+1], want, pathOf(want), errClass(werr))]++
 		if errClass(gerr) != errClass(werr) {
 			t.Fatalf("step %d (t=%d) %s:\nredis error %v\nmodel error %v", step, now, what, gerr, werr)
 		}
@@ -251,5 +254,20 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	if given == 0 || applied == 0 || admitted == 0 {
 		t.Errorf("%d steps gave %d loans, applied %d, admitted %d: the sequence misses a path", steps, given, applied, admitted)
 	}
+	for k, v := range paths {
+		t.Logf("%6d %s", v, k)
+	}
 	t.Logf("%d steps: %d loans given, %d applied, %d admissions", steps, given, applied, admitted)
+}
+
+func pathOf(v any) any {
+	switch a := v.(type) {
+	case regions.Admission:
+		return [2]bool{a.Allowed, a.RetryAfter > 0}
+	}
+	r := reflect.ValueOf(v)
+	if r.Kind() == reflect.Struct && r.NumField() == 2 && r.Field(1).Kind() == reflect.String {
+		return r.Field(1).String()
+	}
+	return nil
 }
