@@ -65,10 +65,17 @@ type modelCounter struct {
 	lim  regions.Limit
 }
 
+// kinds are the kinds the store holds.
+var kinds = []regions.Kind{regions.FixedWindow, regions.SlidingWindow}
+
 func randomLimit(rng *rand.Rand) regions.Limit {
 	units := []int64{1, 2, 3, 5, 10, 40, 100}[rng.IntN(7)]
-	window := []int64{400_000, 1_000_000, 1_500_000, 3_000_000, 10_000_000}[rng.IntN(5)]
-	return regions.Limit{Kind: regions.FixedWindow, Units: units, Window: window}
+	kind := kinds[rng.IntN(len(kinds))]
+	windows := []int64{400_000, 1_000_000, 1_500_000, 3_000_000, 10_000_000}
+	if kind == regions.SlidingWindow {
+		windows = []int64{250_000, 1_000_000, 2_500_000, 10_000_000}
+	}
+	return regions.Limit{Kind: kind, Units: units, Window: windows[rng.IntN(len(windows))]}
 }
 
 func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int) {
@@ -102,7 +109,14 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	var orders []regions.Order
 	var transfers []regions.Transfer
 	others := []string{"r2", "r3"}
-	window := func(mc *modelCounter, d int64) int64 { return max(now/mc.lim.Window+d, 0) }
+	// slot is now's slot of a counter's loans (a window, or a period),
+	// plus d.
+	slot := func(mc *modelCounter, d int64) int64 {
+		if mc.lim.Kind == regions.FixedWindow {
+			return max(now/mc.lim.Window+d, 0)
+		}
+		return max(now/cfg.Period+d, 0)
+	}
 
 	var given, applied, admitted int
 	paths := map[string]int{}
@@ -118,6 +132,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 		}
 		mc := pool[rng.IntN(len(pool))]
 		var what string
+		kind := mc.lim.Kind // the kind of the counter the step is about
 		var got, want any
 		var gerr, werr error
 		switch r := rng.IntN(100); {
@@ -136,7 +151,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			var o regions.Order
 			switch k := rng.IntN(10); {
 			case k < 5 || len(orders) == 0:
-				first := window(mc, rng.Int64N(6)-2)
+				first := slot(mc, rng.Int64N(6)-2)
 				o = regions.Order{Epoch: epochs[0], Loan: regions.Loan{
 					ID: newID(), Counter: mc.name, Limit: mc.lim, From: "r1", To: others[rng.IntN(2)],
 					Units: 1 + rng.Int64N(mc.lim.Units), First: first, Last: first + rng.Int64N(4),
@@ -148,17 +163,20 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 					o.Loan.From = "r2" // not this region's to give
 				}
 			case k < 7:
-				o = orders[rng.IntN(len(orders))] // a duplicate
+				o = recent(rng, orders) // a duplicate
 			default:
-				o = orders[rng.IntN(len(orders))]
+				o = recent(rng, orders)
 				o.Extend = true
 				o.Loan.Last += 1 + rng.Int64N(3)
+				if o.Loan.Limit.Kind != regions.FixedWindow && rng.IntN(2) == 0 {
+					o.Loan.Units += rng.Int64N(o.Loan.Limit.Units-o.Loan.Units+1) // and grow
+				}
 				if rng.IntN(10) == 0 {
 					o.Loan.To = others[rng.IntN(2)] // maybe another receiver: refused
 				}
 			}
 			keep := rng.Int64N(o.Loan.Limit.Units + 2)
-			what = fmt.Sprintf("give %+v keep %d", o, keep)
+			what, kind = fmt.Sprintf("give %+v keep %d", o, keep), o.Loan.Limit.Kind
 			type giveAnswer struct {
 				Loan   regions.Loan
 				Reason string
@@ -176,7 +194,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			var tr regions.Transfer
 			switch k := rng.IntN(10); {
 			case k < 5 || len(transfers) == 0:
-				first := window(mc, rng.Int64N(6)-3)
+				first := slot(mc, rng.Int64N(6)-3)
 				tr = regions.Transfer{Loan: regions.Loan{
 					ID: newID(), Counter: mc.name, Limit: mc.lim, From: others[rng.IntN(2)], To: "r1",
 					Units: rng.Int64N(mc.lim.Units + 1), First: first, Last: first + rng.Int64N(4),
@@ -185,21 +203,24 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 					tr.Loan.To = "r3" // not addressed here
 				}
 			case k < 7:
-				tr = transfers[rng.IntN(len(transfers))] // a duplicate, maybe late
+				tr = recent(rng, transfers) // a duplicate, maybe late
 			case k < 8:
-				tr = transfers[rng.IntN(len(transfers))] // an older copy, reordered
+				tr = recent(rng, transfers) // an older copy, reordered
 				tr.Loan.Last = max(tr.Loan.First, tr.Loan.Last-1-rng.Int64N(2))
 			case k < 9:
-				tr = transfers[rng.IntN(len(transfers))] // an extension
+				tr = recent(rng, transfers) // an extension
 				tr.Loan.Last += 1 + rng.Int64N(3)
+				if tr.Loan.Limit.Kind != regions.FixedWindow && rng.IntN(2) == 0 {
+					tr.Loan.Units += rng.Int64N(tr.Loan.Limit.Units-tr.Loan.Units+1)
+				}
 			default:
-				tr = transfers[rng.IntN(len(transfers))] // contradicting its first copy
+				tr = recent(rng, transfers) // contradicting its first copy
 				tr.Loan.Units = max(tr.Loan.Units-1, 1)
 				if rng.IntN(2) == 0 {
 					tr.Loan.From = others[rng.IntN(2)]
 				}
 			}
-			what = fmt.Sprintf("receive %+v", tr)
+			what, kind = fmt.Sprintf("receive %+v", tr), tr.Loan.Limit.Kind
 			type receiveAnswer struct {
 				Applied bool
 				Reason  string
@@ -229,7 +250,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			got, gerr = store.Admit(ctx, mc.name, lim, 1, now)
 			want, werr = ledger.Admit(mc.name, lim, 1, now)
 		}
-		paths[fmt.Sprintf("%s %T %+v %s", what[:strings.IndexByte(what, ' ')+1], want, pathOf(want), errClass(werr))]++
+		paths[fmt.Sprintf("%s %s %T %+v %s", kind, what[:strings.IndexByte(what, ' ')+1], want, pathOf(want), errClass(werr))]++
 		if errClass(gerr) != errClass(werr) {
 			t.Fatalf("step %d (t=%d) %s:\nredis error %v\nmodel error %v", step, now, what, gerr, werr)
 		}
@@ -270,4 +291,13 @@ func pathOf(v any) any {
 		return r.Field(1).String()
 	}
 	return nil
+}
+
+// recent picks one of the last few of xs, mostly: copies of messages
+// about loans still running reach more paths than copies of long-gone ones.
+func recent[T any](rng *rand.Rand, xs []T) T {
+	if rng.IntN(4) == 0 {
+		return xs[rng.IntN(len(xs))]
+	}
+	return xs[len(xs)-1-rng.IntN(min(len(xs), 6))]
 }

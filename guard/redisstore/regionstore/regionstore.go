@@ -2,15 +2,17 @@
 // region's Redis: regions.Store (give, receive, state, active) and the
 // admission against the share (regions.Ledger's Admit), each one atomic
 // Lua script call that answers exactly what regions.Ledger answers for the
-// same calls at the same times. Only fixed windows are held so far; other
-// kinds are refused with ErrKind.
+// same calls at the same times. Fixed and sliding windows are held so
+// far; buckets (token bucket, GCRA) are refused with ErrKind.
 //
 // A counter's ledger is one hash whose key is the counter's name followed
 // by ":region:" and the region's name, so it shares the counter's Cluster
 // hash tag (and slot) with the guard's own key for the counter. The
 // counters that may hold loans are listed in one set per region
 // (<prefix>:regions:<region>:active), which Give and Receive add to in the
-// same round trip as their script and Active prunes.
+// same round trip as their script and Active prunes. A sliding window's
+// admissions over the trailing window are a list beside the hash (the
+// hash's key followed by ":log").
 package regionstore
 
 import (
@@ -35,8 +37,8 @@ import (
 // ErrNotMine) are returned for the same causes as regions.Ledger returns
 // them.
 var (
-	// ErrKind: a limit of a kind the store does not hold yet (sliding
-	// windows and buckets). Nothing was changed.
+	// ErrKind: a limit of a kind the store does not hold yet (buckets).
+	// Nothing was changed.
 	ErrKind = errors.New("regionstore: kind not supported")
 	// ErrReply: Redis answered something the store cannot read (a key
 	// written by something else, or a script of another version).
@@ -51,7 +53,7 @@ const MaxUnits = 1 << 52
 var luaFiles embed.FS
 
 // scriptParts are concatenated, in order, into the one script.
-var scriptParts = []string{"lua/ledger.lua", "lua/fixed.lua", "lua/ops.lua"}
+var scriptParts = []string{"lua/ledger.lua", "lua/fixed.lua", "lua/sliding.lua", "lua/ops.lua"}
 
 func loadScript() *redis.Script {
 	var b strings.Builder
@@ -130,15 +132,19 @@ func New(client redis.UniversalClient, cfg regions.Config, fleet regions.Fleet, 
 	return s, nil
 }
 
-// key is a counter's ledger hash.
-func (s *Store) key(counter string) string { return counter + ":region:" + s.region }
+// keys are a counter's ledger hash and its list of admissions (sliding
+// windows).
+func (s *Store) keys(counter string) []string {
+	k := counter + ":region:" + s.region
+	return []string{k, k + ":log"}
+}
 
 // check refuses what the store cannot hold.
 func (s *Store) check(lim regions.Limit) error {
 	if err := lim.Validate(s.cfg); err != nil {
 		return err
 	}
-	if lim.Kind != regions.FixedWindow {
+	if lim.Kind != regions.FixedWindow && lim.Kind != regions.SlidingWindow {
 		return fmt.Errorf("%w: %s", ErrKind, lim.Kind)
 	}
 	if lim.Units > MaxUnits {
@@ -149,13 +155,13 @@ func (s *Store) check(lim regions.Limit) error {
 
 // args are the arguments every op starts with.
 func (s *Store) args(op string, lim regions.Limit, now int64) []any {
-	return []any{op, now, s.margin, formatLimit(lim), s.fleet.Static(lim.Units)[s.index], s.cfg.Skew}
+	return []any{op, now, s.margin, formatLimit(lim), s.fleet.Static(lim.Units)[s.index], s.cfg.Skew, s.cfg.Period}
 }
 
 // run runs the script on a counter; with track it also adds the counter to
 // the active set, in the same round trip.
 func (s *Store) run(ctx context.Context, counter string, track bool, args []any) ([]any, error) {
-	keys := []string{s.key(counter)}
+	keys := s.keys(counter)
 	var res any
 	var err error
 	if track {
@@ -391,7 +397,7 @@ func (s *Store) Active(ctx context.Context, now int64) ([]regions.Named, error) 
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(names))
 	for i, name := range names {
-		cmds[i] = script.EvalSha(ctx, pipe, []string{s.key(name)}, "active", now, s.margin, "", 0, s.cfg.Skew)
+		cmds[i] = script.EvalSha(ctx, pipe, s.keys(name), "active", now, s.margin, "", 0, s.cfg.Skew, s.cfg.Period)
 	}
 	_, _ = pipe.Exec(ctx)
 	var out []regions.Named
@@ -435,7 +441,7 @@ func (s *Store) Active(ctx context.Context, now int64) ([]regions.Named, error) 
 // does, changing nothing; ok is false for a counter the store does not
 // hold.
 func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions.Inspection, bool, error) {
-	r, err := s.run(ctx, counter, false, []any{"inspect", now, s.margin, "", 0, s.cfg.Skew})
+	r, err := s.run(ctx, counter, false, []any{"inspect", now, s.margin, "", 0, s.cfg.Skew, s.cfg.Period})
 	if err != nil {
 		return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 	}
@@ -452,6 +458,14 @@ func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions
 	}
 	static := s.fleet.Static(lim.Units)[s.index]
 	in := regions.Inspection{Kind: lim.Kind}
+	if lim.Kind != regions.FixedWindow {
+		v, err := ints(r, 2, 1)
+		if err != nil {
+			return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
+		}
+		in.Share = static + v[0]
+		return in, true, nil
+	}
 	if (len(r)-2)%3 != 0 {
 		return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w: %d values", ErrReply, len(r))
 	}

@@ -1,6 +1,6 @@
 -- ledger.lua: a region's share ledger of one global counter, as one Redis
--- hash: how it is read, pruned and written back. fixed.lua holds the
--- fixed-window arithmetic and ops.lua the operations; the three files are
+-- hash: how it is read, pruned and written back. fixed.lua and sliding.lua
+-- hold each kind's arithmetic and ops.lua the operations; the files are
 -- concatenated, in that order, into the one script every call runs.
 --
 -- Lua numbers are IEEE doubles: every value here is an integer below 2^53
@@ -11,6 +11,7 @@
 -- shares the counter's Cluster hash tag):
 --   lim        "<kind>:<units>:<window µs>", the limit it was made with
 --   p          no give before this time (a Retry-After the region sent)
+--   u          units admitted over the trailing window (sliding window)
 --   n:<j>      units charged in window j (fixed window)
 --   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
 --   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
@@ -35,13 +36,15 @@ end
 -- new), promise, n (window -> units), outs and ins (id -> record).
 local function rg_load(key)
   local raw = redis.call('HGETALL', key)
-  local st = { lim = false, promise = 0, n = {}, outs = {}, ins = {} }
+  local st = { lim = false, promise = 0, used = 0, n = {}, outs = {}, ins = {} }
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'lim' then
       st.lim = v
     elseif f == 'p' then
       st.promise = tonumber(v)
+    elseif f == 'u' then
+      st.used = tonumber(v)
     else
       local t, rest = string.sub(f, 1, 2), string.sub(f, 3)
       if t == 'n:' then
@@ -64,14 +67,18 @@ local function rg_rec(r)
   return r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
 end
 
--- rg_save writes the whole hash back and sets its expiry: margin ms after
--- the last moment anything in it can still count (needed(st)); the limit
--- is forgotten with the rest.
-local function rg_save(key, st, now, margin, needed)
+-- rg_save writes the whole hash back and sets its expiry, and that of the
+-- key other (if not nil): margin ms after the last moment anything in it
+-- can still count (needed(st)); the limit is forgotten with the rest.
+local function rg_save(key, other, st, now, margin, needed)
   local args = { 'lim', st.lim }
   if st.promise > 0 then
     args[#args + 1] = 'p'
     args[#args + 1] = rg_fmt(st.promise)
+  end
+  if st.used ~= 0 then
+    args[#args + 1] = 'u'
+    args[#args + 1] = rg_fmt(st.used)
   end
   for j, c in pairs(st.n) do
     args[#args + 1] = 'n:' .. rg_fmt(j)
@@ -91,5 +98,9 @@ local function rg_save(key, st, now, margin, needed)
   if left < 0 then
     left = 0
   end
-  redis.call('PEXPIRE', key, -rg_fdiv(-left, 1000) + margin)
+  local ttl = -rg_fdiv(-left, 1000) + margin
+  redis.call('PEXPIRE', key, ttl)
+  if other then
+    redis.call('PEXPIRE', other, ttl)
+  end
 end
