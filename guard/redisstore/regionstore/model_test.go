@@ -169,7 +169,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 				o.Extend = true
 				o.Loan.Last += 1 + rng.Int64N(3)
 				if o.Loan.Limit.Kind != regions.FixedWindow && rng.IntN(2) == 0 {
-					o.Loan.Units += rng.Int64N(o.Loan.Limit.Units-o.Loan.Units+1) // and grow
+					o.Loan.Units += rng.Int64N(o.Loan.Limit.Units - o.Loan.Units + 1) // and grow
 				}
 				if rng.IntN(10) == 0 {
 					o.Loan.To = others[rng.IntN(2)] // maybe another receiver: refused
@@ -211,7 +211,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 				tr = recent(rng, transfers) // an extension
 				tr.Loan.Last += 1 + rng.Int64N(3)
 				if tr.Loan.Limit.Kind != regions.FixedWindow && rng.IntN(2) == 0 {
-					tr.Loan.Units += rng.Int64N(tr.Loan.Limit.Units-tr.Loan.Units+1)
+					tr.Loan.Units += rng.Int64N(tr.Loan.Limit.Units - tr.Loan.Units + 1)
 				}
 			default:
 				tr = recent(rng, transfers) // contradicting its first copy
