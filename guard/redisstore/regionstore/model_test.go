@@ -33,7 +33,7 @@ func startRedis(tb testing.TB) redis.UniversalClient {
 
 // errClass is the sentinel an error of the store or the ledger wraps.
 func errClass(err error) string {
-	for _, s := range []error{regions.ErrInvalid, regions.ErrLimitMismatch, regions.ErrNotMine, regionstore.ErrKind} {
+	for _, s := range []error{regions.ErrInvalid, regions.ErrLimitMismatch, regions.ErrNotMine} {
 		if errors.Is(err, s) {
 			return s.Error()
 		}
@@ -66,13 +66,13 @@ type modelCounter struct {
 }
 
 // kinds are the kinds the store holds.
-var kinds = []regions.Kind{regions.FixedWindow, regions.SlidingWindow}
+var kinds = []regions.Kind{regions.FixedWindow, regions.SlidingWindow, regions.Bucket}
 
 func randomLimit(rng *rand.Rand) regions.Limit {
 	units := []int64{1, 2, 3, 5, 10, 40, 100}[rng.IntN(7)]
 	kind := kinds[rng.IntN(len(kinds))]
 	windows := []int64{400_000, 1_000_000, 1_500_000, 3_000_000, 10_000_000}
-	if kind == regions.SlidingWindow {
+	if kind != regions.FixedWindow {
 		windows = []int64{250_000, 1_000_000, 2_500_000, 10_000_000}
 	}
 	return regions.Limit{Kind: kind, Units: units, Window: windows[rng.IntN(len(windows))]}

@@ -2,8 +2,8 @@
 // region's Redis: regions.Store (give, receive, state, active) and the
 // admission against the share (regions.Ledger's Admit), each one atomic
 // Lua script call that answers exactly what regions.Ledger answers for the
-// same calls at the same times. Fixed and sliding windows are held so
-// far; buckets (token bucket, GCRA) are refused with ErrKind.
+// same calls at the same times, for every kind: fixed windows, sliding
+// windows and buckets (token bucket and GCRA).
 //
 // A counter's ledger is one hash whose key is the counter's name followed
 // by ":region:" and the region's name, so it shares the counter's Cluster
@@ -37,9 +37,6 @@ import (
 // ErrNotMine) are returned for the same causes as regions.Ledger returns
 // them.
 var (
-	// ErrKind: a limit of a kind the store does not hold yet (buckets).
-	// Nothing was changed.
-	ErrKind = errors.New("regionstore: kind not supported")
 	// ErrReply: Redis answered something the store cannot read (a key
 	// written by something else, or a script of another version).
 	ErrReply = errors.New("regionstore: unreadable reply")
@@ -49,11 +46,18 @@ var (
 // keep stays below 2^53, where the scripts' arithmetic is exact.
 const MaxUnits = 1 << 52
 
+// MaxBucketUnitTime bounds a bucket's units × refill time (µs): its tokens
+// are kept scaled by the refill time, and stay exact below 2^53 while the
+// region's share is at most twice the limit (a share above the limit
+// needs loans of more than the other regions hold). For instance a
+// bucket refilling in an hour holds up to 625,000 units.
+const MaxBucketUnitTime = 1 << 51
+
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
 // scriptParts are concatenated, in order, into the one script.
-var scriptParts = []string{"lua/ledger.lua", "lua/fixed.lua", "lua/sliding.lua", "lua/ops.lua"}
+var scriptParts = []string{"lua/ledger.lua", "lua/fixed.lua", "lua/sliding.lua", "lua/bucket.lua", "lua/ops.lua"}
 
 func loadScript() *redis.Script {
 	var b strings.Builder
@@ -144,11 +148,11 @@ func (s *Store) check(lim regions.Limit) error {
 	if err := lim.Validate(s.cfg); err != nil {
 		return err
 	}
-	if lim.Kind != regions.FixedWindow && lim.Kind != regions.SlidingWindow {
-		return fmt.Errorf("%w: %s", ErrKind, lim.Kind)
-	}
 	if lim.Units > MaxUnits {
 		return fmt.Errorf("%w: limit of %d units above %d", regions.ErrInvalid, lim.Units, int64(MaxUnits))
+	}
+	if lim.Kind == regions.Bucket && lim.Units > MaxBucketUnitTime/lim.Window {
+		return fmt.Errorf("%w: bucket of %d units refilling in %dµs: units × refill time above %d", regions.ErrInvalid, lim.Units, lim.Window, int64(MaxBucketUnitTime))
 	}
 	return nil
 }
@@ -226,9 +230,13 @@ func (s *Store) Admit(ctx context.Context, counter string, lim regions.Limit, co
 	if err := s.check(lim); err != nil {
 		return regions.Admission{}, fmt.Errorf("regionstore: admit: %w", err)
 	}
-	// No share reaches 2^53: a larger cost is refused as a smaller one
-	// above every share is.
-	r, err := s.run(ctx, counter, false, append(s.args("admit", lim, now), min(cost, 1<<53)))
+	// No share reaches 2^53 (a bucket's 2^52 tokens × refill time): a
+	// larger cost is refused as a smaller one above every share is.
+	most := int64(1 << 53)
+	if lim.Kind == regions.Bucket {
+		most = (1 << 52) / lim.Window
+	}
+	r, err := s.run(ctx, counter, false, append(s.args("admit", lim, now), min(cost, most)))
 	if err != nil {
 		return regions.Admission{}, fmt.Errorf("regionstore: admit: %w", err)
 	}
@@ -456,14 +464,13 @@ func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions
 	if err != nil {
 		return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 	}
-	static := s.fleet.Static(lim.Units)[s.index]
 	in := regions.Inspection{Kind: lim.Kind}
 	if lim.Kind != regions.FixedWindow {
 		v, err := ints(r, 2, 1)
 		if err != nil {
 			return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 		}
-		in.Share = static + v[0]
+		in.Share = v[0]
 		return in, true, nil
 	}
 	if (len(r)-2)%3 != 0 {
@@ -474,7 +481,7 @@ func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions
 		if err != nil {
 			return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 		}
-		in.Windows = append(in.Windows, regions.WindowShare{Window: v[0], Share: static + v[1], Used: v[2]})
+		in.Windows = append(in.Windows, regions.WindowShare{Window: v[0], Share: v[1], Used: v[2]})
 	}
 	return in, true, nil
 }

@@ -1,6 +1,6 @@
 -- ledger.lua: a region's share ledger of one global counter, as one Redis
 -- hash: how it is read, pruned and written back. fixed.lua and sliding.lua
--- hold each kind's arithmetic and ops.lua the operations; the files are
+-- and bucket.lua hold each kind's arithmetic and ops.lua the operations; the files are
 -- concatenated, in that order, into the one script every call runs.
 --
 -- Lua numbers are IEEE doubles: every value here is an integer below 2^53
@@ -10,8 +10,10 @@
 -- The hash (its key: the counter's name, ":region:" and the region, so it
 -- shares the counter's Cluster hash tag):
 --   lim        "<kind>:<units>:<window µs>", the limit it was made with
+--   S          the region's static share, as when it was made
 --   p          no give before this time (a Retry-After the region sent)
 --   u          units admitted over the trailing window (sliding window)
+--   k, s       tokens × W, as of time s (bucket)
 --   n:<j>      units charged in window j (fixed window)
 --   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
 --   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
@@ -36,15 +38,21 @@ end
 -- new), promise, n (window -> units), outs and ins (id -> record).
 local function rg_load(key)
   local raw = redis.call('HGETALL', key)
-  local st = { lim = false, promise = 0, used = 0, n = {}, outs = {}, ins = {} }
+  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, outs = {}, ins = {} }
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
     if f == 'lim' then
       st.lim = v
+    elseif f == 'S' then
+      st.static = tonumber(v)
     elseif f == 'p' then
       st.promise = tonumber(v)
     elseif f == 'u' then
       st.used = tonumber(v)
+    elseif f == 'k' then
+      st.tok = tonumber(v)
+    elseif f == 's' then
+      st.ts = tonumber(v)
     else
       local t, rest = string.sub(f, 1, 2), string.sub(f, 3)
       if t == 'n:' then
@@ -71,7 +79,7 @@ end
 -- key other (if not nil): margin ms after the last moment anything in it
 -- can still count (needed(st)); the limit is forgotten with the rest.
 local function rg_save(key, other, st, now, margin, needed)
-  local args = { 'lim', st.lim }
+  local args = { 'lim', st.lim, 'S', rg_fmt(st.static) }
   if st.promise > 0 then
     args[#args + 1] = 'p'
     args[#args + 1] = rg_fmt(st.promise)
@@ -79,6 +87,12 @@ local function rg_save(key, other, st, now, margin, needed)
   if st.used ~= 0 then
     args[#args + 1] = 'u'
     args[#args + 1] = rg_fmt(st.used)
+  end
+  if st.tok then
+    args[#args + 1] = 'k'
+    args[#args + 1] = rg_fmt(st.tok)
+    args[#args + 1] = 's'
+    args[#args + 1] = rg_fmt(st.ts)
   end
   for j, c in pairs(st.n) do
     args[#args + 1] = 'n:' .. rg_fmt(j)

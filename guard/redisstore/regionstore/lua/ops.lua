@@ -1,7 +1,7 @@
 -- ops.lua: the operations of a region's share ledger (regions.Store and
 -- Ledger.Admit) on one counter, each one atomic EVALSHA. Appended to
--- ledger.lua, fixed.lua and sliding.lua to form the script. Kinds: 1 fixed
--- window, 2 sliding window (buckets are not held yet).
+-- ledger.lua, fixed.lua, sliding.lua and bucket.lua to form the script.
+-- Kinds: 1 fixed window, 2 sliding window, 3 bucket (token bucket, GCRA).
 --
 -- Time: every operation takes the caller's clock (ARGV[2]), in Unix µs, as
 -- regions.Ledger takes it; the script never reads Redis TIME. Production
@@ -15,9 +15,11 @@
 -- ARGV[3]  expiry margin, ms, added to the keys' expiry
 -- ARGV[4]  the limit, "<kind>:<units>:<window µs>"; inspect and active
 --          read the one stored instead
--- ARGV[5]  the region's static share of the limit
+-- ARGV[5]  the region's static share of the limit, kept when the counter
+--          is made (the one kept is used after)
 -- ARGV[6]  the skew bound K, µs
--- ARGV[7]  the period P, µs (the slots of sliding windows' loans)
+-- ARGV[7]  the period P, µs (the slots of sliding windows' and buckets'
+--          loans)
 -- then per op:
 --   admit    ARGV[8] cost
 --            -> {'ok', allowed 1/0, remaining, retry after µs}
@@ -30,11 +32,10 @@
 --            -> {'ok', applied 1/0, refusal reason}
 --   state    -> {'ok', share, used, then per loan given and still held:
 --               id, to, units, first, last}
---   inspect  nothing written, static share not added (ARGV[5] unused)
+--   inspect  nothing written
 --            -> {'none'} for a counter it does not hold, else {'ok', limit,
 --               then, fixed window, per window counted at now: window,
---               share less the static share, used; sliding window: the
---               share less the static share}
+--               share, used; otherwise the share}
 --   active   -> {'ok', holds loans 1/0, limit ('' for no counter)}
 -- Errors are replies too: {'mismatch', stored limit} when the counter
 -- holds another limit (nothing changed), {'invalid', message} for a loan
@@ -64,16 +65,24 @@ local function setup(l, static)
   local _
   kind, _, W = parse_limit(l)
   sw.S, sw.W, sw.P, sw.K = static, W, P, K
+  sw.R, sw.F = 0, 0
+  if kind == 2 then
+    sw.R, sw.F = W, W + K
+  end
 end
 local function prune()
   if kind == 1 then
     return fw_prune(st, W, K, now)
+  elseif kind == 3 then
+    return bk_prune(st, now)
   end
   return sw_prune(st, log, now)
 end
 local function save()
   if kind == 1 then
     rg_save(key, nil, st, now, margin, fw_needed(W, K))
+  elseif kind == 3 then
+    rg_save(key, nil, st, now, margin, bk_needed)
   else
     rg_save(key, log, st, now, margin, sw_needed(log))
   end
@@ -83,12 +92,12 @@ if op == 'inspect' then
   if not st.lim then
     return { 'none' }
   end
-  setup(st.lim, 0)
+  setup(st.lim, st.static)
   local out = { 'ok', st.lim }
   if kind == 1 then
     for _, j in ipairs(fw_charged(W, K, now)) do
       out[#out + 1] = j
-      out[#out + 1] = fw_share(st, 0, j)
+      out[#out + 1] = fw_share(st, st.static, j)
       out[#out + 1] = st.n[j] or 0
     end
   else
@@ -101,7 +110,7 @@ if op == 'active' then
   if not st.lim then
     return { 'ok', 0, '' }
   end
-  setup(st.lim, 0)
+  setup(st.lim, st.static)
   if prune() then
     save()
   end
@@ -115,10 +124,17 @@ end
 if st.lim and st.lim ~= lim then
   return { 'mismatch', st.lim }
 end
+if not st.lim then
+  st.static = S
+end
+S = st.static
 setup(lim, S)
 local dirty = false
 if not st.lim then
   st.lim = lim
+  if kind == 3 then
+    st.tok, st.ts = S * W, now
+  end
   dirty = true
 end
 if prune() then
@@ -150,6 +166,20 @@ if op == 'admit' then
         room = r
       end
     end
+  elseif kind == 3 then
+    -- tokens, scaled by W
+    if st.tok >= cost * W then
+      allowed = 1
+      st.tok = st.tok - cost * W
+      dirty = true
+    else
+      retry = bk_retry(st, cost, now)
+      if now + retry > st.promise then
+        st.promise = now + retry
+        dirty = true
+      end
+    end
+    return done({ 'ok', allowed, rg_tdiv(st.tok, W), retry })
   else
     room = eff() - st.used
   end
@@ -223,7 +253,12 @@ if op == 'give' then
         end
       end
       if units > rec.units then
-        local add = math.min(units - rec.units, sw_own(st, now), eff() - math.max(st.used, keep))
+        local add
+        if kind == 3 then
+          add = math.min(units - rec.units, sw_own(st, now) - keep)
+        else
+          add = math.min(units - rec.units, sw_own(st, now), eff() - math.max(st.used, keep))
+        end
         if add > 0 then
           rec.units = rec.units + add
           dirty = true
@@ -252,7 +287,11 @@ if op == 'give' then
     if now >= (last + 1) * P - K then
       return done({ 'ok', 0, first, last, 'past' })
     end
-    spare = math.min(sw_own(st, now), eff() - math.max(st.used, keep))
+    if kind == 3 then
+      spare = sw_own(st, now) - keep
+    else
+      spare = math.min(sw_own(st, now), eff() - math.max(st.used, keep))
+    end
   end
   if spare < units then
     units = spare
@@ -303,6 +342,9 @@ if op == 'state' then
   local share, used
   if kind == 1 then
     share, used = fw_share(st, S, cur), st.n[cur] or 0
+  elseif kind == 3 then
+    share = eff()
+    used = rg_tdiv(share * W - st.tok + W - 1, W)
   else
     share, used = eff(), st.used
   end

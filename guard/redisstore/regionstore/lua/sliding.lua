@@ -6,7 +6,7 @@
 -- their sum in the hash's field u (st.used).
 --
 -- sw_regain(o)        when the giver counts a lent loan's units again:
---                     the end of its last period + K + W
+--                     the end of its last period + K (+ W: sw.R)
 -- sw_validity(r)      when a received loan counts: from max(received,
 --                     start of its first period + K) to the end of its
 --                     last period − K
@@ -23,12 +23,14 @@
 -- sw_needed(st)       the last moment anything of the counter can count
 --
 -- Every function reads the limit's figures from the table sw (set by
--- ops.lua): sw.S, sw.W, sw.P, sw.K.
+-- ops.lua): sw.S, sw.W, sw.P, sw.K, and sw.R and sw.F, what a sliding
+-- window adds to the giver's regain (W) and to the receiver's forgetting
+-- (W + K); buckets (bucket.lua) share the loan functions with both 0.
 
 local sw = {}
 
 local function sw_regain(o)
-  return (o.last + 1) * sw.P + sw.K + sw.W
+  return (o.last + 1) * sw.P + sw.K + sw.R
 end
 
 local function sw_validity(r)
@@ -36,7 +38,7 @@ local function sw_validity(r)
 end
 
 local function sw_forget(r)
-  return (r.last + 1) * sw.P + sw.K + sw.W + sw.K
+  return (r.last + 1) * sw.P + sw.K + sw.F
 end
 
 local function sw_own(st, now)
