@@ -301,3 +301,16 @@ func recent[T any](rng *rand.Rand, xs []T) T {
 	}
 	return xs[len(xs)-1-rng.IntN(min(len(xs), 6))]
 }
+
+// TestStoreMatchesLedgerOnCluster runs a sequence on a three-node Redis
+// Cluster: each counter's keys share its hash tag, and the active set
+// lives in a slot of its own.
+func TestStoreMatchesLedgerOnCluster(t *testing.T) {
+	cl := redistest.StartClusterTB(t, 3)
+	client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	runLedgerSequence(t, client, 7, 600)
+}
