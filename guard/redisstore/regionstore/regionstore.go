@@ -205,7 +205,7 @@ func (s *Store) run(ctx context.Context, counter string, track bool, args []any)
 func (s *Store) runTracked(ctx context.Context, counter string, keys []string, args []any) (any, error) {
 	for attempt := 0; ; attempt++ {
 		pipe := s.client.Pipeline()
-		pipe.SAdd(ctx, s.active, counter)
+		add := pipe.SAdd(ctx, s.active, counter)
 		var cmd *redis.Cmd
 		if attempt == 0 {
 			cmd = script.EvalSha(ctx, pipe, keys, args...)
@@ -216,6 +216,12 @@ func (s *Store) runTracked(ctx context.Context, counter string, keys []string, a
 		res, err := cmd.Result()
 		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			continue
+		}
+		if err == nil && add.Err() != nil {
+			// The script ran but the counter may be missing from the
+			// active set: an error, so the caller asks again (a give and
+			// a receive answer the same when asked again by id).
+			err = fmt.Errorf("active set: %w", add.Err())
 		}
 		return res, err
 	}
