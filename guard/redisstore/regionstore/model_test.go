@@ -55,7 +55,21 @@ func TestStoreMatchesLedger(t *testing.T) {
 	client := startRedis(t)
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runLedgerSequence(t, client, seed, 1500)
+			runLedgerSequence(t, client, seed, 1500, false)
+		})
+	}
+}
+
+// TestStoreForgetsLikeNew runs sequences in which a counter's keys expire
+// as soon as Redis would let them (a margin of a second, the time of the
+// sequence standing for Redis's clock): every answer after must be what the
+// Ledger, which never forgets, answers. So a counter is only forgotten
+// once nothing in it can count any more.
+func TestStoreForgetsLikeNew(t *testing.T) {
+	client := startRedis(t)
+	for seed := uint64(11); seed <= 13; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runLedgerSequence(t, client, seed, 1000, true)
 		})
 	}
 }
@@ -68,20 +82,33 @@ type modelCounter struct {
 // kinds are the kinds the store holds.
 var kinds = []regions.Kind{regions.FixedWindow, regions.SlidingWindow, regions.Bucket}
 
-func randomLimit(rng *rand.Rand) regions.Limit {
+// randomLimit draws a limit, its window scale times one of a few lengths.
+func randomLimit(rng *rand.Rand, scale int64) regions.Limit {
 	units := []int64{1, 2, 3, 5, 10, 40, 100}[rng.IntN(7)]
 	kind := kinds[rng.IntN(len(kinds))]
 	windows := []int64{400_000, 1_000_000, 1_500_000, 3_000_000, 10_000_000}
 	if kind != regions.FixedWindow {
 		windows = []int64{250_000, 1_000_000, 2_500_000, 10_000_000}
 	}
-	return regions.Limit{Kind: kind, Units: units, Window: windows[rng.IntN(len(windows))]}
+	return regions.Limit{Kind: kind, Units: units, Window: scale * windows[rng.IntN(len(windows))]}
 }
 
-func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int) {
+// runLedgerSequence runs steps random operations through a Store and a
+// Ledger and compares them. With expire, a counter's keys are deleted once
+// the time of the sequence passes their expiry (read after every step),
+// and the limit changes are left out while a counter is forgotten (the
+// Ledger would refuse them: it never forgets a limit).
+func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int, expire bool) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
-	cfg := regions.Config{}.WithDefaults()
+	// With expire, windows, periods and the skew are 50 times longer, so
+	// the time steps are short beside them and the one-second expiry
+	// margin hides little.
+	scale := int64(1)
+	if expire {
+		scale = 50
+	}
+	cfg := regions.Config{Period: scale * regions.DefaultPeriod, Skew: scale * regions.DefaultSkew}.WithDefaults()
 	fleet := regions.EqualFleet("r1", "r2", "r3")
 	if seed%2 == 0 {
 		fleet = regions.Fleet{Members: []regions.Member{{Name: "r1", Weight: 200_000}, {Name: "r2", Weight: 500_000}, {Name: "r3", Weight: 300_000}}}
@@ -91,14 +118,18 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 		t.Fatal(err)
 	}
 	tag := fmt.Sprintf("%d-%d", seed, time.Now().UnixNano())
-	store, err := regionstore.New(client, cfg, fleet, "r1", regionstore.WithKeyPrefix("tg"+tag), regionstore.WithExpiryMargin(time.Hour))
+	margin := time.Hour
+	if expire {
+		margin = time.Second
+	}
+	store, err := regionstore.New(client, cfg, fleet, "r1", regionstore.WithKeyPrefix("tg"+tag), regionstore.WithExpiryMargin(margin))
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := int64(1_763_000_000_000_000) + rng.Int64N(1_000_000_000)
 	pool := make([]*modelCounter, 6)
 	for i := range pool {
-		pool[i] = &modelCounter{name: fmt.Sprintf("tg{g:rule%d-%s}rule%d", i, tag, i), lim: randomLimit(rng)}
+		pool[i] = &modelCounter{name: fmt.Sprintf("tg{g:rule%d-%s}rule%d", i, tag, i), lim: randomLimit(rng, scale)}
 	}
 	epochs := []regions.Epoch{regions.NewEpoch(1, 0), regions.NewEpoch(2, 1), regions.NewEpoch(7, 2)}
 	var seq uint64
@@ -118,7 +149,13 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 		return max(now/cfg.Period+d, 0)
 	}
 
-	var given, applied, admitted int
+	var given, applied, admitted, forgotten int
+	expireAt := map[*modelCounter]int64{} // the sequence's time at which its keys expire
+	gone := map[*modelCounter]bool{}      // its keys were deleted, and not written since
+	keysOf := func(c *modelCounter) []string {
+		k := c.name + ":region:r1"
+		return []string{k, k + ":log"}
+	}
 	paths := map[string]int{}
 	for step := range steps {
 		switch r := rng.IntN(10); {
@@ -129,6 +166,16 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			now += rng.Int64N(500_000)
 		default:
 			now += rng.Int64N(20_000_000)
+		}
+		for _, c := range pool {
+			if at, ok := expireAt[c]; ok && now >= at {
+				if err := client.Del(ctx, keysOf(c)...).Err(); err != nil {
+					t.Fatal(err)
+				}
+				delete(expireAt, c)
+				gone[c] = true
+				forgotten++
+			}
 		}
 		mc := pool[rng.IntN(len(pool))]
 		var what string
@@ -242,10 +289,14 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			what = "active"
 			got, gerr = store.Active(ctx, now)
 			want, werr = ledger.Active(ctx, now)
+		case gone[mc]:
+			what = "state " + mc.name
+			got, gerr = store.State(ctx, mc.name, mc.lim, now)
+			want, werr = ledger.State(ctx, mc.name, mc.lim, now)
 		default:
 			// The rule changed under the counter's name: refused while the
 			// counter holds its old limit.
-			lim := randomLimit(rng)
+			lim := randomLimit(rng, scale)
 			what = fmt.Sprintf("admit %s under %+v", mc.name, lim)
 			got, gerr = store.Admit(ctx, mc.name, lim, 1, now)
 			want, werr = ledger.Admit(mc.name, lim, 1, now)
@@ -266,10 +317,37 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 				t.Fatalf("step %d: inspect %s: %v", step, c.name, err)
 			}
 			wi, wok := ledger.Inspect(c.name, now)
+			if !gok && wok && gone[c] {
+				// Forgotten: the Ledger's counter must be as a new one.
+				fresh, err := regions.NewLedger(cfg, fleet, "r1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := fresh.State(ctx, c.name, c.lim, now); err != nil {
+					t.Fatal(err)
+				}
+				gi, gok = fresh.Inspect(c.name, now)
+			}
 			if gok != wok || !reflect.DeepEqual(gi, wi) {
 				t.Fatalf("step %d (t=%d) after %s: inspect %s:\nredis %v %+v\nmodel %v %+v", step, now, what, c.name, gok, gi, wok, wi)
 			}
 		}
+		if !expire {
+			continue
+		}
+		for _, c := range pool {
+			ttl, err := client.PTTL(ctx, keysOf(c)[0]).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl > 0 {
+				expireAt[c] = now + ttl.Microseconds()
+				gone[c] = false
+			}
+		}
+	}
+	if expire && forgotten == 0 {
+		t.Errorf("no counter was forgotten in %d steps", steps)
 	}
 	// The sequence must reach the interesting paths, or it tests nothing.
 	if given == 0 || applied == 0 || admitted == 0 {
@@ -278,7 +356,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	for k, v := range paths {
 		t.Logf("%6d %s", v, k)
 	}
-	t.Logf("%d steps: %d loans given, %d applied, %d admissions", steps, given, applied, admitted)
+	t.Logf("%d steps: %d loans given, %d applied, %d admissions, %d counters forgotten", steps, given, applied, admitted, forgotten)
 }
 
 func pathOf(v any) any {
@@ -312,5 +390,5 @@ func TestStoreMatchesLedgerOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	runLedgerSequence(t, client, 7, 600)
+	runLedgerSequence(t, client, 7, 600, false)
 }
