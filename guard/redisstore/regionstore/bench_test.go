@@ -3,6 +3,8 @@ package regionstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +14,10 @@ import (
 
 // BenchmarkAdmit is one admission of a global counter through the share
 // ledger in Redis, per kind, the counter holding one loan given and one
-// received (one round trip each; the figure includes it).
+// received (one round trip each; ns/op includes it). redis-µs/op is the
+// script's own time in Redis (INFO commandstats).
+//
+//	go test -run '^$' -bench BenchmarkAdmit -benchtime 2s ./guard/redisstore/regionstore/
 func BenchmarkAdmit(b *testing.B) {
 	client := startRedis(b)
 	ctx := context.Background()
@@ -47,12 +52,40 @@ func BenchmarkAdmit(b *testing.B) {
 			if _, _, err := store.Receive(ctx, in, now); err != nil {
 				b.Fatal(err)
 			}
+			if err := client.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
 			b.ResetTimer()
 			for i := range b.N {
 				if _, err := store.Admit(ctx, name, lim, 1, now+int64(i)); err != nil {
 					b.Fatal(err)
 				}
 			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if us, ok := usecPerCall(info, "evalsha"); ok {
+				b.ReportMetric(us, "redis-µs/op")
+			}
 		})
 	}
+}
+
+// usecPerCall reads a command's usec_per_call from INFO commandstats.
+func usecPerCall(info, cmd string) (float64, bool) {
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				return f, err == nil
+			}
+		}
+	}
+	return 0, false
 }
