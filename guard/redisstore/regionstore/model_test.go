@@ -152,6 +152,10 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	var given, applied, admitted, forgotten int
 	expireAt := map[*modelCounter]int64{} // the sequence's time at which its keys expire
 	gone := map[*modelCounter]bool{}      // its keys were deleted, and not written since
+	held := func(c *modelCounter) bool {
+		_, ok := ledger.Inspect(c.name, now)
+		return ok
+	}
 	keysOf := func(c *modelCounter) []string {
 		k := c.name + ":region:r1"
 		return []string{k, k + ":log"}
@@ -289,7 +293,11 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			what = "active"
 			got, gerr = store.Active(ctx, now)
 			want, werr = ledger.Active(ctx, now)
-		case gone[mc]:
+		case gone[mc] || expire && !held(mc):
+			// A limit change on a counter Redis forgot, or on one never
+			// made (which it would make under the new limit, to be
+			// forgotten later), is not comparable: the Ledger never
+			// forgets a limit.
 			what = "state " + mc.name
 			got, gerr = store.State(ctx, mc.name, mc.lim, now)
 			want, werr = ledger.State(ctx, mc.name, mc.lim, now)
