@@ -71,3 +71,5 @@ func TestRegionsimWithRedis(t *testing.T) {
 	t.Logf("steps=%d requests=%d admitted=%d checks=%d transfers=%d applied=%d (in Redis: %d admissions, %d loans applied)",
 		st.Steps, st.Requests, st.Admitted, st.Checks, st.Transfers, st.Applied, admits, applied)
 }
+
+var _ regionsim.Ledger = (*regionstore.Store)(nil)

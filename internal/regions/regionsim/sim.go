@@ -57,6 +57,8 @@ type Ledger interface {
 // memLedger is the in-memory regions.Ledger as a Ledger.
 type memLedger struct{ *regions.Ledger }
 
+var _ Ledger = memLedger{}
+
 func (m memLedger) Admit(_ context.Context, counter string, lim regions.Limit, cost, now int64) (regions.Admission, error) {
 	return m.Ledger.Admit(counter, lim, cost, now)
 }
