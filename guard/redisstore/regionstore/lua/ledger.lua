@@ -38,9 +38,11 @@ end
 -- new), promise, n (window -> units), outs and ins (id -> record).
 local function rg_load(key)
   local raw = redis.call('HGETALL', key)
-  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, outs = {}, ins = {} }
+  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, outs = {}, ins = {},
+    raw = {} }
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
+    st.raw[f] = v
     if f == 'lim' then
       st.lim = v
     elseif f == 'S' then
@@ -75,7 +77,8 @@ local function rg_rec(r)
   return r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
 end
 
--- rg_save writes the whole hash back and sets its expiry, and that of the
+-- rg_save writes back the fields that changed since rg_load (st.raw),
+-- deletes those that are gone, and sets the hash's expiry, and that of the
 -- key other (if not nil): margin ms after the last moment anything in it
 -- can still count (needed(st)); the limit is forgotten with the rest.
 local function rg_save(key, other, st, now, margin, needed)
@@ -106,8 +109,27 @@ local function rg_save(key, other, st, now, margin, needed)
     args[#args + 1] = 'i:' .. id
     args[#args + 1] = rg_rec(r)
   end
-  redis.call('DEL', key)
-  redis.call('HSET', key, unpack(args))
+  local set, keep = {}, {}
+  for i = 1, #args, 2 do
+    local f, v = args[i], args[i + 1]
+    keep[f] = true
+    if st.raw[f] ~= v then
+      set[#set + 1] = f
+      set[#set + 1] = v
+    end
+  end
+  local del = {}
+  for f in pairs(st.raw) do
+    if not keep[f] then
+      del[#del + 1] = f
+    end
+  end
+  if #del > 0 then
+    redis.call('HDEL', key, unpack(del))
+  end
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+  end
   local left = needed(st) - now
   if left < 0 then
     left = 0
