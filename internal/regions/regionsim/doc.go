@@ -7,6 +7,9 @@
 //
 // Everything runs on one goroutine from one seeded random source and one
 // event queue ordered by (true time, sequence), so a seed replays exactly.
+// A region's ledger is the in-memory regions.Ledger unless Options.Ledger
+// provides another (guard/redisstore/regionstore runs one region's in a
+// real Redis this way).
 //
 // After every step the simulation asserts the invariant in true time, for
 // the counter the step touched:

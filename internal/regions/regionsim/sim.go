@@ -39,6 +39,33 @@ type Options struct {
 	NoSkew bool
 	// Log receives the protocol's logs (nil: discard).
 	Log *slog.Logger
+	// Ledger, if set, makes each region's ledger (for instance one kept in
+	// a real Redis); nil for a region, or a nil Ledger option, is the
+	// exact in-memory regions.Ledger.
+	Ledger func(cfg regions.Config, fleet regions.Fleet, region string) (Ledger, error)
+}
+
+// Ledger is a region's shares as the simulation uses them: a
+// regions.Store, and admissions and inspections as regions.Ledger answers
+// them.
+type Ledger interface {
+	regions.Store
+	Admit(ctx context.Context, counter string, lim regions.Limit, cost, now int64) (regions.Admission, error)
+	Inspect(ctx context.Context, counter string, now int64) (regions.Inspection, bool, error)
+}
+
+// memLedger is the in-memory regions.Ledger as a Ledger.
+type memLedger struct{ *regions.Ledger }
+
+var _ Ledger = memLedger{}
+
+func (m memLedger) Admit(_ context.Context, counter string, lim regions.Limit, cost, now int64) (regions.Admission, error) {
+	return m.Ledger.Admit(counter, lim, cost, now)
+}
+
+func (m memLedger) Inspect(_ context.Context, counter string, now int64) (regions.Inspection, bool, error) {
+	in, ok := m.Ledger.Inspect(counter, now)
+	return in, ok, nil
 }
 
 // Names are the regions' names, in fleet order.
@@ -75,7 +102,7 @@ type region struct {
 	idx    int
 	name   string
 	offset int64 // its clock minus true time
-	ledger *regions.Ledger
+	ledger Ledger
 	agent  *regions.Region
 	coord  *regions.Coordinator
 	up     bool
@@ -149,9 +176,19 @@ func New(opts Options) (*Sim, error) {
 				r.offset = s.rng.Int64N(2*cfg.Skew+1) - cfg.Skew
 			}
 		}
-		var err error
-		if r.ledger, err = regions.NewLedger(cfg, s.fleet, r.name); err != nil {
-			return nil, fmt.Errorf("regionsim: %w", err)
+		if opts.Ledger != nil {
+			l, err := opts.Ledger(cfg, s.fleet, r.name)
+			if err != nil {
+				return nil, fmt.Errorf("regionsim: %w", err)
+			}
+			r.ledger = l
+		}
+		if r.ledger == nil {
+			l, err := regions.NewLedger(cfg, s.fleet, r.name)
+			if err != nil {
+				return nil, fmt.Errorf("regionsim: %w", err)
+			}
+			r.ledger = memLedger{l}
 		}
 		s.regs = append(s.regs, r)
 		if err := s.startAgent(r); err != nil {
@@ -276,7 +313,7 @@ func (s *Sim) startAgent(r *region) error {
 
 // countingStore is a region's ledger that counts the transfers it applies.
 type countingStore struct {
-	*regions.Ledger
+	Ledger
 	s *Sim
 }
 
@@ -496,7 +533,7 @@ func (s *Sim) checkShares(c *Counter) {
 	if lim.Kind != regions.FixedWindow {
 		var sum int64
 		for i, r := range s.regs {
-			if in, ok := r.ledger.Inspect(c.Name, s.local(r)); ok {
+			if in, ok := s.inspect(r, c); ok {
 				sum += in.Share
 			} else {
 				sum += static[i]
@@ -509,7 +546,7 @@ func (s *Sim) checkShares(c *Counter) {
 	}
 	sums := map[int64]int64{}
 	for i, r := range s.regs {
-		if in, ok := r.ledger.Inspect(c.Name, s.local(r)); ok {
+		if in, ok := s.inspect(r, c); ok {
 			for _, w := range in.Windows {
 				sums[w.Window] += w.Share
 			}
@@ -524,6 +561,15 @@ func (s *Sim) checkShares(c *Counter) {
 			s.fail(fmt.Errorf("counter %s: shares of window %d sum to %d > %d%s", c.Name, w, sum, lim.Units, s.describe(c)))
 		}
 	}
+}
+
+// inspect is region r's inspection of c now; a failure fails the run.
+func (s *Sim) inspect(r *region, c *Counter) (regions.Inspection, bool) {
+	in, ok, err := r.ledger.Inspect(s.ctx, c.Name, s.local(r))
+	if err != nil {
+		s.fail(fmt.Errorf("region %s inspect %s: %w", r.name, c.Name, err))
+	}
+	return in, ok
 }
 
 // windowsAt is the windows an admission at local time t counts in: its
@@ -543,7 +589,7 @@ func windowsAt(t, w, skew int64) []int64 {
 func (s *Sim) describe(c *Counter) string {
 	out := ""
 	for _, r := range s.regs {
-		in, _ := r.ledger.Inspect(c.Name, s.local(r))
+		in, _, _ := r.ledger.Inspect(s.ctx, c.Name, s.local(r))
 		out += fmt.Sprintf("; %s (clock %+dµs) %+v", r.name, r.offset, in)
 	}
 	return out

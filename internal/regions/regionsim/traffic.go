@@ -148,7 +148,7 @@ func (s *Sim) request(c *Counter, i int) {
 	}
 	const cost = 1
 	refOK := c.ref.admit(s.now, cost)
-	a, err := r.ledger.Admit(c.Name, c.Limit, cost, s.local(r))
+	a, err := r.ledger.Admit(s.ctx, c.Name, c.Limit, cost, s.local(r))
 	if err != nil {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
 		return

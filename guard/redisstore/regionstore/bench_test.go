@@ -1,0 +1,91 @@
+package regionstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
+	"github.com/tollgate/tollgate/internal/regions"
+)
+
+// BenchmarkAdmit is one admission of a global counter through the share
+// ledger in Redis, per kind, the counter holding one loan given and one
+// received (one round trip each; ns/op includes it). redis-µs/op is the
+// script's own time in Redis (INFO commandstats).
+//
+//	go test -run '^$' -bench BenchmarkAdmit -benchtime 2s ./guard/redisstore/regionstore/
+func BenchmarkAdmit(b *testing.B) {
+	client := startRedis(b)
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2", "r3")
+	store, err := regionstore.New(client, cfg, fleet, "r1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	runs := 0
+	for _, lim := range []regions.Limit{
+		{Kind: regions.FixedWindow, Units: 1_000_000, Window: 60_000_000},
+		{Kind: regions.SlidingWindow, Units: 1_000_000, Window: 60_000_000},
+		{Kind: regions.Bucket, Units: 1_000_000, Window: 60_000_000},
+	} {
+		b.Run(lim.Kind.String(), func(b *testing.B) {
+			runs++ // the benchmark function runs once per b.N tried
+			name := fmt.Sprintf("tg{g:bench-%s-%d}bench", lim.Kind, runs)
+			now := time.Now().UnixMicro()
+			slot := now / cfg.Period
+			if lim.Kind == regions.FixedWindow {
+				slot = now / lim.Window
+			}
+			id := func(n uint64) regions.LoanID { return regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: n} }
+			give := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{ID: id(1), Counter: name, Limit: lim,
+				From: "r1", To: "r2", Units: 1000, First: slot, Last: slot + 1}}
+			if _, _, err := store.Give(ctx, give, 0, now); err != nil {
+				b.Fatal(err)
+			}
+			in := &regions.Transfer{Loan: regions.Loan{ID: id(2), Counter: name, Limit: lim,
+				From: "r3", To: "r1", Units: 1000, First: slot, Last: slot + 1}}
+			if _, _, err := store.Receive(ctx, in, now); err != nil {
+				b.Fatal(err)
+			}
+			if err := client.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := store.Admit(ctx, name, lim, 1, now+int64(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if us, ok := usecPerCall(info, "evalsha"); ok {
+				b.ReportMetric(us, "redis-µs/op")
+			}
+		})
+	}
+}
+
+// usecPerCall reads a command's usec_per_call from INFO commandstats.
+func usecPerCall(info, cmd string) (float64, bool) {
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				return f, err == nil
+			}
+		}
+	}
+	return 0, false
+}

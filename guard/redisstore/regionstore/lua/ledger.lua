@@ -1,0 +1,142 @@
+-- ledger.lua: a region's share ledger of one global counter, as one Redis
+-- hash: how it is read, pruned and written back. fixed.lua and sliding.lua
+-- and bucket.lua hold each kind's arithmetic and ops.lua the operations; the files are
+-- concatenated, in that order, into the one script every call runs.
+--
+-- Lua numbers are IEEE doubles: every value here is an integer below 2^53
+-- (the Go side refuses limits and clamps costs and keeps above 2^52), where
+-- +, - and * are exact and rg_fdiv makes division exact.
+--
+-- The hash (its key: the counter's name, ":region:" and the region, so it
+-- shares the counter's Cluster hash tag):
+--   lim        "<kind>:<units>:<window µs>", the limit it was made with
+--   S          the region's static share, as when it was made
+--   p          no give before this time (a Retry-After the region sent)
+--   u          units admitted over the trailing window (sliding window)
+--   k, s       tokens × W, as of time s (bucket)
+--   n:<j>      units charged in window j (fixed window)
+--   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
+--   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
+-- <id> is "<epoch>/<seq>" in decimal; the script never reads it as a number
+-- (an epoch does not fit a double).
+
+local function rg_fdiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then
+    q = q - 1
+  elseif (q + 1) * y <= x then
+    q = q + 1
+  end
+  return q
+end
+
+local function rg_fmt(x)
+  return string.format('%d', x)
+end
+
+-- rg_load reads the hash into a table: lim (false when the counter is
+-- new), promise, n (window -> units), outs and ins (id -> record).
+local function rg_load(key)
+  local raw = redis.call('HGETALL', key)
+  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, outs = {}, ins = {},
+    raw = {} }
+  for i = 1, #raw, 2 do
+    local f, v = raw[i], raw[i + 1]
+    st.raw[f] = v
+    if f == 'lim' then
+      st.lim = v
+    elseif f == 'S' then
+      st.static = tonumber(v)
+    elseif f == 'p' then
+      st.promise = tonumber(v)
+    elseif f == 'u' then
+      st.used = tonumber(v)
+    elseif f == 'k' then
+      st.tok = tonumber(v)
+    elseif f == 's' then
+      st.ts = tonumber(v)
+    else
+      local t, rest = string.sub(f, 1, 2), string.sub(f, 3)
+      if t == 'n:' then
+        st.n[tonumber(rest)] = tonumber(v)
+      elseif t == 'o:' or t == 'i:' then
+        local who, u, a, b, at = string.match(v, '^([^:]+):(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
+        local rec = { who = who, units = tonumber(u), first = tonumber(a), last = tonumber(b), at = tonumber(at) }
+        if t == 'o:' then
+          st.outs[rest] = rec
+        else
+          st.ins[rest] = rec
+        end
+      end
+    end
+  end
+  return st
+end
+
+local function rg_rec(r)
+  return r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
+end
+
+-- rg_save writes back the fields that changed since rg_load (st.raw),
+-- deletes those that are gone, and sets the hash's expiry, and that of the
+-- key other (if not nil): margin ms after the last moment anything in it
+-- can still count (needed(st)); the limit is forgotten with the rest.
+local function rg_save(key, other, st, now, margin, needed)
+  local args = { 'lim', st.lim, 'S', rg_fmt(st.static) }
+  if st.promise > 0 then
+    args[#args + 1] = 'p'
+    args[#args + 1] = rg_fmt(st.promise)
+  end
+  if st.used ~= 0 then
+    args[#args + 1] = 'u'
+    args[#args + 1] = rg_fmt(st.used)
+  end
+  if st.tok then
+    args[#args + 1] = 'k'
+    args[#args + 1] = rg_fmt(st.tok)
+    args[#args + 1] = 's'
+    args[#args + 1] = rg_fmt(st.ts)
+  end
+  for j, c in pairs(st.n) do
+    args[#args + 1] = 'n:' .. rg_fmt(j)
+    args[#args + 1] = rg_fmt(c)
+  end
+  for id, r in pairs(st.outs) do
+    args[#args + 1] = 'o:' .. id
+    args[#args + 1] = rg_rec(r)
+  end
+  for id, r in pairs(st.ins) do
+    args[#args + 1] = 'i:' .. id
+    args[#args + 1] = rg_rec(r)
+  end
+  local set, keep = {}, {}
+  for i = 1, #args, 2 do
+    local f, v = args[i], args[i + 1]
+    keep[f] = true
+    if st.raw[f] ~= v then
+      set[#set + 1] = f
+      set[#set + 1] = v
+    end
+  end
+  local del = {}
+  for f in pairs(st.raw) do
+    if not keep[f] then
+      del[#del + 1] = f
+    end
+  end
+  if #del > 0 then
+    redis.call('HDEL', key, unpack(del))
+  end
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+  end
+  local left = needed(st) - now
+  if left < 0 then
+    left = 0
+  end
+  local ttl = -rg_fdiv(-left, 1000) + margin
+  redis.call('PEXPIRE', key, ttl)
+  if other then
+    redis.call('PEXPIRE', other, ttl)
+  end
+end
