@@ -18,7 +18,9 @@
 // Equal offered load: -rate N runs both sides open loop at N requests/s;
 // -fractions 0.5,0.25 first measures envoyproxy/ratelimit's closed-loop
 // maximum in each scenario (with -workers), then runs the rounds open loop
-// at those fractions of it, both sides at the same rate.
+// at those fractions of it, both sides at the same rate. -warmup D runs
+// each side D at each load before its rounds, unmeasured, so that the
+// gateway's leases are in their steady state.
 //
 // scripts/sidebyside.sh builds both binaries (envoyproxy/ratelimit from
 // its public repository, into a temporary directory) and runs it.
@@ -68,6 +70,7 @@ type options struct {
 	only               string
 	jsonOut            string
 	gatewayEnv         string
+	warmup             time.Duration
 	keep               bool
 }
 
@@ -88,6 +91,7 @@ func main() {
 	flag.StringVar(&o.only, "scenarios", "under,over", "scenarios to run, comma-separated")
 	flag.StringVar(&o.jsonOut, "json", "", "also write every run's figures as JSON to this file")
 	flag.StringVar(&o.gatewayEnv, "gateway-env", "", "extra KEY=VALUE,... for the gateway's environment (e.g. TOLLGATE_FAST_PATH_DISABLED=true)")
+	flag.DurationVar(&o.warmup, "warmup", 0, "before the rounds of each load, run each side this long at that load, unmeasured: the gateway's leases reach their steady state (a key at a fraction of a request per second needs minutes, not one 10 s round)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (configs, logs)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -202,6 +206,16 @@ func run(ctx context.Context, o options, log *slog.Logger, out io.Writer) error 
 		for _, l := range loads {
 			lo := o
 			lo.rate = l.rate
+			if o.warmup > 0 {
+				for _, s := range sides {
+					wo := lo
+					wo.duration = o.warmup
+					if _, err := measure(ctx, wo, s, sc, 0); err != nil {
+						return fmt.Errorf("warm-up: %w", err)
+					}
+				}
+				log.Info("warmed up", "scenario", sc.name, "load", l.String(), "for", o.warmup)
+			}
 			for r := 1; r <= o.rounds; r++ {
 				order := []*side{sides[0], sides[1]}
 				if r%2 == 0 {
