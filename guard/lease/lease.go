@@ -15,7 +15,9 @@
 // of a token bucket's or GCRA's full-refill time, which bounds what a
 // bucket may admit beyond the reference model: units held while the
 // bucket would have been full refill in Redis, at most rate × lifetime,
-// that is 1 % of the limit (see docs/guard.md).
+// that is 1 % of the limit (see docs/guard.md). Window leases, exact,
+// live up to WithWindowTTL (a minute), bucket leases up to WithMaxTTL
+// (10 s).
 //
 // Negative cache. A counter Redis has just rejected is answered locally,
 // with the figures of that rejection, until its Retry-After has passed: no
