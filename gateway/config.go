@@ -107,10 +107,11 @@ type IdentityConfig struct {
 // FastPathConfig is the `fast_path` section: the guard's local fast path
 // (guard/lease) and resolution cache.
 type FastPathConfig struct {
-	Disabled    bool          `yaml:"disabled" doc:"true: no leases and no negative cache, every check of a rule goes to Redis (strict rules always do)."`
-	MaxLeaseTTL time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time, windows to their window's end."`
-	Counters    int           `yaml:"counters" doc:"Counters this gateway keeps leases and negative-cache entries for; beyond it, idle counters make room and the others go to Redis."`
-	Resolutions int           `yaml:"resolutions" doc:"Requests (key, endpoint, method, domain) whose resolution (key_id, lists, matched rules, counter names) is cached until the rules or controls change."`
+	Disabled       bool          `yaml:"disabled" doc:"true: no leases and no negative cache, every check of a rule goes to Redis (strict rules always do)."`
+	MaxLeaseTTL    time.Duration `yaml:"max_lease_ttl" doc:"Longest a lease of units taken from Redis lives on this gateway before what it did not use is given back: the longest other gateways may miss those units. Token buckets and GCRA are further held to 1% of their refill time; fixed windows and sliding window counters use window_lease_ttl."`
+	WindowLeaseTTL time.Duration `yaml:"window_lease_ttl" doc:"Longest a lease of a fixed_window or sliding_window_counter counter lives on this gateway, never past the end of the window (sub-window) its units were counted in. Such a lease admits nothing the exact counter would not, so it may live longer than a bucket's: keys at a few requests per second then need a Redis call a minute, not one every few seconds. The cost: units this gateway leased and did not use are unavailable to the others for up to that long."`
+	Counters       int           `yaml:"counters" doc:"Counters this gateway keeps leases and negative-cache entries for; beyond it, idle counters make room and the others go to Redis."`
+	Resolutions    int           `yaml:"resolutions" doc:"Requests (key, endpoint, method, domain) whose resolution (key_id, lists, matched rules, counter names) is cached until the rules or controls change."`
 }
 
 // RuntimeConfig is the `runtime` section: the Go garbage collector of
@@ -180,6 +181,7 @@ const (
 	DefaultGCPercent       = 1000
 	DefaultMemoryLimitMB   = 1024
 	DefaultMaxLeaseTTL     = lease.DefaultMaxTTL
+	DefaultWindowLeaseTTL  = lease.DefaultWindowTTL
 	DefaultLeaseCounters   = lease.DefaultCounters
 	DefaultResolutions     = guard.DefaultResolutionCache
 
@@ -237,6 +239,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Runtime.GCPercent, DefaultGCPercent)
 	configs.Default(&c.Runtime.MemoryLimitMB, DefaultMemoryLimitMB)
 	configs.Default(&c.FastPath.MaxLeaseTTL, DefaultMaxLeaseTTL)
+	configs.Default(&c.FastPath.WindowLeaseTTL, DefaultWindowLeaseTTL)
 	configs.Default(&c.FastPath.Counters, DefaultLeaseCounters)
 	configs.Default(&c.FastPath.Resolutions, DefaultResolutions)
 	configs.Default(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
@@ -327,6 +330,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FastPath.MaxLeaseTTL < 0 {
 		bad("fast_path.max_lease_ttl", "must not be negative")
+	}
+	if c.FastPath.WindowLeaseTTL < 0 {
+		bad("fast_path.window_lease_ttl", "must not be negative")
 	}
 	if c.FastPath.Counters < 1 {
 		bad("fast_path.counters", "must be at least 1")

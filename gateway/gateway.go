@@ -206,6 +206,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if !cfg.FastPath.Disabled {
 		s.lease = lease.New(store,
 			lease.WithMaxTTL(cfg.FastPath.MaxLeaseTTL),
+			lease.WithWindowTTL(cfg.FastPath.WindowLeaseTTL),
 			lease.WithCounters(cfg.FastPath.Counters),
 			lease.WithLogger(log.With(slog.String("component", "lease"))))
 		store = s.lease

@@ -256,7 +256,7 @@ func TestReturnsWhileAShardIsDown(t *testing.T) {
 	rule := "{id: fw, match: {}, algorithm: fixed_window, limit: 100000, window: 1h}"
 	rs := mustRules(t, src+"rules:\n  - "+rule+"\n")
 	rs1 := mustRules(t, src+"rules:\n  - "+rule+"\n")
-	gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(time.Second))
+	gw := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(time.Second))
 	const admitted = 50
 	for range admitted {
 		for _, k := range keys {

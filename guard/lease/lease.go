@@ -15,7 +15,9 @@
 // of a token bucket's or GCRA's full-refill time, which bounds what a
 // bucket may admit beyond the reference model: units held while the
 // bucket would have been full refill in Redis, at most rate × lifetime,
-// that is 1 % of the limit (see docs/guard.md).
+// that is 1 % of the limit (see docs/guard.md). Window leases, exact,
+// live up to WithWindowTTL (a minute), bucket leases up to WithMaxTTL
+// (10 s).
 //
 // Negative cache. A counter Redis has just rejected is answered locally,
 // with the figures of that rejection, until its Retry-After has passed: no
@@ -56,8 +58,12 @@ import (
 
 // Defaults.
 const (
-	// DefaultMaxTTL is the longest a lease lives (WithMaxTTL).
+	// DefaultMaxTTL is the longest a token bucket's or GCRA's lease lives
+	// (WithMaxTTL).
 	DefaultMaxTTL = 10 * time.Second
+	// DefaultWindowTTL is the longest a fixed window's or sliding window
+	// counter's lease lives (WithWindowTTL).
+	DefaultWindowTTL = time.Minute
 	// DefaultCounters is how many counters the store keeps local state
 	// for (WithCounters).
 	DefaultCounters = 1 << 16
@@ -89,12 +95,13 @@ const (
 // the sweep that gives back expired leases; Close stops it and waits for
 // it, then gives back every lease.
 type Store struct {
-	inner    guard.Store
-	namer    func(*guard.CounterID) string
-	clock    func() int64
-	maxTTL   int64
-	interval time.Duration
-	log      *slog.Logger
+	inner     guard.Store
+	namer     func(*guard.CounterID) string
+	clock     func() int64
+	maxTTL    int64
+	windowTTL int64
+	interval  time.Duration
+	log       *slog.Logger
 
 	tab   table
 	epoch atomic.Uint64
@@ -134,11 +141,23 @@ type Option func(*Store)
 // drive it by hand.
 func WithClock(now func() int64) Option { return func(s *Store) { s.clock = now } }
 
-// WithMaxTTL sets the longest a lease lives (default DefaultMaxTTL):
-// units a gateway holds are unavailable to the others for at most that
-// long. Token buckets and GCRA are further bounded by BucketShare of their
-// full-refill time, windowed algorithms by their (sub-)window's end.
+// WithMaxTTL sets the longest a token bucket's or GCRA's lease lives
+// (default DefaultMaxTTL): units a gateway holds are unavailable to the
+// others for at most that long. They are further bounded by BucketShare
+// of their full-refill time.
 func WithMaxTTL(d time.Duration) Option { return func(s *Store) { s.maxTTL = d.Microseconds() } }
+
+// WithWindowTTL sets the longest a lease of a fixed_window or
+// sliding_window_counter counter lives (default DefaultWindowTTL), never
+// past the end of the (sub-)window its units were counted in. Those
+// leases admit nothing the exact counter would not, so they may live
+// longer than a bucket's: at a few requests per second per key a lease
+// that lives a minute serves the key with one Redis call where a
+// ten-second one needs six. What it costs: units a gateway holds and does
+// not use are unavailable to the others for up to that long.
+func WithWindowTTL(d time.Duration) Option {
+	return func(s *Store) { s.windowTTL = d.Microseconds() }
+}
 
 // WithCounters sets how many counters local state is kept for (default
 // DefaultCounters, rounded up to a power of two); beyond it, idle counters
@@ -163,12 +182,13 @@ func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
 func New(inner guard.Store, opts ...Option) *Store {
 	start := time.Now()
 	s := &Store{
-		inner:    inner,
-		namer:    guard.PlainName,
-		clock:    func() int64 { return int64(time.Since(start) / time.Microsecond) },
-		maxTTL:   DefaultMaxTTL.Microseconds(),
-		interval: DefaultSweepInterval,
-		quit:     make(chan struct{}),
+		inner:     inner,
+		namer:     guard.PlainName,
+		clock:     func() int64 { return int64(time.Since(start) / time.Microsecond) },
+		maxTTL:    DefaultMaxTTL.Microseconds(),
+		windowTTL: DefaultWindowTTL.Microseconds(),
+		interval:  DefaultSweepInterval,
+		quit:      make(chan struct{}),
 	}
 	s.tab.size = DefaultCounters
 	if n, ok := inner.(guard.Namer); ok {
@@ -706,10 +726,19 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 
 // want sizes the lease asked for with a miss: the counter's rate here
 // (units used from the last lease and calls that missed, over the time
-// since the last refill) times the lease's lifetime. It is 0 for a
-// counter seen for the first time, and when fewer than minWant units
+// since the last refill) times the time the lease will live: its
+// lifetime, and for a window no more than what is left of the window as
+// the last reply's Redis time tells (units leased for after the window's
+// end would be charged to a window that is over, never used). It is 0 for
+// a counter seen for the first time, and when fewer than minWant units
 // would be used.
 func (s *Store) want(e *entry, c *guard.Counter, now, used int64) int64 {
+	life := s.lifetime(c)
+	if sn := e.last.Load(); sn != nil && sn.alg == c.Algorithm && sn.params == c.Params {
+		if left := s.windowEnd(c, sn.t+now-sn.recv, now) - now; left < life {
+			life = left
+		}
+	}
 	e.mu.Lock()
 	elapsed := now - e.since
 	e.since = now
@@ -719,17 +748,21 @@ func (s *Store) want(e *entry, c *guard.Counter, now, used int64) int64 {
 		return 0
 	}
 	units := used + calls*max(c.Cost, 1)
-	w := float64(units) / float64(elapsed) * float64(s.lifetime(c))
+	w := float64(units) / float64(elapsed) * float64(life)
 	if w < minWant {
 		return 0
 	}
 	return int64(min(w, float64(c.Params.Limit)))
 }
 
-// lifetime is the longest a lease of c may live, in µs.
+// lifetime is the longest a lease of c may live, in µs (windows: before
+// the end of the window, windowEnd).
 func (s *Store) lifetime(c *guard.Counter) int64 {
+	if !c.Algorithm.Bucket() {
+		return s.windowTTL
+	}
 	ttl := s.maxTTL
-	if c.Algorithm.Bucket() && c.Params.FullDen > 0 {
+	if c.Params.FullDen > 0 {
 		full := float64(c.Params.FullNum) / float64(c.Params.FullDen)
 		ttl = min(ttl, int64(full*BucketShare))
 	}

@@ -282,7 +282,7 @@ func TestUnusedLeasesGivenBack(t *testing.T) {
 		c := newClock(start)
 		r := b.newRig(t, c)
 		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
-		gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+		gw := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 		req := &guard.Request{Key: "sk_idle", Path: "/"}
 		check := func(n int) { admit(t, c, gw, req, n) }
 		check(50)
@@ -330,7 +330,7 @@ func TestTimedOutReturnNeverSentAgain(t *testing.T) {
 	c := newClock(start)
 	r := rigOn(t, c, redisstore.Config{Addrs: []string{srv.Addr()}}, redisstore.WithTimeout(100*time.Millisecond))
 	rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
-	gw := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+	gw := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 	req := &guard.Request{Key: "sk_late", Path: "/"}
 	for range 50 {
 		if d, err := gw.guard.Check(context.Background(), req); err != nil || !d.Allowed {
@@ -659,8 +659,8 @@ func TestResetElsewhereLeavesNoOldUnits(t *testing.T) {
 		c := newClock(start)
 		r := b.newRig(t, c)
 		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
-		gwA := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
-		gwB := r.gateway(t, rs, 0, 0, lease.WithMaxTTL(2*time.Second))
+		gwA := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
+		gwB := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 		operator, err := guard.New(guardtest.Clocked(r.redis, r.clock.now), secret, rs, guard.WithClock(r.clock.now))
 		if err != nil {
 			t.Fatal(err)
@@ -692,4 +692,69 @@ func TestResetElsewhereLeavesNoOldUnits(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// TestWindowLeaseServesModerateRate: a key at a moderate rate (one request
+// every 2 s) under a fixed window is served by window leases that live
+// fast_path.window_lease_ttl (a minute by default), not the buckets' 10 s:
+// 60 requests over two minutes take a handful of Redis calls, not one
+// every five requests, and once the leases are given back Redis counts
+// exactly the units admitted.
+func TestWindowLeaseServesModerateRate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		opts      []lease.Option
+		min, max  int // Redis check calls for the 60 requests
+		algorithm string
+	}{
+		{name: "fixed window, default", algorithm: "fixed_window, limit: 100000, window: 1h", min: 1, max: 6},
+		{name: "sliding window counter, default", algorithm: "sliding_window_counter, limit: 100000, window: 1h", min: 1, max: 8},
+		{name: "fixed window, 10s", algorithm: "fixed_window, limit: 100000, window: 1h", opts: []lease.Option{lease.WithWindowTTL(10 * time.Second)}, min: 9, max: 60},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newClock(start)
+			r := rigOn(t, c, redisstore.Config{Addrs: []string{redistest.StartTB(t).Addr()}})
+			rs := mustRules(t, "rules:\n  - {id: w, match: {}, algorithm: "+tt.algorithm+"}\n")
+			gw := r.gateway(t, rs, 0, 0, tt.opts...)
+			req := &guard.Request{Key: "sk_moderate", Path: "/"}
+			for range 60 {
+				admit(t, c, gw, req, 1)
+				c.advance(2_000_000)
+			}
+			if n := gw.calls.count(guard.OpCheck); n < tt.min || n > tt.max {
+				t.Errorf("60 requests 2 s apart took %d Redis check calls, want %d to %d", n, tt.min, tt.max)
+			}
+			if err := gw.lease.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.used(t, rs, "sk_moderate"); got != 60 {
+				t.Fatalf("after the leases were given back Redis counts %d units, 60 were admitted", got)
+			}
+		})
+	}
+}
+
+// TestWindowLeaseSizedToWhatIsLeft: near a window's end a lease is sized to
+// the rate times what is left of the window, not times its lifetime: units
+// leased for after the end would be charged to a window that is over.
+func TestWindowLeaseSizedToWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	c := newClock(start + 980_000_000) // 20 s before the hour's end
+	r := rigOn(t, c, redisstore.Config{Addrs: []string{redistest.StartTB(t).Addr()}})
+	rs := mustRules(t, "rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: 1000000, window: 1h}\n")
+	gw := r.gateway(t, rs, 0, 0)
+	req := &guard.Request{Key: "sk_late", Path: "/"}
+	// 10 requests/s: two misses, the second asks for a lease.
+	for range 2 {
+		admit(t, c, gw, req, 1)
+		c.advance(99_000)
+	}
+	// About 10/s at the second miss, about 19.8 s left: ≈ 200 units; a
+	// minute's worth would be 600.
+	if g := gw.lease.Stats().Granted; g == 0 || g > 300 {
+		t.Fatalf("granted %d units near the window's end, want about 200 (the rest of the window, not a minute)", g)
+	}
 }

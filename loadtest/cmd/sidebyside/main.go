@@ -15,6 +15,13 @@
 //
 //	sidebyside -ratelimit /tmp/rl/ratelimit -gateway bin/gateway [-rounds 3] [-duration 10s]
 //
+// Equal offered load: -rate N runs both sides open loop at N requests/s;
+// -fractions 0.5,0.25 first measures envoyproxy/ratelimit's closed-loop
+// maximum in each scenario (with -workers), then runs the rounds open loop
+// at those fractions of it, both sides at the same rate. -warmup D runs
+// each side D at each load before its rounds, unmeasured, so that the
+// gateway's leases are in their steady state.
+//
 // scripts/sidebyside.sh builds both binaries (envoyproxy/ratelimit from
 // its public repository, into a temporary directory) and runs it.
 package main
@@ -26,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -58,9 +66,11 @@ type options struct {
 	duration           time.Duration
 	workers, keys      int
 	rate               float64
+	fractions          []float64
 	only               string
 	jsonOut            string
 	gatewayEnv         string
+	warmup             time.Duration
 	keep               bool
 }
 
@@ -73,9 +83,15 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 50, "closed-loop workers of the load client (one gRPC connection)")
 	flag.IntVar(&o.keys, "keys", 10000, "distinct API keys, drawn uniformly")
 	flag.Float64Var(&o.rate, "rate", 0, "open loop at this many requests/s (latency from each request's scheduled time) instead of closed-loop workers; pick a rate both sides carry")
+	flag.Func("fractions", "open loop at these fractions of envoyproxy/ratelimit's closed-loop maximum, comma-separated (e.g. 0.5,0.25): each scenario first measures that maximum with -workers, then runs -rounds alternating rounds at each rate; overrides -rate", func(v string) error {
+		fs, err := parseFractions(v)
+		o.fractions = fs
+		return err
+	})
 	flag.StringVar(&o.only, "scenarios", "under,over", "scenarios to run, comma-separated")
 	flag.StringVar(&o.jsonOut, "json", "", "also write every run's figures as JSON to this file")
 	flag.StringVar(&o.gatewayEnv, "gateway-env", "", "extra KEY=VALUE,... for the gateway's environment (e.g. TOLLGATE_FAST_PATH_DISABLED=true)")
+	flag.DurationVar(&o.warmup, "warmup", 0, "before the rounds of each load, run each side this long at that load, unmeasured: the gateway's leases reach their steady state (a key at a fraction of a request per second needs minutes, not one 10 s round)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (configs, logs)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -107,6 +123,8 @@ func (s *side) stop() {
 // result is one side's run of one scenario.
 type result struct {
 	Scenario       string  `json:"scenario"`
+	Load           string  `json:"load"`
+	Workers        int     `json:"workers,omitempty"`
 	Side           string  `json:"side"`
 	Round          int     `json:"round"`
 	Decisions      int64   `json:"decisions"`
@@ -167,20 +185,53 @@ func run(ctx context.Context, o options, log *slog.Logger, out io.Writer) error 
 				}
 			}
 		}
-		for r := 1; r <= o.rounds; r++ {
-			order := []*side{sides[0], sides[1]}
-			if r%2 == 0 {
-				order[0], order[1] = order[1], order[0]
+		loads := []load{{rate: o.rate}}
+		if len(o.fractions) > 0 {
+			// envoy's closed-loop maximum, measured now, on this machine
+			// as it is, sets the open-loop rates of this scenario.
+			co := o
+			co.rate = 0
+			res, err := measure(ctx, co, sides[0], sc, 0)
+			if err != nil {
+				return err
 			}
-			for _, s := range order {
-				res, err := measure(ctx, o, s, sc, r)
-				if err != nil {
-					return err
+			res.Load = "closed-loop maximum"
+			log.Info("closed-loop maximum", "scenario", sc.name, "side", sides[0].Name, "decisions_per_s", int(res.PerSecond))
+			all = append(all, res)
+			loads = loads[:0]
+			for _, f := range o.fractions {
+				loads = append(loads, load{rate: math.Round(f * res.PerSecond), fraction: f})
+			}
+		}
+		for _, l := range loads {
+			lo := o
+			lo.rate = l.rate
+			if o.warmup > 0 {
+				for _, s := range sides {
+					wo := lo
+					wo.duration = o.warmup
+					if _, err := measure(ctx, wo, s, sc, 0); err != nil {
+						return fmt.Errorf("warm-up: %w", err)
+					}
 				}
-				log.Info("run", "scenario", sc.name, "side", s.Name, "round", r,
-					"decisions_per_s", int(res.PerSecond), "cpu_us", round1(res.CPUus),
-					"redis_cpu_us", round1(res.RedisCPUus), "redis_calls", round3(res.RedisCalls), "p99_ms", res.P99ms)
-				all = append(all, res)
+				log.Info("warmed up", "scenario", sc.name, "load", l.String(), "for", o.warmup)
+			}
+			for r := 1; r <= o.rounds; r++ {
+				order := []*side{sides[0], sides[1]}
+				if r%2 == 0 {
+					order[0], order[1] = order[1], order[0]
+				}
+				for _, s := range order {
+					res, err := measure(ctx, lo, s, sc, r)
+					if err != nil {
+						return err
+					}
+					res.Load = l.String()
+					log.Info("run", "scenario", sc.name, "load", res.Load, "side", s.Name, "round", r,
+						"decisions_per_s", int(res.PerSecond), "cpu_us", round1(res.CPUus),
+						"redis_cpu_us", round1(res.RedisCPUus), "redis_calls", round3(res.RedisCalls), "p99_ms", res.P99ms)
+					all = append(all, res)
+				}
 			}
 		}
 	}
@@ -293,7 +344,7 @@ func measure(ctx context.Context, o options, s *side, sc scenario, round int) (r
 		return result{}, err
 	}
 	r := result{
-		Scenario: sc.name, Side: s.Name, Round: round,
+		Scenario: sc.name, Side: s.Name, Round: round, Workers: cfg.Workers,
 		Decisions: sum.Decisions, Rejected: sum.Statuses["OVER_LIMIT"], Errors: sum.Errors,
 		PerSecond:      float64(sum.Decisions) / sum.ElapsedSeconds,
 		P50us:          int64(sum.LatencyUS.P50),
@@ -334,6 +385,35 @@ func clientCalls(name string, by map[string]int64) int64 {
 	return n
 }
 
+// load is the offered load of a series of rounds: closed loop (rate 0)
+// or open loop at rate, which is fraction × envoy's maximum when set.
+type load struct {
+	rate, fraction float64
+}
+
+func (l load) String() string {
+	switch {
+	case l.rate == 0:
+		return "closed loop"
+	case l.fraction > 0:
+		return fmt.Sprintf("open loop %.0f/s (%.2f × envoy's maximum)", l.rate, l.fraction)
+	}
+	return fmt.Sprintf("open loop %.0f/s", l.rate)
+}
+
+// parseFractions reads -fractions: numbers in (0, 1], comma-separated.
+func parseFractions(v string) ([]float64, error) {
+	var fs []float64
+	for _, f := range strings.Split(v, ",") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(x > 0 && x <= 1) {
+			return nil, fmt.Errorf("parse fractions: %q is not a number in (0, 1]", f)
+		}
+		fs = append(fs, x)
+	}
+	return fs, nil
+}
+
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
@@ -371,8 +451,12 @@ func report(w io.Writer, all []result) {
 	}
 	var names []string
 	for _, r := range all {
-		if !slices.Contains(names, r.Scenario) {
-			names = append(names, r.Scenario)
+		if r.Load == "closed-loop maximum" {
+			fmt.Fprintf(w, "\nscenario %s: %s's closed-loop maximum %.0f/s (%d workers), p99 %.2f ms\n", r.Scenario, r.Side, r.PerSecond, r.Workers, r.P99ms)
+			continue
+		}
+		if !slices.Contains(names, group(r)) {
+			names = append(names, group(r))
 		}
 	}
 	for _, sc := range names {
@@ -392,7 +476,7 @@ func report(w io.Writer, all []result) {
 			for _, c := range cols {
 				var xs []float64
 				for _, r := range all {
-					if r.Scenario == sc && r.Side == sideName {
+					if group(r) == sc && r.Side == sideName {
 						xs = append(xs, c.get(r))
 					}
 				}
@@ -414,7 +498,7 @@ func report(w io.Writer, all []result) {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "\nper round:")
 		for _, r := range all {
-			if r.Scenario == sc {
+			if group(r) == sc {
 				fmt.Fprintf(w, "  round %d %-22s %8.0f/s cpu %6.1f µs redis cpu %6.2f µs calls %.3f cmds %.2f rejected %d p50 %.2f ms p99 %.2f ms loadtest %.1f µs/req\n",
 					r.Round, r.Side, r.PerSecond, r.CPUus, r.RedisCPUus, r.RedisCalls, r.RedisCommands, r.Rejected, r.P50ms, r.P99ms, r.LoadtestCPUus)
 			}
@@ -422,10 +506,18 @@ func report(w io.Writer, all []result) {
 	}
 }
 
+// group names the scenario and load a result belongs to.
+func group(r result) string {
+	if r.Load == "" {
+		return r.Scenario
+	}
+	return r.Scenario + ", " + r.Load
+}
+
 func countRounds(all []result, sc string) int {
 	n := 0
 	for _, r := range all {
-		if r.Scenario == sc {
+		if group(r) == sc {
 			n++
 		}
 	}
