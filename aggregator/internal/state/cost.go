@@ -22,6 +22,10 @@ type CostSpec struct {
 	Tenants, Keys, Endpoints, Minutes int
 	HeavyMinutes                      int
 	Seed                              uint64
+	// FirstOffset is the changelog offset of the first row: a second
+	// fill of the same store starts at the first's NextOffset (the
+	// materializer skips offsets it has applied).
+	FirstOffset int64
 }
 
 // CostData is what FillCost wrote.
@@ -38,6 +42,8 @@ type CostData struct {
 	FirstTenant, Heavy, HeavyTenant string
 	// From and To bound every row's minute (To exclusive).
 	From, To int64
+	// NextOffset follows the last row's changelog offset.
+	NextOffset int64
 }
 
 // costBatch is how many records FillCost materializes at a time.
@@ -66,7 +72,7 @@ func (d *DB) FillCost(spec CostSpec) (CostData, error) {
 	out := CostData{FirstTenant: costTenant(0), HeavyTenant: "tenant-heavy", From: base,
 		To: base + int64(max(spec.Minutes, spec.HeavyMinutes))*60}
 	recs := make([]Record, 0, costBatch)
-	var off int64
+	off := spec.FirstOffset
 	put := func(tenant, kid string, minutes int) error {
 		for m := range minutes {
 			for _, ep := range costEndpoints[:spec.Endpoints] {
@@ -97,13 +103,16 @@ func (d *DB) FillCost(spec CostSpec) (CostData, error) {
 			}
 		}
 	}
-	out.Heavy = keyID()
-	if err := put(out.HeavyTenant, out.Heavy, spec.HeavyMinutes); err != nil {
-		return out, err
+	if spec.HeavyMinutes > 0 {
+		out.Heavy = keyID()
+		if err := put(out.HeavyTenant, out.Heavy, spec.HeavyMinutes); err != nil {
+			return out, err
+		}
 	}
 	if err := d.Materialize(recs); err != nil {
 		return out, err
 	}
+	out.NextOffset = off
 	if err := d.db.Flush(); err != nil {
 		return out, fmt.Errorf("state: flush: %w", err)
 	}
