@@ -47,10 +47,13 @@ type Result struct {
 	Type, Encoding string
 }
 
-// Params is a limit no single check of cost 1 exhausts: 100 per hour.
+// Params is a limit no single check of cost 1 exhausts: 100 per 1 000
+// hours. A counter lives until it would be full again, so one unit refills
+// only after ten hours: no counter expires while millions more are
+// created (at 100 per hour one would, after 36 s).
 func Params() rules.Params {
-	hour := int64(3_600_000_000)
-	return rules.Params{Limit: 100, Window: hour, Precision: 1, FullNum: hour, FullDen: 1}
+	window := int64(1_000 * 3_600_000_000)
+	return rules.Params{Limit: 100, Window: window, Precision: 1, FullNum: window, FullDen: 1}
 }
 
 // Name returns the name of counter i of a run stamped stamp: as the
