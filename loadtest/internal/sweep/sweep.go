@@ -142,7 +142,9 @@ func Run(ctx context.Context, cfg Config, env Env, progress io.Writer) (*Result,
 		if env.RedisAddr == "" {
 			return res, fmt.Errorf("%w: no redis-server to measure against", ErrConfig)
 		}
-		c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{env.RedisAddr}, Timeout: 5 * time.Second})
+		// A long timeout: FLUSHALL SYNC of ten million counters takes
+		// seconds on a busy machine. The stores have their own.
+		c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{env.RedisAddr}, Timeout: 2 * time.Minute})
 		if err != nil {
 			return res, fmt.Errorf("sweep: redis client: %w", err)
 		}
