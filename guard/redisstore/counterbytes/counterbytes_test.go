@@ -44,7 +44,7 @@ func TestCountersOutliveTheMeasure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.PerCounter <= 0 || r.Usage < 50 || r.Usage > 400 || r.Type == "" {
+		if r.UsedBefore <= 0 || r.UsedAfter <= 0 || r.Usage < 50 || r.Usage > 400 || r.Type == "" {
 			t.Errorf("%s: implausible %+v", alg, r)
 		}
 	}

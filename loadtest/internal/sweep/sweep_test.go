@@ -145,7 +145,9 @@ func TestTinySweep(t *testing.T) {
 		t.Errorf("redis points %+v, want 5 at 50 keys and the token bucket at 2000", res.Redis)
 	}
 	for _, p := range res.Redis {
-		if p.PerCounter <= 0 || p.Usage < 50 || p.Usage > 400 {
+		// used_memory moves by more than 50 small counters take (client
+		// buffers, table resizes): only MEMORY USAGE is checked.
+		if p.Usage < 50 || p.Usage > 400 || p.Encoding == "" {
 			t.Errorf("implausible redis point %+v", p)
 		}
 	}
