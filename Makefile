@@ -111,7 +111,7 @@ endif
 sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
 	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
 
-sweep: deps ## How costs grow with keys (1k-10M): gateway CPU, fast path and heap per key, Redis bytes per counter, aggregator events per CPU second, Pebble bytes per row and report latency; tables on stdout, charts into SWEEPOUT=docs/img (SWEEPFLAGS=…; about ten minutes)
+sweep: deps ## How costs grow with keys (1k-10M): gateway CPU, fast path and heap per key, Redis bytes per counter, aggregator events per CPU second, Pebble bytes per row and report latency; tables on stdout, charts into SWEEPOUT=docs/img (SWEEPFLAGS=…; about twenty minutes, most of it 10 M Redis counters)
 	@mkdir -p $(BIN_DIR)
 	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest
 	$(BIN_DIR)/loadtest sweep -out $(SWEEPOUT) $(SWEEPFLAGS)

@@ -24,7 +24,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		"(a guard with its fast path, in this process, over a redis-server it starts), Redis bytes per counter\n"+
 		"per algorithm, the aggregator's events per CPU second, and Pebble bytes per usage row with the latency\n"+
 		"of a 10 000-row report. Writes the figures as Markdown tables on stdout and one SVG chart per figure\n"+
-		"into -out. The default sweep takes about ten minutes. See loadtest/README.md.\n\nFlags:\n", stderr)
+		"into -out. The default sweep takes about twenty minutes, most of it ten million Redis counters. See loadtest/README.md.\n\nFlags:\n", stderr)
 	var (
 		what, keys, dists, out, redisBin, commit string
 		quiet                                    bool
