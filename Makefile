@@ -13,6 +13,9 @@ BENCHFLAGS   ?=
 BENCHTIME    ?= 2s
 # Flags of the EVALSHA ratio run (go run ./loadtest/cmd/evalbench -h).
 EVALBENCHFLAGS ?=
+# Flags of the key-count sweeps (bin/loadtest sweep -h); the charts go to SWEEPOUT.
+SWEEPFLAGS   ?=
+SWEEPOUT     ?= docs/img
 FUZZTIME     ?= 10s
 BIN_DIR      ?= bin
 # make test ends with the short chaos soaks (make soak); SOAK=0 skips them.
@@ -37,7 +40,7 @@ NESTED_MODULES := compose/helm
 # Go files gofmt checks: the module's, without testdata, hidden dirs or bin/.
 GO_FILES = $(shell find . \( -name testdata -o -name vendor -o -name '.?*' -o -name '_*' -o -path ./$(BIN_DIR) \) -prune -o -name '*.go' -type f -print)
 
-.PHONY: help build test soak deps lint ci bench run traefik fuzz tidy-check clean generate loadtest sidebyside
+.PHONY: help build test soak deps lint ci bench run traefik fuzz tidy-check clean generate loadtest sidebyside sweep
 
 help: ## List the targets (default)
 	@echo "Tollgate make targets:"
@@ -107,6 +110,11 @@ endif
 
 sidebyside: deps ## The gateway beside envoyproxy/ratelimit under the same RLS load (scripts/sidebyside.sh; SIDEBYSIDEFLAGS=…)
 	scripts/sidebyside.sh $(SIDEBYSIDEFLAGS)
+
+sweep: deps ## How costs grow with keys (1k-10M): gateway CPU, fast path and heap per key, Redis bytes per counter, aggregator events per CPU second, Pebble bytes per row and report latency; tables on stdout, charts into SWEEPOUT=docs/img (SWEEPFLAGS=…; about twenty minutes, most of it 10 M Redis counters)
+	@mkdir -p $(BIN_DIR)
+	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest
+	$(BIN_DIR)/loadtest sweep -out $(SWEEPOUT) $(SWEEPFLAGS)
 
 run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it)
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)

@@ -288,6 +288,7 @@ var invocations = []invocation{
 	{regexp.MustCompile(`\bbin/gateway\b`), "gateway"},
 	{regexp.MustCompile(`\bbin/tollgate-stack\b`), "tollgate-stack"},
 	{regexp.MustCompile(`(?:^|[\s(` + "`" + `$])(?:bin/)?loadtest\s+storm\b`), "loadtest storm"},
+	{regexp.MustCompile(`(?:(?:^|[\s(` + "`" + `$])(?:bin/)?loadtest\s+sweep\b|SWEEPFLAGS=)`), "loadtest sweep"},
 	{regexp.MustCompile(`(?:^|[\s(` + "`" + `$])(?:bin/)?loadtest\s+-`), "loadtest"},
 	{regexp.MustCompile(`(?:\bbin/scenario\b|loadtest/cmd/scenario\b)`), "scenario"},
 	{regexp.MustCompile(`(?:\bbin/sidebyside\b|loadtest/cmd/sidebyside\b|scripts/sidebyside\.sh|SIDEBYSIDEFLAGS=)`), "sidebyside"},
@@ -415,6 +416,8 @@ func TestCommandLineScanner(t *testing.T) {
 		{"make loadtest SCENARIO=zipf SCENARIOFLAGS='-duration 20s'", map[string][]string{"scenario": {"duration"}}},
 		{"make loadtest SCENARIO=storm SCENARIOFLAGS='-hold 10s'", map[string][]string{"loadtest storm": {"hold"}}},
 		{"scripts/sidebyside.sh -rounds 5 -duration 10s", map[string][]string{"sidebyside": {"rounds", "duration"}}},
+		{"make sweep SWEEPFLAGS='-what redis -keys 1k'", map[string][]string{"loadtest sweep": {"what", "keys"}}},
+		{"bin/loadtest sweep -point 2s", map[string][]string{"loadtest sweep": {"point"}}},
 		{"loadtest competes with the gateway it measures", map[string][]string{}},
 		{"see loadtest/README.md -x", map[string][]string{}},
 	}

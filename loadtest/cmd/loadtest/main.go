@@ -2,7 +2,8 @@
 // the gateway's proxy, check API or Envoy rate-limit service, prints a
 // progress line every second to stderr and a summary at the end (text, or
 // JSON on stdout with -json). `loadtest storm` runs the retry storm of
-// a CI fleet instead, `loadtest chaos` the chaos soak (docs/reliability.md).
+// a CI fleet instead, `loadtest chaos` the chaos soak (docs/reliability.md),
+// `loadtest sweep` the key-count sweeps (docs/benchmarks.md).
 // Ctrl-C stops it cleanly, summary included; a
 // second Ctrl-C exits at once. See loadtest/README.md.
 //
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runStorm(ctx, args[1:], stdout, stderr)
 		case "chaos":
 			return runChaos(ctx, args[1:], stdout, stderr)
+		case "sweep":
+			return runSweep(ctx, args[1:], stdout, stderr)
 		case chaos.ChildCommand:
 			return runChaosChild(ctx, args[1:], stdout, stderr)
 		}
@@ -69,7 +72,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	setUsage(fs, "Usage: loadtest -target proxy|check|grpc (-requests N | -duration D) [flags]\n"+
 		"       loadtest storm [flags]   (the retry storm: loadtest storm -h)\n"+
-		"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n\n"+
+		"       loadtest chaos [flags]   (the chaos soak: loadtest chaos -h)\n"+
+		"       loadtest sweep [flags]   (costs as keys grow: loadtest sweep -h)\n\n"+
 		"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
 		"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n", stderr)
 	var (

@@ -37,6 +37,11 @@ type Chart struct {
 	YTitle string
 	// X holds the x value of each point, in the order to draw them.
 	X []float64
+	// XNames, when set, labels every point (one name per X) and spaces
+	// the points evenly whatever their x: an axis of categories, such as
+	// key counts 1k, 100k, 1M, 10M drawn on a log scale. Empty: the axis
+	// is numeric and labelled at round values of X.
+	XNames []string
 	// Series holds the lines, each with one value per X.
 	Series []Series
 	// Stacked draws each series as a filled area on top of the ones
@@ -78,6 +83,9 @@ func (c Chart) validate() error {
 	}
 	if len(c.Series) == 0 {
 		errs = append(errs, fmt.Errorf("report: chart %q has no series", name))
+	}
+	if len(c.XNames) > 0 && len(c.XNames) != len(c.X) {
+		errs = append(errs, fmt.Errorf("report: chart %q has %d x names for %d points", name, len(c.XNames), len(c.X)))
 	}
 	for i, sr := range c.Series {
 		if sr.Name == "" {
@@ -315,6 +323,9 @@ func renderSVG(c Chart) (string, error) {
 		colors[i] = charts.ParseColor(color)
 	}
 	labels := xLabels(c.X)
+	if len(c.XNames) > 0 {
+		labels = c.XNames
+	}
 	xTitle := c.XTitle
 	if xTitle == "" {
 		xTitle = secondsTitle
