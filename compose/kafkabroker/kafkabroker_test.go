@@ -1002,42 +1002,6 @@ func TestGroupRebalance(t *testing.T) {
 	}
 }
 
-func TestStopIdempotentAndConcurrent(t *testing.T) {
-	t.Parallel()
-	b, err := kafkabroker.Start(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := b.DataDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for i := range errs {
-		wg.Go(func() { errs[i] = b.Stop() })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent Stop: %v", err)
-	}
-	if err := b.Stop(); err != nil {
-		t.Fatalf("Stop again: %v", err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("data dir %s still there after Stop (%v)", dir, err)
-	}
-	for name, op := range map[string]func() error{
-		"Down":    b.Down,
-		"Up":      func() error { return b.Up(t.Context()) },
-		"Restart": func() error { return b.Restart(t.Context()) },
-	} {
-		if err := op(); !errors.Is(err, kafkabroker.ErrStopped) {
-			t.Errorf("%s after Stop = %v, want ErrStopped", name, err)
-		}
-	}
-	if _, err := net.Dial("tcp", b.Addr()); err == nil {
-		t.Fatalf("%s still accepts connections after Stop", b.Addr())
-	}
-}
-
 func TestLogger(t *testing.T) {
 	t.Parallel()
 	rec := &logtest.Recorder{}

@@ -343,42 +343,6 @@ func TestWatcherAcrossDownUp(t *testing.T) {
 		freshTook.Round(time.Microsecond), keptTook.Round(time.Millisecond))
 }
 
-func TestStopIdempotentAndConcurrent(t *testing.T) {
-	t.Parallel()
-	s, err := natsserver.Start(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := s.StoreDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for i := range errs {
-		wg.Go(func() { errs[i] = s.Stop() })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent Stop: %v", err)
-	}
-	if err := s.Stop(); err != nil {
-		t.Fatalf("Stop again: %v", err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("store dir %s still there after Stop (%v)", dir, err)
-	}
-	for name, op := range map[string]func() error{
-		"Down":    s.Down,
-		"Up":      func() error { return s.Up(t.Context()) },
-		"Restart": func() error { return s.Restart(t.Context()) },
-	} {
-		if err := op(); !errors.Is(err, natsserver.ErrStopped) {
-			t.Errorf("%s after Stop = %v, want ErrStopped", name, err)
-		}
-	}
-	if _, err := net.Dial("tcp", s.Addr()); err == nil {
-		t.Fatalf("%s still accepts connections after Stop", s.Addr())
-	}
-}
-
 func TestLogger(t *testing.T) {
 	t.Parallel()
 	rec := &logtest.Recorder{}

@@ -40,11 +40,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 )
 
 // EnvServer names the environment variable that, when set, gives the path of
@@ -74,9 +75,6 @@ var (
 var errAddrInUse = errors.New("address already in use")
 
 const (
-	// defaultStartTimeout bounds how long Start waits for the process to
-	// answer, and StartCluster/StartSentinel for the topology to converge.
-	defaultStartTimeout = 15 * time.Second
 	// stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
 	stopGrace = 5 * time.Second
 	// portAttempts is how many fresh ports Start tries when redis fails to bind.
@@ -88,36 +86,18 @@ const (
 )
 
 // Option configures Start, StartCluster and StartSentinel.
-type Option interface {
-	apply(*config)
-}
-
-type optionFunc func(*config)
-
-func (f optionFunc) apply(c *config) { f(c) }
+type Option = lifecycle.Option[config]
 
 type config struct {
-	binary       string
-	args         []string
-	log          *slog.Logger
-	startTimeout time.Duration
-	confName     string // file written to the server's dir and passed first
-	confBody     string
-	keep         []string // file names Restart must not delete
+	lifecycle.Common
+	binary   string
+	args     []string
+	confName string // file written to the server's dir and passed first
+	confBody string
+	keep     []string // file names Restart must not delete
 }
 
-func newConfig(opts []Option) config {
-	c := config{startTimeout: defaultStartTimeout}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
-	return c
-}
+func newConfig(opts []Option) config { return lifecycle.Apply(config{}, opts) }
 
 // WithArgs appends redis-server command-line arguments after the defaults,
 // for example WithArgs("--maxmemory", "64mb"). Each directive starts with
@@ -125,31 +105,27 @@ func newConfig(opts []Option) config {
 // Several WithArgs accumulate. Default: none.
 func WithArgs(args ...string) Option {
 	args = append([]string(nil), args...)
-	return optionFunc(func(c *config) { c.args = append(c.args, args...) })
+	return lifecycle.OptionFunc(func(c *config) { c.args = append(c.args, args...) })
 }
 
 // WithLogger sets the logger for lifecycle events (start, restart, stop; one
 // line each). The redis-server output itself goes to LogPath. Default:
 // nil, which discards.
 func WithLogger(log *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.log = log })
+	return lifecycle.WithLogger[config](log)
 }
 
 // WithStartTimeout bounds how long Start and Restart wait for the process to
 // answer, and how long StartCluster and StartSentinel wait for the topology to
 // converge; the context's deadline applies too. Default: 15s.
 func WithStartTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d > 0 {
-			c.startTimeout = d
-		}
-	})
+	return lifecycle.WithStartTimeout[config](d)
 }
 
 // WithBinary runs the redis-server at path. Default: $TOLLGATE_REDIS_SERVER,
 // else redis-server from PATH.
 func WithBinary(path string) Option {
-	return optionFunc(func(c *config) { c.binary = path })
+	return lifecycle.OptionFunc(func(c *config) { c.binary = path })
 }
 
 // WithConfigFile writes body to name in the server's directory and passes
@@ -159,7 +135,7 @@ func WithBinary(path string) Option {
 // StartSentinel's. Restart keeps the file, and what the server wrote to
 // it. Default: none.
 func WithConfigFile(name, body string) Option {
-	return optionFunc(func(c *config) {
+	return lifecycle.OptionFunc(func(c *config) {
 		c.confName, c.confBody = name, body
 		c.keep = append(c.keep, name)
 	})
@@ -203,14 +179,10 @@ type Server struct {
 	log     *slog.Logger
 	timeout time.Duration
 
-	// mu guards proc and stopped, and is held for a whole lifecycle
-	// operation so that Kill, Restart and Stop never interleave.
-	mu      sync.Mutex
-	proc    *process
-	stopped bool
-
-	stopOnce sync.Once
-	stopErr  error
+	// life guards proc, and is held for a whole lifecycle operation so
+	// that Kill, Restart and Stop never interleave.
+	life lifecycle.Guard
+	proc *process
 }
 
 // process is one run of redis-server; a goroutine owns cmd.Wait.
@@ -257,8 +229,9 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		dir:     dir,
 		logPath: filepath.Join(dir, logName),
 		keep:    map[string]bool{logName: true},
-		log:     cfg.log,
-		timeout: cfg.startTimeout,
+		log:     cfg.Log,
+		timeout: cfg.StartTimeout,
+		life:    lifecycle.Guard{Name: "redisserver", ErrStopped: ErrStopped},
 	}
 	for _, name := range cfg.keep {
 		s.keep[name] = true
@@ -285,9 +258,9 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		if err != nil {
 			break
 		}
-		s.mu.Lock()
+		s.life.Lock()
 		err = s.launch(ctx)
-		s.mu.Unlock()
+		s.life.Unlock()
 		if err == nil {
 			s.log.Info("redis-server started", "addr", s.Addr(), "pid", s.Pid(),
 				"dir", s.dir, "elapsed", time.Since(t0).Round(time.Millisecond))
@@ -349,7 +322,7 @@ func (s *Server) commandArgs() []string {
 }
 
 // launch starts the process on s.port and waits until it answers. On
-// failure the process is gone. s.mu must be held.
+// failure the process is gone. s.life must be held.
 func (s *Server) launch(ctx context.Context) error {
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -507,8 +480,8 @@ func (s *Server) LogPath() string { return s.logPath }
 // Pid returns the process id of the running redis-server, or 0 when it is
 // not running (after Kill, a crash or Stop).
 func (s *Server) Pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
 	if s.proc == nil || s.proc.exited() {
 		return 0
 	}
@@ -519,19 +492,16 @@ func (s *Server) Pid() int {
 // is closed when Kill returns. Data in memory is lost. Killing a server that
 // is not running does nothing. Use Restart to bring it back.
 func (s *Server) Kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: kill: %w", ErrStopped)
-	}
-	if err := s.kill(); err != nil {
-		return fmt.Errorf("redisserver: kill %s: %w", s.Addr(), err)
-	}
-	s.log.Info("redis-server killed", "addr", s.Addr())
-	return nil
+	return s.life.Do("kill", func() error {
+		if err := s.kill(); err != nil {
+			return fmt.Errorf("redisserver: kill %s: %w", s.Addr(), err)
+		}
+		s.log.Info("redis-server killed", "addr", s.Addr())
+		return nil
+	})
 }
 
-// kill SIGKILLs the current process, if running, and waits. s.mu must be held.
+// kill SIGKILLs the current process, if running, and waits. s.life must be held.
 func (s *Server) kill() error {
 	p := s.proc
 	if p == nil || p.exited() {
@@ -560,22 +530,19 @@ func (s *Server) Resume() error {
 }
 
 func (s *Server) signal(op string, sig os.Signal) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: %s: %w", op, ErrStopped)
-	}
-	p := s.proc
-	if p == nil || p.exited() {
-		return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), ErrNotRunning)
-	}
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), err)
-	}
-	if sig == sigStop {
-		waitStopped(p.cmd.Process.Pid, p.done)
-	}
-	return nil
+	return s.life.Do(op, func() error {
+		p := s.proc
+		if p == nil || p.exited() {
+			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), ErrNotRunning)
+		}
+		if err := p.cmd.Process.Signal(sig); err != nil {
+			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), err)
+		}
+		if sig == sigStop {
+			waitStopped(p.cmd.Process.Pid, p.done)
+		}
+		return nil
+	})
 }
 
 // Restart kills the process if it is running (SIGKILL, no shutdown) and
@@ -586,11 +553,11 @@ func (s *Server) signal(op string, sig os.Signal) error {
 // taken, Restart keeps trying until its start timeout or ctx ends. ctx
 // bounds only the restart.
 func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: restart: %w", ErrStopped)
-	}
+	return s.life.Do("restart", func() error { return s.restart(ctx) })
+}
+
+// restart is Restart's work. s.life must be held.
+func (s *Server) restart(ctx context.Context) error {
 	if err := s.kill(); err != nil {
 		return fmt.Errorf("redisserver: restart %s: kill: %w", s.Addr(), err)
 	}
@@ -600,7 +567,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	t0 := time.Now()
-	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		err := s.launch(ctx)
 		if errors.Is(err, errAddrInUse) {
 			return false, err
@@ -638,14 +605,11 @@ func (s *Server) wipe() error {
 // the first has finished, with its result. After Stop the other lifecycle
 // methods return ErrStopped.
 func (s *Server) Stop() error {
-	s.stopOnce.Do(func() { s.stopErr = s.stop() })
-	return s.stopErr
+	return s.life.Stop(s.stop)
 }
 
+// stop is Stop's work. s.life must be held.
 func (s *Server) stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopped = true
 	var errs []error
 	if p := s.proc; p != nil && !p.exited() {
 		_ = p.cmd.Process.Signal(sigCont)
@@ -693,31 +657,4 @@ func (s *Server) ClientOptions() *redis.Options {
 // ClientOptions. The caller closes it.
 func (s *Server) Client() *redis.Client {
 	return redis.NewClient(s.ClientOptions())
-}
-
-// poll calls fn at interval until it reports done or ctx ends. It returns
-// fn's error when done, else ctx's error joined with fn's last error.
-func poll(ctx context.Context, interval time.Duration, fn func() (done bool, err error)) error {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	var last error
-	for {
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-		done, err := fn()
-		if done {
-			return err
-		}
-		// A call cut short by ctx's deadline says less than the one before.
-		if last == nil || ctx.Err() == nil {
-			last = err
-		}
-		t.Reset(interval)
-	}
 }
