@@ -52,6 +52,7 @@ type config struct {
 	seedTopics    []string
 	brokerConfigs map[string]string
 	advertised    string
+	waitPorts     bool
 }
 
 // WithListen sets the address of the first broker, "host:port" with a
@@ -71,6 +72,15 @@ func WithListen(addr string) Option {
 // listening address.
 func WithAdvertisedAddr(addr string) Option {
 	return lifecycle.OptionFunc(func(c *config) { c.advertised = addr })
+}
+
+// WithWaitForPorts makes Start wait, as Up does, while a port it was given
+// is taken, within the start timeout: for a broker that starts late on a
+// port chosen earlier, which another process's outgoing connection may
+// hold for a moment (the kernel picks those from the same range). Default:
+// a taken port fails Start at once.
+func WithWaitForPorts() Option {
+	return lifecycle.OptionFunc(func(c *config) { c.waitPorts = true })
 }
 
 // WithDataDir keeps the broker's state (kfake's DataDir) in dir, created if
@@ -170,7 +180,7 @@ type run struct {
 // Start starts the cluster and returns once it accepts connections: kfake
 // binds its listeners and loads DataDir synchronously, so there is nothing
 // to poll. A taken port fails at once, with an error matching
-// syscall.EADDRINUSE. ctx bounds only the start.
+// syscall.EADDRINUSE, unless WithWaitForPorts. ctx bounds only the start.
 //
 // The Broker starts no goroutine of its own. kfake runs one loop per
 // cluster, one accept loop per broker and two goroutines per client
@@ -196,7 +206,7 @@ func Start(ctx context.Context, opts ...Option) (*Broker, error) {
 	}
 	b.life.Lock()
 	defer b.life.Unlock()
-	if err := b.up(ctx, addrs, false); err != nil {
+	if err := b.up(ctx, addrs, cfg.waitPorts); err != nil {
 		_ = b.dir.Remove()
 		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}

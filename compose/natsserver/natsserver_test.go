@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -175,53 +173,6 @@ func TestStoreDirAcrossServers(t *testing.T) {
 	e, err := bucket(t, connect(t, s2)).Get(t.Context(), "active")
 	if err != nil || string(e.Value()) != "kept" {
 		t.Fatalf("a new server on the same store dir: Get = %v, %v; want kept", e, err)
-	}
-}
-
-func TestListen(t *testing.T) {
-	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_, err = natsserver.Start(t.Context(), natsserver.WithListen(addr))
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		t.Fatalf("Start on taken %s = %v, want EADDRINUSE", addr, err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s := natstest.StartTB(t, natsserver.WithListen(addr))
-	if s.Addr() != addr || s.ClientURL() != "nats://"+addr {
-		t.Fatalf("Addr %s, ClientURL %s; want %s", s.Addr(), s.ClientURL(), addr)
-	}
-
-	// Up waits while another process holds the port.
-	if err := s.Down(); err != nil {
-		t.Fatal(err)
-	}
-	if l, err = net.Listen("tcp", addr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	if err := s.Up(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Up on a taken port = %v, want a deadline error", err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Up(t.Context()); err != nil {
-		t.Fatalf("Up once the port is free: %v", err)
-	}
-	if err := s.Up(t.Context()); err != nil {
-		t.Fatalf("Up on a running server: %v", err)
-	}
-	for _, bad := range []string{"0.0.0.0:0", "10.1.2.3:4222", ":4222"} {
-		if _, err := natsserver.Start(t.Context(), natsserver.WithListen(bad)); !errors.Is(err, natsserver.ErrNotLoopback) {
-			t.Errorf("Start(WithListen(%q)) = %v, want ErrNotLoopback", bad, err)
-		}
 	}
 }
 

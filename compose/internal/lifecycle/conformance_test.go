@@ -1,15 +1,19 @@
 package lifecycle_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver"
 )
 
@@ -127,6 +131,101 @@ func TestStopConformance(t *testing.T) {
 			}
 			if s.after != nil {
 				s.after(t)
+			}
+		})
+	}
+}
+
+// listening is a started server of a starter that takes a listen address.
+type listening struct {
+	addr string
+	down func() error
+	up   func(context.Context) error
+}
+
+// listeners are the starters that listen where WithListen says
+// (redisserver always picks a free port).
+var listeners = []struct {
+	name           string
+	start          func(ctx context.Context, addr string) error // Start, stopped at once
+	startTB        func(t *testing.T, addr string) listening
+	errNotLoopback error
+}{
+	{"natsserver", func(ctx context.Context, addr string) error {
+		s, err := natsserver.Start(ctx, natsserver.WithListen(addr))
+		if err == nil {
+			err = s.Stop()
+		}
+		return err
+	}, func(t *testing.T, addr string) listening {
+		s := natstest.StartTB(t, natsserver.WithListen(addr))
+		if s.ClientURL() != "nats://"+addr {
+			t.Errorf("ClientURL %s, want nats://%s", s.ClientURL(), addr)
+		}
+		return listening{s.Addr(), s.Down, s.Up}
+	}, natsserver.ErrNotLoopback},
+	{"kafkabroker", func(ctx context.Context, addr string) error {
+		b, err := kafkabroker.Start(ctx, kafkabroker.WithListen(addr))
+		if err == nil {
+			err = b.Stop()
+		}
+		return err
+	}, func(t *testing.T, addr string) listening {
+		b := kafkatest.StartTB(t, kafkabroker.WithListen(addr))
+		return listening{b.Addr(), b.Down, b.Up}
+	}, kafkabroker.ErrNotLoopback},
+}
+
+// TestListenConformance holds the listening starters to one WithListen: a
+// taken port fails Start at once with EADDRINUSE, a free one is kept
+// across Down and Up, Up waits while another process holds it, and an
+// address off loopback is refused (the servers have no authentication).
+func TestListenConformance(t *testing.T) {
+	t.Parallel()
+	for _, st := range listeners {
+		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			if err := st.start(t.Context(), addr); !errors.Is(err, syscall.EADDRINUSE) {
+				t.Fatalf("Start on taken %s = %v, want EADDRINUSE", addr, err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s := st.startTB(t, addr)
+			if s.addr != addr {
+				t.Fatalf("Addr = %s, want %s", s.addr, addr)
+			}
+
+			// Up waits while another process holds the port.
+			if err := s.down(); err != nil {
+				t.Fatal(err)
+			}
+			if l, err = net.Listen("tcp", addr); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			if err := s.up(ctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Up on a taken port = %v, want a deadline error", err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.up(t.Context()); err != nil {
+				t.Fatalf("Up once the port is free: %v", err)
+			}
+			if err := s.up(t.Context()); err != nil {
+				t.Fatalf("Up on a running server: %v", err)
+			}
+			for _, bad := range []string{"0.0.0.0:0", "10.1.2.3:4222", ":4222"} {
+				if err := st.start(t.Context(), bad); !errors.Is(err, st.errNotLoopback) {
+					t.Errorf("Start(WithListen(%q)) = %v, want ErrNotLoopback", bad, err)
+				}
 			}
 		})
 	}
