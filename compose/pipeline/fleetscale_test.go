@@ -141,14 +141,21 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 // op calls the operator API.
 func (f *scaleFleet) op(method, path, body string) (int, []byte) {
 	f.tb.Helper()
-	req, err := http.NewRequest(method, "http://"+f.admin+path, strings.NewReader(body))
+	return operatorCall(f.tb, f.client, f.admin, token, method, path, body)
+}
+
+// operatorCall calls the operator API at admin with the bearer token tok
+// and returns the status and body; a failed call fails the test.
+func operatorCall(tb testing.TB, client *http.Client, admin, tok, method, path, body string) (int, []byte) {
+	tb.Helper()
+	req, err := http.NewRequest(method, "http://"+admin+path, strings.NewReader(body))
 	if err != nil {
-		f.tb.Fatal(err)
+		tb.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.client.Do(req)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := client.Do(req)
 	if err != nil {
-		f.tb.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
