@@ -124,31 +124,9 @@ func (f *fleet) startAggregator() {
 	cfg.Kafka.Brokers = kb.Addrs()
 	f.brokers = kb.Addrs()
 	cfg.NATS.URL = f.ns.ClientURL()
-	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("part", "aggregator"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("aggregator: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("aggregator did not stop within 30s")
-		}
-	})
+	srv, _ := runAggregator(t, cfg, logtest.Warnings(t).With("part", "aggregator"))
 	f.admin = srv.Addrs().API
-	testwait.Eventually(t, 20*time.Second, func() error {
-		if code, b := f.op("GET", "/admin/v1/rules/versions", ""); code != 200 {
-			return fmt.Errorf("operator API: %d %s", code, b)
-		}
-		return nil
-	})
+	waitOperatorAPI(t, f.op)
 }
 
 // gatewayConfig is a fleet gateway's configuration: the check API and
