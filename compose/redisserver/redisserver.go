@@ -22,7 +22,9 @@
 // started it dies (Pdeathsig), so a crashed or timed-out test binary leaves no
 // orphan redis-server behind. Because Linux sends that signal when the
 // spawning OS thread exits, each process is started and waited for on a
-// goroutine locked to its thread: every running server holds one OS thread.
+// goroutine locked to its thread: every running server holds one OS thread
+// (package internal/spawn, whose tests show the child dying with its
+// parent).
 package redisserver
 
 import (
@@ -37,7 +39,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +47,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
+	"github.com/tollgate/tollgate/internal/spawn"
 )
 
 // EnvServer names the environment variable that, when set, gives the path of
@@ -182,23 +184,7 @@ type Server struct {
 	// life guards proc, and is held for a whole lifecycle operation so
 	// that Kill, Restart and Stop never interleave.
 	life lifecycle.Guard
-	proc *process
-}
-
-// process is one run of redis-server; a goroutine owns cmd.Wait.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // cmd.Wait's result, valid after done
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	proc *spawn.Process // the current run of redis-server
 }
 
 // Start runs redis-server on a free 127.0.0.1 port and returns once it
@@ -336,63 +322,39 @@ func (s *Server) launch(ctx context.Context) error {
 	cmd.Dir = s.dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = sysProcAttr()
-	p, err := spawn(cmd)
+	p, err := spawn.Start(cmd)
 	if err != nil {
 		return fmt.Errorf("exec %s: %w", s.bin, err)
 	}
 	s.proc = p
 	if err := s.waitReady(ctx, p, logStart); err != nil {
-		_ = p.cmd.Process.Kill()
-		<-p.done
+		_ = p.Cmd.Process.Kill()
+		<-p.Done()
 		return err
 	}
 	return nil
 }
 
-// spawn starts cmd from a goroutine locked to its OS thread and keeps the
-// thread until the process exits: Linux delivers Pdeathsig when the thread
-// that forked the child exits, and the Go runtime may retire threads.
-func spawn(cmd *exec.Cmd) (*process, error) {
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
 // waitReady polls until the process p answers INFO with its own pid (so a
 // server that another process put on the same port is not mistaken for it),
 // p exits, or ctx ends.
-func (s *Server) waitReady(ctx context.Context, p *process, logStart int64) error {
-	pid := p.cmd.Process.Pid
+func (s *Server) waitReady(ctx context.Context, p *spawn.Process, logStart int64) error {
+	pid := p.Cmd.Process.Pid
 	interval := time.Millisecond
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-ctx.Done():
 		case <-timer.C:
 		}
-		if p.exited() {
+		if p.Exited() {
 			tail := s.logSince(logStart)
 			if strings.Contains(tail, "Address already in use") {
 				return fmt.Errorf("port %d: %w", s.port, errAddrInUse)
 			}
-			return fmt.Errorf("redis-server exited before ready (%v); log %s:\n%s", p.err, s.logPath, tail)
+			return fmt.Errorf("redis-server exited before ready (%v); log %s:\n%s", p.Err(), s.logPath, tail)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("wait for redis-server on port %d: %w; log %s:\n%s",
@@ -482,10 +444,10 @@ func (s *Server) LogPath() string { return s.logPath }
 func (s *Server) Pid() int {
 	s.life.Lock()
 	defer s.life.Unlock()
-	if s.proc == nil || s.proc.exited() {
+	if s.proc == nil || s.proc.Exited() {
 		return 0
 	}
-	return s.proc.cmd.Process.Pid
+	return s.proc.Cmd.Process.Pid
 }
 
 // Kill sends SIGKILL and returns once the process has exited, so the port
@@ -504,13 +466,13 @@ func (s *Server) Kill() error {
 // kill SIGKILLs the current process, if running, and waits. s.life must be held.
 func (s *Server) kill() error {
 	p := s.proc
-	if p == nil || p.exited() {
+	if p == nil || p.Exited() {
 		return nil
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !p.exited() {
+	if err := p.Cmd.Process.Kill(); err != nil && !p.Exited() {
 		return err
 	}
-	<-p.done
+	<-p.Done()
 	return nil
 }
 
@@ -532,14 +494,14 @@ func (s *Server) Resume() error {
 func (s *Server) signal(op string, sig os.Signal) error {
 	return s.life.Do(op, func() error {
 		p := s.proc
-		if p == nil || p.exited() {
+		if p == nil || p.Exited() {
 			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), ErrNotRunning)
 		}
-		if err := p.cmd.Process.Signal(sig); err != nil {
+		if err := p.Cmd.Process.Signal(sig); err != nil {
 			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), err)
 		}
 		if sig == sigStop {
-			waitStopped(p.cmd.Process.Pid, p.done)
+			waitStopped(p.Cmd.Process.Pid, p.Done())
 		}
 		return nil
 	})
@@ -577,7 +539,7 @@ func (s *Server) restart(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redisserver: restart %s: %w", s.Addr(), err)
 	}
-	s.log.Info("redis-server restarted", "addr", s.Addr(), "pid", s.proc.cmd.Process.Pid,
+	s.log.Info("redis-server restarted", "addr", s.Addr(), "pid", s.proc.Cmd.Process.Pid,
 		"elapsed", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
@@ -611,12 +573,12 @@ func (s *Server) Stop() error {
 // stop is Stop's work. s.life must be held.
 func (s *Server) stop() error {
 	var errs []error
-	if p := s.proc; p != nil && !p.exited() {
-		_ = p.cmd.Process.Signal(sigCont)
-		_ = p.cmd.Process.Signal(sigTerm)
+	if p := s.proc; p != nil && !p.Exited() {
+		_ = p.Cmd.Process.Signal(sigCont)
+		_ = p.Cmd.Process.Signal(sigTerm)
 		t := time.NewTimer(stopGrace)
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-t.C:
 			s.log.Warn("redis-server ignored SIGTERM, killing", "addr", s.Addr())
 			if err := s.kill(); err != nil {
