@@ -274,20 +274,12 @@ func (c *Config) Validate() error {
 
 // Vars lists every configuration variable with its default and docs.
 func Vars() ([]configs.Var, error) {
-	var c Config
-	c.SetDefaults()
-	c.ID = ""
-	return configs.Vars(&c, nil)
+	return configs.DefaultVars(func(c *Config) { c.ID = "" })
 }
 
 // LoadConfig loads a configuration the way bin/aggregator does: the YAML
 // file at path (none when empty), the TOLLGATE_* environment (lookup; nil
 // means os.LookupEnv), SetDefaults and Validate.
 func LoadConfig(path string, lookup configs.LookupFunc) (Config, error) {
-	var c Config
-	if err := configs.Load(&c, path, lookup); err != nil {
-		return c, err
-	}
-	c.SetDefaults()
-	return c, c.Validate()
+	return configs.LoadChecked[Config](path, lookup)
 }

@@ -27,6 +27,7 @@ var tools = []Tool{
 	{"TOLLGATE_TEST_REPORT_DIR", "A directory where the loadtest report test keeps its HTML page and screenshot."},
 	{"TOLLGATE_AGGREGATOR_TEST_PROCESS", "Internal: marks the aggregator tests' child processes."},
 	{"TOLLGATE_REDISSERVER_ORPHAN_HELPER", "Internal: marks compose/redisserver's test child processes."},
+	{"TOLLGATE_SPAWN_ORPHAN_HELPER", "Internal: marks internal/spawn's test child processes."},
 	{"TOLLGATE_SPOOL_LOCK_HELPER", "Internal: marks gateway/internal/spool's test child processes."},
 	{"TOLLGATE_EVENTS_HELPER", "Internal: marks gateway/internal/events' test child processes."},
 	{"TOLLGATE_EVENTS_BROKERS", "Internal: the brokers gateway/internal/events' test child processes produce to."},

@@ -459,20 +459,12 @@ func validHeaderName(s string) bool {
 // Vars lists every configuration variable with its default and
 // documentation, for --help.
 func Vars() ([]configs.Var, error) {
-	var c Config
-	c.SetDefaults()
-	c.GatewayID = "" // host-specific: documented in the doc tag
-	return configs.Vars(&c, nil)
+	return configs.DefaultVars(func(c *Config) { c.GatewayID = "" }) // host-specific: documented in the doc tag
 }
 
 // LoadConfig loads a configuration the way bin/gateway does: the YAML file
 // at path (none when empty), then the TOLLGATE_* environment (lookup; nil
 // means os.LookupEnv), then SetDefaults and Validate.
 func LoadConfig(path string, lookup configs.LookupFunc) (Config, error) {
-	var c Config
-	if err := configs.Load(&c, path, lookup); err != nil {
-		return c, err
-	}
-	c.SetDefaults()
-	return c, c.Validate()
+	return configs.LoadChecked[Config](path, lookup)
 }

@@ -12,13 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tollgate/tollgate/internal/spawn"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -113,8 +113,7 @@ func prometheusConfig(t testing.TB, targets map[string][]string, interval string
 type promServer struct {
 	url  string
 	out  *testnet.Buffer
-	done chan struct{}
-	err  error
+	proc *spawn.Process // dies with the test binary
 }
 
 // startPrometheus runs bin with config on a free loopback port, storage in
@@ -138,7 +137,7 @@ func startPrometheus(t testing.TB, bin string, config []byte) *promServer {
 func tryPrometheus(t testing.TB, bin, cfgPath string) (*promServer, error) {
 	t.Helper()
 	addr := testnet.FreeAddr(t)
-	p := &promServer{url: "http://" + addr, out: &testnet.Buffer{}, done: make(chan struct{})}
+	p := &promServer{url: "http://" + addr, out: &testnet.Buffer{}}
 	cmd := exec.Command(bin,
 		"--config.file="+cfgPath,
 		"--storage.tsdb.path="+t.TempDir(),
@@ -146,30 +145,16 @@ func tryPrometheus(t testing.TB, bin, cfgPath string) (*promServer, error) {
 		"--log.level=warn",
 	)
 	cmd.Stdout, cmd.Stderr = p.out, p.out
-	cmd.SysProcAttr = sysProcAttr()
-	started := make(chan error, 1)
-	go func() {
-		// Pdeathsig is tied to the thread that starts the process: keep it
-		// for the process's life, so prometheus dies with the test binary.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
+	var err error
+	if p.proc, err = spawn.Start(cmd); err != nil {
 		return nil, err
 	}
 	t.Cleanup(func() { p.stop(t, cmd) })
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		select {
-		case <-p.done:
-			return nil, fmt.Errorf("prometheus exited: %v\n%s", p.err, p.out)
+		case <-p.proc.Done():
+			return nil, fmt.Errorf("prometheus exited: %v\n%s", p.proc.Err(), p.out)
 		default:
 		}
 		if resp, err := http.Get(p.url + "/-/ready"); err == nil {
@@ -182,7 +167,7 @@ func tryPrometheus(t testing.TB, bin, cfgPath string) (*promServer, error) {
 			return nil, fmt.Errorf("prometheus not ready within 20s:\n%s", p.out)
 		}
 		select {
-		case <-p.done:
+		case <-p.proc.Done():
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -191,16 +176,16 @@ func tryPrometheus(t testing.TB, bin, cfgPath string) (*promServer, error) {
 // stop sends SIGTERM, waits up to 10 s, then kills.
 func (p *promServer) stop(t testing.TB, cmd *exec.Cmd) {
 	select {
-	case <-p.done:
+	case <-p.proc.Done():
 		return
 	default:
 	}
 	_ = cmd.Process.Signal(os.Interrupt)
 	select {
-	case <-p.done:
+	case <-p.proc.Done():
 	case <-time.After(10 * time.Second):
 		_ = cmd.Process.Kill()
-		<-p.done
+		<-p.proc.Done()
 		t.Errorf("prometheus did not stop within 10s of SIGINT; killed")
 	}
 }

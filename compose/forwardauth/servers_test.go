@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/spawn"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -40,14 +40,12 @@ const (
 	stopGrace    = 5 * time.Second
 )
 
-// proc is a server process. Its spawning goroutine, locked to its OS
-// thread for Pdeathsig, waits for it and is waited for by stop.
+// proc is a server process, started through spawn (it dies with the
+// test binary); stop waits for it.
 type proc struct {
+	*spawn.Process
 	name    string
-	cmd     *exec.Cmd
 	logPath string
-	done    chan struct{} // closed when the process has exited
-	err     error         // of cmd.Wait, set before done is closed
 }
 
 // lookBinary returns the path of a proxy binary, failing the test with the
@@ -80,36 +78,12 @@ func start(t *testing.T, name, logPath string, env []string, bin string, args ..
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = sysProcAttr()
-	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		// Linux sends Pdeathsig when the spawning thread exits: keep it
-		// for as long as the process runs.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(p.done)
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
+	sp, err := spawn.Start(cmd)
+	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	p := &proc{Process: sp, name: name, logPath: logPath}
 	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // log returns the process's output so far.
@@ -121,16 +95,16 @@ func (p *proc) log() string {
 // stop sends SIGTERM, then SIGKILL after stopGrace, and waits for the
 // process to exit.
 func (p *proc) stop(t *testing.T) {
-	if p.exited() {
+	if p.Exited() {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(stopGrace):
 		t.Errorf("%s ignored SIGTERM for %v: killed", p.name, stopGrace)
-		_ = p.cmd.Process.Kill()
-		<-p.done
+		_ = p.Cmd.Process.Kill()
+		<-p.Done()
 	}
 }
 
@@ -141,12 +115,12 @@ var errPortTaken = errors.New("port taken")
 func (p *proc) waitListening(addr string) error {
 	deadline := time.Now().Add(startTimeout)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		if p.exited() {
+		if p.Exited() {
 			out := p.log()
 			if strings.Contains(out, "in use") {
 				return errPortTaken
 			}
-			return fmt.Errorf("%s exited (%v) before listening on %s; its output:\n%s", p.name, p.err, addr, out)
+			return fmt.Errorf("%s exited (%v) before listening on %s; its output:\n%s", p.name, p.Err(), addr, out)
 		}
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			_ = c.Close()

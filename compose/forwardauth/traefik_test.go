@@ -52,7 +52,7 @@ func startTraefik(t *testing.T, tollgate, upstream string) string {
 		write(t, filepath.Join(dir, "traefik.yml"), static)
 		p := start(t, "traefik", filepath.Join(dir, "traefik.log"), []string{"HOME=" + dir}, bin,
 			"--configFile="+filepath.Join(dir, "traefik.yml"))
-		p.cmd.Dir = dir
+		p.Cmd.Dir = dir
 		return p
 	})
 	// Listening is not routing: the file provider's routers come a moment

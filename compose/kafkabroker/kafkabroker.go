@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/internal/loopback"
 )
 
@@ -32,9 +31,6 @@ const (
 	DefaultPartitions = 6
 	// defaultListen picks a free port on 127.0.0.1.
 	defaultListen = "127.0.0.1:0"
-	// defaultStartTimeout bounds Start and Up, above all Up's wait for the
-	// ports to be free again.
-	defaultStartTimeout = 15 * time.Second
 	// connCloseTimeout bounds how long Down waits for kfake to close the
 	// client connections once the cluster is closed.
 	connCloseTimeout = 5 * time.Second
@@ -45,15 +41,10 @@ const (
 )
 
 // Option configures Start.
-type Option interface {
-	apply(*config)
-}
-
-type optionFunc func(*config)
-
-func (f optionFunc) apply(c *config) { f(c) }
+type Option = lifecycle.Option[config]
 
 type config struct {
+	lifecycle.Common
 	listen        string
 	dataDir       string
 	partitions    int
@@ -61,26 +52,7 @@ type config struct {
 	seedTopics    []string
 	brokerConfigs map[string]string
 	advertised    string
-	log           *slog.Logger
-	startTimeout  time.Duration
-}
-
-func newConfig(opts []Option) config {
-	c := config{
-		listen:       defaultListen,
-		partitions:   DefaultPartitions,
-		brokers:      1,
-		startTimeout: defaultStartTimeout,
-	}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
-	return c
+	waitPorts     bool
 }
 
 // WithListen sets the address of the first broker, "host:port" with a
@@ -89,7 +61,7 @@ func newConfig(opts []Option) config {
 // advertises in metadata. Default: "127.0.0.1:0"; make run uses
 // "127.0.0.1:9092".
 func WithListen(addr string) Option {
-	return optionFunc(func(c *config) { c.listen = addr })
+	return lifecycle.OptionFunc(func(c *config) { c.listen = addr })
 }
 
 // WithAdvertisedAddr makes the first broker name addr ("host:port") in
@@ -99,7 +71,16 @@ func WithListen(addr string) Option {
 // stall the broker's links). Seed clients with addr too. Default: the
 // listening address.
 func WithAdvertisedAddr(addr string) Option {
-	return optionFunc(func(c *config) { c.advertised = addr })
+	return lifecycle.OptionFunc(func(c *config) { c.advertised = addr })
+}
+
+// WithWaitForPorts makes Start wait, as Up does, while a port it was given
+// is taken, within the start timeout: for a broker that starts late on a
+// port chosen earlier, which another process's outgoing connection may
+// hold for a moment (the kernel picks those from the same range). Default:
+// a taken port fails Start at once.
+func WithWaitForPorts() Option {
+	return lifecycle.OptionFunc(func(c *config) { c.waitPorts = true })
 }
 
 // WithDataDir keeps the broker's state (kfake's DataDir) in dir, created if
@@ -107,14 +88,14 @@ func WithAdvertisedAddr(addr string) Option {
 // place. Default: a new temporary directory, owned by the Broker and removed
 // by Stop. Either way the data survives Down, Up and Restart.
 func WithDataDir(dir string) Option {
-	return optionFunc(func(c *config) { c.dataDir = dir })
+	return lifecycle.OptionFunc(func(c *config) { c.dataDir = dir })
 }
 
 // WithPartitions sets the partition count of auto-created topics, of topics
 // created with -1 partitions and of seed topics. Values below 1 are
 // ignored. Default: 6 (DefaultPartitions; kfake's own default is 10).
 func WithPartitions(n int) Option {
-	return optionFunc(func(c *config) {
+	return lifecycle.OptionFunc(func(c *config) {
 		if n > 0 {
 			c.partitions = n
 		}
@@ -127,14 +108,14 @@ func WithPartitions(n int) Option {
 // Default: none.
 func WithSeedTopics(topics ...string) Option {
 	topics = append([]string(nil), topics...)
-	return optionFunc(func(c *config) { c.seedTopics = append(c.seedTopics, topics...) })
+	return lifecycle.OptionFunc(func(c *config) { c.seedTopics = append(c.seedTopics, topics...) })
 }
 
 // WithBrokers runs n brokers in the one cluster, each on its own port,
 // sharing one process and one data directory; partition leaders are spread
 // over them. Values below 1 are ignored. Default: 1 (kfake's own default is 3).
 func WithBrokers(n int) Option {
-	return optionFunc(func(c *config) {
+	return lifecycle.OptionFunc(func(c *config) {
 		if n > 0 {
 			c.brokers = n
 		}
@@ -151,7 +132,7 @@ func WithBrokerConfigs(cfgs map[string]string) Option {
 	for k, v := range cfgs {
 		cp[k] = v
 	}
-	return optionFunc(func(c *config) {
+	return lifecycle.OptionFunc(func(c *config) {
 		if c.brokerConfigs == nil {
 			c.brokerConfigs = make(map[string]string, len(cp))
 		}
@@ -165,18 +146,14 @@ func WithBrokerConfigs(cfgs map[string]string) Option {
 // line each) and for kfake's own messages, mapped to slog levels (kfake logs
 // every request at debug). Default: nil, which discards.
 func WithLogger(log *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.log = log })
+	return lifecycle.WithLogger[config](log)
 }
 
 // WithStartTimeout bounds Start and Up; Up waits for the ports to be free
 // when another process holds them. The context's deadline applies too.
 // Default: 15s.
 func WithStartTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d > 0 {
-			c.startTimeout = d
-		}
-	})
+	return lifecycle.WithStartTimeout[config](d)
 }
 
 // Broker is a kfake cluster of one or more brokers on fixed loopback
@@ -184,19 +161,14 @@ func WithStartTimeout(d time.Duration) Option {
 // (Down, Up, Restart, Stop) are serialized. The caller owns the Broker and
 // must call Stop.
 type Broker struct {
-	cfg    config
-	addrs  []string // fixed at Start
-	dir    string
-	ownDir bool // dir is a temporary directory Stop removes
+	cfg   config
+	addrs []string // fixed at Start
+	dir   lifecycle.Dir
 
-	// mu guards run and stopped, and is held for a whole lifecycle
-	// operation so that Down, Up and Stop never interleave.
-	mu      sync.Mutex
-	run     *run // nil while down
-	stopped bool
-
-	stopOnce sync.Once
-	stopErr  error
+	// life guards run, and is held for a whole lifecycle operation so
+	// that Down, Up and Stop never interleave.
+	life lifecycle.Guard
+	run  *run // nil while down
 }
 
 // run is one life of the kfake cluster, from Start or Up to Down or Stop.
@@ -208,7 +180,7 @@ type run struct {
 // Start starts the cluster and returns once it accepts connections: kfake
 // binds its listeners and loads DataDir synchronously, so there is nothing
 // to poll. A taken port fails at once, with an error matching
-// syscall.EADDRINUSE. ctx bounds only the start.
+// syscall.EADDRINUSE, unless WithWaitForPorts. ctx bounds only the start.
 //
 // The Broker starts no goroutine of its own. kfake runs one loop per
 // cluster, one accept loop per broker and two goroutines per client
@@ -216,43 +188,41 @@ type run struct {
 // connection is closed, but kfake offers no way to wait for its loop and
 // accept goroutines, which exit on their own just after.
 func Start(ctx context.Context, opts ...Option) (*Broker, error) {
-	cfg := newConfig(opts)
+	cfg := lifecycle.Apply(config{listen: defaultListen, partitions: DefaultPartitions, brokers: 1}, opts)
 	host, port, err := loopback.Split(cfg.listen)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}
-	b := &Broker{cfg: cfg, dir: cfg.dataDir}
-	if b.dir == "" {
-		if b.dir, err = os.MkdirTemp("", "tollgate-kafka-"); err != nil {
-			return nil, fmt.Errorf("kafkabroker: start: temp dir: %w", err)
-		}
-		b.ownDir = true
+	dir, err := lifecycle.MakeDir(cfg.dataDir, "tollgate-kafka-")
+	if err != nil {
+		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}
+	b := &Broker{cfg: cfg, dir: dir, life: lifecycle.Guard{Name: "kafkabroker", ErrStopped: ErrStopped}}
 	t0 := time.Now()
 	addrs := make([]string, cfg.brokers)
 	addrs[0] = net.JoinHostPort(host, strconv.Itoa(port))
 	for i := 1; i < len(addrs); i++ {
 		addrs[i] = net.JoinHostPort(host, "0")
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.up(ctx, addrs, false); err != nil {
-		b.removeDir()
+	b.life.Lock()
+	defer b.life.Unlock()
+	if err := b.up(ctx, addrs, cfg.waitPorts); err != nil {
+		_ = b.dir.Remove()
 		return nil, fmt.Errorf("kafkabroker: start: %w", err)
 	}
 	b.addrs = make([]string, len(b.run.listeners))
 	for i, l := range b.run.listeners {
 		b.addrs[i] = l.Addr().String()
 	}
-	b.cfg.log.Info("kafka broker started", "addrs", b.addrs, "data_dir", b.dir,
+	b.cfg.Log.Info("kafka broker started", "addrs", b.addrs, "data_dir", b.dir.Path,
 		"elapsed", time.Since(t0).Round(time.Microsecond))
 	return b, nil
 }
 
 // up binds addrs, with retry polling while a port is in use, and starts
-// kfake on the listeners. b.mu must be held.
+// kfake on the listeners. b.life must be held.
 func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.startTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
 	defer cancel()
 	listeners, err := listenAll(ctx, addrs, retry)
 	if err != nil {
@@ -283,12 +253,12 @@ func (b *Broker) up(ctx context.Context, addrs []string, retry bool) error {
 	opts := []kfake.Opt{
 		kfake.NumBrokers(len(listeners)),
 		kfake.ListenFn(listenFn),
-		kfake.DataDir(b.dir),
+		kfake.DataDir(b.dir.Path),
 		kfake.ClusterID(clusterID),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(b.cfg.partitions),
 		kfake.GroupMinSessionTimeout(minSessionTimeout), // group.min.session.timeout.ms overrides it
-		kfake.WithLogger(slogAdapter{b.cfg.log}),
+		kfake.WithLogger(slogAdapter{b.cfg.Log}),
 	}
 	if len(b.cfg.brokerConfigs) > 0 {
 		opts = append(opts, kfake.BrokerConfigs(b.cfg.brokerConfigs))
@@ -329,23 +299,16 @@ func listenAll(ctx context.Context, addrs []string, retry bool) ([]*trackingList
 
 func listen(ctx context.Context, addr string, retry bool) (net.Listener, error) {
 	var lc net.ListenConfig
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("listen %s: %w", addr, ctx.Err())
-		case <-t.C:
-		}
-		l, err := lc.Listen(ctx, "tcp", addr)
-		if err == nil {
-			return l, nil
-		}
-		if !retry || !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-		t.Reset(10 * time.Millisecond)
+	var l net.Listener
+	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+		var err error
+		l, err = lc.Listen(ctx, "tcp", addr)
+		return err == nil || !retry || !errors.Is(err, syscall.EADDRINUSE), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
+	return l, nil
 }
 
 // Addr returns the first broker's address, "127.0.0.1:port", for
@@ -357,15 +320,15 @@ func (b *Broker) Addr() string { return b.addrs[0] }
 func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
 
 // DataDir returns the directory that holds the broker's state.
-func (b *Broker) DataDir() string { return b.dir }
+func (b *Broker) DataDir() string { return b.dir.Path }
 
 // Cluster returns the running kfake cluster, for its fault injection
 // (ControlKey, Compact, MoveTopicPartition…), or nil while the broker is
 // down. Up creates a new cluster, so do not keep the value across Down.
 // Do not Close it; call Down or Stop.
 func (b *Broker) Cluster() *kfake.Cluster {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.life.Lock()
+	defer b.life.Unlock()
 	if b.run == nil {
 		return nil
 	}
@@ -377,19 +340,16 @@ func (b *Broker) Cluster() *kfake.Cluster {
 // refused), and Down returns once kfake has closed every client connection,
 // so clients see the outage. Down on a broker that is down does nothing.
 func (b *Broker) Down() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return fmt.Errorf("kafkabroker: down: %w", ErrStopped)
-	}
-	if err := b.down(); err != nil {
-		return fmt.Errorf("kafkabroker: down: %w", err)
-	}
-	b.cfg.log.Info("kafka broker down", "addrs", b.addrs)
-	return nil
+	return b.life.Do("down", func() error {
+		if err := b.down(); err != nil {
+			return fmt.Errorf("kafkabroker: down: %w", err)
+		}
+		b.cfg.Log.Info("kafka broker down", "addrs", b.addrs)
+		return nil
+	})
 }
 
-// down closes the current run, if any. b.mu must be held.
+// down closes the current run, if any. b.life must be held.
 func (b *Broker) down() error {
 	r := b.run
 	if r == nil {
@@ -414,39 +374,33 @@ func (b *Broker) down() error {
 // still taken. Up on a running broker does nothing. ctx bounds only the
 // start.
 func (b *Broker) Up(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return fmt.Errorf("kafkabroker: up: %w", ErrStopped)
-	}
-	if b.run != nil {
+	return b.life.Do("up", func() error {
+		if b.run != nil {
+			return nil
+		}
+		t0 := time.Now()
+		if err := b.up(ctx, b.addrs, true); err != nil {
+			return fmt.Errorf("kafkabroker: up: %w", err)
+		}
+		b.cfg.Log.Info("kafka broker up", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))
 		return nil
-	}
-	t0 := time.Now()
-	if err := b.up(ctx, b.addrs, true); err != nil {
-		return fmt.Errorf("kafkabroker: up: %w", err)
-	}
-	b.cfg.log.Info("kafka broker up", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))
-	return nil
+	})
 }
 
 // Restart is Down followed by Up: a broker bounce that clients ride
 // through by reconnecting.
 func (b *Broker) Restart(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return fmt.Errorf("kafkabroker: restart: %w", ErrStopped)
-	}
-	t0 := time.Now()
-	if err := b.down(); err != nil {
-		return fmt.Errorf("kafkabroker: restart: %w", err)
-	}
-	if err := b.up(ctx, b.addrs, true); err != nil {
-		return fmt.Errorf("kafkabroker: restart: %w", err)
-	}
-	b.cfg.log.Info("kafka broker restarted", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))
-	return nil
+	return b.life.Do("restart", func() error {
+		t0 := time.Now()
+		if err := b.down(); err != nil {
+			return fmt.Errorf("kafkabroker: restart: %w", err)
+		}
+		if err := b.up(ctx, b.addrs, true); err != nil {
+			return fmt.Errorf("kafkabroker: restart: %w", err)
+		}
+		b.cfg.Log.Info("kafka broker restarted", "addrs", b.addrs, "elapsed", time.Since(t0).Round(time.Microsecond))
+		return nil
+	})
 }
 
 // Stop shuts the cluster down as Down does and removes the data directory
@@ -454,27 +408,11 @@ func (b *Broker) Restart(ctx context.Context) error {
 // goroutines: every call returns after the first has finished, with its
 // result. After Stop the other lifecycle methods return ErrStopped.
 func (b *Broker) Stop() error {
-	b.stopOnce.Do(func() { b.stopErr = b.stop() })
-	return b.stopErr
-}
-
-func (b *Broker) stop() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.stopped = true
-	errs := []error{b.down()}
-	if b.ownDir {
-		errs = append(errs, os.RemoveAll(b.dir))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("kafkabroker: stop: %w", err)
-	}
-	b.cfg.log.Info("kafka broker stopped", "addrs", b.addrs)
-	return nil
-}
-
-func (b *Broker) removeDir() {
-	if b.ownDir {
-		_ = os.RemoveAll(b.dir)
-	}
+	return b.life.Stop(func() error {
+		if err := errors.Join(b.down(), b.dir.Remove()); err != nil {
+			return fmt.Errorf("kafkabroker: stop: %w", err)
+		}
+		b.cfg.Log.Info("kafka broker stopped", "addrs", b.addrs)
+		return nil
+	})
 }

@@ -222,51 +222,22 @@ func TestSeedTopicsAndBrokers(t *testing.T) {
 	sameSet(t, "consumed", values(readToMarkers(t, b, "seed.a", 4)), seq("s", 20))
 }
 
-func TestListen(t *testing.T) {
+// TestStartWaitsForPorts: with WithWaitForPorts, Start waits, as Up does,
+// while the port is taken (the other starters' WithListen behaviour is
+// held to one test in compose/internal/lifecycle).
+func TestStartWaitsForPorts(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer l.Close()
 	addr := l.Addr().String()
-	_, err = kafkabroker.Start(t.Context(), kafkabroker.WithListen(addr))
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		t.Fatalf("Start on taken %s = %v, want EADDRINUSE", addr, err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b := kafkatest.StartTB(t, kafkabroker.WithListen(addr))
-	if b.Addr() != addr {
-		t.Fatalf("Addr = %s, want %s", b.Addr(), addr)
-	}
-
-	// Up waits while another process holds the port.
-	if err := b.Down(); err != nil {
-		t.Fatal(err)
-	}
-	if l, err = net.Listen("tcp", addr); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	if err := b.Up(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Up on a taken port = %v, want a deadline error", err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Up(t.Context()); err != nil {
-		t.Fatalf("Up once the port is free: %v", err)
-	}
-	if err := b.Up(t.Context()); err != nil {
-		t.Fatalf("Up on a running broker: %v", err)
-	}
-
-	for _, bad := range []string{"0.0.0.0:0", "10.1.2.3:9092", ":9092"} {
-		if _, err := kafkabroker.Start(t.Context(), kafkabroker.WithListen(bad)); !errors.Is(err, kafkabroker.ErrNotLoopback) {
-			t.Errorf("Start(WithListen(%q)) = %v, want ErrNotLoopback", bad, err)
-		}
+	_, err = kafkabroker.Start(ctx, kafkabroker.WithListen(addr), kafkabroker.WithWaitForPorts())
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Start(WithWaitForPorts) on taken %s = %v, want a deadline error after EADDRINUSE", addr, err)
 	}
 }
 
@@ -999,42 +970,6 @@ func TestGroupRebalance(t *testing.T) {
 			t.Logf("%s: the other member held all partitions %v later (session timeout %v)",
 				tc.name, time.Since(t0).Round(time.Millisecond), sessionTimeout)
 		})
-	}
-}
-
-func TestStopIdempotentAndConcurrent(t *testing.T) {
-	t.Parallel()
-	b, err := kafkabroker.Start(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := b.DataDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for i := range errs {
-		wg.Go(func() { errs[i] = b.Stop() })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent Stop: %v", err)
-	}
-	if err := b.Stop(); err != nil {
-		t.Fatalf("Stop again: %v", err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("data dir %s still there after Stop (%v)", dir, err)
-	}
-	for name, op := range map[string]func() error{
-		"Down":    b.Down,
-		"Up":      func() error { return b.Up(t.Context()) },
-		"Restart": func() error { return b.Restart(t.Context()) },
-	} {
-		if err := op(); !errors.Is(err, kafkabroker.ErrStopped) {
-			t.Errorf("%s after Stop = %v, want ErrStopped", name, err)
-		}
-	}
-	if _, err := net.Dial("tcp", b.Addr()); err == nil {
-		t.Fatalf("%s still accepts connections after Stop", b.Addr())
 	}
 }
 

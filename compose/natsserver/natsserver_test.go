@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -178,53 +176,6 @@ func TestStoreDirAcrossServers(t *testing.T) {
 	}
 }
 
-func TestListen(t *testing.T) {
-	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_, err = natsserver.Start(t.Context(), natsserver.WithListen(addr))
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		t.Fatalf("Start on taken %s = %v, want EADDRINUSE", addr, err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s := natstest.StartTB(t, natsserver.WithListen(addr))
-	if s.Addr() != addr || s.ClientURL() != "nats://"+addr {
-		t.Fatalf("Addr %s, ClientURL %s; want %s", s.Addr(), s.ClientURL(), addr)
-	}
-
-	// Up waits while another process holds the port.
-	if err := s.Down(); err != nil {
-		t.Fatal(err)
-	}
-	if l, err = net.Listen("tcp", addr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	if err := s.Up(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Up on a taken port = %v, want a deadline error", err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Up(t.Context()); err != nil {
-		t.Fatalf("Up once the port is free: %v", err)
-	}
-	if err := s.Up(t.Context()); err != nil {
-		t.Fatalf("Up on a running server: %v", err)
-	}
-	for _, bad := range []string{"0.0.0.0:0", "10.1.2.3:4222", ":4222"} {
-		if _, err := natsserver.Start(t.Context(), natsserver.WithListen(bad)); !errors.Is(err, natsserver.ErrNotLoopback) {
-			t.Errorf("Start(WithListen(%q)) = %v, want ErrNotLoopback", bad, err)
-		}
-	}
-}
-
 // TestWatcherAcrossDownUp records what a client and its KV watchers do
 // when the server goes away and comes back (the package doc sums it up).
 func TestWatcherAcrossDownUp(t *testing.T) {
@@ -341,42 +292,6 @@ func TestWatcherAcrossDownUp(t *testing.T) {
 	}
 	t.Logf("a put after reconnect reached a recreated watcher in %v, the kept watcher in %v",
 		freshTook.Round(time.Microsecond), keptTook.Round(time.Millisecond))
-}
-
-func TestStopIdempotentAndConcurrent(t *testing.T) {
-	t.Parallel()
-	s, err := natsserver.Start(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := s.StoreDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 8)
-	for i := range errs {
-		wg.Go(func() { errs[i] = s.Stop() })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent Stop: %v", err)
-	}
-	if err := s.Stop(); err != nil {
-		t.Fatalf("Stop again: %v", err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("store dir %s still there after Stop (%v)", dir, err)
-	}
-	for name, op := range map[string]func() error{
-		"Down":    s.Down,
-		"Up":      func() error { return s.Up(t.Context()) },
-		"Restart": func() error { return s.Restart(t.Context()) },
-	} {
-		if err := op(); !errors.Is(err, natsserver.ErrStopped) {
-			t.Errorf("%s after Stop = %v, want ErrStopped", name, err)
-		}
-	}
-	if _, err := net.Dial("tcp", s.Addr()); err == nil {
-		t.Fatalf("%s still accepts connections after Stop", s.Addr())
-	}
 }
 
 func TestLogger(t *testing.T) {

@@ -11,5 +11,9 @@
 //	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -timeout 15m
 //
 // rule and blocklist propagation to 10, 50 and 200 in-process gateways on
-// one NATS server.
+// one NATS server. The fleet tests (TestFleet…, TestLadderEndToEnd) run
+// gateways in fleet mode against the aggregator's operator API, NATS KV
+// and, for the penalty ladder, the decision stream: what crosses from the
+// control plane to the data plane is tested here, so that neither
+// process's package imports the other, even in its tests.
 package pipeline

@@ -27,18 +27,6 @@ import (
 
 var fleetSizes = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
 
-// scaleRules is the fleet's ruleset: rule demo gives sk_fleet_* keys a
-// token bucket of the given capacity.
-func scaleRules(capacity int) string {
-	return fmt.Sprintf(`rules:
-  - id: demo
-    match: {api_key: "sk_fleet_*"}
-    algorithm: token_bucket
-    capacity: %d
-    rate: %d/1h
-`, capacity, capacity)
-}
-
 // scaleFleet is one NATS server, one aggregator with its operator API
 // (on a Kafka-protocol broker), one Redis, and gateways in fleet mode in
 // this process. The gateways share nothing but NATS and Redis: each has
@@ -59,7 +47,7 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 	redisAddr := redistest.StartTB(tb).Addr()
 	ns := natstest.StartTB(tb)
 	rulesFile := filepath.Join(tb.TempDir(), "rules.yaml")
-	if err := os.WriteFile(rulesFile, []byte(scaleRules(3)), 0o600); err != nil {
+	if err := os.WriteFile(rulesFile, []byte(fleetRules(3)), 0o600); err != nil {
 		tb.Fatal(err)
 	}
 	kb := kafkatest.StartTB(tb)
@@ -68,27 +56,10 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 	cfg.Kafka.Brokers = kb.Addrs()
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis = configs.Redis{Addrs: []string{redisAddr}, Timeout: 2 * time.Second}
-	agg, err := aggregator.New(cfg, logger(tb).With("part", "aggregator"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- agg.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Errorf("aggregator: %v", err)
-		}
-	})
+	agg, _ := runAggregator(tb, cfg, logger(tb).With("part", "aggregator"))
 	f.admin = agg.Addrs().API
-	testwait.Eventually(tb, 20*time.Second, func() error {
-		if code, b := f.op("GET", "/admin/v1/rules/versions", ""); code != 200 {
-			return fmt.Errorf("operator API: %d %s", code, b)
-		}
-		return nil
-	})
-	f.op("PUT", "/admin/v1/rules", scaleRules(5))
+	waitOperatorAPI(tb, f.op)
+	f.op("PUT", "/admin/v1/rules", fleetRules(5))
 
 	dataDir := tb.TempDir()
 	var wg sync.WaitGroup
@@ -141,14 +112,32 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 // op calls the operator API.
 func (f *scaleFleet) op(method, path, body string) (int, []byte) {
 	f.tb.Helper()
-	req, err := http.NewRequest(method, "http://"+f.admin+path, strings.NewReader(body))
+	return operatorCall(f.tb, f.client, f.admin, token, method, path, body)
+}
+
+// waitOperatorAPI waits until the operator API op calls answers.
+func waitOperatorAPI(tb testing.TB, op func(method, path, body string) (int, []byte)) {
+	tb.Helper()
+	testwait.Eventually(tb, 20*time.Second, func() error {
+		if code, b := op("GET", "/admin/v1/rules/versions", ""); code != 200 {
+			return fmt.Errorf("operator API: %d %s", code, b)
+		}
+		return nil
+	})
+}
+
+// operatorCall calls the operator API at admin with the bearer token tok
+// and returns the status and body; a failed call fails the test.
+func operatorCall(tb testing.TB, client *http.Client, admin, tok, method, path, body string) (int, []byte) {
+	tb.Helper()
+	req, err := http.NewRequest(method, "http://"+admin+path, strings.NewReader(body))
 	if err != nil {
-		f.tb.Fatal(err)
+		tb.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := f.client.Do(req)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := client.Do(req)
 	if err != nil {
-		f.tb.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -187,7 +176,7 @@ func (f *scaleFleet) measure(n int) scaleTimes {
 	var out scaleTimes
 	for i := range n {
 		limit := int64(100 + i)
-		if code, b := f.op("PUT", "/admin/v1/rules", scaleRules(int(limit))); code != 200 {
+		if code, b := f.op("PUT", "/admin/v1/rules", fleetRules(int(limit))); code != 200 {
 			f.tb.Fatalf("PUT rules: %d %s", code, b)
 		}
 		answered := time.Now()

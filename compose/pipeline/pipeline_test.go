@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -133,24 +134,37 @@ func newEnvTB(t testing.TB, withAggregator bool) *env {
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
 	cfg.Kafka.Brokers = e.broker.Addrs()
 	cfg.Usage.Lateness = time.Second
-	srv, err := aggregator.New(cfg, logger(t).With("part", "aggregator"))
+	e.agg, e.aggStop = runAggregator(t, cfg, logger(t).With("part", "aggregator"))
+	return e
+}
+
+// runAggregator creates an aggregator from cfg and runs it until the test
+// ends or stop, which returns once Run has returned (30 s at most) and does
+// nothing the second time.
+func runAggregator(tb testing.TB, cfg aggregator.Config, log *slog.Logger) (srv *aggregator.Server, stop func()) {
+	tb.Helper()
+	srv, err := aggregator.New(cfg, log)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
+	run := service.Go(func() error { return srv.Run(ctx) })
 	var once sync.Once
-	e.agg, e.aggStop = srv, func() {
+	stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("aggregator: %v", err)
+			select {
+			case <-run.Done():
+				if err := run.Wait(); err != nil {
+					tb.Errorf("aggregator: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				tb.Error("aggregator did not stop within 30s")
 			}
 		})
 	}
-	t.Cleanup(e.aggStop)
-	return e
+	tb.Cleanup(stop)
+	return srv, stop
 }
 
 // gatewayConfig is a gateway of the env: check API only.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 )
 
 // clusterSlots is the number of hash slots in a Redis Cluster.
@@ -31,8 +33,7 @@ var clusterArgs = []string{
 type Cluster struct {
 	nodes []*Server
 
-	stopOnce sync.Once
-	stopErr  error
+	stopOnce lifecycle.Once
 }
 
 // StartCluster starts n ≥ 3 redis-server processes in cluster mode (with
@@ -57,13 +58,13 @@ func StartCluster(ctx context.Context, n int, opts ...Option) (*Cluster, error) 
 		return nil, fmt.Errorf("redisserver: start cluster: %w", err)
 	}
 	c := &Cluster{nodes: nodes}
-	ctx, cancel := context.WithTimeout(ctx, cfg.startTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	if err := c.create(ctx); err != nil {
 		_ = c.Stop()
 		return nil, fmt.Errorf("redisserver: start cluster: %w", err)
 	}
-	cfg.log.Info("redis cluster ready", "addrs", c.Addrs(), "elapsed", time.Since(t0).Round(time.Millisecond))
+	cfg.Log.Info("redis cluster ready", "addrs", c.Addrs(), "elapsed", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
 
@@ -125,7 +126,7 @@ func (c *Cluster) create(ctx context.Context) error {
 			return fmt.Errorf("meet %s: %w", node.Addr(), err)
 		}
 	}
-	err := poll(ctx, 20*time.Millisecond, func() (bool, error) {
+	err := lifecycle.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		for i, cl := range clients {
 			if err := clusterNodeReady(ctx, cl, len(c.nodes)); err != nil {
 				return false, fmt.Errorf("node %s: %w", c.nodes[i].Addr(), err)
@@ -217,10 +218,10 @@ func (c *Cluster) Client() *redis.ClusterClient {
 // Stop stops every node concurrently and removes their directories. It is
 // idempotent and safe from many goroutines, like Server.Stop.
 func (c *Cluster) Stop() error {
-	c.stopOnce.Do(func() {
+	return c.stopOnce.Do(func() error {
 		if err := stopAll(c.nodes); err != nil {
-			c.stopErr = fmt.Errorf("redisserver: stop cluster: %w", err)
+			return fmt.Errorf("redisserver: stop cluster: %w", err)
 		}
+		return nil
 	})
-	return c.stopErr
 }

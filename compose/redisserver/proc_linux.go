@@ -16,13 +16,6 @@ var (
 	sigTerm os.Signal = syscall.SIGTERM
 )
 
-// sysProcAttr puts redis-server in its own process group, so a terminal's
-// Ctrl-C reaches only the Go process, which then stops it cleanly, and asks
-// the kernel to SIGKILL it when the spawning thread (see spawn) dies.
-func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
 // waitStopped waits, for at most one second, until /proc shows the process
 // stopped (state T) after SIGSTOP, or it exits, so that Pause means paused.
 func waitStopped(pid int, exited <-chan struct{}) {

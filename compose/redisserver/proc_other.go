@@ -2,10 +2,7 @@
 
 package redisserver
 
-import (
-	"os"
-	"syscall"
-)
+import "os"
 
 // unsupportedSignal stands for SIGSTOP and SIGCONT where they do not exist;
 // os.Process.Signal refuses it, so Pause and Resume return an error.
@@ -19,7 +16,5 @@ var (
 	sigCont os.Signal = unsupportedSignal("SIGCONT")
 	sigTerm os.Signal = os.Kill
 )
-
-func sysProcAttr() *syscall.SysProcAttr { return nil }
 
 func waitStopped(int, <-chan struct{}) {}

@@ -22,7 +22,9 @@
 // started it dies (Pdeathsig), so a crashed or timed-out test binary leaves no
 // orphan redis-server behind. Because Linux sends that signal when the
 // spawning OS thread exits, each process is started and waited for on a
-// goroutine locked to its thread: every running server holds one OS thread.
+// goroutine locked to its thread: every running server holds one OS thread
+// (package internal/spawn, whose tests show the child dying with its
+// parent).
 package redisserver
 
 import (
@@ -37,14 +39,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
+	"github.com/tollgate/tollgate/internal/spawn"
 )
 
 // EnvServer names the environment variable that, when set, gives the path of
@@ -74,9 +77,6 @@ var (
 var errAddrInUse = errors.New("address already in use")
 
 const (
-	// defaultStartTimeout bounds how long Start waits for the process to
-	// answer, and StartCluster/StartSentinel for the topology to converge.
-	defaultStartTimeout = 15 * time.Second
 	// stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
 	stopGrace = 5 * time.Second
 	// portAttempts is how many fresh ports Start tries when redis fails to bind.
@@ -88,36 +88,18 @@ const (
 )
 
 // Option configures Start, StartCluster and StartSentinel.
-type Option interface {
-	apply(*config)
-}
-
-type optionFunc func(*config)
-
-func (f optionFunc) apply(c *config) { f(c) }
+type Option = lifecycle.Option[config]
 
 type config struct {
-	binary       string
-	args         []string
-	log          *slog.Logger
-	startTimeout time.Duration
-	confName     string // file written to the server's dir and passed first
-	confBody     string
-	keep         []string // file names Restart must not delete
+	lifecycle.Common
+	binary   string
+	args     []string
+	confName string // file written to the server's dir and passed first
+	confBody string
+	keep     []string // file names Restart must not delete
 }
 
-func newConfig(opts []Option) config {
-	c := config{startTimeout: defaultStartTimeout}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
-	return c
-}
+func newConfig(opts []Option) config { return lifecycle.Apply(config{}, opts) }
 
 // WithArgs appends redis-server command-line arguments after the defaults,
 // for example WithArgs("--maxmemory", "64mb"). Each directive starts with
@@ -125,31 +107,27 @@ func newConfig(opts []Option) config {
 // Several WithArgs accumulate. Default: none.
 func WithArgs(args ...string) Option {
 	args = append([]string(nil), args...)
-	return optionFunc(func(c *config) { c.args = append(c.args, args...) })
+	return lifecycle.OptionFunc(func(c *config) { c.args = append(c.args, args...) })
 }
 
 // WithLogger sets the logger for lifecycle events (start, restart, stop; one
 // line each). The redis-server output itself goes to LogPath. Default:
 // nil, which discards.
 func WithLogger(log *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.log = log })
+	return lifecycle.WithLogger[config](log)
 }
 
 // WithStartTimeout bounds how long Start and Restart wait for the process to
 // answer, and how long StartCluster and StartSentinel wait for the topology to
 // converge; the context's deadline applies too. Default: 15s.
 func WithStartTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d > 0 {
-			c.startTimeout = d
-		}
-	})
+	return lifecycle.WithStartTimeout[config](d)
 }
 
 // WithBinary runs the redis-server at path. Default: $TOLLGATE_REDIS_SERVER,
 // else redis-server from PATH.
 func WithBinary(path string) Option {
-	return optionFunc(func(c *config) { c.binary = path })
+	return lifecycle.OptionFunc(func(c *config) { c.binary = path })
 }
 
 // WithConfigFile writes body to name in the server's directory and passes
@@ -159,7 +137,7 @@ func WithBinary(path string) Option {
 // StartSentinel's. Restart keeps the file, and what the server wrote to
 // it. Default: none.
 func WithConfigFile(name, body string) Option {
-	return optionFunc(func(c *config) {
+	return lifecycle.OptionFunc(func(c *config) {
 		c.confName, c.confBody = name, body
 		c.keep = append(c.keep, name)
 	})
@@ -203,30 +181,10 @@ type Server struct {
 	log     *slog.Logger
 	timeout time.Duration
 
-	// mu guards proc and stopped, and is held for a whole lifecycle
-	// operation so that Kill, Restart and Stop never interleave.
-	mu      sync.Mutex
-	proc    *process
-	stopped bool
-
-	stopOnce sync.Once
-	stopErr  error
-}
-
-// process is one run of redis-server; a goroutine owns cmd.Wait.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // cmd.Wait's result, valid after done
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	// life guards proc, and is held for a whole lifecycle operation so
+	// that Kill, Restart and Stop never interleave.
+	life lifecycle.Guard
+	proc *spawn.Process // the current run of redis-server
 }
 
 // Start runs redis-server on a free 127.0.0.1 port and returns once it
@@ -257,8 +215,9 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		dir:     dir,
 		logPath: filepath.Join(dir, logName),
 		keep:    map[string]bool{logName: true},
-		log:     cfg.log,
-		timeout: cfg.startTimeout,
+		log:     cfg.Log,
+		timeout: cfg.StartTimeout,
+		life:    lifecycle.Guard{Name: "redisserver", ErrStopped: ErrStopped},
 	}
 	for _, name := range cfg.keep {
 		s.keep[name] = true
@@ -285,9 +244,9 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		if err != nil {
 			break
 		}
-		s.mu.Lock()
+		s.life.Lock()
 		err = s.launch(ctx)
-		s.mu.Unlock()
+		s.life.Unlock()
 		if err == nil {
 			s.log.Info("redis-server started", "addr", s.Addr(), "pid", s.Pid(),
 				"dir", s.dir, "elapsed", time.Since(t0).Round(time.Millisecond))
@@ -349,7 +308,7 @@ func (s *Server) commandArgs() []string {
 }
 
 // launch starts the process on s.port and waits until it answers. On
-// failure the process is gone. s.mu must be held.
+// failure the process is gone. s.life must be held.
 func (s *Server) launch(ctx context.Context) error {
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -363,63 +322,39 @@ func (s *Server) launch(ctx context.Context) error {
 	cmd.Dir = s.dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = sysProcAttr()
-	p, err := spawn(cmd)
+	p, err := spawn.Start(cmd)
 	if err != nil {
 		return fmt.Errorf("exec %s: %w", s.bin, err)
 	}
 	s.proc = p
 	if err := s.waitReady(ctx, p, logStart); err != nil {
-		_ = p.cmd.Process.Kill()
-		<-p.done
+		_ = p.Cmd.Process.Kill()
+		<-p.Done()
 		return err
 	}
 	return nil
 }
 
-// spawn starts cmd from a goroutine locked to its OS thread and keeps the
-// thread until the process exits: Linux delivers Pdeathsig when the thread
-// that forked the child exits, and the Go runtime may retire threads.
-func spawn(cmd *exec.Cmd) (*process, error) {
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
 // waitReady polls until the process p answers INFO with its own pid (so a
 // server that another process put on the same port is not mistaken for it),
 // p exits, or ctx ends.
-func (s *Server) waitReady(ctx context.Context, p *process, logStart int64) error {
-	pid := p.cmd.Process.Pid
+func (s *Server) waitReady(ctx context.Context, p *spawn.Process, logStart int64) error {
+	pid := p.Cmd.Process.Pid
 	interval := time.Millisecond
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-ctx.Done():
 		case <-timer.C:
 		}
-		if p.exited() {
+		if p.Exited() {
 			tail := s.logSince(logStart)
 			if strings.Contains(tail, "Address already in use") {
 				return fmt.Errorf("port %d: %w", s.port, errAddrInUse)
 			}
-			return fmt.Errorf("redis-server exited before ready (%v); log %s:\n%s", p.err, s.logPath, tail)
+			return fmt.Errorf("redis-server exited before ready (%v); log %s:\n%s", p.Err(), s.logPath, tail)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("wait for redis-server on port %d: %w; log %s:\n%s",
@@ -507,40 +442,37 @@ func (s *Server) LogPath() string { return s.logPath }
 // Pid returns the process id of the running redis-server, or 0 when it is
 // not running (after Kill, a crash or Stop).
 func (s *Server) Pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil || s.proc.exited() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.proc == nil || s.proc.Exited() {
 		return 0
 	}
-	return s.proc.cmd.Process.Pid
+	return s.proc.Cmd.Process.Pid
 }
 
 // Kill sends SIGKILL and returns once the process has exited, so the port
 // is closed when Kill returns. Data in memory is lost. Killing a server that
 // is not running does nothing. Use Restart to bring it back.
 func (s *Server) Kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: kill: %w", ErrStopped)
-	}
-	if err := s.kill(); err != nil {
-		return fmt.Errorf("redisserver: kill %s: %w", s.Addr(), err)
-	}
-	s.log.Info("redis-server killed", "addr", s.Addr())
-	return nil
+	return s.life.Do("kill", func() error {
+		if err := s.kill(); err != nil {
+			return fmt.Errorf("redisserver: kill %s: %w", s.Addr(), err)
+		}
+		s.log.Info("redis-server killed", "addr", s.Addr())
+		return nil
+	})
 }
 
-// kill SIGKILLs the current process, if running, and waits. s.mu must be held.
+// kill SIGKILLs the current process, if running, and waits. s.life must be held.
 func (s *Server) kill() error {
 	p := s.proc
-	if p == nil || p.exited() {
+	if p == nil || p.Exited() {
 		return nil
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !p.exited() {
+	if err := p.Cmd.Process.Kill(); err != nil && !p.Exited() {
 		return err
 	}
-	<-p.done
+	<-p.Done()
 	return nil
 }
 
@@ -560,22 +492,19 @@ func (s *Server) Resume() error {
 }
 
 func (s *Server) signal(op string, sig os.Signal) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: %s: %w", op, ErrStopped)
-	}
-	p := s.proc
-	if p == nil || p.exited() {
-		return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), ErrNotRunning)
-	}
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), err)
-	}
-	if sig == sigStop {
-		waitStopped(p.cmd.Process.Pid, p.done)
-	}
-	return nil
+	return s.life.Do(op, func() error {
+		p := s.proc
+		if p == nil || p.Exited() {
+			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), ErrNotRunning)
+		}
+		if err := p.Cmd.Process.Signal(sig); err != nil {
+			return fmt.Errorf("redisserver: %s %s: %w", op, s.Addr(), err)
+		}
+		if sig == sigStop {
+			waitStopped(p.Cmd.Process.Pid, p.Done())
+		}
+		return nil
+	})
 }
 
 // Restart kills the process if it is running (SIGKILL, no shutdown) and
@@ -586,11 +515,11 @@ func (s *Server) signal(op string, sig os.Signal) error {
 // taken, Restart keeps trying until its start timeout or ctx ends. ctx
 // bounds only the restart.
 func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return fmt.Errorf("redisserver: restart: %w", ErrStopped)
-	}
+	return s.life.Do("restart", func() error { return s.restart(ctx) })
+}
+
+// restart is Restart's work. s.life must be held.
+func (s *Server) restart(ctx context.Context) error {
 	if err := s.kill(); err != nil {
 		return fmt.Errorf("redisserver: restart %s: kill: %w", s.Addr(), err)
 	}
@@ -600,7 +529,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	t0 := time.Now()
-	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		err := s.launch(ctx)
 		if errors.Is(err, errAddrInUse) {
 			return false, err
@@ -610,7 +539,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redisserver: restart %s: %w", s.Addr(), err)
 	}
-	s.log.Info("redis-server restarted", "addr", s.Addr(), "pid", s.proc.cmd.Process.Pid,
+	s.log.Info("redis-server restarted", "addr", s.Addr(), "pid", s.proc.Cmd.Process.Pid,
 		"elapsed", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
@@ -638,21 +567,18 @@ func (s *Server) wipe() error {
 // the first has finished, with its result. After Stop the other lifecycle
 // methods return ErrStopped.
 func (s *Server) Stop() error {
-	s.stopOnce.Do(func() { s.stopErr = s.stop() })
-	return s.stopErr
+	return s.life.Stop(s.stop)
 }
 
+// stop is Stop's work. s.life must be held.
 func (s *Server) stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopped = true
 	var errs []error
-	if p := s.proc; p != nil && !p.exited() {
-		_ = p.cmd.Process.Signal(sigCont)
-		_ = p.cmd.Process.Signal(sigTerm)
+	if p := s.proc; p != nil && !p.Exited() {
+		_ = p.Cmd.Process.Signal(sigCont)
+		_ = p.Cmd.Process.Signal(sigTerm)
 		t := time.NewTimer(stopGrace)
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-t.C:
 			s.log.Warn("redis-server ignored SIGTERM, killing", "addr", s.Addr())
 			if err := s.kill(); err != nil {
@@ -693,31 +619,4 @@ func (s *Server) ClientOptions() *redis.Options {
 // ClientOptions. The caller closes it.
 func (s *Server) Client() *redis.Client {
 	return redis.NewClient(s.ClientOptions())
-}
-
-// poll calls fn at interval until it reports done or ctx ends. It returns
-// fn's error when done, else ctx's error joined with fn's last error.
-func poll(ctx context.Context, interval time.Duration, fn func() (done bool, err error)) error {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	var last error
-	for {
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-		done, err := fn()
-		if done {
-			return err
-		}
-		// A call cut short by ctx's deadline says less than the one before.
-		if last == nil || ctx.Err() == nil {
-			last = err
-		}
-		t.Reset(interval)
-	}
 }

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -176,53 +175,6 @@ func TestPauseMakesClientsTimeOutAndResumeRecovers(t *testing.T) {
 	}
 	took := testwait.Eventually(t, 5*time.Second, func() error { return cl.Ping(ctx).Err() })
 	t.Logf("resumed server answered after %v", took)
-}
-
-func TestStopIsIdempotentAcrossGoroutines(t *testing.T) {
-	t.Parallel()
-	s, err := redisserver.Start(t.Context())
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	// Stop must also resume a paused server.
-	if err := s.Pause(); err != nil {
-		t.Fatalf("pause: %v", err)
-	}
-	pid := s.Pid()
-
-	var wg sync.WaitGroup
-	errs := make([]error, 10)
-	for i := range errs {
-		wg.Go(func() { errs[i] = s.Stop() })
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("Stop #%d: %v", i, err)
-		}
-	}
-	if err := s.Stop(); err != nil {
-		t.Errorf("Stop after Stop: %v", err)
-	}
-	if s.Pid() != 0 {
-		t.Error("Pid() != 0 after Stop")
-	}
-	if processAlive(pid) {
-		t.Errorf("process %d still alive after Stop", pid)
-	}
-	if _, err := os.Stat(s.Dir()); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("dir %s not removed: %v", s.Dir(), err)
-	}
-	for name, op := range map[string]func() error{
-		"Kill":    s.Kill,
-		"Pause":   s.Pause,
-		"Resume":  s.Resume,
-		"Restart": func() error { return s.Restart(t.Context()) },
-	} {
-		if err := op(); !errors.Is(err, redisserver.ErrStopped) {
-			t.Errorf("%s after Stop: %v, want ErrStopped", name, err)
-		}
-	}
 }
 
 // processAlive reports whether pid names a live, non-zombie process (Linux).

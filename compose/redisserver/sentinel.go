@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 )
 
 // MasterName is the name under which the sentinels of StartSentinel
@@ -29,8 +30,7 @@ type Sentinel struct {
 	replica   *Server
 	sentinels []*Server
 
-	stopOnce sync.Once
-	stopErr  error
+	stopOnce lifecycle.Once
 }
 
 // StartSentinel starts a primary, a replica of it, and three sentinels
@@ -60,7 +60,7 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 		return fail(fmt.Errorf("replica: %w", err))
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, cfg.startTimeout)
+	wctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	// Sentinels learn replicas from the primary's INFO, which they read on
 	// connecting and then only every 10s: start them once the link is up.
@@ -74,8 +74,8 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 		"sentinel parallel-syncs %[1]s 1\n",
 		MasterName, primary.Port(), sentinelCount/2+1)
 	sentinelOpts := []Option{
-		WithStartTimeout(cfg.startTimeout),
-		WithLogger(cfg.log),
+		WithStartTimeout(cfg.StartTimeout),
+		WithLogger(cfg.Log),
 		WithBinary(cfg.binary),
 		WithConfigFile("sentinel.conf", conf),
 		WithArgs("--sentinel"),
@@ -86,7 +86,7 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 	if err := st.waitDiscovery(wctx); err != nil {
 		return fail(err)
 	}
-	cfg.log.Info("redis sentinel ready", "primary", primary.Addr(), "replica", st.replica.Addr(),
+	cfg.Log.Info("redis sentinel ready", "primary", primary.Addr(), "replica", st.replica.Addr(),
 		"sentinels", st.SentinelAddrs(), "elapsed", time.Since(t0).Round(time.Millisecond))
 	return st, nil
 }
@@ -95,7 +95,7 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 func waitReplicaLink(ctx context.Context, replica *Server) error {
 	cl := replica.Client()
 	defer cl.Close()
-	err := poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		info, err := cl.Info(ctx, "replication").Result()
 		if err != nil {
 			return false, err
@@ -120,7 +120,7 @@ func (st *Sentinel) waitDiscovery(ctx context.Context) error {
 		clients[i] = redis.NewSentinelClient(o)
 		defer clients[i].Close()
 	}
-	err := poll(ctx, 20*time.Millisecond, func() (bool, error) {
+	err := lifecycle.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		for i, cl := range clients {
 			m, err := cl.Master(ctx, MasterName).Result()
 			if err != nil {
@@ -186,11 +186,11 @@ func (st *Sentinel) Client() *redis.Client {
 // shutting down), then the replica and the primary. It is idempotent and safe
 // from many goroutines, like Server.Stop.
 func (st *Sentinel) Stop() error {
-	st.stopOnce.Do(func() {
+	return st.stopOnce.Do(func() error {
 		err := errors.Join(stopAll(st.sentinels), stopAll([]*Server{st.replica, st.primary}))
 		if err != nil {
-			st.stopErr = fmt.Errorf("redisserver: stop sentinel: %w", err)
+			return fmt.Errorf("redisserver: stop sentinel: %w", err)
 		}
+		return nil
 	})
-	return st.stopErr
 }

@@ -140,20 +140,7 @@ func renderHeaders(d *guard.Decision) headerValues {
 		mark(fResource, start)
 
 		start = len(b)
-		n := 0
-		for i := range d.Rules {
-			rr := &d.Rules[i]
-			if rr.Shadow {
-				continue
-			}
-			if n > 0 {
-				b = append(b, ", "...)
-			}
-			n++
-			b = appendSFString(b, rr.ID)
-			b = appendSFParam(b, 'q', rr.Limit)
-			b = appendSFParam(b, 'w', rr.Window)
-		}
+		b = appendRuleList(b, d.Rules, false)
 		mark(fPolicy, start)
 
 		if d.Degraded {
@@ -162,22 +149,7 @@ func renderHeaders(d *guard.Decision) headerValues {
 			mark(fXPolicy, start)
 		} else {
 			start = len(b)
-			n = 0
-			for i := range d.Rules {
-				rr := &d.Rules[i]
-				if rr.Shadow {
-					continue
-				}
-				if n > 0 {
-					b = append(b, ", "...)
-				}
-				n++
-				b = appendSFString(b, rr.ID)
-				b = appendSFParam(b, 'r', max(rr.Remaining, 0))
-				if rr.Next > 0 {
-					b = appendSFParam(b, 't', rr.Next)
-				}
-			}
+			b = appendRuleList(b, d.Rules, true)
 			mark(fRateLimit, start)
 		}
 	}
@@ -195,6 +167,36 @@ func renderHeaders(d *guard.Decision) headerValues {
 		hv[f] = s[sp[0]:sp[1]]
 	}
 	return hv
+}
+
+// appendRuleList appends the rules that enforce (not shadow rules) as an
+// RFC 9651 List of sf-strings, their ids, each with its parameters: the
+// quota and its window (RateLimit-Policy), or with remaining what
+// remains and, when known, the seconds until more does (RateLimit). A
+// flag, not a function value, so that b stays on the caller's stack.
+func appendRuleList(b []byte, rules []guard.RuleResult, remaining bool) []byte {
+	n := 0
+	for i := range rules {
+		rr := &rules[i]
+		if rr.Shadow {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ", "...)
+		}
+		n++
+		b = appendSFString(b, rr.ID)
+		if !remaining {
+			b = appendSFParam(b, 'q', rr.Limit)
+			b = appendSFParam(b, 'w', rr.Window)
+			continue
+		}
+		b = appendSFParam(b, 'r', max(rr.Remaining, 0))
+		if rr.Next > 0 {
+			b = appendSFParam(b, 't', rr.Next)
+		}
+	}
+	return b
 }
 
 // appendSFString appends s as an RFC 9651 sf-string. Rule ids are validated

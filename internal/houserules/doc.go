@@ -22,8 +22,10 @@
 //   - in non-test code, an import that runs back up the floors
 //     (importRules): guard imports nothing of compose, loadtest, aggregator
 //     or gateway; schemas nothing of Tollgate's; gateway and aggregator not
-//     each other (nor loadtest). A tool that needs both the library and the
-//     starters lives under loadtest/cmd.
+//     each other (nor loadtest); compose/internal/lifecycle, the one
+//     lifecycle of the starters, none of the starters built on it. A tool
+//     that needs both the library and the starters lives under
+//     loadtest/cmd.
 //
 // It also reads every file git tracks (docs, READMEs, comments, --help
 // texts, configs, scripts, test messages) and fails on a citation of a

@@ -61,6 +61,8 @@ var importRules = []struct {
 		"the data plane reaches the control plane only through schemas and the fleet KV; cross-process tests live in compose/pipeline"},
 	{"aggregator", []string{"gateway", "loadtest"},
 		"the control plane reaches the data plane only through schemas and the fleet KV; cross-process tests live in compose/pipeline"},
+	{"compose/internal/lifecycle", []string{"compose/redisserver", "compose/natsserver", "compose/kafkabroker"},
+		"the starters' one lifecycle knows none of them: each starter builds its own API on it"},
 }
 
 // globalLoggerFuncs are the package-level functions of log/slog and log that

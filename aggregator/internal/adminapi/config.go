@@ -163,16 +163,27 @@ func (a *api) getRules(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) validateRules(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r, maxRulesBody)
+	_, rs, ok := readRules(w, r)
 	if !ok {
 		return
+	}
+	writeJSON(w, http.StatusOK, rulesAnswer(rs, map[string]any{"valid": true}))
+}
+
+// readRules reads a ruleset from the request body; ok is false when it
+// has answered the request instead (a body too large or unreadable, a
+// ruleset that does not load).
+func readRules(w http.ResponseWriter, r *http.Request) (body []byte, rs *rules.Ruleset, ok bool) {
+	body, ok = readBody(w, r, maxRulesBody)
+	if !ok {
+		return nil, nil, false
 	}
 	rs, err := rules.Load(body)
 	if err != nil {
 		invalidRules(w, err)
-		return
+		return nil, nil, false
 	}
-	writeJSON(w, http.StatusOK, rulesAnswer(rs, map[string]any{"valid": true}))
+	return body, rs, true
 }
 
 func (a *api) putRules(w http.ResponseWriter, r *http.Request) {
@@ -180,13 +191,8 @@ func (a *api) putRules(w http.ResponseWriter, r *http.Request) {
 	if kv == nil {
 		return
 	}
-	body, ok := readBody(w, r, maxRulesBody)
+	body, rs, ok := readRules(w, r)
 	if !ok {
-		return
-	}
-	rs, err := rules.Load(body)
-	if err != nil {
-		invalidRules(w, err)
 		return
 	}
 	format := "yaml"

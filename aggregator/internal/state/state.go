@@ -346,20 +346,25 @@ func (d *DB) LoadPartition(p int32) (map[windows.RowKey]windows.Row, map[windows
 		return nil, nil, err
 	}
 	marks := map[windows.Source]windows.Mark{}
-	mp := markPrefix(p)
-	err = d.scan(mp, prefixEnd(mp), func(k, v []byte) error {
-		s, err := DecodeMarkKey(k)
+	err = scanInto(d, markPrefix(p), DecodeMarkKey, DecodeMarkValue, marks)
+	return open, marks, err
+}
+
+// scanInto decodes every entry under prefix into out, each key with key
+// and each value with val; the first error ends the scan.
+func scanInto[K comparable, V any](d *DB, prefix []byte, key func([]byte) (K, error), val func([]byte) (V, error), out map[K]V) error {
+	return d.scan(prefix, prefixEnd(prefix), func(k, v []byte) error {
+		kk, err := key(k)
 		if err != nil {
 			return err
 		}
-		m, err := DecodeMarkValue(v)
+		vv, err := val(v)
 		if err != nil {
 			return err
 		}
-		marks[s] = m
+		out[kk] = vv
 		return nil
 	})
-	return open, marks, err
 }
 
 // LoadPenalties returns the penalty state of every key of partition p:
@@ -367,19 +372,11 @@ func (d *DB) LoadPartition(p int32) (map[windows.RowKey]windows.Row, map[windows
 // state it holds in memory; quiet keys are dropped with a tombstone).
 func (d *DB) LoadPenalties(p int32) (map[string]abuse.State, error) {
 	out := map[string]abuse.State{}
-	prefix := penaltyPrefix(p)
-	err := d.scan(prefix, prefixEnd(prefix), func(k, v []byte) error {
+	keyID := func(k []byte) (string, error) {
 		_, id, err := DecodePenaltyKey(k)
-		if err != nil {
-			return err
-		}
-		s, err := DecodePenaltyValue(v)
-		if err != nil {
-			return err
-		}
-		out[id] = s
-		return nil
-	})
+		return id, err
+	}
+	err := scanInto(d, penaltyPrefix(p), keyID, DecodePenaltyValue, out)
 	return out, err
 }
 

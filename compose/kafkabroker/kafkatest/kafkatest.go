@@ -5,8 +5,10 @@
 package kafkatest
 
 import (
+	"context"
 	"testing"
 
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 )
 
@@ -15,14 +17,7 @@ import (
 // Any error fails the test at once.
 func StartTB(tb testing.TB, opts ...kafkabroker.Option) *kafkabroker.Broker {
 	tb.Helper()
-	b, err := kafkabroker.Start(tb.Context(), opts...)
-	if err != nil {
-		tb.Fatalf("start kafka broker: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := b.Stop(); err != nil {
-			tb.Errorf("stop kafka broker: %v", err)
-		}
+	return lifecycle.StartTB(tb, "kafka broker", func(ctx context.Context) (*kafkabroker.Broker, error) {
+		return kafkabroker.Start(ctx, opts...)
 	})
-	return b
 }

@@ -5,8 +5,10 @@
 package natstest
 
 import (
+	"context"
 	"testing"
 
+	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/natsserver"
 )
 
@@ -15,14 +17,7 @@ import (
 // tb.Context. Any error fails the test at once.
 func StartTB(tb testing.TB, opts ...natsserver.Option) *natsserver.Server {
 	tb.Helper()
-	s, err := natsserver.Start(tb.Context(), opts...)
-	if err != nil {
-		tb.Fatalf("start nats server: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			tb.Errorf("stop nats server: %v", err)
-		}
+	return lifecycle.StartTB(tb, "nats server", func(ctx context.Context) (*natsserver.Server, error) {
+		return natsserver.Start(ctx, opts...)
 	})
-	return s
 }

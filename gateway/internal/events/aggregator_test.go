@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -28,7 +27,7 @@ import (
 // last report (one batch).
 func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	brokers := startKafka(t, 0, "", kfake.GroupMinSessionTimeout(100*time.Millisecond)).ListenAddrs()
+	brokers := startKafka(t, 0, "").Addrs()
 	agg := startAggregator(t, brokers)
 	dir := t.TempDir()
 

@@ -64,7 +64,7 @@ func TestRestartOnFullDiskReplays(t *testing.T) {
 	p3 := start(t, cfg)
 	p3.waitDrained(t, 60*time.Second)
 	p3.shutdown(t)
-	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	got := aggregate(t, readAll(t, c.Addrs()))
 	t.Logf("applied %d, missing %d, markers %d", got.applied, got.missing, got.markers)
 	if got.applied+int(got.missing) != calls || got.missing != uint64(dropped) {
 		t.Fatalf("applied %d + missing %d, want %d decisions with %v dropped", got.applied, got.missing, calls, dropped)
@@ -94,7 +94,7 @@ func TestStartsWhenMetaCannotBeWritten(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	fsys.Inject(failMeta(&fail))
-	cfg := testConfig(t, c.ListenAddrs(), t.TempDir())
+	cfg := testConfig(t, c.Addrs(), t.TempDir())
 	cfg.FS = fsys
 
 	p := start(t, cfg)
@@ -124,7 +124,7 @@ func TestStartsWhenMetaCannotBeWritten(t *testing.T) {
 	recordN(p2, 4000, 100)
 	p2.waitDrained(t, 30*time.Second)
 	p2.shutdown(t)
-	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	got := aggregate(t, readAll(t, c.Addrs()))
 	t.Logf("applied %d, missing %d, markers %d", got.applied, got.missing, got.markers)
 	if got.applied != 4100 || got.missing != 0 || got.markers == 0 {
 		t.Fatalf("applied %d of 4100, missing %d, markers %d: the first epoch was not closed exactly", got.applied, got.missing, got.markers)

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,11 +17,12 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/gateway/internal/events"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -47,40 +47,23 @@ func portOf(t testing.TB, addr string) int {
 	return port
 }
 
-// startKafka starts a one-broker kfake cluster on port (0: any) with the
-// decisions topic, persisting in dataDir unless it is "". The test closes
-// it at the end; closing it earlier is a Kafka outage.
-func startKafka(t testing.TB, port int, dataDir string, extra ...kfake.Opt) *kfake.Cluster {
+// startKafka starts a one-broker Kafka on port (0: any) with the
+// decisions topic, persisting in dataDir unless it is "", waiting while a
+// chosen port (a broker that starts late or restarts) is held for a
+// moment by another test's outgoing connection. The test stops it at the
+// end; Down earlier is a Kafka outage.
+func startKafka(t testing.TB, port int, dataDir string) *kafkabroker.Broker {
 	t.Helper()
-	opts := append([]kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(partitions, tollgatev1.TopicDecisions)}, extra...)
+	opts := []kafkabroker.Option{
+		kafkabroker.WithListen(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))),
+		kafkabroker.WithPartitions(partitions),
+		kafkabroker.WithSeedTopics(tollgatev1.TopicDecisions),
+		kafkabroker.WithWaitForPorts(),
+	}
 	if dataDir != "" {
-		opts = append(opts, kfake.DataDir(dataDir))
+		opts = append(opts, kafkabroker.WithDataDir(dataDir))
 	}
-	var c *kfake.Cluster
-	start := func() error {
-		var err error
-		c, err = kfake.NewCluster(opts...)
-		return err
-	}
-	if port == 0 {
-		if err := start(); err != nil {
-			t.Fatalf("start kfake: %v", err)
-		}
-	} else {
-		// A chosen port (a broker that starts late or restarts) may be
-		// held for a moment by another test's outgoing connection, whose
-		// local port the kernel took from the same range: wait that out.
-		testwait.Eventually(t, 5*time.Second, func() error {
-			if err := start(); err != nil && !errors.Is(err, syscall.EADDRINUSE) {
-				t.Fatalf("start kfake: %v", err)
-			} else if err != nil {
-				return fmt.Errorf("start kfake: %w", err)
-			}
-			return nil
-		})
-	}
-	t.Cleanup(c.Close)
-	return c
+	return kafkatest.StartTB(t, opts...)
 }
 
 // producer is a Producer under test with its metrics and running Run.
@@ -397,7 +380,7 @@ func aggregate(t testing.TB, recs []*kgo.Record) tally {
 func TestDeliversEveryEventOnceInOrder(t *testing.T) {
 	t.Parallel()
 	c := startKafka(t, 0, "")
-	p := start(t, testConfig(t, c.ListenAddrs(), t.TempDir()))
+	p := start(t, testConfig(t, c.Addrs(), t.TempDir()))
 	if p.Partitions() != partitions {
 		t.Fatalf("numbering by %d partitions, the topic has %d", p.Partitions(), partitions)
 	}
@@ -428,7 +411,7 @@ func TestDeliversEveryEventOnceInOrder(t *testing.T) {
 	p.waitDrained(t, 30*time.Second)
 	p.shutdown(t)
 
-	recs := readAll(t, c.ListenAddrs())
+	recs := readAll(t, c.Addrs())
 	got := aggregate(t, recs)
 	t.Logf("%d records: %d applied, %d duplicates, %d missing", len(recs), got.applied, got.duplicates, got.missing)
 	if got.applied != want || got.missing != 0 || got.markers != 0 || got.skips != 0 {
@@ -446,7 +429,7 @@ func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	c := startKafka(t, 0, data)
-	brokers := c.ListenAddrs()
+	brokers := c.Addrs()
 	port := portOf(t, brokers[0])
 	cfg := testConfig(t, brokers, t.TempDir())
 	// 16 chunks of 16 KiB, 4 of them in flight: most of the outage's
@@ -466,7 +449,9 @@ func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 		})
 	}
 
-	c.Close()
+	if err := c.Down(); err != nil {
+		t.Fatal(err)
+	}
 	// Every event of the outage reaches the spool, even those franz-go
 	// holds in flight (they are spooled FlushInterval after they were
 	// recorded), and Kafka counts as down.
@@ -497,7 +482,7 @@ func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 		t.Fatal("nothing was replayed from the spool")
 	}
 
-	got := aggregate(t, readAll(t, c2.ListenAddrs()))
+	got := aggregate(t, readAll(t, c2.Addrs()))
 	t.Logf("applied %d, duplicates %d, missing %d", got.applied, got.duplicates, got.missing)
 	if got.applied != 8000 || got.missing != 0 || got.skips != 0 {
 		t.Fatalf("aggregator applied %d of 8000 events, %d missing", got.applied, got.missing)
@@ -540,7 +525,7 @@ func TestStopWithKafkaDownSpoolsAndRestartReplays(t *testing.T) {
 	p.waitDrained(t, 60*time.Second)
 	p.shutdown(t)
 
-	recs := readAll(t, c.ListenAddrs())
+	recs := readAll(t, c.Addrs())
 	// On each partition: epoch 0's events, its marker, epoch 1's events,
 	// its marker, then epoch 2's events.
 	for q := int32(0); q < partitions; q++ {
@@ -641,7 +626,7 @@ func TestSpoolFullDropsAreCountedAndRecordNeverBlocks(t *testing.T) {
 	p2 := start(t, cfg)
 	p2.waitDrained(t, 60*time.Second)
 	p2.shutdown(t)
-	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	got := aggregate(t, readAll(t, c.Addrs()))
 	t.Logf("applied %d, missing %d, markers %d", got.applied, got.missing, got.markers)
 	if got.applied+int(got.missing) != workers*each || got.missing != uint64(dropped) {
 		t.Fatalf("applied %d + missing %d, want %d calls with %v dropped", got.applied, got.missing, workers*each, dropped)
@@ -653,7 +638,7 @@ func TestSpoolFullDropsAreCountedAndRecordNeverBlocks(t *testing.T) {
 func TestCloseIsIdempotent(t *testing.T) {
 	t.Parallel()
 	c := startKafka(t, 0, "")
-	p := start(t, testConfig(t, c.ListenAddrs(), t.TempDir()))
+	p := start(t, testConfig(t, c.Addrs(), t.TempDir()))
 	recordN(p, 0, 100)
 	testwait.Eventually(t, 10*time.Second, func() error { // Run is running
 		if got := p.metric(t, "tollgate_events_produced_total"); got < 100 {
@@ -682,7 +667,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	idle := newProducer(t, testConfig(t, c.ListenAddrs(), dir))
+	idle := newProducer(t, testConfig(t, c.Addrs(), dir))
 	recordN(idle, 0, 50)
 	if err := idle.Close(); err != nil {
 		t.Fatalf("close a producer that never ran: %v", err)
@@ -690,10 +675,10 @@ func TestCloseIsIdempotent(t *testing.T) {
 	if got := idle.metric(t, "tollgate_events_spooled_total"); got != 50 {
 		t.Fatalf("closing a producer that never ran spooled %v of 50 events", got)
 	}
-	again := start(t, testConfig(t, c.ListenAddrs(), dir))
+	again := start(t, testConfig(t, c.Addrs(), dir))
 	again.waitDrained(t, 30*time.Second)
 	again.shutdown(t)
-	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	got := aggregate(t, readAll(t, c.Addrs()))
 	if got.applied != 150 || got.missing != 0 {
 		t.Fatalf("applied %d of 150, missing %d", got.applied, got.missing)
 	}
@@ -706,9 +691,10 @@ func TestCloseIsIdempotent(t *testing.T) {
 func TestFailedRecordsAreResentInOrder(t *testing.T) {
 	t.Parallel()
 	c := startKafka(t, 0, "")
+	cluster := c.Cluster()
 	var requests, refused atomic.Int64
-	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
+	cluster.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
 		// The second request and every third after it, so that a slow
 		// machine that packs everything into a few requests still sees
 		// refusals.
@@ -730,7 +716,7 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	p := start(t, testConfig(t, c.ListenAddrs(), t.TempDir()))
+	p := start(t, testConfig(t, c.Addrs(), t.TempDir()))
 	// Continuously, so that records are handed to franz-go while others
 	// are failing.
 	// Keep sending past the 200 bursts until some requests were refused
@@ -748,7 +734,7 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 	if errs == 0 || refused.Load() == 0 {
 		t.Fatalf("no record failed (%v send errors, %d requests refused): the test tested nothing", errs, refused.Load())
 	}
-	got := aggregate(t, readAll(t, c.ListenAddrs()))
+	got := aggregate(t, readAll(t, c.Addrs()))
 	t.Logf("%d requests refused, %v records failed and re-sent; applied %d, duplicates %d, missing %d",
 		refused.Load(), errs, got.applied, got.duplicates, got.missing)
 	if want := bursts * 50; got.applied != want || got.missing != 0 || got.skips != 0 {

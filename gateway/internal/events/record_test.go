@@ -17,7 +17,7 @@ import (
 // dropped because memory is full, and with shadow rules' ids to write.
 func TestRecordDoesNotAllocate(t *testing.T) {
 	c := startKafka(t, 0, "")
-	cfg := testConfig(t, c.ListenAddrs(), t.TempDir())
+	cfg := testConfig(t, c.Addrs(), t.TempDir())
 	cfg.MemoryBytes = 1 << 20 // 32 chunks of 32 KiB: ~8000 events, then drops
 	p := newProducer(t, cfg)
 	reqs, ds := benchDecisions()
@@ -55,7 +55,7 @@ func TestRecordDoesNotAllocate(t *testing.T) {
 func TestRecordKeepsEventsWithinBounds(t *testing.T) {
 	t.Parallel()
 	c := startKafka(t, 0, "")
-	p := start(t, testConfig(t, c.ListenAddrs(), t.TempDir()))
+	p := start(t, testConfig(t, c.Addrs(), t.TempDir()))
 	before := time.Now()
 	req, future := decision(1)
 	future.Time = time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
@@ -71,7 +71,7 @@ func TestRecordKeepsEventsWithinBounds(t *testing.T) {
 	}
 	p.waitDrained(t, 30*time.Second)
 	after := time.Now()
-	recs := readAll(t, c.ListenAddrs())
+	recs := readAll(t, c.Addrs())
 	if len(recs) != len(ds) {
 		t.Fatalf("%d events in Kafka, want %d", len(recs), len(ds))
 	}

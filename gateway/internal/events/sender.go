@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -951,15 +952,10 @@ func (s *sender) logFixes(now time.Time) {
 	p.mu.Lock()
 	f := p.corrected
 	p.mu.Unlock()
-	if f == s.loggedFixes {
-		return
+	if logGrowth(p.log, slog.LevelWarn, "events: decisions with values beyond the schema's bounds were corrected (see tollgate_events_corrected_total)",
+		fixNames[:], f[:], s.loggedFixes[:]) {
+		s.lastFixLog, s.loggedFixes = now, f
 	}
-	attrs := make([]any, 0, numFixes)
-	for i := range f {
-		attrs = append(attrs, slog.Uint64(fixNames[i], f[i]-s.loggedFixes[i]))
-	}
-	s.lastFixLog, s.loggedFixes = now, f
-	p.log.Warn("events: decisions with values beyond the schema's bounds were corrected (see tollgate_events_corrected_total)", attrs...)
 }
 
 // logDrops logs the drops since the last log, at most once per
@@ -972,13 +968,23 @@ func (s *sender) logDrops(now time.Time) {
 	p.mu.Lock()
 	d := p.dropped
 	p.mu.Unlock()
-	if d == s.loggedDrops {
-		return
+	if logGrowth(p.log, slog.LevelError, "events: decisions dropped (see tollgate_events_dropped_total)",
+		dropReasonNames[:], d[:], s.loggedDrops[:]) {
+		s.lastDropLog, s.loggedDrops = now, d
 	}
-	attrs := make([]any, 0, numDropReasons)
-	for i := range d {
-		attrs = append(attrs, slog.Uint64(dropReasonNames[i], d[i]-s.loggedDrops[i]))
+}
+
+// logGrowth logs msg at level with, per name, how much the counter of cur
+// has grown since logged; when none has, it logs nothing and reports
+// false.
+func logGrowth(log *slog.Logger, level slog.Level, msg string, names []string, cur, logged []uint64) bool {
+	if slices.Equal(cur, logged) {
+		return false
 	}
-	s.lastDropLog, s.loggedDrops = now, d
-	p.log.Error("events: decisions dropped (see tollgate_events_dropped_total)", attrs...)
+	attrs := make([]any, 0, len(cur))
+	for i := range cur {
+		attrs = append(attrs, slog.Uint64(names[i], cur[i]-logged[i]))
+	}
+	log.Log(context.Background(), level, msg, attrs...)
+	return true
 }

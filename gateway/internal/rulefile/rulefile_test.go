@@ -71,24 +71,33 @@ func (r *recorder) counts() (int, int) {
 	return len(r.applied), len(r.refused)
 }
 
-func TestWatcher(t *testing.T) {
-	t.Parallel()
-	path := filepath.Join(t.TempDir(), "rules.yaml")
+// watch writes a rules file (limit 5) and returns a Watcher of it, with
+// opts, that hands over to rec.
+func watch(t *testing.T, opts ...Option) (path string, w *Watcher, rec *recorder) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "rules.yaml")
 	write(t, path, rulesWith("5"))
 	cur, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
-	w := NewWatcher(path, cur, func(rs *Ruleset) {
+	rec = &recorder{}
+	apply := func(rs *Ruleset) {
 		rec.mu.Lock()
 		rec.applied = append(rec.applied, rs)
 		rec.mu.Unlock()
-	}, WithInterval(5*time.Millisecond), OnRefused(func(err error) {
+	}
+	refuse := OnRefused(func(err error) {
 		rec.mu.Lock()
 		rec.refused = append(rec.refused, err)
 		rec.mu.Unlock()
-	}))
+	})
+	return path, NewWatcher(path, cur, apply, append([]Option{refuse}, opts...)...), rec
+}
+
+func TestWatcher(t *testing.T) {
+	t.Parallel()
+	path, w, rec := watch(t, WithInterval(5*time.Millisecond))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -136,15 +145,7 @@ func TestWatcher(t *testing.T) {
 // timing is involved.
 func TestWatcherRewriteInPlace(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	write(t, path, rulesWith("5"))
-	cur, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	w := NewWatcher(path, cur, func(rs *Ruleset) { rec.applied = append(rec.applied, rs) },
-		OnRefused(func(err error) { rec.refused = append(rec.refused, err) }))
+	path, w, rec := watch(t)
 	full := rulesWith("6")
 	for _, partial := range []string{"", full[:len(full)/2]} {
 		if err := os.WriteFile(path, []byte(partial), 0o600); err != nil { // cp's truncate, then a short write
@@ -182,21 +183,12 @@ func TestWatcherRewriteInPlace(t *testing.T) {
 // invalid one.
 func TestWatcherCheck(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	write(t, path, rulesWith("5"))
-	cur, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	w := NewWatcher(path, cur, func(rs *Ruleset) { rec.applied = append(rec.applied, rs) },
-		OnRefused(func(err error) { rec.refused = append(rec.refused, err) }),
-		WithCheck(func(rs *rules.Ruleset) error {
-			if p, _ := rs.Rule("r").ParamsFor("", ""); p.Limit > 100 {
-				return errors.New("too big")
-			}
-			return nil
-		}))
+	path, w, rec := watch(t, WithCheck(func(rs *rules.Ruleset) error {
+		if p, _ := rs.Rule("r").ParamsFor("", ""); p.Limit > 100 {
+			return errors.New("too big")
+		}
+		return nil
+	}))
 	write(t, path, rulesWith("500"))
 	for range settlePolls + 1 {
 		w.poll()

@@ -1,8 +1,9 @@
-package gateway_test
+package pipeline_test
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,9 +25,11 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -73,11 +76,14 @@ type fleet struct {
 	gwConfig func(*gateway.Config)
 }
 
-// fleetGateway is a gateway of the fleet, with its log.
+// fleetGateway is a running gateway of the fleet, with its log.
 type fleetGateway struct {
-	id   string
-	run  *runningGateway
-	logs *testnet.Buffer
+	id     string
+	srv    *gateway.Server
+	addrs  gateway.Addrs
+	cancel context.CancelFunc
+	task   *service.Task // srv.Run
+	logs   *testnet.Buffer
 }
 
 // newFleet starts the control plane, Redis and n gateways, and waits
@@ -114,35 +120,13 @@ func (f *fleet) startAggregator() {
 	t := f.t
 	kb := kafkatest.StartTB(t)
 	cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: "agg", DataDir: t.TempDir(),
-		AdminToken: adminToken, KeySecret: testSecret, SessionTimeout: 2 * time.Second, Penalty: f.penalty}
+		AdminToken: adminToken, KeySecret: secret, SessionTimeout: 2 * time.Second, Penalty: f.penalty}
 	cfg.Kafka.Brokers = kb.Addrs()
 	f.brokers = kb.Addrs()
 	cfg.NATS.URL = f.ns.ClientURL()
-	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("part", "aggregator"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("aggregator: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("aggregator did not stop within 30s")
-		}
-	})
+	srv, _ := runAggregator(t, cfg, logtest.Warnings(t).With("part", "aggregator"))
 	f.admin = srv.Addrs().API
-	testwait.Eventually(t, 20*time.Second, func() error {
-		if code, b := f.op("GET", "/admin/v1/rules/versions", ""); code != 200 {
-			return fmt.Errorf("operator API: %d %s", code, b)
-		}
-		return nil
-	})
+	waitOperatorAPI(t, f.op)
 }
 
 // gatewayConfig is a fleet gateway's configuration: the check API and
@@ -153,10 +137,10 @@ func (f *fleet) gatewayConfig(id string) gateway.Config {
 		MetricsListen: "127.0.0.1:0",
 		GRPCListen:    gateway.Off,
 		RulesFile:     f.rulesFile,
-		KeySecret:     testSecret,
+		KeySecret:     secret,
 		GatewayID:     id,
 		DataDir:       f.dataDir,
-		Redis:         redisConfig(f.redisAddr),
+		Redis:         configs.Redis{Addrs: []string{f.redisAddr}, Timeout: 2 * time.Second},
 	}
 	c.NATS.URL = f.ns.ClientURL()
 	if f.events {
@@ -177,7 +161,14 @@ func (f *fleet) startGateway(id string) *fleetGateway {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	g.run = run(f.t, srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	g.srv, g.addrs, g.cancel = srv, srv.Addrs(), cancel
+	g.task = service.Go(func() error { return srv.Run(ctx) })
+	f.t.Cleanup(func() {
+		if err := g.halt(); err != nil {
+			f.t.Errorf("gateway %s: %v", id, err)
+		}
+	})
 	f.gws = append(f.gws, g)
 	return g
 }
@@ -185,33 +176,27 @@ func (f *fleet) startGateway(id string) *fleetGateway {
 // stop stops a gateway now (its cleanup then has nothing left to do).
 func (g *fleetGateway) stop(t *testing.T) {
 	t.Helper()
-	g.run.cancel()
+	if err := g.halt(); err != nil {
+		t.Fatalf("gateway %s: %v", g.id, err)
+	}
+}
+
+// halt cancels the gateway's Run and returns its result, waiting 15s at
+// most; again, it returns the same result.
+func (g *fleetGateway) halt() error {
+	g.cancel()
 	select {
-	case err := <-g.run.errc:
-		g.run.errc <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("gateway %s: %v", g.id, err)
-		}
+	case <-g.task.Done():
+		return g.task.Wait()
 	case <-time.After(15 * time.Second):
-		t.Fatalf("gateway %s did not stop", g.id)
+		return errors.New("did not stop")
 	}
 }
 
 // op calls the operator API.
 func (f *fleet) op(method, path, body string) (int, []byte) {
 	f.t.Helper()
-	req, err := http.NewRequest(method, "http://"+f.admin+path, strings.NewReader(body))
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := f.client.Do(req)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return operatorCall(f.t, f.client, f.admin, adminToken, method, path, body)
 }
 
 // putRules makes src the fleet's ruleset through the operator API and
@@ -244,7 +229,7 @@ type decision struct {
 func (f *fleet) check(g *fleetGateway, key string, cost int) decision {
 	f.t.Helper()
 	body := fmt.Sprintf(`{"api_key":%q,"endpoint":"/v1/x","method":"GET","cost":%d}`, key, cost)
-	resp, err := f.client.Post("http://"+g.run.addrs.API+"/v1/check", "application/json", strings.NewReader(body))
+	resp, err := f.client.Post("http://"+g.addrs.API+"/v1/check", "application/json", strings.NewReader(body))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -270,7 +255,7 @@ type readyz struct {
 
 func (f *fleet) readyz(g *fleetGateway) readyz {
 	f.t.Helper()
-	resp, err := f.client.Get("http://" + g.run.addrs.Metrics + "/readyz")
+	resp, err := f.client.Get("http://" + g.addrs.Metrics + "/readyz")
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -286,7 +271,7 @@ func (f *fleet) readyz(g *fleetGateway) readyz {
 // first line starting with series), -1 when absent.
 func (f *fleet) metric(g *fleetGateway, series string) float64 {
 	f.t.Helper()
-	resp, err := f.client.Get("http://" + g.run.addrs.Metrics + "/metrics")
+	resp, err := f.client.Get("http://" + g.addrs.Metrics + "/metrics")
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -610,7 +595,7 @@ func propagation(tb testing.TB, f *fleet, n int) (ruleChange, block []propagated
 		pending := slices.Clone(f.gws)
 		for len(pending) > 0 {
 			pending = slices.DeleteFunc(pending, func(g *fleetGateway) bool {
-				d, err := g.run.srv.Guard().Peek(ctx, req)
+				d, err := g.srv.Guard().Peek(ctx, req)
 				return err == nil && cond(d)
 			})
 			if time.Now().After(deadline) {
@@ -658,14 +643,6 @@ func field(ps []propagated, f func(propagated) time.Duration) []time.Duration {
 func enforceTime(p propagated) time.Duration { return p.enforce }
 func apiTime(p propagated) time.Duration     { return p.api }
 
-// percentile returns the p-th percentile (nearest rank) of ds.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p/100*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
 // TestFleetPropagationFigures logs the propagation figure (< 2 s, aim < 100 ms): three
 // gateways, from the operator API's answer to enforcement on every one,
 // for a rule change and a blocklist entry; and checks the 2 s contract.
@@ -680,9 +657,9 @@ func TestFleetPropagationFigures(t *testing.T) {
 		ps   []propagated
 	}{{"rule change", rc}, {"blocklist entry", bl}} {
 		ds := field(m.ps, enforceTime)
-		p50, p99 := percentile(ds, 50), percentile(ds, 99)
+		p50, p99 := nearestRank(ds, 50), nearestRank(ds, 99)
 		t.Logf("%s, 3 gateways, %d changes: from the API's answer to enforcement everywhere p50 %v, p99 %v, max %v; the API's own answer p50 %v",
-			m.what, len(ds), p50, p99, slices.Max(ds), percentile(field(m.ps, apiTime), 50))
+			m.what, len(ds), p50, p99, slices.Max(ds), nearestRank(field(m.ps, apiTime), 50))
 		if p99 > 2*time.Second {
 			t.Errorf("%s: p99 %v, want < 2s (the propagation bound)", m.what, p99)
 		}
@@ -711,8 +688,8 @@ func BenchmarkFleetPropagation(b *testing.B) {
 		ps   []propagated
 	}{{"rule", rc}, {"block", bl}} {
 		ds := field(m.ps, enforceTime)
-		b.ReportMetric(ms(percentile(ds, 50)), m.name+"-p50-ms")
-		b.ReportMetric(ms(percentile(ds, 99)), m.name+"-p99-ms")
-		b.ReportMetric(ms(percentile(field(m.ps, apiTime), 50)), m.name+"-api-p50-ms")
+		b.ReportMetric(ms(nearestRank(ds, 50)), m.name+"-p50-ms")
+		b.ReportMetric(ms(nearestRank(ds, 99)), m.name+"-p99-ms")
+		b.ReportMetric(ms(nearestRank(field(m.ps, apiTime), 50)), m.name+"-api-p50-ms")
 	}
 }

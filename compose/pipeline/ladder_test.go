@@ -1,4 +1,4 @@
-package gateway_test
+package pipeline_test
 
 import (
 	"context"
@@ -121,7 +121,8 @@ func ladderLevel(c *guard.ControlSet, keyID string, now int64) int {
 // climbs.
 func TestLadderEndToEnd(t *testing.T) {
 	t.Parallel()
-	upstream := httptest.NewServer(http.HandlerFunc(echo))
+	// The upstream answers 200 to whatever the gateway lets through.
+	upstream := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(upstream.Close)
 	f := newFleetWith(t, 3, func(f *fleet) {
 		f.events = true
@@ -135,8 +136,8 @@ func TestLadderEndToEnd(t *testing.T) {
 	})
 	f.waitRules(f.putRules(ladderRules), 5)
 	g1, g2 := f.gws[0], f.gws[1]
-	stormID := g1.run.srv.Guard().KeyID("sk_fleet_storm")
-	politeID := g1.run.srv.Guard().KeyID("sk_fleet_polite")
+	stormID := g1.srv.Guard().KeyID("sk_fleet_storm")
+	politeID := g1.srv.Guard().KeyID("sk_fleet_polite")
 
 	// Each gateway's first sight of each level of the storm key.
 	type sight struct {
@@ -149,7 +150,7 @@ func TestLadderEndToEnd(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for i, g := range f.gws {
 		sights[i] = &sight{}
-		c := g.run.srv.Guard().Controls()
+		c := g.srv.Guard().Controls()
 		wg.Go(func() {
 			tick := time.NewTicker(time.Millisecond)
 			defer tick.Stop()
@@ -170,8 +171,8 @@ func TestLadderEndToEnd(t *testing.T) {
 	}
 
 	var storm, polite answers
-	wg.Go(func() { loop(ctx, g1.run.addrs.Proxy, "127.0.0.2", "sk_fleet_storm", false, &storm) })
-	wg.Go(func() { loop(ctx, g2.run.addrs.Proxy, "127.0.0.3", "sk_fleet_polite", true, &polite) })
+	wg.Go(func() { loop(ctx, g1.addrs.Proxy, "127.0.0.2", "sk_fleet_storm", false, &storm) })
+	wg.Go(func() { loop(ctx, g2.addrs.Proxy, "127.0.0.3", "sk_fleet_polite", true, &polite) })
 
 	// The aggregator climbs to the top; every gateway follows each step
 	// within 2 s.
