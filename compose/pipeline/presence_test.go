@@ -1,4 +1,4 @@
-package gateway_test
+package pipeline_test
 
 import (
 	"context"
