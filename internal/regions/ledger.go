@@ -426,7 +426,9 @@ func (l *Ledger) sureShare(c *counter, now, t int64) int64 {
 }
 
 // retryFixed is the wait until a window the region is sure of has room
-// for cost, counted from after the skew band at its start.
+// for cost, counted from after the skew band at its start. Only the
+// windows where a share or a count can change are looked at (fixedBreaks),
+// so the work does not grow with how far ahead a loan reaches.
 func (l *Ledger) retryFixed(c *counter, cost, now int64) int64 {
 	w := c.lim.Window
 	j := fdiv(now, w)
@@ -437,7 +439,7 @@ func (l *Ledger) retryFixed(c *counter, cost, now int64) int64 {
 	for _, in := range c.ins {
 		last = max(last, in.last+1)
 	}
-	for m := j; m <= last; m++ {
+	for _, m := range l.fixedBreaks(c, j, last, j, j+1) {
 		t := max(now, m*w+l.cfg.Skew)
 		if t < (m+1)*w-l.cfg.Skew && l.share(c, m)-c.n[m] >= cost {
 			return t - now
@@ -446,6 +448,49 @@ func (l *Ledger) retryFixed(c *counter, cost, now int64) int64 {
 	// Not even the static share takes cost: the window after every known
 	// loan is the best guess (docs/regions.md says when this is early).
 	return (last+1)*w + l.cfg.Skew - now
+}
+
+// fixedBreaks lists, sorted, the windows in [lo, hi] at which a fixed
+// window's share or count may differ from the window before (a loan's
+// first window and the one after its last, a counted window and the one
+// after it), and the windows also given: between two listed windows
+// nothing changes, so looking at these is looking at all.
+func (l *Ledger) fixedBreaks(c *counter, lo, hi int64, also ...int64) []int64 {
+	var ws []int64
+	add := func(m int64) {
+		if lo <= m && m <= hi {
+			ws = append(ws, m)
+		}
+	}
+	for _, m := range also {
+		add(m)
+	}
+	for m := range c.n {
+		add(m)
+		add(m + 1)
+	}
+	for _, o := range c.outs {
+		add(o.first)
+		add(o.last + 1)
+	}
+	for _, in := range c.ins {
+		add(in.first)
+		add(in.last + 1)
+	}
+	slices.Sort(ws)
+	return slices.Compact(ws)
+}
+
+// minRoomFixed is the least, over the windows lo to hi, of what is
+// neither used nor kept. keepFixed is the same for every window after the
+// current one, so the current window, the next and the breaks suffice.
+func (l *Ledger) minRoomFixed(c *counter, lo, hi, keep, now int64) int64 {
+	cur := fdiv(now, c.lim.Window)
+	room := int64(math.MaxInt64)
+	for _, j := range l.fixedBreaks(c, lo, hi, lo, cur, cur+1) {
+		room = min(room, l.share(c, j)-c.n[j]-l.keepFixed(c, j, keep, now))
+	}
+	return room
 }
 
 // retrySliding is the wait until enough of what the region admitted has
@@ -558,11 +603,7 @@ func (l *Ledger) Give(_ context.Context, o *Order, keep int64, now int64) (Loan,
 func (l *Ledger) spare(c *counter, first, last, keep, now int64) int64 {
 	switch c.lim.Kind {
 	case FixedWindow:
-		avail := int64(math.MaxInt64)
-		for j := max(first, fdiv(now-l.cfg.Skew, c.lim.Window)); j <= last; j++ {
-			avail = min(avail, l.share(c, j)-c.n[j]-l.keepFixed(c, j, keep, now))
-		}
-		return avail
+		return l.minRoomFixed(c, max(first, fdiv(now-l.cfg.Skew, c.lim.Window)), last, keep, now)
 	case SlidingWindow:
 		return min(l.own(c, now), l.eff(c, now)-max(usage(c), keep))
 	default:
@@ -587,10 +628,8 @@ func (l *Ledger) grow(c *counter, rec *outLoan, units, last, keep, now int64) st
 		if last <= rec.last {
 			return ""
 		}
-		for j := max(rec.last+1, fdiv(now-l.cfg.Skew, c.lim.Window)); j <= last; j++ {
-			if l.share(c, j)-c.n[j]-l.keepFixed(c, j, keep, now) < rec.units {
-				return RefusedNothing
-			}
+		if l.minRoomFixed(c, max(rec.last+1, fdiv(now-l.cfg.Skew, c.lim.Window)), last, keep, now) < rec.units {
+			return RefusedNothing
 		}
 		rec.last = last
 		return ""
