@@ -192,6 +192,9 @@ func TestConsoleJourneys(t *testing.T) {
 		}
 		return nil
 	})
+	// A key configured without a tenant is its own tenant: named as such,
+	// not by its key_id.
+	p.waitText("#ov", "no tenant (key sk_")
 	p.run("follow the penalised key", chromedp.Click(chromedp.CSS(`#ov a[href^="#penalties"]`)))
 	p.waitText("#page-title", "Penalties")
 	p.waitText("#p-level .value", "1")

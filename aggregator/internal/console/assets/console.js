@@ -216,6 +216,14 @@
 
   // ---- overview ----------------------------------------------------------
 
+  // tenantName labels a tenant for people: a key configured without a
+  // tenant is its own tenant, named by its key_id, which reads as noise,
+  // so it is shown as "no tenant (key …)" (own maps those key_ids to the
+  // key's prefix).
+  function tenantName(tenant, own) {
+    return own.has(tenant) ? "no tenant (key " + own.get(tenant) + ")" : tenant;
+  }
+
   // rateChart draws decisions/s over the polls: a line with its points
   // and the last value written beside it (not colour alone).
   function rateChart(points) {
@@ -231,7 +239,7 @@
     points.forEach((p, i) => svg.append(s("circle", { class: "dot", cx: x(i), cy: y(p[1]), r: 2.5 })));
     if (points.length) {
       const last = points[points.length - 1];
-      svg.append(s("text", { x: Math.min(w - 80, x(points.length - 1) - 60), y: Math.max(12, y(last[1]) - 6) }, fmt(last[1]) + " /s"));
+      svg.append(s("text", { x: Math.max(pad + 6, Math.min(w - 80, x(points.length - 1) - 60)), y: Math.max(12, y(last[1]) - 6) }, fmt(last[1]) + " /s"));
     }
     return svg;
   }
@@ -249,6 +257,7 @@
       rateHistory.push([Date.now(), o.traffic.decisions_per_second]);
       while (rateHistory.length > 60) rateHistory.shift();
       const health = o.ready ? "ready" : (o.health.status + (o.health.reason ? " (" + o.health.reason + ")" : ""));
+      const ownTenants = new Map(o.top_keys.filter((k) => k.tenant === k.key_id).map((k) => [k.key_id, k.key_prefix || k.key_id]));
       const deps = ["kafka", "nats", "redis"].filter((d) => o.health[d]).map((d) => d + ": " + o.health[d].status).join(", ");
       box.replaceChildren(
         h("div", { class: "cards" },
@@ -265,10 +274,10 @@
         rateChart(rateHistory),
         h("div", { class: "grid2" },
           h("section", {}, h("h2", {}, "Keys most rejected"),
-            table(["tenant", "key", "rejected#", "allowed#"], o.top_keys.map((k) => [k.tenant, keyLink(k), k.rejected, k.allowed]))),
+            table(["tenant", "key", "rejected#", "allowed#"], o.top_keys.map((k) => [tenantName(k.tenant, ownTenants), keyLink(k), k.rejected, k.allowed]))),
           h("section", {}, h("h2", {}, "Tenants most rejected"),
             table(["tenant", "rejected#", "allowed#"], o.top_tenants.map((t) => [
-              h("a", { href: "#usage?tenant=" + encodeURIComponent(t.tenant) }, t.tenant), t.rejected, t.allowed])))),
+              h("a", { href: "#usage?tenant=" + encodeURIComponent(t.tenant) }, tenantName(t.tenant, ownTenants)), t.rejected, t.allowed])))),
         h("h2", {}, "Penalties in force"),
         penaltyTable(o.penalties),
         h("section", { id: "ov-gateways" }, h("h2", {}, "Gateways"), gatewayTable(o.gateways)),
