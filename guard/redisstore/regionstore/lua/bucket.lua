@@ -104,20 +104,9 @@ local function bk_retry(st, cost, now)
 end
 
 local function bk_prune(st, now)
-  local dropped = bk_settle(st, now)
-  for id, o in pairs(st.outs) do
-    if now >= sw_regain(o) then
-      st.outs[id] = nil
-      dropped = true
-    end
-  end
-  for id, r in pairs(st.ins) do
-    if now >= sw_forget(r) then
-      st.ins[id] = nil
-      dropped = true
-    end
-  end
-  return dropped
+  local settled = bk_settle(st, now)
+  local dropped = sw_prune_loans(st, now)
+  return settled or dropped
 end
 
 -- A bucket is as a new one once every loan is gone and a whole W has

@@ -78,7 +78,10 @@ local function sw_entry(v)
   return tonumber(t), tonumber(c)
 end
 
-local function sw_prune(st, log, now)
+-- sw_prune_loans drops the loans given that the giver has regained and
+-- the loans received that can no longer count (sliding windows and
+-- buckets alike); it reports whether it dropped any.
+local function sw_prune_loans(st, now)
   local dropped = false
   for id, o in pairs(st.outs) do
     if now >= sw_regain(o) then
@@ -92,6 +95,11 @@ local function sw_prune(st, log, now)
       dropped = true
     end
   end
+  return dropped
+end
+
+local function sw_prune(st, log, now)
+  local dropped = sw_prune_loans(st, now)
   while true do
     local v = redis.call('LINDEX', log, 0)
     if not v then
