@@ -86,6 +86,24 @@ local function fw_needed(W, K)
   end
 end
 
+-- fw_each_break calls visit with each window where the share or the
+-- count can change: each counted window and the one after it, each
+-- loan's first window and the one after its last.
+local function fw_each_break(st, visit)
+  for m in pairs(st.n) do
+    visit(m)
+    visit(m + 1)
+  end
+  for _, o in pairs(st.outs) do
+    visit(o.first)
+    visit(o.last + 1)
+  end
+  for _, r in pairs(st.ins) do
+    visit(r.first)
+    visit(r.last + 1)
+  end
+end
+
 -- The Ledger tries every window from now's to the one after the last
 -- loan; the share and the count only change at a loan's edges and at the
 -- windows holding a count, so trying those (and now's window and the next)
@@ -108,18 +126,7 @@ local function fw_retry(st, S, W, K, cost, now)
   end
   add(j)
   add(j + 1)
-  for m in pairs(st.n) do
-    add(m)
-    add(m + 1)
-  end
-  for _, o in pairs(st.outs) do
-    add(o.first)
-    add(o.last + 1)
-  end
-  for _, r in pairs(st.ins) do
-    add(r.first)
-    add(r.last + 1)
-  end
+  fw_each_break(st, add)
   table.sort(cand)
   for _, m in ipairs(cand) do
     local t = math.max(now, m * W + K)
@@ -159,17 +166,6 @@ local function fw_minroom(st, S, lo, hi, cur, keep, kcur)
   try(lo)
   try(cur)
   try(cur + 1)
-  for m in pairs(st.n) do
-    try(m)
-    try(m + 1)
-  end
-  for _, o in pairs(st.outs) do
-    try(o.first)
-    try(o.last + 1)
-  end
-  for _, r in pairs(st.ins) do
-    try(r.first)
-    try(r.last + 1)
-  end
+  fw_each_break(st, try)
   return least
 end
