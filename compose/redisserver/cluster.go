@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 )
@@ -197,16 +196,7 @@ func addrsOf(servers []*Server) []string {
 // the short timeouts and no retries of Server.ClientOptions. MaxRedirects
 // stays at go-redis's default (3), so MOVED and ASK are still followed.
 func (c *Cluster) ClusterOptions() *redis.ClusterOptions {
-	return &redis.ClusterOptions{
-		Addrs:                    c.Addrs(),
-		DialTimeout:              clientTimeout,
-		ReadTimeout:              clientTimeout,
-		WriteTimeout:             clientTimeout,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
+	return testOptions(c.Addrs()...).Cluster()
 }
 
 // Client returns a new go-redis cluster client built from ClusterOptions.

@@ -603,8 +603,14 @@ func (s *Server) stop() error {
 // twice), no CLIENT SETINFO and no maintenance notifications (Redis 7.0
 // knows neither). Adjust them before use.
 func (s *Server) ClientOptions() *redis.Options {
-	return &redis.Options{
-		Addr:                     s.Addr(),
+	return testOptions(s.Addr()).Simple()
+}
+
+// testOptions are the options of ClientOptions and ClusterOptions, for
+// the servers at addrs.
+func testOptions(addrs ...string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                    addrs,
 		DialTimeout:              clientTimeout,
 		ReadTimeout:              clientTimeout,
 		WriteTimeout:             clientTimeout,
