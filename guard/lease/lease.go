@@ -48,6 +48,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -698,7 +699,7 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 		return
 	}
 	s.granted.Add(r.Leased)
-	until := min(recv+s.lifetime(c), s.windowEnd(c, t, send))
+	until := min(recv+jittered(s.lifetime(c)), s.windowEnd(c, t, send))
 	l := &lease{
 		alg: c.Algorithm, params: c.Params, epoch: epoch,
 		until: until, granted: r.Leased, token: r.Token,
@@ -753,6 +754,18 @@ func (s *Store) want(e *entry, c *guard.Counter, now, used int64) int64 {
 		return 0
 	}
 	return int64(min(w, float64(c.Params.Limit)))
+}
+
+// jittered is life less a random part of up to a quarter of it. Leases
+// granted together (a warm-up, a burst of new keys) would otherwise all
+// end together and send their renewals to Redis in one wave; a lease
+// that ends earlier is as exact as one that ends later (it gives back
+// what it did not use).
+func jittered(life int64) int64 {
+	if life <= 4 {
+		return life
+	}
+	return life - rand.Int64N(life/4)
 }
 
 // lifetime is the longest a lease of c may live, in µs (windows: before
