@@ -198,6 +198,9 @@ func TestConsoleJourneys(t *testing.T) {
 	p.run("follow the penalised key", chromedp.Click(chromedp.CSS(`#ov a[href^="#penalties"]`)))
 	p.waitText("#page-title", "Penalties")
 	p.waitText("#p-level .value", "1 reduced limit")
+	if got := p.text("#p-level .value"); got != "1 reduced limit" {
+		t.Errorf("the penalised key's level reads %q, want %q", got, "1 reduced limit")
+	}
 	p.waitText("#p-list", "no tenant (key sk_")
 	p.shot("penalties")
 	p.run("lift", chromedp.Click(chromedp.CSS("#p-lift")))
