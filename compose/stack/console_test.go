@@ -187,7 +187,7 @@ func TestConsoleJourneys(t *testing.T) {
 		status(t, r, "sk_free_hammer")
 	}
 	testwait.Eventually(t, 30*time.Second, func() error {
-		if n := p.text("#m-penalties .value"); !strings.Contains(n, "L1 1") {
+		if n := p.text("#m-penalties .value"); !strings.Contains(n, "reduced 1 · cooldown 0 · blocked 0") {
 			return fmt.Errorf("penalty levels %q, want one key at level 1", n)
 		}
 		return nil
@@ -197,7 +197,11 @@ func TestConsoleJourneys(t *testing.T) {
 	p.waitText("#ov", "no tenant (key sk_")
 	p.run("follow the penalised key", chromedp.Click(chromedp.CSS(`#ov a[href^="#penalties"]`)))
 	p.waitText("#page-title", "Penalties")
-	p.waitText("#p-level .value", "1")
+	p.waitText("#p-level .value", "1 reduced limit")
+	if got := p.text("#p-level .value"); got != "1 reduced limit" {
+		t.Errorf("the penalised key's level reads %q, want %q", got, "1 reduced limit")
+	}
+	p.waitText("#p-list", "no tenant (key sk_")
 	p.shot("penalties")
 	p.run("lift", chromedp.Click(chromedp.CSS("#p-lift")))
 	p.waitText("#p-note", "Lifted")
@@ -256,6 +260,7 @@ func TestConsoleJourneys(t *testing.T) {
 	// The key lookup shows the raised limit.
 	p.open("keys?key=sk_free_demo&endpoint=/v1/users/42", "Key lookup")
 	p.waitText("#k-out", "free-default")
+	p.waitText("#k-out", "no tenant (key sk_")
 	p.shot("keys")
 	p.run("grant", chromedp.SendKeys(chromedp.CSS("#k-tokens"), "3"), chromedp.Click(chromedp.CSS("#k-grant")))
 	p.waitText("#k-note", "Granted 3")

@@ -224,6 +224,12 @@
     return own.has(tenant) ? "no tenant (key " + own.get(tenant) + ")" : tenant;
   }
 
+  // keyTenant names the tenant of one key: a key configured without a
+  // tenant is its own tenant, under its key_id, which means nothing to a reader.
+  function keyTenant(tenant, keyId, prefix) {
+    return tenant && tenant === keyId ? "no tenant (key " + (prefix || keyId) + ")" : (tenant || "—");
+  }
+
   // rateChart draws decisions/s over the polls: a line with its points
   // and the last value written beside it (not colour alone).
   function rateChart(points) {
@@ -268,8 +274,8 @@
           card("Health", health, deps, "m-health"),
           card("Gateways", o.gateways ? fmt(o.gateways.count) : "–", o.gateways ?
             fmt(o.gateways.current) + " on rules v" + o.gateways.rules_version : "NATS not reached", "m-gateways"),
-          card("Penalties", "L1 " + o.penalty_levels["1"] + " · L2 " + o.penalty_levels["2"] + " · L3 " + o.penalty_levels["3"],
-            "reduced · cooldown · blocked", "m-penalties")),
+          card("Penalties", "reduced " + o.penalty_levels["1"] + " · cooldown " + o.penalty_levels["2"] + " · blocked " + o.penalty_levels["3"],
+            "keys at each level of the penalty ladder", "m-penalties")),
         h("h2", {}, "Decisions per second"),
         rateChart(rateHistory),
         h("div", { class: "grid2" },
@@ -318,7 +324,7 @@
   const levelNames = { 1: "1 reduced limit", 2: "2 cooldown", 3: "3 blocked" };
   function penaltyTable(ps) {
     return table(["level", "tenant", "key", "since", "expires"], ps.map((p) => [
-      h("span", { class: "level" }, levelNames[p.level] || String(p.level)), p.tenant,
+      h("span", { class: "level" }, levelNames[p.level] || String(p.level)), keyTenant(p.tenant, p.key_id, p.key_prefix),
       h("a", { href: "#penalties?key=" + encodeURIComponent("kid:" + p.key_id) }, p.key_prefix || p.key_id), p.since, p.expires_at]));
   }
 
@@ -528,7 +534,7 @@
       try {
         const p = (await api("GET", "/admin/v1/penalties/" + keyPath(key.value))).body;
         out.replaceChildren(
-          h("div", { class: "cards" }, card("Level", String(p.level) + (p.level ? " · " + (levelNames[p.level] || "") : " · none"), p.action || "", "p-level"),
+          h("div", { class: "cards" }, card("Level", p.level ? (levelNames[p.level] || String(p.level)) : "0 · none", p.action || "", "p-level"),
             card("Expires", p.expires_at || "—", "", "p-expires")),
           h("div", { class: "buttons" }, changeButton("Lift the penalty", { id: "p-lift", class: "danger", onclick: lift })),
           h("h2", {}, "History and evidence"),
@@ -567,7 +573,7 @@
       try {
         const k = (await api("GET", "/admin/v1/keys/" + keyPath(key.value) + "?" + q())).body;
         out.replaceChildren(
-          h("p", {}, "Key ", h("strong", {}, k.key_prefix || k.key_id), " of tenant ", h("strong", {}, k.tenant || "—"),
+          h("p", {}, "Key ", h("strong", {}, k.key_prefix || k.key_id), " of tenant ", h("strong", {}, keyTenant(k.tenant, k.key_id, k.key_prefix)),
             ", tier ", h("strong", {}, k.tier || "—"), ": a request to ", k.endpoint, " would be ", h("strong", { id: "k-status" }, String(k.status)),
             k.reason ? " (" + k.reason + ")" : ""),
           table(["rule", "algorithm", "limit#", "remaining#", "would allow", "retry after", "reset"], (k.rules || []).map((r) => [
