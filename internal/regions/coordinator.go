@@ -204,7 +204,7 @@ func (c *Coordinator) plan(name string, lim Limit, reps []*CounterReport, reach 
 		if d := cmp.Compare(b.Units, a.Units); d != 0 {
 			return d
 		}
-		return compareIDs(a.ID, b.ID)
+		return a.ID.Compare(b.ID)
 	})
 	flow := flows(static, target, reach, loans)
 	tol := int64(math.Floor(c.cfg.Tolerance * float64(lim.Units)))

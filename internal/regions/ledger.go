@@ -738,7 +738,7 @@ func (l *Ledger) State(_ context.Context, name string, lim Limit, now int64) (Co
 		s.Used = (s.Share*lim.Window - c.tok + lim.Window - 1) / lim.Window
 	}
 	s.Share, s.Used = max(s.Share, 0), max(s.Used, 0)
-	for _, id := range slices.SortedFunc(maps.Keys(c.outs), compareIDs) {
+	for _, id := range slices.SortedFunc(maps.Keys(c.outs), LoanID.Compare) {
 		o := c.outs[id]
 		s.Out = append(s.Out, LoanState{ID: id, To: o.to, Units: o.units, First: o.first, Last: o.last})
 	}
@@ -801,18 +801,3 @@ func (l *Ledger) Static(units int64) int64 { return l.fleet.Static(units)[l.inde
 
 // Counters is the number of counters the ledger holds.
 func (l *Ledger) Counters() int { return len(l.counters) }
-
-func compareIDs(a, b LoanID) int {
-	switch {
-	case a.Epoch != b.Epoch:
-		if a.Epoch < b.Epoch {
-			return -1
-		}
-		return 1
-	case a.Seq < b.Seq:
-		return -1
-	case a.Seq > b.Seq:
-		return 1
-	}
-	return 0
-}

@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 )
@@ -14,6 +15,14 @@ type LoanID struct {
 }
 
 func (id LoanID) String() string { return fmt.Sprintf("%s/%d", id.Epoch, id.Seq) }
+
+// Compare orders loan ids by epoch, then number: -1, 0 or +1.
+func (id LoanID) Compare(o LoanID) int {
+	if c := cmp.Compare(id.Epoch, o.Epoch); c != 0 {
+		return c
+	}
+	return cmp.Compare(id.Seq, o.Seq)
+}
 
 // Loan is units of one counter lent by one region to another for a run of
 // slots (windows for a fixed window, periods otherwise).

@@ -2,6 +2,7 @@ package spool
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -436,7 +437,7 @@ func (s *Spool) Next(after uint64) (*Segment, error) {
 			return nil, fmt.Errorf("spool: next: %w", ErrClosed)
 		}
 		i, _ := slices.BinarySearchFunc(s.segs, after+1, func(e segInfo, id uint64) int {
-			return cmpUint64(e.id, id)
+			return cmp.Compare(e.id, id)
 		})
 		if i == len(s.segs) {
 			s.mu.Unlock()
@@ -516,7 +517,7 @@ func (s *Spool) Remove(id uint64) error {
 		s.mu.Unlock()
 		return fmt.Errorf("spool: remove: %w", ErrClosed)
 	}
-	_, found := slices.BinarySearchFunc(s.segs, id, func(e segInfo, id uint64) int { return cmpUint64(e.id, id) })
+	_, found := slices.BinarySearchFunc(s.segs, id, func(e segInfo, id uint64) int { return cmp.Compare(e.id, id) })
 	s.mu.Unlock()
 	if !found {
 		return fmt.Errorf("spool: remove %d: %w", id, ErrNoSegment)
@@ -535,7 +536,7 @@ func (s *Spool) Remove(id uint64) error {
 func (s *Spool) drop(id uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i, found := slices.BinarySearchFunc(s.segs, id, func(e segInfo, id uint64) int { return cmpUint64(e.id, id) })
+	i, found := slices.BinarySearchFunc(s.segs, id, func(e segInfo, id uint64) int { return cmp.Compare(e.id, id) })
 	if !found {
 		return
 	}
@@ -626,14 +627,4 @@ func parseSegmentName(name string) (uint64, bool) {
 		return 0, false
 	}
 	return id, true
-}
-
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -373,23 +373,8 @@ func decodeState(r []any) (regions.CounterState, error) {
 		}
 		st.Out = append(st.Out, regions.LoanState{ID: id, To: to, Units: n[0], First: n[1], Last: n[2]})
 	}
-	slices.SortFunc(st.Out, func(a, b regions.LoanState) int {
-		if c := compare(uint64(a.ID.Epoch), uint64(b.ID.Epoch)); c != 0 {
-			return c
-		}
-		return compare(a.ID.Seq, b.ID.Seq)
-	})
+	slices.SortFunc(st.Out, func(a, b regions.LoanState) int { return a.ID.Compare(b.ID) })
 	return st, nil
-}
-
-func compare(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Active implements regions.Store. It reads the active set, asks every
