@@ -70,7 +70,10 @@ type Server struct {
 	redis   redis.UniversalClient
 	store   *redisstore.Store
 	keyGard atomic.Pointer[hashedGuard] // the operator API's guard, by ruleset hash
-	guard   *console.Guard              // who a request is: tokens and console sessions
+	// keyControls are the key guard's overrides and penalties, mirrored
+	// from NATS while the control plane is connected.
+	keyControls *keyControls
+	guard       *console.Guard // who a request is: tokens and console sessions
 
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
@@ -142,7 +145,7 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 		return nil, fmt.Errorf("aggregator: %w", err)
 	}
 	now := time.Now()
-	s := &Server{cfg: cfg, log: log, reg: prometheus.NewRegistry(), db: db,
+	s := &Server{cfg: cfg, log: log, keyControls: newKeyControls(), reg: prometheus.NewRegistry(), db: db,
 		deps: deps{kafka: newDependency("kafka", log, now), nats: newDependency("nats", log, now), redis: newDependency("redis", log, now)}}
 	defer func() {
 		if err != nil {

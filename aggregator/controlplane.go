@@ -50,9 +50,10 @@ func (s *Server) connectNATS(ctx context.Context) error {
 	}
 	s.kv.Store(kv)
 	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
-	<-ctx.Done()
+	// Follow returns when ctx is done: it holds the connection meanwhile.
+	err = nc.Follow(ctx, s.keyControls, keyControlsTick)
 	s.kv.Store(nil)
-	return nil
+	return err
 }
 
 // seedRules writes rules_file as version 1 when the bucket holds no

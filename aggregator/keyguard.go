@@ -19,7 +19,8 @@ type hashedGuard struct {
 
 // keyGuard returns a guard with the fleet's active ruleset (the rules
 // bucket, else rules_file) over the gateways' Redis, for the operator
-// API's keys/{key} routes. It is rebuilt when the ruleset changes.
+// API's keys/{key} routes, under the fleet's overrides and penalties
+// (keyControls). It is rebuilt when the ruleset changes.
 func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 	var src []byte
 	if kv := s.kv.Load(); kv != nil {
@@ -49,7 +50,8 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 		return cur.g, nil
 	}
 	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs,
-		guard.WithLogger(s.log.With(slog.String("component", "guard"))), guard.WithRegion(s.cfg.Region))
+		guard.WithLogger(s.log.With(slog.String("component", "guard"))), guard.WithRegion(s.cfg.Region),
+		guard.WithControls(s.keyControls.c))
 	if err != nil {
 		return nil, err
 	}
