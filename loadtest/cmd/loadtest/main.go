@@ -144,40 +144,87 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer pprof.StopCPUProfile()
 	}
 
-	// Create the report's file first: a bad path should not cost a run.
-	reportOut, code, ok := createReport("loadtest", reportFile, stderr)
+	out := outputs{name: "loadtest", json: jsonOut, quiet: quiet, reportFile: reportFile, stdout: stdout, stderr: stderr}
+	progress, code, ok := out.open()
 	if !ok {
 		return code
 	}
-	if reportOut != nil {
-		defer reportOut.Close()
-	}
-
-	var progress io.Writer
-	if !quiet {
-		progress = stderr
-	}
+	defer out.close()
 	start := time.Now()
 	sum, err := loadtest.Run(ctx, cfg, progress)
 	if sum == nil {
-		fmt.Fprintf(stderr, "loadtest: %v\n", err)
-		if reportOut != nil {
-			os.Remove(reportFile)
+		return out.finish(nil, err, start, "", 0)
+	}
+	return out.finish(sum, err, start, sum.StoppedBy, sum.Answered)
+}
+
+// outputs are where a run's summary goes (the -json, -quiet and -report
+// flags of the runs that write loadtest.Summary or loadtest.StormSummary).
+type outputs struct {
+	name        string // the command, as its messages start
+	json, quiet bool
+	reportFile  string
+	stdout      io.Writer
+	stderr      io.Writer
+	report      *os.File
+}
+
+// open creates the report's file first (a bad path should not cost a run)
+// and returns where progress goes: nil when quiet.
+func (o *outputs) open() (progress io.Writer, code int, ok bool) {
+	if o.report, code, ok = createReport(o.name, o.reportFile, o.stderr); !ok {
+		return nil, code, false
+	}
+	if o.quiet {
+		return nil, 0, true
+	}
+	return o.stderr, 0, true
+}
+
+// fail says err, prefixed with the command's name unless it is already.
+func (o *outputs) fail(err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, o.name+":") {
+		msg = o.name + ": " + msg
+	}
+	fmt.Fprintln(o.stderr, msg)
+}
+
+// close closes the report's file if finish has not.
+func (o *outputs) close() {
+	if o.report != nil {
+		o.report.Close()
+	}
+}
+
+// finish writes sum (nil: the run failed with err before any summary,
+// and the report's file goes) and returns the exit code: failed for err or
+// a run in which no request was answered, interrupted when stoppedBy says
+// so.
+func (o *outputs) finish(sum summary, err error, start time.Time, stoppedBy string, answered int64) int {
+	if sum == nil {
+		o.fail(err)
+		if o.report != nil {
+			o.report.Close()
+			os.Remove(o.reportFile)
+			o.report = nil
 		}
 		return exitFailed
 	}
-	if code := writeSummary("loadtest", sum, jsonOut, stdout, stderr, reportOut, reportFile); code != exitOK {
+	code := writeSummary(o.name, sum, o.json, o.stdout, o.stderr, o.report, o.reportFile)
+	o.report = nil // writeSummary closed it
+	if code != exitOK {
 		return code
 	}
 	switch {
 	case err != nil:
-		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		o.fail(err)
 		return exitFailed
-	case sum.StoppedBy == "interrupted":
-		fmt.Fprintf(stderr, "loadtest: interrupted after %v\n", time.Since(start).Round(time.Millisecond))
+	case stoppedBy == "interrupted":
+		fmt.Fprintf(o.stderr, "%s: interrupted after %v\n", o.name, time.Since(start).Round(time.Millisecond))
 		return exitInterrupted
-	case sum.Answered == 0:
-		fmt.Fprintln(stderr, "loadtest: no request was answered")
+	case answered == 0:
+		fmt.Fprintf(o.stderr, "%s: no request was answered\n", o.name)
 		return exitFailed
 	}
 	return exitOK

@@ -66,36 +66,16 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "%v\n\nRun loadtest storm -h for the flags.\n", err)
 		return exitUsage
 	}
-	reportOut, code, ok := createReport("loadtest storm", reportFile, stderr)
+	out := outputs{name: "loadtest storm", json: jsonOut, quiet: quiet, reportFile: reportFile, stdout: stdout, stderr: stderr}
+	progress, code, ok := out.open()
 	if !ok {
 		return code
 	}
-	if reportOut != nil {
-		defer reportOut.Close()
-	}
-	var progress io.Writer
-	if !quiet {
-		progress = stderr
-	}
+	defer out.close()
 	start := time.Now()
 	sum, err := loadtest.RunStorm(ctx, cfg, progress)
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
-		if reportOut != nil {
-			os.Remove(reportFile)
-		}
-		return exitFailed
+		return out.finish(nil, err, start, "", 0)
 	}
-	if code := writeSummary("loadtest storm", sum, jsonOut, stdout, stderr, reportOut, reportFile); code != exitOK {
-		return code
-	}
-	switch {
-	case sum.StoppedBy == "interrupted":
-		fmt.Fprintf(stderr, "loadtest storm: interrupted after %v\n", time.Since(start).Round(time.Millisecond))
-		return exitInterrupted
-	case sum.Storm.Answers == 0:
-		fmt.Fprintln(stderr, "loadtest storm: no request was answered")
-		return exitFailed
-	}
-	return exitOK
+	return out.finish(sum, nil, start, sum.StoppedBy, sum.Storm.Answers)
 }
