@@ -264,6 +264,10 @@ type Table struct {
 	load      Loader
 	rows      map[RowKey]*entry
 	marks     map[Source]*Mark
+	// lastRows is how many rows the last committed transaction wrote:
+	// the next one's map starts at that size instead of growing to it by
+	// rehashing, which a backlog of new keys would pay on every event.
+	lastRows int
 }
 
 // NewTable returns the table of partition p; rows it does not hold are
@@ -313,7 +317,7 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, rows: map[RowKey]*Row{}, marks: map[Source]*Mark{}}
+	return &Txn{t: t, rows: make(map[RowKey]*Row, t.lastRows), marks: map[Source]*Mark{}}
 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
@@ -680,6 +684,7 @@ func (x *Txn) Changes() []Change {
 // changelog record of the transaction). Call it only once the Kafka
 // transaction carrying Changes() committed; the Txn is spent afterwards.
 func (x *Txn) Commit(written int64) {
+	x.t.lastRows = len(x.rows)
 	for k, r := range x.rows {
 		x.t.rows[k] = &entry{row: r, written: written}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -463,5 +464,52 @@ func TestTotalsSaturate(t *testing.T) {
 		if got := AddSat(tc.a, tc.b); got != tc.want {
 			t.Errorf("AddSat(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
 		}
+	}
+}
+
+// TestTxnSizedFromTheLast (not parallel: it counts the process's
+// allocations) checks that a transaction's row map starts at the
+// size of the last committed one: a transaction of new keys allocates no
+// more than the rows themselves, where a map grown by rehashing would
+// allocate its tables again at every doubling.
+func TestTxnSizedFromTheLast(t *testing.T) {
+	const events = 4096
+	tab := NewTable(Config{}, 0, nil, nil, nil)
+	src := Source{Gateway: "gw", Epoch: 1}
+	seq := uint64(0)
+	keys := make([]string, 2*events)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%06d", i)
+	}
+	run := func(from int) (mallocs uint64) {
+		x := tab.Begin()
+		evs := make([]Event, events)
+		for i := range evs {
+			seq++
+			evs[i] = Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: keys[from+i], Endpoint: "/e",
+				Rule: "r", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range evs {
+			if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		x.Changes()
+		x.Commit(int64(from + 1))
+		return after.Mallocs - before.Mallocs
+	}
+	first := run(0) // the map grows from empty
+	second := run(events)
+	// Each new row allocates itself and its rule list: 2 per row, 3 rows
+	// per event. The growth of a map to 3 × 4096 rows is dozens more.
+	rows := uint64(3 * events)
+	if second > 2*rows+8 {
+		t.Errorf("second transaction of %d new rows: %d allocations, want at most %d (the first, unsized: %d)", rows, second, 2*rows+8, first)
+	}
+	if first <= second {
+		t.Errorf("the first transaction (%d allocations) should pay the map's growth that the second (%d) does not", first, second)
 	}
 }
