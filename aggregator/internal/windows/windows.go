@@ -250,19 +250,12 @@ type Loader interface {
 	Row(k RowKey) (Row, bool, error)
 }
 
-// entry is a row the table holds, with the changelog position of its last
-// write (0 while it was never written by this table).
-type entry struct {
-	row     *Row
-	written int64
-}
-
 // Table is the state of one decisions partition.
 type Table struct {
 	cfg       Config
 	partition int32
 	load      Loader
-	rows      map[RowKey]*entry
+	rows      *rowStore
 	marks     map[Source]*Mark
 	// lastRows is how many rows the last committed transaction wrote:
 	// the next one's map starts at that size instead of growing to it by
@@ -274,10 +267,9 @@ type Table struct {
 // read from load, and marks (all of which a table holds) start as given.
 func NewTable(cfg Config, p int32, load Loader, open map[RowKey]Row, marks map[Source]Mark) *Table {
 	cfg.SetDefaults()
-	t := &Table{cfg: cfg, partition: p, load: load, rows: make(map[RowKey]*entry, len(open)), marks: make(map[Source]*Mark, len(marks))}
+	t := &Table{cfg: cfg, partition: p, load: load, rows: newRowStore(len(open)), marks: make(map[Source]*Mark, len(marks))}
 	for k, r := range open {
-		r := r
-		t.rows[k] = &entry{row: r.clone()}
+		t.rows.put(&k, &r, 0)
 	}
 	for s, m := range marks {
 		m := m
@@ -290,7 +282,7 @@ func NewTable(cfg Config, p int32, load Loader, open map[RowKey]Row, marks map[S
 func (t *Table) Partition() int32 { return t.partition }
 
 // Len is the number of rows held in memory.
-func (t *Table) Len() int { return len(t.rows) }
+func (t *Table) Len() int { return t.rows.len() }
 
 // Marks returns a copy of the marks.
 func (t *Table) Marks() map[Source]Mark {
@@ -306,9 +298,9 @@ func (t *Table) Marks() map[Source]Mark {
 // recent writes; the Loader serves them from then on.
 func (t *Table) Evict(materialized int64) int {
 	n := 0
-	for k, e := range t.rows {
-		if e.row.Closed && e.written > 0 && e.written <= materialized {
-			delete(t.rows, k)
+	for i := range t.rows.slots {
+		if e := &t.rows.slots[i]; e.live && e.closed && e.written > 0 && e.written <= materialized {
+			t.rows.remove(uint32(i))
 			n++
 		}
 	}
@@ -317,13 +309,29 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, rows: make(map[RowKey]*Row, t.lastRows), marks: map[Source]*Mark{}}
+	return &Txn{t: t, gen: t.rows.gen, rows: make(map[RowKey]*txnRow, t.lastRows), marks: map[Source]*Mark{}}
 }
+
+// txnRow is a row a transaction changes, with where the table holds it:
+// its slot (plus one; 0: none) and its series, found when the row was
+// read, so that Commit does not look them up again while the table has not
+// changed since Begin.
+type txnRow struct {
+	Row
+	series *txnSeries
+	slot   uint32
+}
+
+// txnSeries is the table's id of a series (0: not held when read, or not
+// interned yet), shared by the rows of one event so that Commit interns a
+// new series once.
+type txnSeries struct{ id uint32 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
 type Txn struct {
 	t       *Table
-	rows    map[RowKey]*Row
+	gen     uint64 // the table's rows.gen at Begin
+	rows    map[RowKey]*txnRow
 	marks   map[Source]*Mark
 	deleted map[RowKey]bool
 	dmarks  map[Source]bool
@@ -360,11 +368,17 @@ func (x *Txn) Stats() Stats { return x.stats }
 
 func (x *Txn) row(k RowKey) (*Row, error) {
 	if r, ok := x.rows[k]; ok {
-		return r, nil
+		return &r.Row, nil
 	}
+	return x.rowFrom(k, &txnSeries{id: x.t.rows.seriesOf(&k)})
+}
+
+// rowFrom is row for a k not in the transaction yet, whose series is ser.
+func (x *Txn) rowFrom(k RowKey, ser *txnSeries) (*Row, error) {
 	var base *Row
-	if e, ok := x.t.rows[k]; ok && !x.deleted[k] {
-		base = e.row.clone()
+	i, held := x.t.rows.find(ser.id, &k)
+	if held && !x.deleted[k] {
+		base = x.t.rows.row(i)
 	} else if !x.deleted[k] && x.t.load != nil {
 		r, ok, err := x.t.load.Row(k)
 		if err != nil {
@@ -378,8 +392,12 @@ func (x *Txn) row(k RowKey) (*Row, error) {
 		base = &Row{}
 	}
 	delete(x.deleted, k)
-	x.rows[k] = base
-	return base, nil
+	r := &txnRow{Row: *base, series: ser}
+	if held {
+		r.slot = i + 1
+	}
+	x.rows[k] = r
+	return &r.Row, nil
 }
 
 func (x *Txn) mark(s Source) *Mark {
@@ -533,12 +551,22 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 	x.stats.Applied++
 	sec := FloorDiv(ev.TimeMicros, 1_000_000)
 	late := false
+	var ser *txnSeries
 	for _, g := range All {
 		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
 		k.Start = sec - Mod(sec, g.Seconds())
-		r, err := x.row(k)
-		if err != nil {
-			return true, err
+		var r *Row
+		if tr, ok := x.rows[k]; ok {
+			r = &tr.Row
+		} else {
+			// The table's series is looked up once for the event's rows.
+			if ser == nil {
+				ser = &txnSeries{id: x.t.rows.seriesOf(&k)}
+			}
+			var err error
+			if r, err = x.rowFrom(k, ser); err != nil {
+				return true, err
+			}
 		}
 		if ev.KeyPrefix != "" {
 			r.KeyPrefix = ev.KeyPrefix
@@ -577,8 +605,13 @@ func (x *Txn) markPublish(k RowKey) {
 // that took late events in this transaction are republished too.
 func (x *Txn) CloseDue(nowSec int64) error {
 	lateness := int64(x.t.cfg.Lateness / time.Second)
-	for k, e := range x.t.rows {
-		if e.row.Closed || x.deleted[k] || k.End()+lateness > nowSec {
+	for i := range x.t.rows.slots {
+		e := &x.t.rows.slots[i]
+		if !e.live || e.closed || e.id.start+e.id.gran.Seconds()+lateness > nowSec {
+			continue
+		}
+		k := x.t.rows.key(uint32(i))
+		if x.deleted[k] {
 			continue
 		}
 		r, err := x.row(k)
@@ -601,8 +634,10 @@ func (x *Txn) CloseDue(nowSec int64) error {
 // marks of closed epochs unchanged for MarkRetention. Rows only on disk are
 // expired by ExpireRow, which the processor calls while scanning them.
 func (x *Txn) Expire(nowSec int64) {
-	for k := range x.t.rows {
-		x.ExpireRow(k, nowSec)
+	for i := range x.t.rows.slots {
+		if e := &x.t.rows.slots[i]; e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
+			x.ExpireRow(x.t.rows.key(uint32(i)), nowSec)
+		}
 	}
 	for s, m := range x.t.marks {
 		if m.Closed && nowSec-m.Seen > int64(x.t.cfg.MarkRetention/time.Second) {
@@ -616,8 +651,10 @@ func (x *Txn) Expire(nowSec int64) {
 }
 
 // Expired reports whether k's retention has passed at nowSec.
-func (t *Table) Expired(k RowKey, nowSec int64) bool {
-	return nowSec-k.End() > int64(t.cfg.Retention[k.Gran]/time.Second)
+func (t *Table) Expired(k RowKey, nowSec int64) bool { return t.expired(k.Gran, k.End(), nowSec) }
+
+func (t *Table) expired(g Granularity, end, nowSec int64) bool {
+	return nowSec-end > int64(t.cfg.Retention[g]/time.Second)
 }
 
 // ExpireRow deletes k when its retention has passed; it reports whether it
@@ -663,7 +700,7 @@ func (x *Txn) Changes() []Change {
 	out := make([]Change, 0, len(x.rows)+len(x.marks)+len(x.deleted)+len(x.dmarks))
 	for k, r := range x.rows {
 		k := k
-		out = append(out, Change{Row: &k, Value: *r, Publish: x.publish[k]})
+		out = append(out, Change{Row: &k, Value: r.Row, Publish: x.publish[k]})
 	}
 	for k := range x.deleted {
 		k := k
@@ -685,11 +722,19 @@ func (x *Txn) Changes() []Change {
 // transaction carrying Changes() committed; the Txn is spent afterwards.
 func (x *Txn) Commit(written int64) {
 	x.t.lastRows = len(x.rows)
+	// Unchanged since Begin: the slots and series found on reading hold.
+	known := x.gen == x.t.rows.gen
 	for k, r := range x.rows {
-		x.t.rows[k] = &entry{row: r, written: written}
+		if known {
+			x.t.rows.putKnown(&k, r, written)
+		} else {
+			x.t.rows.put(&k, &r.Row, written)
+		}
 	}
 	for k := range x.deleted {
-		delete(x.t.rows, k)
+		if i, ok := x.t.rows.lookup(&k); ok {
+			x.t.rows.remove(i)
+		}
 	}
 	for s, m := range x.marks {
 		x.t.marks[s] = m
