@@ -24,24 +24,27 @@ type slot struct {
 	revision uint32
 	closed   bool
 	live     bool
+	next     uint32 // the series' next slot (plus one; 0: none)
 	allowed  int64
 	rejected int64
 	cost     int64
 	written  int64
 }
 
-// rowStore is a table's rows: a slice of pointer-free slots found through
-// a map whose keys and values hold no pointers either, so that neither is
-// scanned by the collector however many rows there are, and a lookup
-// hashes 16 bytes, not three strings.
+// rowStore is a table's rows: a slice of pointer-free slots, so that the
+// collector does not scan them however many rows there are. A row is
+// found through its interned series (one hash of its strings), whose
+// slots are chained newest first: a series holds the few windows that are
+// open or not yet evicted, and the current ones lead.
 type rowStore struct {
 	series   *interner
+	heads    []uint32 // by series id: its first slot (plus one)
 	prefixes *interner
 	sets     *interner
 	decoded  map[uint32][]string // rule lists by id: few distinct ones
-	index    map[rowID]uint32
 	slots    []slot
 	free     []uint32
+	n        int // slots held
 	scratch  []byte
 	// gen counts the slots added and removed: a slot or series id found
 	// at one gen is still right while it has not moved.
@@ -50,7 +53,7 @@ type rowStore struct {
 
 func newRowStore(n int) *rowStore {
 	return &rowStore{series: newInterner(), prefixes: newInterner(), sets: newInterner(), decoded: map[uint32][]string{},
-		index: make(map[rowID]uint32, n), slots: make([]slot, 0, n)}
+		slots: make([]slot, 0, n)}
 }
 
 // seriesBytes encodes k's (partition, tenant, key_id, endpoint) into the
@@ -71,11 +74,16 @@ func (s *rowStore) seriesOf(k *RowKey) uint32 { return s.series.find(s.seriesByt
 
 // find is the slot of k, given its series (seriesOf).
 func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
-	if series == 0 {
+	if series == 0 || int(series) >= len(s.heads) {
 		return 0, false
 	}
-	i, ok := s.index[rowID{series: series, gran: k.Gran, start: k.Start}]
-	return i, ok
+	id := rowID{series: series, gran: k.Gran, start: k.Start}
+	for n := s.heads[series]; n != 0; n = s.slots[n-1].next {
+		if s.slots[n-1].id == id {
+			return n - 1, true
+		}
+	}
+	return 0, false
 }
 
 // lookup is the slot of k.
@@ -151,8 +159,12 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 		i = uint32(len(s.slots))
 		s.slots = append(s.slots, slot{})
 	}
-	s.slots[i] = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true}
-	s.index[s.slots[i].id] = i
+	for int(series) >= len(s.heads) {
+		s.heads = append(s.heads, 0)
+	}
+	s.slots[i] = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true, next: s.heads[series]}
+	s.heads[series] = i + 1
+	s.n++
 	s.gen++
 	return i
 }
@@ -207,14 +219,23 @@ func (s *rowStore) unrefRules(id uint32) {
 // remove drops slot i.
 func (s *rowStore) remove(i uint32) {
 	e := &s.slots[i]
-	delete(s.index, e.id)
+	if h := &s.heads[e.id.series]; *h == i+1 {
+		*h = e.next
+	} else {
+		p := *h - 1
+		for s.slots[p].next != i+1 {
+			p = s.slots[p].next - 1
+		}
+		s.slots[p].next = e.next
+	}
 	s.series.unref(e.id.series)
 	s.prefixes.unref(e.prefix)
 	s.unrefRules(e.rules)
 	*e = slot{}
 	s.free = append(s.free, i)
+	s.n--
 	s.gen++
 }
 
 // len is the number of rows held.
-func (s *rowStore) len() int { return len(s.index) }
+func (s *rowStore) len() int { return s.n }

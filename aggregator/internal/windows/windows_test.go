@@ -523,3 +523,121 @@ func (t *Table) held(k RowKey) (Row, bool) {
 	}
 	return *t.rows.row(i), true
 }
+
+// TestEvictedRowsReleaseTheirMemory fills the table with rows of new keys,
+// closes and evicts them, again and again: what the table holds is bounded
+// by the rows not yet evicted, not by the keys ever seen — the slots, the
+// interned strings and their arena are reused or compacted — and the rows
+// read back through the loader keep their counts.
+func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
+	t.Parallel()
+	const keysPerRound, rounds = 2000, 8
+	disk := memLoader{}
+	tab := NewTable(Config{Lateness: time.Second}, 0, disk, nil, nil)
+	src := Source{Gateway: "gw", Epoch: 1}
+	seq := uint64(0)
+	now := int64(1_700_000_000)
+	maxSlots := 0
+	for round := range rounds {
+		x := tab.Begin()
+		for i := range keysPerRound {
+			seq++
+			ev := Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: fmt.Sprintf("round-%d-key-%06d", round, i),
+				KeyPrefix: fmt.Sprintf("pre-%d-%d", round, i), Endpoint: "/e", Rule: fmt.Sprint("r", round), Allowed: true, Cost: 2,
+				TimeMicros: now * 1_000_000}
+			if _, err := x.Apply(&ev, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now += 2 * 86400 // every window of the round closes
+		if err := x.CloseDue(now); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range x.Changes() {
+			if c.Row != nil && !c.Deleted {
+				disk[*c.Row] = c.Value
+			}
+		}
+		x.Commit(int64(round + 1))
+		maxSlots = max(maxSlots, len(tab.rows.slots))
+		if n := tab.Evict(int64(round + 1)); n != 3*keysPerRound {
+			t.Fatalf("round %d: evicted %d rows, want %d", round, n, 3*keysPerRound)
+		}
+		if tab.Len() != 0 || tab.rows.series.live() != 0 || tab.rows.prefixes.live() != 0 || tab.rows.sets.live() != 0 {
+			t.Fatalf("round %d: after evicting everything the table holds %d rows, %d series, %d prefixes, %d rule lists",
+				round, tab.Len(), tab.rows.series.live(), tab.rows.prefixes.live(), tab.rows.sets.live())
+		}
+	}
+	if maxSlots != 3*keysPerRound {
+		t.Errorf("the table grew to %d slots, want the %d of one round (slots are reused)", maxSlots, 3*keysPerRound)
+	}
+	// The series arena: one round's keys are ≈ 40 B each; without
+	// compaction it would hold all rounds'.
+	if n := cap(tab.rows.series.arena); n > 2*keysPerRound*64 {
+		t.Errorf("series arena of %d B after %d rounds of %d keys: not compacted", n, rounds, keysPerRound)
+	}
+	// Read back through the table (loader) in a new transaction: counts
+	// kept, and a late event adds to them.
+	x := tab.Begin()
+	seq++
+	late := Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: "round-3-key-000007", Endpoint: "/e",
+		Allowed: true, Cost: 1, TimeMicros: (now - (rounds-3)*2*86400) * 1_000_000}
+	if _, err := x.Apply(&late, now); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range x.Changes() {
+		if c.Row != nil && c.Row.KeyID == late.KeyID && c.Row.Gran == Day {
+			found = true
+			if c.Value.Allowed != 2 || c.Value.Cost != 3 || c.Value.KeyPrefix != "pre-3-7" || !slices.Equal(c.Value.Rules, []string{"r3"}) || !c.Publish {
+				t.Errorf("late event's day row: %+v (publish %v), want 2 allowed, cost 3, prefix pre-3-7, rules [r3], republished", c.Value, c.Publish)
+			}
+		}
+	}
+	if !found {
+		t.Error("the late event changed no day row")
+	}
+}
+
+// TestInternerReusesAndCompacts adds and releases strings in a random
+// order against a model map: ids stay unique among live strings, strings
+// read back exactly after compactions, and released ids are reused.
+func TestInternerReusesAndCompacts(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	in := newInterner()
+	refs := map[string]int{}
+	ids := map[string]uint32{}
+	peak := 0 // most strings live at once
+	for step := range 50_000 {
+		s := fmt.Sprintf("s-%d-%s", rng.IntN(5000), string(make([]byte, rng.IntN(40))))
+		if refs[s] > 0 && rng.IntN(2) == 0 {
+			in.unref(ids[s])
+			if refs[s]--; refs[s] == 0 {
+				delete(refs, s)
+				delete(ids, s)
+			}
+		} else {
+			id := in.ref([]byte(s))
+			if old, ok := ids[s]; ok && old != id {
+				t.Fatalf("step %d: %q got id %d, held as %d", step, s, id, old)
+			}
+			ids[s] = id
+			refs[s]++
+		}
+		peak = max(peak, len(ids))
+	}
+	if in.live() != len(ids) {
+		t.Errorf("%d strings live, want %d", in.live(), len(ids))
+	}
+	seen := map[uint32]bool{}
+	for s, id := range ids {
+		if in.str(id) != s || in.find([]byte(s)) != id || seen[id] {
+			t.Fatalf("%q: id %d reads %q, finds %d (seen %v)", s, id, in.str(id), in.find([]byte(s)), seen[id])
+		}
+		seen[id] = true
+	}
+	if n := len(in.ents) - 1; n != peak {
+		t.Errorf("%d ids made for at most %d strings live at once: released ids are not reused", n, peak)
+	}
+}
