@@ -89,10 +89,10 @@ func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
 // lookup is the slot of k.
 func (s *rowStore) lookup(k *RowKey) (uint32, bool) { return s.find(s.seriesOf(k), k) }
 
-// row is a copy of slot i's row.
-func (s *rowStore) row(i uint32) *Row {
+// row copies slot i's row into r.
+func (s *rowStore) row(i uint32, r *Row) {
 	e := &s.slots[i]
-	return &Row{KeyPrefix: s.prefixes.str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
+	*r = Row{KeyPrefix: s.prefixes.str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
 		Rules: slices.Clone(s.decoded[e.rules]), Closed: e.closed, Revision: e.revision}
 }
 
@@ -135,18 +135,19 @@ func (s *rowStore) put(k *RowKey, r *Row, written int64) {
 }
 
 // putKnown is put for a row read at the store's current gen: its slot
-// and series are known (r.slot 0 and r.series.id 0: none).
-func (s *rowStore) putKnown(k *RowKey, r *txnRow, written int64) {
-	i := r.slot - 1
-	if r.slot == 0 {
-		if r.series.id == 0 {
-			r.series.id = s.series.ref(s.seriesBytes(k))
+// (plus one; 0: none) and its series' id (0: none, set here when the
+// series is added) are known.
+func (s *rowStore) putKnown(k *RowKey, r *Row, slot uint32, series *uint32, written int64) {
+	i := slot - 1
+	if slot == 0 {
+		if *series == 0 {
+			*series = s.series.ref(s.seriesBytes(k))
 		} else {
-			s.series.ents[r.series.id].refs++
+			s.series.ents[*series].refs++
 		}
-		i = s.add(r.series.id, k)
+		i = s.add(*series, k)
 	}
-	s.set(i, &r.Row, written)
+	s.set(i, r, written)
 }
 
 // add is a new slot for k's window of series, which the caller has

@@ -156,12 +156,6 @@ type Row struct {
 	Revision uint32
 }
 
-func (r *Row) clone() *Row {
-	c := *r
-	c.Rules = slices.Clone(r.Rules)
-	return &c
-}
-
 func (r *Row) addRule(id string) {
 	if id == "" {
 		return
@@ -257,10 +251,12 @@ type Table struct {
 	load      Loader
 	rows      *rowStore
 	marks     map[Source]*Mark
-	// lastRows is how many rows the last committed transaction wrote:
-	// the next one's map starts at that size instead of growing to it by
-	// rehashing, which a backlog of new keys would pay on every event.
-	lastRows int
+	// lastRows and lastSeries are how many rows the last committed
+	// transaction wrote and how many series it looked up: the next one's
+	// map and slices start at that size instead of growing to it by
+	// rehashing and copying, which a backlog of new keys would pay on every
+	// transaction.
+	lastRows, lastSeries int
 }
 
 // NewTable returns the table of partition p; rows it does not hold are
@@ -309,7 +305,8 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, gen: t.rows.gen, rows: make(map[RowKey]*txnRow, t.lastRows), marks: map[Source]*Mark{}}
+	return &Txn{t: t, gen: t.rows.gen, rows: make(map[RowKey]int32, t.lastRows), list: make([]txnRow, 0, t.lastRows),
+		series: make([]uint32, 0, t.lastSeries), marks: map[Source]*Mark{}}
 }
 
 // txnRow is a row a transaction changes, with where the table holds it:
@@ -318,20 +315,24 @@ func (t *Table) Begin() *Txn {
 // changed since Begin.
 type txnRow struct {
 	Row
-	series *txnSeries
+	key    RowKey
+	series int32 // index in Txn.series
 	slot   uint32
+	gone   bool // expired in the transaction: no longer in Txn.rows
 }
-
-// txnSeries is the table's id of a series (0: not held when read, or not
-// interned yet), shared by the rows of one event so that Commit interns a
-// new series once.
-type txnSeries struct{ id uint32 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
 type Txn struct {
-	t       *Table
-	gen     uint64 // the table's rows.gen at Begin
-	rows    map[RowKey]*txnRow
+	t    *Table
+	gen  uint64           // the table's rows.gen at Begin
+	rows map[RowKey]int32 // index in list
+	// list holds the rows in the order read, by value: a *Row into it
+	// is good until the next row is read.
+	list []txnRow
+	// series holds the table's id of a series (0: not held when read,
+	// or not interned yet), shared by the rows of one event so that
+	// Commit interns a new series once.
+	series  []uint32
 	marks   map[Source]*Mark
 	deleted map[RowKey]bool
 	dmarks  map[Source]bool
@@ -367,37 +368,42 @@ type Stats struct {
 func (x *Txn) Stats() Stats { return x.stats }
 
 func (x *Txn) row(k RowKey) (*Row, error) {
-	if r, ok := x.rows[k]; ok {
-		return &r.Row, nil
+	if i, ok := x.rows[k]; ok {
+		return &x.list[i].Row, nil
 	}
-	return x.rowFrom(k, &txnSeries{id: x.t.rows.seriesOf(&k)})
+	return x.rowFrom(k, x.newSeries(&k))
 }
 
-// rowFrom is row for a k not in the transaction yet, whose series is ser.
-func (x *Txn) rowFrom(k RowKey, ser *txnSeries) (*Row, error) {
-	var base *Row
-	i, held := x.t.rows.find(ser.id, &k)
+// newSeries records the table's id of k's series for the rows read next.
+func (x *Txn) newSeries(k *RowKey) int32 {
+	x.series = append(x.series, x.t.rows.seriesOf(k))
+	return int32(len(x.series) - 1)
+}
+
+// rowFrom is row for a k not in the transaction yet, whose series is
+// x.series[ser].
+func (x *Txn) rowFrom(k RowKey, ser int32) (*Row, error) {
+	r := txnRow{key: k, series: ser}
+	i, held := x.t.rows.find(x.series[ser], &k)
 	if held && !x.deleted[k] {
-		base = x.t.rows.row(i)
+		x.t.rows.row(i, &r.Row)
 	} else if !x.deleted[k] && x.t.load != nil {
-		r, ok, err := x.t.load.Row(k)
+		base, ok, err := x.t.load.Row(k)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			base = r.clone()
+			r.Row = base
+			r.Rules = slices.Clone(base.Rules)
 		}
 	}
-	if base == nil {
-		base = &Row{}
-	}
 	delete(x.deleted, k)
-	r := &txnRow{Row: *base, series: ser}
 	if held {
 		r.slot = i + 1
 	}
-	x.rows[k] = r
-	return &r.Row, nil
+	x.rows[k] = int32(len(x.list))
+	x.list = append(x.list, r)
+	return &x.list[len(x.list)-1].Row, nil
 }
 
 func (x *Txn) mark(s Source) *Mark {
@@ -551,17 +557,17 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 	x.stats.Applied++
 	sec := FloorDiv(ev.TimeMicros, 1_000_000)
 	late := false
-	var ser *txnSeries
+	ser := int32(-1)
 	for _, g := range All {
 		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
 		k.Start = sec - Mod(sec, g.Seconds())
 		var r *Row
-		if tr, ok := x.rows[k]; ok {
-			r = &tr.Row
+		if i, ok := x.rows[k]; ok {
+			r = &x.list[i].Row
 		} else {
 			// The table's series is looked up once for the event's rows.
-			if ser == nil {
-				ser = &txnSeries{id: x.t.rows.seriesOf(&k)}
+			if ser < 0 {
+				ser = x.newSeries(&k)
 			}
 			var err error
 			if r, err = x.rowFrom(k, ser); err != nil {
@@ -622,9 +628,9 @@ func (x *Txn) CloseDue(nowSec int64) error {
 			x.markPublish(k)
 		}
 	}
-	for k, r := range x.rows {
-		if !r.Closed && k.End()+lateness <= nowSec {
-			x.markPublish(k)
+	for i := range x.list {
+		if r := &x.list[i]; !r.gone && !r.Closed && r.key.End()+lateness <= nowSec {
+			x.markPublish(r.key)
 		}
 	}
 	return nil
@@ -667,7 +673,10 @@ func (x *Txn) ExpireRow(k RowKey, nowSec int64) bool {
 		x.deleted = map[RowKey]bool{}
 	}
 	x.deleted[k] = true
-	delete(x.rows, k)
+	if i, ok := x.rows[k]; ok {
+		x.list[i].gone = true
+		delete(x.rows, k)
+	}
 	delete(x.publish, k)
 	x.stats.Expired++
 	return true
@@ -698,9 +707,10 @@ func (x *Txn) Changes() []Change {
 		}
 	}
 	out := make([]Change, 0, len(x.rows)+len(x.marks)+len(x.deleted)+len(x.dmarks))
-	for k, r := range x.rows {
-		k := k
-		out = append(out, Change{Row: &k, Value: r.Row, Publish: x.publish[k]})
+	for i := range x.list {
+		if r := &x.list[i]; !r.gone {
+			out = append(out, Change{Row: &r.key, Value: r.Row, Publish: x.publish[r.key]})
+		}
 	}
 	for k := range x.deleted {
 		k := k
@@ -721,14 +731,16 @@ func (x *Txn) Changes() []Change {
 // changelog record of the transaction). Call it only once the Kafka
 // transaction carrying Changes() committed; the Txn is spent afterwards.
 func (x *Txn) Commit(written int64) {
-	x.t.lastRows = len(x.rows)
+	x.t.lastRows, x.t.lastSeries = len(x.list), len(x.series)
 	// Unchanged since Begin: the slots and series found on reading hold.
 	known := x.gen == x.t.rows.gen
-	for k, r := range x.rows {
-		if known {
-			x.t.rows.putKnown(&k, r, written)
-		} else {
-			x.t.rows.put(&k, &r.Row, written)
+	for i := range x.list {
+		switch r := &x.list[i]; {
+		case r.gone:
+		case known:
+			x.t.rows.putKnown(&r.key, &r.Row, r.slot, &x.series[r.series], written)
+		default:
+			x.t.rows.put(&r.key, &r.Row, written)
 		}
 	}
 	for k := range x.deleted {
