@@ -305,8 +305,24 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, gen: t.rows.gen, rows: make(map[RowKey]int32, t.lastRows), list: make([]txnRow, 0, t.lastRows),
-		series: make([]uint32, 0, t.lastSeries), marks: map[Source]*Mark{}}
+	return &Txn{t: t, gen: t.rows.gen, rows: make(map[txnKey]int32, t.lastRows), list: make([]txnRow, 0, t.lastRows),
+		bySeries: make(map[seriesKey]int32, t.lastSeries), series: make([]uint32, 0, t.lastSeries), marks: map[Source]*Mark{}}
+}
+
+// seriesKey is what the rows of one key on one endpoint share.
+type seriesKey struct {
+	Partition int32
+	Tenant    string
+	KeyID     string
+	Endpoint  string
+}
+
+// txnKey is a row's key inside a transaction: its series (an index in
+// Txn.series) and its window, hashed without its strings.
+type txnKey struct {
+	series int32
+	gran   Granularity
+	start  int64
 }
 
 // txnRow is a row a transaction changes, with where the table holds it:
@@ -325,19 +341,20 @@ type txnRow struct {
 type Txn struct {
 	t    *Table
 	gen  uint64           // the table's rows.gen at Begin
-	rows map[RowKey]int32 // index in list
+	rows map[txnKey]int32 // index in list
 	// list holds the rows in the order read, by value: a *Row into it
 	// is good until the next row is read.
 	list []txnRow
-	// series holds the table's id of a series (0: not held when read,
-	// or not interned yet), shared by the rows of one event so that
-	// Commit interns a new series once.
-	series  []uint32
-	marks   map[Source]*Mark
-	deleted map[RowKey]bool
-	dmarks  map[Source]bool
-	publish map[RowKey]bool
-	stats   Stats
+	// series holds the table's id of each series the transaction read
+	// (0: not held when read, or not interned yet), so that Commit interns
+	// a new series once; bySeries finds it.
+	series   []uint32
+	bySeries map[seriesKey]int32
+	marks    map[Source]*Mark
+	deleted  map[RowKey]bool
+	dmarks   map[Source]bool
+	publish  map[RowKey]bool
+	stats    Stats
 }
 
 // Stats counts what a transaction did.
@@ -368,16 +385,24 @@ type Stats struct {
 func (x *Txn) Stats() Stats { return x.stats }
 
 func (x *Txn) row(k RowKey) (*Row, error) {
-	if i, ok := x.rows[k]; ok {
+	ser := x.seriesIn(&k)
+	if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
 		return &x.list[i].Row, nil
 	}
-	return x.rowFrom(k, x.newSeries(&k))
+	return x.rowFrom(k, ser)
 }
 
-// newSeries records the table's id of k's series for the rows read next.
-func (x *Txn) newSeries(k *RowKey) int32 {
+// seriesIn is k's series in the transaction, added with the table's id of
+// it when the transaction had not read it yet.
+func (x *Txn) seriesIn(k *RowKey) int32 {
+	sk := seriesKey{k.Partition, k.Tenant, k.KeyID, k.Endpoint}
+	if i, ok := x.bySeries[sk]; ok {
+		return i
+	}
 	x.series = append(x.series, x.t.rows.seriesOf(k))
-	return int32(len(x.series) - 1)
+	i := int32(len(x.series) - 1)
+	x.bySeries[sk] = i
+	return i
 }
 
 // rowFrom is row for a k not in the transaction yet, whose series is
@@ -401,7 +426,7 @@ func (x *Txn) rowFrom(k RowKey, ser int32) (*Row, error) {
 	if held {
 		r.slot = i + 1
 	}
-	x.rows[k] = int32(len(x.list))
+	x.rows[txnKey{ser, k.Gran, k.Start}] = int32(len(x.list))
 	x.list = append(x.list, r)
 	return &x.list[len(x.list)-1].Row, nil
 }
@@ -561,14 +586,14 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 	for _, g := range All {
 		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
 		k.Start = sec - Mod(sec, g.Seconds())
+		if ser < 0 {
+			// The series is looked up once for the event's rows.
+			ser = x.seriesIn(&k)
+		}
 		var r *Row
-		if i, ok := x.rows[k]; ok {
+		if i, ok := x.rows[txnKey{ser, g, k.Start}]; ok {
 			r = &x.list[i].Row
 		} else {
-			// The table's series is looked up once for the event's rows.
-			if ser < 0 {
-				ser = x.newSeries(&k)
-			}
 			var err error
 			if r, err = x.rowFrom(k, ser); err != nil {
 				return true, err
@@ -673,9 +698,11 @@ func (x *Txn) ExpireRow(k RowKey, nowSec int64) bool {
 		x.deleted = map[RowKey]bool{}
 	}
 	x.deleted[k] = true
-	if i, ok := x.rows[k]; ok {
-		x.list[i].gone = true
-		delete(x.rows, k)
+	if ser, ok := x.bySeries[seriesKey{k.Partition, k.Tenant, k.KeyID, k.Endpoint}]; ok {
+		if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
+			x.list[i].gone = true
+			delete(x.rows, txnKey{ser, k.Gran, k.Start})
+		}
 	}
 	delete(x.publish, k)
 	x.stats.Expired++
