@@ -180,6 +180,12 @@ func TestTableMatchesModel(t *testing.T) {
 						disk[*c.Row] = c.Value
 					}
 				}
+				if rng.IntN(4) == 0 {
+					// Evicting while a transaction is open: its commit
+					// finds again the rows it read. Every earlier commit is
+					// on the disk.
+					tab.Evict(written - 1)
+				}
 				x.Commit(written)
 				queue = queue[n:]
 				if rng.IntN(3) == 0 {
