@@ -328,6 +328,11 @@ type Table struct {
 	cfg       Config
 	partition int32
 	keys      map[string]*State
+	// lastKeys is how many keys the last committed transaction changed:
+	// the next one's maps start at that size instead of growing to it by
+	// rehashing, which a backlog of new keys would pay on every
+	// transaction.
+	lastKeys int
 }
 
 // NewTable returns the table of partition p, holding states (restored from
@@ -381,7 +386,7 @@ func (t *Table) VolumeKeys(now time.Time) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, keys: map[string]*State{}, touched: map[string]bool{}, firings: map[string]int{}}
+	return &Txn{t: t, keys: make(map[string]*State, t.lastKeys), touched: make(map[string]bool, t.lastKeys), firings: map[string]int{}}
 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
@@ -758,6 +763,7 @@ func (x *Txn) Empty() bool { return len(x.keys) == 0 && len(x.deleted) == 0 }
 // Kafka transaction carrying Changes() and Steps() committed; the Txn is
 // spent afterwards.
 func (x *Txn) Commit() {
+	x.t.lastKeys = len(x.keys)
 	for id, s := range x.keys {
 		x.t.keys[id] = s
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -548,5 +549,40 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTxnSizedFromTheLast (not parallel: it counts the process's
+// allocations) checks that a transaction's maps start at the size of the
+// last committed one: observing new keys allocates their states and no
+// more, where maps grown by rehashing would allocate their tables again
+// at every doubling.
+func TestTxnSizedFromTheLast(t *testing.T) {
+	const keys = 4096
+	tab := NewTable(Config{}, 0, nil)
+	ids := make([]string, 2*keys)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("key-%06d", i)
+	}
+	run := func(from int) (mallocs uint64) {
+		x := tab.Begin()
+		ds := make([]Decision, keys)
+		for i := range ds {
+			ds[i] = Decision{KeyID: ids[from+i], Tenant: "t", TimeMicros: start.UnixMicro(), Allowed: true}
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range ds {
+			x.Observe(&ds[i], start)
+		}
+		runtime.ReadMemStats(&after)
+		x.Commit()
+		return after.Mallocs - before.Mallocs
+	}
+	first := run(0) // the maps grow from empty
+	second := run(keys)
+	// One state per new key; growing two maps to 4096 keys is dozens more.
+	if want := uint64(keys + 8); second > want {
+		t.Errorf("second transaction of %d new keys: %d allocations, want at most %d (the first, unsized: %d)", keys, second, want, first)
 	}
 }

@@ -69,11 +69,13 @@ func FuzzDecodeEvent(f *testing.F) {
 // (ApplyBench): decoding, checking the bounds, counting into a partition
 // table (3 rows per event) and, in "abuse", feeding the detectors too: the
 // work the target of ≥ 250 k events/s per core is about. loadtest sweep
-// -what aggregator runs the same at other key counts.
+// -what aggregator runs the same at other key counts; "new-keys" is its
+// case of every event a key not seen before (fresh tables every 2^20
+// events).
 func BenchmarkApply(b *testing.B) {
 	// 4 096 distinct keys, the figure docs/benchmarks.md has always
 	// shown; the sweep shows how it moves with more.
-	const keys = 4096
+	const keys, newKeys = 4096, 1 << 20
 	a, err := NewApplyBench(keys, keys)
 	if err != nil {
 		b.Fatal(err)
@@ -92,6 +94,20 @@ func BenchmarkApply(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
+	b.Run("new-keys+abuse", func(b *testing.B) {
+		a, err := NewApplyBench(newKeys, newKeys)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for n := b.N; n > 0; n -= newKeys {
+			if err := a.Run(min(n, newKeys), true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	})
 }
 
 // TestCheckRefusesFieldsOutOfBounds checks each bound the aggregator holds

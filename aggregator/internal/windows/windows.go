@@ -156,12 +156,6 @@ type Row struct {
 	Revision uint32
 }
 
-func (r *Row) clone() *Row {
-	c := *r
-	c.Rules = slices.Clone(r.Rules)
-	return &c
-}
-
 func (r *Row) addRule(id string) {
 	if id == "" {
 		return
@@ -250,30 +244,28 @@ type Loader interface {
 	Row(k RowKey) (Row, bool, error)
 }
 
-// entry is a row the table holds, with the changelog position of its last
-// write (0 while it was never written by this table).
-type entry struct {
-	row     *Row
-	written int64
-}
-
 // Table is the state of one decisions partition.
 type Table struct {
 	cfg       Config
 	partition int32
 	load      Loader
-	rows      map[RowKey]*entry
+	rows      *rowStore
 	marks     map[Source]*Mark
+	// lastRows and lastSeries are how many rows the last committed
+	// transaction wrote and how many series it looked up: the next one's
+	// map and slices start at that size instead of growing to it by
+	// rehashing and copying, which a backlog of new keys would pay on every
+	// transaction.
+	lastRows, lastSeries int
 }
 
 // NewTable returns the table of partition p; rows it does not hold are
 // read from load, and marks (all of which a table holds) start as given.
 func NewTable(cfg Config, p int32, load Loader, open map[RowKey]Row, marks map[Source]Mark) *Table {
 	cfg.SetDefaults()
-	t := &Table{cfg: cfg, partition: p, load: load, rows: make(map[RowKey]*entry, len(open)), marks: make(map[Source]*Mark, len(marks))}
+	t := &Table{cfg: cfg, partition: p, load: load, rows: newRowStore(len(open)), marks: make(map[Source]*Mark, len(marks))}
 	for k, r := range open {
-		r := r
-		t.rows[k] = &entry{row: r.clone()}
+		t.rows.put(&k, &r, 0)
 	}
 	for s, m := range marks {
 		m := m
@@ -286,7 +278,7 @@ func NewTable(cfg Config, p int32, load Loader, open map[RowKey]Row, marks map[S
 func (t *Table) Partition() int32 { return t.partition }
 
 // Len is the number of rows held in memory.
-func (t *Table) Len() int { return len(t.rows) }
+func (t *Table) Len() int { return t.rows.len() }
 
 // Marks returns a copy of the marks.
 func (t *Table) Marks() map[Source]Mark {
@@ -302,9 +294,9 @@ func (t *Table) Marks() map[Source]Mark {
 // recent writes; the Loader serves them from then on.
 func (t *Table) Evict(materialized int64) int {
 	n := 0
-	for k, e := range t.rows {
-		if e.row.Closed && e.written > 0 && e.written <= materialized {
-			delete(t.rows, k)
+	for i := range t.rows.slots {
+		if e := &t.rows.slots[i]; e.live && e.closed && e.written > 0 && e.written <= materialized {
+			t.rows.remove(uint32(i))
 			n++
 		}
 	}
@@ -313,18 +305,56 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, rows: map[RowKey]*Row{}, marks: map[Source]*Mark{}}
+	return &Txn{t: t, gen: t.rows.gen, rows: make(map[txnKey]int32, t.lastRows), list: make([]txnRow, 0, t.lastRows),
+		bySeries: make(map[seriesKey]int32, t.lastSeries), series: make([]uint32, 0, t.lastSeries), marks: map[Source]*Mark{}}
+}
+
+// seriesKey is what the rows of one key on one endpoint share.
+type seriesKey struct {
+	Partition int32
+	Tenant    string
+	KeyID     string
+	Endpoint  string
+}
+
+// txnKey is a row's key inside a transaction: its series (an index in
+// Txn.series) and its window, hashed without its strings.
+type txnKey struct {
+	series int32
+	gran   Granularity
+	start  int64
+}
+
+// txnRow is a row a transaction changes, with where the table holds it:
+// its slot (plus one; 0: none) and its series, found when the row was
+// read, so that Commit does not look them up again while the table has not
+// changed since Begin.
+type txnRow struct {
+	Row
+	key    RowKey
+	series int32 // index in Txn.series
+	slot   uint32
+	gone   bool // expired in the transaction: no longer in Txn.rows
 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
 type Txn struct {
-	t       *Table
-	rows    map[RowKey]*Row
-	marks   map[Source]*Mark
-	deleted map[RowKey]bool
-	dmarks  map[Source]bool
-	publish map[RowKey]bool
-	stats   Stats
+	t    *Table
+	gen  uint64           // the table's rows.gen at Begin
+	rows map[txnKey]int32 // index in list
+	// list holds the rows in the order read, by value: a *Row into it
+	// is good until the next row is read.
+	list []txnRow
+	// series holds the table's id of each series the transaction read
+	// (0: not held when read, or not interned yet), so that Commit interns
+	// a new series once; bySeries finds it.
+	series   []uint32
+	bySeries map[seriesKey]int32
+	marks    map[Source]*Mark
+	deleted  map[RowKey]bool
+	dmarks   map[Source]bool
+	publish  map[RowKey]bool
+	stats    Stats
 }
 
 // Stats counts what a transaction did.
@@ -355,27 +385,50 @@ type Stats struct {
 func (x *Txn) Stats() Stats { return x.stats }
 
 func (x *Txn) row(k RowKey) (*Row, error) {
-	if r, ok := x.rows[k]; ok {
-		return r, nil
+	ser := x.seriesIn(&k)
+	if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
+		return &x.list[i].Row, nil
 	}
-	var base *Row
-	if e, ok := x.t.rows[k]; ok && !x.deleted[k] {
-		base = e.row.clone()
+	return x.rowFrom(k, ser)
+}
+
+// seriesIn is k's series in the transaction, added with the table's id of
+// it when the transaction had not read it yet.
+func (x *Txn) seriesIn(k *RowKey) int32 {
+	sk := seriesKey{k.Partition, k.Tenant, k.KeyID, k.Endpoint}
+	if i, ok := x.bySeries[sk]; ok {
+		return i
+	}
+	x.series = append(x.series, x.t.rows.seriesOf(k))
+	i := int32(len(x.series) - 1)
+	x.bySeries[sk] = i
+	return i
+}
+
+// rowFrom is row for a k not in the transaction yet, whose series is
+// x.series[ser].
+func (x *Txn) rowFrom(k RowKey, ser int32) (*Row, error) {
+	r := txnRow{key: k, series: ser}
+	i, held := x.t.rows.find(x.series[ser], &k)
+	if held && !x.deleted[k] {
+		x.t.rows.row(i, &r.Row)
 	} else if !x.deleted[k] && x.t.load != nil {
-		r, ok, err := x.t.load.Row(k)
+		base, ok, err := x.t.load.Row(k)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			base = r.clone()
+			r.Row = base
+			r.Rules = slices.Clone(base.Rules)
 		}
 	}
-	if base == nil {
-		base = &Row{}
-	}
 	delete(x.deleted, k)
-	x.rows[k] = base
-	return base, nil
+	if held {
+		r.slot = i + 1
+	}
+	x.rows[txnKey{ser, k.Gran, k.Start}] = int32(len(x.list))
+	x.list = append(x.list, r)
+	return &x.list[len(x.list)-1].Row, nil
 }
 
 func (x *Txn) mark(s Source) *Mark {
@@ -529,12 +582,22 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 	x.stats.Applied++
 	sec := FloorDiv(ev.TimeMicros, 1_000_000)
 	late := false
+	ser := int32(-1)
 	for _, g := range All {
 		k := RowKey{Partition: x.t.partition, Tenant: ev.Tenant, KeyID: ev.KeyID, Endpoint: ev.Endpoint, Gran: g}
 		k.Start = sec - Mod(sec, g.Seconds())
-		r, err := x.row(k)
-		if err != nil {
-			return true, err
+		if ser < 0 {
+			// The series is looked up once for the event's rows.
+			ser = x.seriesIn(&k)
+		}
+		var r *Row
+		if i, ok := x.rows[txnKey{ser, g, k.Start}]; ok {
+			r = &x.list[i].Row
+		} else {
+			var err error
+			if r, err = x.rowFrom(k, ser); err != nil {
+				return true, err
+			}
 		}
 		if ev.KeyPrefix != "" {
 			r.KeyPrefix = ev.KeyPrefix
@@ -573,8 +636,13 @@ func (x *Txn) markPublish(k RowKey) {
 // that took late events in this transaction are republished too.
 func (x *Txn) CloseDue(nowSec int64) error {
 	lateness := int64(x.t.cfg.Lateness / time.Second)
-	for k, e := range x.t.rows {
-		if e.row.Closed || x.deleted[k] || k.End()+lateness > nowSec {
+	for i := range x.t.rows.slots {
+		e := &x.t.rows.slots[i]
+		if !e.live || e.closed || e.id.start+e.id.gran.Seconds()+lateness > nowSec {
+			continue
+		}
+		k := x.t.rows.key(uint32(i))
+		if x.deleted[k] {
 			continue
 		}
 		r, err := x.row(k)
@@ -585,9 +653,9 @@ func (x *Txn) CloseDue(nowSec int64) error {
 			x.markPublish(k)
 		}
 	}
-	for k, r := range x.rows {
-		if !r.Closed && k.End()+lateness <= nowSec {
-			x.markPublish(k)
+	for i := range x.list {
+		if r := &x.list[i]; !r.gone && !r.Closed && r.key.End()+lateness <= nowSec {
+			x.markPublish(r.key)
 		}
 	}
 	return nil
@@ -597,8 +665,10 @@ func (x *Txn) CloseDue(nowSec int64) error {
 // marks of closed epochs unchanged for MarkRetention. Rows only on disk are
 // expired by ExpireRow, which the processor calls while scanning them.
 func (x *Txn) Expire(nowSec int64) {
-	for k := range x.t.rows {
-		x.ExpireRow(k, nowSec)
+	for i := range x.t.rows.slots {
+		if e := &x.t.rows.slots[i]; e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
+			x.ExpireRow(x.t.rows.key(uint32(i)), nowSec)
+		}
 	}
 	for s, m := range x.t.marks {
 		if m.Closed && nowSec-m.Seen > int64(x.t.cfg.MarkRetention/time.Second) {
@@ -612,8 +682,10 @@ func (x *Txn) Expire(nowSec int64) {
 }
 
 // Expired reports whether k's retention has passed at nowSec.
-func (t *Table) Expired(k RowKey, nowSec int64) bool {
-	return nowSec-k.End() > int64(t.cfg.Retention[k.Gran]/time.Second)
+func (t *Table) Expired(k RowKey, nowSec int64) bool { return t.expired(k.Gran, k.End(), nowSec) }
+
+func (t *Table) expired(g Granularity, end, nowSec int64) bool {
+	return nowSec-end > int64(t.cfg.Retention[g]/time.Second)
 }
 
 // ExpireRow deletes k when its retention has passed; it reports whether it
@@ -626,7 +698,12 @@ func (x *Txn) ExpireRow(k RowKey, nowSec int64) bool {
 		x.deleted = map[RowKey]bool{}
 	}
 	x.deleted[k] = true
-	delete(x.rows, k)
+	if ser, ok := x.bySeries[seriesKey{k.Partition, k.Tenant, k.KeyID, k.Endpoint}]; ok {
+		if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
+			x.list[i].gone = true
+			delete(x.rows, txnKey{ser, k.Gran, k.Start})
+		}
+	}
 	delete(x.publish, k)
 	x.stats.Expired++
 	return true
@@ -657,9 +734,10 @@ func (x *Txn) Changes() []Change {
 		}
 	}
 	out := make([]Change, 0, len(x.rows)+len(x.marks)+len(x.deleted)+len(x.dmarks))
-	for k, r := range x.rows {
-		k := k
-		out = append(out, Change{Row: &k, Value: *r, Publish: x.publish[k]})
+	for i := range x.list {
+		if r := &x.list[i]; !r.gone {
+			out = append(out, Change{Row: &r.key, Value: r.Row, Publish: x.publish[r.key]})
+		}
 	}
 	for k := range x.deleted {
 		k := k
@@ -680,11 +758,22 @@ func (x *Txn) Changes() []Change {
 // changelog record of the transaction). Call it only once the Kafka
 // transaction carrying Changes() committed; the Txn is spent afterwards.
 func (x *Txn) Commit(written int64) {
-	for k, r := range x.rows {
-		x.t.rows[k] = &entry{row: r, written: written}
+	x.t.lastRows, x.t.lastSeries = len(x.list), len(x.series)
+	// Unchanged since Begin: the slots and series found on reading hold.
+	known := x.gen == x.t.rows.gen
+	for i := range x.list {
+		switch r := &x.list[i]; {
+		case r.gone:
+		case known:
+			x.t.rows.putKnown(&r.key, &r.Row, r.slot, &x.series[r.series], written)
+		default:
+			x.t.rows.put(&r.key, &r.Row, written)
+		}
 	}
 	for k := range x.deleted {
-		delete(x.t.rows, k)
+		if i, ok := x.t.rows.lookup(&k); ok {
+			x.t.rows.remove(i)
+		}
 	}
 	for s, m := range x.marks {
 		x.t.marks[s] = m

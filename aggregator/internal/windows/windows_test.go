@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -179,6 +180,12 @@ func TestTableMatchesModel(t *testing.T) {
 						disk[*c.Row] = c.Value
 					}
 				}
+				if rng.IntN(4) == 0 {
+					// Evicting while a transaction is open: its commit
+					// finds again the rows it read. Every earlier commit is
+					// on the disk.
+					tab.Evict(written - 1)
+				}
 				x.Commit(written)
 				queue = queue[n:]
 				if rng.IntN(3) == 0 {
@@ -190,8 +197,8 @@ func TestTableMatchesModel(t *testing.T) {
 			got := map[RowKey]totals{}
 			for k := range want {
 				r, ok, _ := disk.Row(k)
-				if e, held := tab.rows[k]; held {
-					r, ok = *e.row, true
+				if h, held := tab.held(k); held {
+					r, ok = h, true
 				}
 				if ok {
 					got[k] = totals{r.Allowed, r.Rejected, r.Cost}
@@ -421,9 +428,9 @@ func TestSequencesCannotBeForgedIntoSilence(t *testing.T) {
 			}
 			m := tab.Marks()[src]
 			var allowed int64
-			for k, e := range tab.rows {
-				if k.Gran == Minute {
-					allowed += e.row.Allowed
+			for _, e := range tab.rows.slots {
+				if e.live && e.id.gran == Minute {
+					allowed += e.allowed
 				}
 			}
 			if applied != tc.applied || allowed != int64(tc.applied) {
@@ -464,4 +471,227 @@ func TestTotalsSaturate(t *testing.T) {
 			t.Errorf("AddSat(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
 		}
 	}
+}
+
+// TestTxnSizedFromTheLast (not parallel: it counts the process's
+// allocations) checks that a transaction's row map and slices start at
+// the size of the last committed one: a transaction of new keys allocates
+// no more than its rows' rule lists, where a map grown by rehashing would
+// allocate its tables again at every doubling.
+func TestTxnSizedFromTheLast(t *testing.T) {
+	const events = 4096
+	tab := NewTable(Config{}, 0, nil, nil, nil)
+	src := Source{Gateway: "gw", Epoch: 1}
+	seq := uint64(0)
+	keys := make([]string, 2*events)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%06d", i)
+	}
+	run := func(from int) (mallocs uint64) {
+		x := tab.Begin()
+		evs := make([]Event, events)
+		for i := range evs {
+			seq++
+			evs[i] = Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: keys[from+i], Endpoint: "/e",
+				Rule: "r", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range evs {
+			if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		x.Changes()
+		x.Commit(int64(from + 1))
+		return after.Mallocs - before.Mallocs
+	}
+	first := run(0) // the map grows from empty
+	second := run(events)
+	// Each new row allocates its rule list (3 rows per event); growing the
+	// transaction's map and slices to 3 × 4096 rows is dozens more.
+	rows := uint64(3 * events)
+	if want := rows + 8; second > want {
+		t.Errorf("second transaction of %d new rows: %d allocations, want at most %d (the first, unsized: %d)", rows, second, want, first)
+	}
+	if first <= second {
+		t.Errorf("the first transaction (%d allocations) should pay the map's growth that the second (%d) does not", first, second)
+	}
+}
+
+// held is the row the table holds for k, if it does.
+func (t *Table) held(k RowKey) (Row, bool) {
+	i, ok := t.rows.lookup(&k)
+	if !ok {
+		return Row{}, false
+	}
+	var r Row
+	t.rows.row(i, &r)
+	return r, true
+}
+
+// TestEvictedRowsReleaseTheirMemory fills the table with rows of new keys,
+// closes and evicts them, again and again: what the table holds is bounded
+// by the rows not yet evicted, not by the keys ever seen — the slots, the
+// interned strings and their arena are reused or compacted — and the rows
+// read back through the loader keep their counts.
+func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
+	t.Parallel()
+	const keysPerRound, rounds = 2000, 8
+	disk := memLoader{}
+	tab := NewTable(Config{Lateness: time.Second}, 0, disk, nil, nil)
+	src := Source{Gateway: "gw", Epoch: 1}
+	seq := uint64(0)
+	now := int64(1_700_000_000)
+	maxSlots := 0
+	for round := range rounds {
+		x := tab.Begin()
+		for i := range keysPerRound {
+			seq++
+			ev := Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: fmt.Sprintf("round-%d-key-%06d", round, i),
+				KeyPrefix: fmt.Sprintf("pre-%d-%d", round, i), Endpoint: "/e", Rule: fmt.Sprint("r", round), Allowed: true, Cost: 2,
+				TimeMicros: now * 1_000_000}
+			if _, err := x.Apply(&ev, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now += 2 * 86400 // every window of the round closes
+		if err := x.CloseDue(now); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range x.Changes() {
+			if c.Row != nil && !c.Deleted {
+				disk[*c.Row] = c.Value
+			}
+		}
+		x.Commit(int64(round + 1))
+		maxSlots = max(maxSlots, len(tab.rows.slots))
+		if n := tab.Evict(int64(round + 1)); n != 3*keysPerRound {
+			t.Fatalf("round %d: evicted %d rows, want %d", round, n, 3*keysPerRound)
+		}
+		if tab.Len() != 0 || tab.rows.series.live() != 0 || tab.rows.prefixes.live() != 0 || tab.rows.sets.live() != 0 {
+			t.Fatalf("round %d: after evicting everything the table holds %d rows, %d series, %d prefixes, %d rule lists",
+				round, tab.Len(), tab.rows.series.live(), tab.rows.prefixes.live(), tab.rows.sets.live())
+		}
+	}
+	if maxSlots != 3*keysPerRound {
+		t.Errorf("the table grew to %d slots, want the %d of one round (slots are reused)", maxSlots, 3*keysPerRound)
+	}
+	// The series arena: one round's keys are ≈ 40 B each; without
+	// compaction it would hold all rounds'.
+	if n := cap(tab.rows.series.arena); n > 2*keysPerRound*64 {
+		t.Errorf("series arena of %d B after %d rounds of %d keys: not compacted", n, rounds, keysPerRound)
+	}
+	// Read back through the table (loader) in a new transaction: counts
+	// kept, and a late event adds to them.
+	x := tab.Begin()
+	seq++
+	late := Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: "round-3-key-000007", Endpoint: "/e",
+		Allowed: true, Cost: 1, TimeMicros: (now - (rounds-3)*2*86400) * 1_000_000}
+	if _, err := x.Apply(&late, now); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range x.Changes() {
+		if c.Row != nil && c.Row.KeyID == late.KeyID && c.Row.Gran == Day {
+			found = true
+			if c.Value.Allowed != 2 || c.Value.Cost != 3 || c.Value.KeyPrefix != "pre-3-7" || !slices.Equal(c.Value.Rules, []string{"r3"}) || !c.Publish {
+				t.Errorf("late event's day row: %+v (publish %v), want 2 allowed, cost 3, prefix pre-3-7, rules [r3], republished", c.Value, c.Publish)
+			}
+		}
+	}
+	if !found {
+		t.Error("the late event changed no day row")
+	}
+}
+
+// TestInternerReusesAndCompacts adds and releases strings in a random
+// order against a model map: ids stay unique among live strings, strings
+// read back exactly after compactions, and released ids are reused.
+func TestInternerReusesAndCompacts(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	in := newInterner()
+	refs := map[string]int{}
+	ids := map[string]uint32{}
+	peak := 0 // most strings live at once
+	for step := range 50_000 {
+		s := fmt.Sprintf("s-%d-%s", rng.IntN(5000), string(make([]byte, rng.IntN(40))))
+		if refs[s] > 0 && rng.IntN(2) == 0 {
+			in.unref(ids[s])
+			if refs[s]--; refs[s] == 0 {
+				delete(refs, s)
+				delete(ids, s)
+			}
+		} else {
+			id := in.ref([]byte(s))
+			if old, ok := ids[s]; ok && old != id {
+				t.Fatalf("step %d: %q got id %d, held as %d", step, s, id, old)
+			}
+			ids[s] = id
+			refs[s]++
+		}
+		peak = max(peak, len(ids))
+	}
+	if in.live() != len(ids) {
+		t.Errorf("%d strings live, want %d", in.live(), len(ids))
+	}
+	seen := map[uint32]bool{}
+	for s, id := range ids {
+		if in.str(id) != s || in.find([]byte(s)) != id || seen[id] {
+			t.Fatalf("%q: id %d reads %q, finds %d (seen %v)", s, id, in.str(id), in.find([]byte(s)), seen[id])
+		}
+		seen[id] = true
+	}
+	if n := len(in.ents) - 1; n != peak {
+		t.Errorf("%d ids made for at most %d strings live at once: released ids are not reused", n, peak)
+	}
+}
+
+// TestHeldRowMemory (not parallel: it reads the process's heap) holds the
+// rows of 20 000 keys, three each, and checks what they take: the 72-byte
+// slot of each row and ≈ 80 bytes of each key's interned strings, with the
+// slack of slices that grow by a quarter — at most 160 bytes per row
+// (a map of *Row by string-keyed RowKey took ≈ 266).
+func TestHeldRowMemory(t *testing.T) {
+	const keys, perTxn = 20_000, 5_000
+	names := make([]string, keys)
+	tenants := make([]string, 100)
+	for i := range names {
+		names[i] = fmt.Sprintf("key-%018d", i)
+	}
+	for i := range tenants {
+		tenants[i] = fmt.Sprint("tenant-", i)
+	}
+	evs := make([]Event, perTxn)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	tab := NewTable(Config{}, 0, nil, nil, nil)
+	for c := 0; c < keys; c += perTxn {
+		x := tab.Begin()
+		for i := range evs {
+			evs[i] = Event{Source: Source{Gateway: "gw", Epoch: 1}, Seq: uint64(c + i + 1), Kind: KindDecision,
+				Tenant: tenants[i%len(tenants)], KeyID: names[c+i], KeyPrefix: "sk_prod_ab…", Endpoint: "/v1/orders",
+				Rule: "orders", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
+			if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x.Changes()
+		x.Commit(int64(c + 1))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rows := tab.Len()
+	if rows != 3*keys {
+		t.Fatalf("%d rows held, want %d", rows, 3*keys)
+	}
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(rows)
+	t.Logf("%d rows: %.0f B of heap each", rows, per)
+	if per > 160 {
+		t.Errorf("%d rows held in %.0f B each, want at most 160", rows, per)
+	}
+	runtime.KeepAlive(tab)
 }
