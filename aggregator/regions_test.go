@@ -1,0 +1,316 @@
+package aggregator_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/compose/natsserver"
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
+	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/regions"
+	"github.com/tollgate/tollgate/internal/testwait"
+	"github.com/tollgate/tollgate/schemas/tollgatev1"
+)
+
+// regionsPeriod is the test fleets' period: the shortest the skew bound
+// allows is above 400ms.
+const regionsPeriod = 500 * time.Millisecond
+
+// regionsRules is a global token bucket of 100 (refilled in a minute)
+// split between the regions.
+func regionsRules(names ...string) string {
+	var b strings.Builder
+	b.WriteString("regions:\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "  - name: %s\n", n)
+	}
+	b.WriteString(`rules:
+  - id: g
+    algorithm: token_bucket
+    capacity: 100
+    rate: 100/1m
+    regions: global
+`)
+	return b.String()
+}
+
+// region is one region of a test fleet: its Redis, NATS (linked to the
+// others), Kafka, aggregator and a gateway's producer.
+type region struct {
+	name  string
+	nats  *natsserver.Server
+	redis redis.UniversalClient
+	agg   *instance
+	gw    *gateway
+	store *regionstore.Store
+}
+
+// regionFleet is a fleet of regions running one global rule.
+type regionFleet struct {
+	regions []*region
+	nats    []*natsserver.Server
+	counter string // the test key's counter of rule g
+	lim     regions.Limit
+	static  int64 // each region's static share
+}
+
+const (
+	regionsTenant = "t-regions"
+	regionsKey    = "kid-regions"
+)
+
+// startRegionFleet starts one region per name, each with its own
+// redis-server, NATS (linked hub and spoke, the first the hub), Kafka
+// and aggregator, all running regionsRules.
+func startRegionFleet(t *testing.T, names ...string) *regionFleet {
+	t.Helper()
+	src := regionsRules(names...)
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Load([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs.Rule("g")
+	f := &regionFleet{nats: natstest.StartRegionsTB(t, names),
+		lim: regions.Limit{Kind: regions.Bucket, Units: 100, Window: 60_000_000}}
+	f.static = rs.RegionShare(names[len(names)-1], 100)
+	cfg := regions.Config{Period: regionsPeriod.Microseconds()}.WithDefaults()
+	fleet := regions.EqualFleet(names...)
+	for i, name := range names {
+		rd := redistest.StartTB(t)
+		client := redis.NewClient(&redis.Options{Addr: rd.Addr()})
+		t.Cleanup(func() { _ = client.Close() })
+		store, err := regionstore.New(client, cfg, fleet, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			// The counter's name as the gateways' guard (and the
+			// aggregator) name it.
+			f.counter = redisstore.New(client).CounterName(&guard.CounterID{Rule: r.Tag, Scope: rules.ScopeKey,
+				Tenant: regionsTenant, KeyID: regionsKey})
+		}
+		brokers := startKafka(t)
+		c := testConfig(brokers, "agg-"+name, t.TempDir())
+		c.Region = name
+		c.RegionsPeriod = regionsPeriod
+		c.RulesFile = file
+		c.NATS.URL = f.nats[i].ClientURL()
+		c.Redis.Addrs = []string{rd.Addr()}
+		f.regions = append(f.regions, &region{name: name, nats: f.nats[i], redis: client, store: store,
+			agg: runAggregator(t, c), gw: newGateway(t, brokers, "gw-"+name, 1)})
+	}
+	return f
+}
+
+// demand emits n rejected decisions of the test key in region r, as a
+// gateway far above its share does.
+func (f *regionFleet) demand(t *testing.T, r *region, n int) {
+	for range n {
+		r.gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+			KeyId: regionsKey, KeyPrefix: "sk_…", Tenant: regionsTenant, Endpoint: "/v1/x", Method: "GET",
+			RuleId: "g", Algorithm: "token_bucket", Allowed: false, Status: 429, Reason: "rate_limited"})
+	}
+}
+
+// redisNow is region r's clock, in µs.
+func redisNow(t *testing.T, r *region) int64 {
+	tm, err := r.redis.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm.UnixMicro()
+}
+
+// share is the test counter's share in region r now, as its ledger in
+// Redis holds it (the static share while it holds no loan).
+func (f *regionFleet) share(t *testing.T, r *region) int64 {
+	in, ok, err := r.store.Inspect(t.Context(), f.counter, redisNow(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return f.static
+	}
+	return in.Share
+}
+
+// waitLoan emits demand in r until its ledger holds more than its static
+// share.
+func (f *regionFleet) waitLoan(t *testing.T, r *region, timeout time.Duration) {
+	t.Helper()
+	took := testwait.Eventually(t, timeout, func() error {
+		f.demand(t, r, 5)
+		if s := f.share(t, r); s <= f.static {
+			return fmt.Errorf("region %s: share %d, static %d: no loan yet", r.name, s, f.static)
+		}
+		return nil
+	})
+	t.Logf("region %s borrowed within %v (%.1f periods)", r.name, took, float64(took)/float64(regionsPeriod))
+}
+
+// gauge reads a gauge of an aggregator's registry (0 when absent).
+func gauge(t *testing.T, in *instance, name string) float64 {
+	mfs, err := in.srv.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestRegionsLoanFollowsDemand: two regions, each its own Redis, NATS
+// (linked by a leafnode), Kafka and aggregator; one region's demand far
+// above its static share, the other idle: a loan lands in the busy
+// region's ledger within a few periods, the coordinator's start is in the
+// audit log, and the busy region's gateways are told. Cut the link: both
+// regions fall back to at most their static shares within two periods
+// and keep reporting; heal it: loans resume.
+func TestRegionsLoanFollowsDemand(t *testing.T) {
+	t.Parallel()
+	f := startRegionFleet(t, "eu", "us")
+	eu, us := f.regions[0], f.regions[1]
+	nc := connectNATS(t, us.nats)
+	changed, err := nc.SubscribeSync(tollgatev1.SubjectCounters)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.waitLoan(t, us, 30*time.Second)
+	if s := f.share(t, eu); s >= f.static {
+		t.Errorf("the idle region eu kept its share %d (static %d) while us borrowed", s, f.static)
+	}
+	testwait.Eventually(t, 10*time.Second, func() error {
+		m, err := changed.NextMsg(10 * time.Millisecond)
+		if err != nil {
+			return fmt.Errorf("no counter change announced in us: %w", err)
+		}
+		if !strings.Contains(string(m.Data), `"kind":"loan"`) || !strings.Contains(string(m.Data), f.counter) {
+			return fmt.Errorf("announcement %s does not name the loan's counter", m.Data)
+		}
+		return nil
+	})
+	testwait.Eventually(t, 10*time.Second, func() error {
+		code, _, b := op(t, eu.agg.srv.Addrs().API, "GET", "/admin/v1/audit?kind=regions", "")
+		if code != 200 || !strings.Contains(string(b), "coordinator started") {
+			return fmt.Errorf("audit: %d %s", code, b)
+		}
+		return nil
+	})
+
+	// Cut us off: no more loans reach it, and what it borrowed ends.
+	if err := us.nats.CutLinks(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := redisNow(t, us)
+	testwait.Eventually(t, 20*time.Second, func() error {
+		f.demand(t, us, 5)
+		if s := f.share(t, us); s > f.static {
+			return fmt.Errorf("us cut off still holds %d > its static share %d", s, f.static)
+		}
+		return nil
+	})
+	fell := time.Duration(redisNow(t, us)-t0) * time.Microsecond
+	t.Logf("us fell back to its static share %v after the cut (%.1f periods)", fell, float64(fell)/float64(regionsPeriod))
+	if s := f.share(t, eu); s > f.static {
+		t.Errorf("eu holds %d > its static share %d while cut off", s, f.static)
+	}
+	// Both keep serving: each region's agent still reports (its demand is
+	// counted and its ledger answers).
+	if s := f.share(t, us); s <= 0 {
+		t.Errorf("us cut off has no share left: %d", s)
+	}
+
+	if err := us.nats.HealLinks(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitLinkedTB(t, f.nats)
+	f.waitLoan(t, us, 30*time.Second)
+}
+
+// TestRegionsCoordinatorFailover: three regions; the first coordinates.
+// Its aggregator stops: another region takes over with a higher epoch and
+// loans go on.
+func TestRegionsCoordinatorFailover(t *testing.T) {
+	t.Parallel()
+	f := startRegionFleet(t, "eu", "us", "ap")
+	eu, us, ap := f.regions[0], f.regions[1], f.regions[2]
+	var first float64
+	testwait.Eventually(t, 30*time.Second, func() error {
+		if first = gauge(t, eu.agg, "tollgate_aggregator_region_coordinator_epoch"); first == 0 {
+			return fmt.Errorf("eu does not coordinate")
+		}
+		return nil
+	})
+	f.waitLoan(t, ap, 30*time.Second)
+
+	eu.agg.stop(t)
+	// Another region takes over with a higher epoch (two may stand at
+	// once on a loaded machine: the higher deposes the lower).
+	coord := func() (*region, regions.Epoch) {
+		for _, r := range []*region{us, ap} {
+			if e := regions.Epoch(gauge(t, r.agg, "tollgate_aggregator_region_coordinator_epoch")); e != 0 {
+				return r, e
+			}
+		}
+		return nil, 0
+	}
+	testwait.Eventually(t, 30*time.Second, func() error {
+		if r, e := coord(); r == nil || float64(e) <= first {
+			return fmt.Errorf("no region but eu coordinates above epoch %s", regions.Epoch(first))
+		}
+		return nil
+	})
+	// Loans go on under the new coordinator: us lends to ap (eu is gone).
+	testwait.Eventually(t, 30*time.Second, func() error {
+		f.demand(t, ap, 5)
+		st, err := us.store.State(t.Context(), f.counter, f.lim, redisNow(t, us))
+		if err != nil {
+			return err
+		}
+		for _, o := range st.Out {
+			if float64(o.ID.Epoch) > first && o.To == "ap" && o.Units > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("us holds no loan to ap of an epoch above %s: %+v", regions.Epoch(first), st.Out)
+	})
+	next, e := coord()
+	t.Logf("region %s coordinates with epoch %s after eu's aggregator stopped (eu had %s)", next.name, e, regions.Epoch(first))
+	us = next
+	code, _, b := op(t, us.agg.srv.Addrs().API, "GET", "/admin/v1/audit?kind=regions", "")
+	if code != 200 || !strings.Contains(string(b), "coordinator started") {
+		t.Errorf("us's audit log: %d %s", code, b)
+	}
+}
+
+// connectNATS connects to s for the test.
+func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
