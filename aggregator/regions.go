@@ -67,7 +67,7 @@ type regionAgent struct {
 	mu     sync.Mutex
 	demand map[demandKey]demandSum
 
-	inbox    chan []byte
+	inbox    chan *nats.Msg
 	messages *prometheus.CounterVec
 	epoch    prometheus.Gauge
 
@@ -80,6 +80,7 @@ type regionAgent struct {
 	clock     int64     // Redis TIME then, µs
 	lastAudit time.Time
 	plans     regions.PlanStats // summed since the last audit summary
+	forwarded int64             // the period of the last forward
 	received  []string          // counters whose share a transfer raised, to announce
 }
 
@@ -87,10 +88,10 @@ type regionAgent struct {
 func newRegionAgent(s *Server, reg prometheus.Registerer) *regionAgent {
 	a := &regionAgent{s: s, cfg: regions.Config{Period: s.cfg.RegionsPeriod.Microseconds()}.WithDefaults(),
 		log: s.log.With(slog.String("component", "regions")), demand: map[demandKey]demandSum{},
-		inbox: make(chan []byte, regionsInbox),
+		inbox: make(chan *nats.Msg, regionsInbox),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_aggregator_region_messages_total",
-			Help: "Messages of the regions protocol, by direction (sent; received; refused: malformed or refused by the protocol; dropped: the loop's inbox was full, or NATS refused the send) and type (report, order, give_result, transfer, heartbeat, fenced; unknown when refused undecoded).",
+			Help: "Messages of the regions protocol, by direction (sent; received; refused: malformed or refused by the protocol; dropped: the loop's inbox was full, or NATS refused the send) and type (report, order, give_result, transfer, heartbeat, fenced; demand: forwarded between the instances of a region; unknown when refused undecoded).",
 		}, []string{"direction", "type"}),
 		epoch: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tollgate_aggregator_region_coordinator_epoch",
@@ -210,12 +211,13 @@ func (a *regionAgent) run(ctx context.Context) error {
 	a.nc = nc
 	handler := func(m *nats.Msg) {
 		select {
-		case a.inbox <- m.Data:
+		case a.inbox <- m:
 		default:
 			a.messages.WithLabelValues("dropped", "unknown").Inc()
 		}
 	}
-	for _, subj := range []string{regionwire.RegionSubject(me), regionwire.RegionsSubject, regionwire.CoordinatorsSubject} {
+	for _, subj := range []string{regionwire.RegionSubject(me), regionwire.RegionsSubject, regionwire.CoordinatorsSubject,
+		regionwire.DemandSubject(me)} {
 		if _, err := nc.Subscribe(subj, handler); err != nil {
 			return fmt.Errorf("aggregator: regions: subscribe %s: %w", subj, err)
 		}
@@ -227,9 +229,13 @@ func (a *regionAgent) run(ctx context.Context) error {
 		case <-ctx.Done():
 			a.stop("shutdown")
 			return nil
-		case b := <-a.inbox:
-			if a.region != nil {
-				a.handle(ctx, b)
+		case m := <-a.inbox:
+			switch {
+			case a.region == nil:
+			case m.Subject == regionwire.DemandSubject(me):
+				a.merge(m.Data)
+			default:
+				a.handle(ctx, m.Data)
 			}
 		case <-tick.C:
 			a.step(ctx)
@@ -268,8 +274,11 @@ func (a *regionAgent) step(ctx context.Context) {
 		a.stop("the rules list fewer than two regions, or not this one")
 		return
 	case !leader:
-		a.rules.Store(nil)
+		// Count demand of the partitions this instance consumes, and
+		// forward it to the instance that runs the agent.
+		a.rules.Store(rs)
 		a.stop("another instance of the region owns partition 0")
+		a.forward(rs)
 		return
 	}
 	a.rules.Store(rs)
@@ -400,6 +409,77 @@ func (a *regionAgent) handle(ctx context.Context, b []byte) {
 	if err := a.region.Handle(ctx, m, now); err != nil {
 		a.messages.WithLabelValues("refused", typ).Inc()
 		a.log.Debug("regions: message refused", slog.String("type", typ), slog.String("error", err.Error()))
+	}
+}
+
+// forward sends the demand this instance counted since the last period
+// boundary to the region's agent (another instance), on the region's
+// demand subject, as reports: only counters whose demand was rejected or
+// above half of what the agent calls hot, so the traffic grows with hot
+// counters, not keys.
+func (a *regionAgent) forward(rs *rules.Ruleset) {
+	k := time.Now().UnixMicro() / a.cfg.Period
+	if k == a.forwarded {
+		return
+	}
+	a.forwarded = k
+	a.mu.Lock()
+	d := a.demand
+	a.demand = make(map[demandKey]demandSum, len(d))
+	a.mu.Unlock()
+	me := a.s.cfg.Region
+	rep := &regions.Report{Region: me, Time: time.Now().UnixMicro()}
+	flush := func() {
+		if len(rep.Counters) == 0 {
+			return
+		}
+		b, err := regionwire.Encode(me, rep)
+		if err == nil {
+			err = a.nc.Publish(regionwire.DemandSubject(me), b)
+		}
+		if err != nil {
+			a.messages.WithLabelValues("dropped", "demand").Inc()
+		} else {
+			a.messages.WithLabelValues("sent", "demand").Inc()
+		}
+		rep = &regions.Report{Region: me, Time: rep.Time}
+	}
+	for key, v := range d {
+		static := float64(rs.RegionShare(me, key.lim.Units))
+		hot := static * a.cfg.HotFraction / 2 * float64(a.cfg.Period) / float64(key.lim.Window)
+		if v.rejected == 0 && float64(v.admitted) <= hot {
+			continue
+		}
+		rep.Counters = append(rep.Counters, regions.CounterReport{Counter: key.counter, Limit: key.lim,
+			Demand: v.admitted + v.rejected, Rejected: v.rejected})
+		if len(rep.Counters) == forwardChunk {
+			flush()
+		}
+	}
+	flush()
+}
+
+// forwardChunk bounds the counters of one forwarded demand message, well
+// within NATS's maximum payload.
+const forwardChunk = 1000
+
+// merge adds demand another instance of the region forwarded.
+func (a *regionAgent) merge(b []byte) {
+	from, m, err := regionwire.Decode(b, a.cfg)
+	rep, ok := m.(*regions.Report)
+	if err != nil || !ok || from != a.s.cfg.Region {
+		a.messages.WithLabelValues("refused", "demand").Inc()
+		return
+	}
+	a.messages.WithLabelValues("received", "demand").Inc()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range rep.Counters {
+		k := demandKey{counter: c.Counter, lim: c.Limit}
+		d := a.demand[k]
+		d.admitted += c.Demand - c.Rejected
+		d.rejected += c.Rejected
+		a.demand[k] = d
 	}
 }
 

@@ -1,9 +1,11 @@
 package aggregator_test
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/natsserver"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
@@ -54,6 +57,7 @@ type region struct {
 	agg   *instance
 	gw    *gateway
 	store *regionstore.Store
+	cfg   aggregator.Config
 }
 
 // regionFleet is a fleet of regions running one global rule.
@@ -61,6 +65,7 @@ type regionFleet struct {
 	regions []*region
 	nats    []*natsserver.Server
 	counter string // the test key's counter of rule g
+	tag     string // rule g's tag
 	lim     regions.Limit
 	static  int64 // each region's static share
 }
@@ -88,6 +93,7 @@ func startRegionFleet(t *testing.T, names ...string) *regionFleet {
 	f := &regionFleet{nats: natstest.StartRegionsTB(t, names),
 		lim: regions.Limit{Kind: regions.Bucket, Units: 100, Window: 60_000_000}}
 	f.static = rs.RegionShare(names[len(names)-1], 100)
+	f.tag = r.Tag
 	cfg := regions.Config{Period: regionsPeriod.Microseconds()}.WithDefaults()
 	fleet := regions.EqualFleet(names...)
 	for i, name := range names {
@@ -111,7 +117,7 @@ func startRegionFleet(t *testing.T, names ...string) *regionFleet {
 		c.RulesFile = file
 		c.NATS.URL = f.nats[i].ClientURL()
 		c.Redis.Addrs = []string{rd.Addr()}
-		f.regions = append(f.regions, &region{name: name, nats: f.nats[i], redis: client, store: store,
+		f.regions = append(f.regions, &region{name: name, nats: f.nats[i], redis: client, store: store, cfg: c,
 			agg: runAggregator(t, c), gw: newGateway(t, brokers, "gw-"+name, 1)})
 	}
 	return f
@@ -119,11 +125,19 @@ func startRegionFleet(t *testing.T, names ...string) *regionFleet {
 
 // demand emits n rejected decisions of the test key in region r, as a
 // gateway far above its share does.
-func (f *regionFleet) demand(t *testing.T, r *region, n int) {
+func (f *regionFleet) demand(t *testing.T, r *region, n int) { keyDemand(t, r, regionsKey, n, false) }
+
+// keyDemand emits n decisions of rule g for key in region r.
+func keyDemand(t *testing.T, r *region, key string, n int, allowed bool) {
+	tenantDemand(t, r, regionsTenant, key, n, allowed)
+}
+
+// tenantDemand emits n decisions of rule g for tenant's key in region r.
+func tenantDemand(t *testing.T, r *region, tenant, key string, n int, allowed bool) {
 	for range n {
 		r.gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
-			KeyId: regionsKey, KeyPrefix: "sk_…", Tenant: regionsTenant, Endpoint: "/v1/x", Method: "GET",
-			RuleId: "g", Algorithm: "token_bucket", Allowed: false, Status: 429, Reason: "rate_limited"})
+			KeyId: key, KeyPrefix: "sk_…", Tenant: tenant, Endpoint: "/v1/x", Method: "GET",
+			RuleId: "g", Algorithm: "token_bucket", Allowed: allowed, Status: 429, Reason: "rate_limited"})
 	}
 }
 
@@ -304,6 +318,51 @@ func TestRegionsCoordinatorFailover(t *testing.T) {
 	}
 }
 
+// TestRegionsDemandOfEveryInstance: a region with two aggregators; the
+// demand is in partitions the agent's instance does not consume. The other
+// instance forwards it, and the loan lands.
+func TestRegionsDemandOfEveryInstance(t *testing.T) {
+	t.Parallel()
+	f := startRegionFleet(t, "eu", "us")
+	us := f.regions[1]
+	c := us.cfg
+	c.ID, c.DataDir = "agg-us-2", t.TempDir()
+	us2 := runAggregator(t, c)
+	var other *instance
+	testwait.Eventually(t, 30*time.Second, func() error {
+		a, b := us.agg.srv.Owned(), us2.srv.Owned()
+		if len(a) == 0 || len(b) == 0 {
+			return fmt.Errorf("partitions not shared yet: %v and %v", a, b)
+		}
+		other = us2
+		if slices.Contains(b, 0) {
+			other = us.agg
+		}
+		return nil
+	})
+	// A tenant in a partition of the instance that does not run the agent.
+	var tenant string
+	for i := 0; tenant == ""; i++ {
+		if tn := fmt.Sprintf("t-%d", i); slices.Contains(other.srv.Owned(), partitionOf(tn)) {
+			tenant = tn
+		}
+	}
+	namer := redisstore.New(us.redis)
+	counter := namer.CounterName(&guard.CounterID{Rule: f.tag, Scope: rules.ScopeKey, Tenant: tenant, KeyID: regionsKey})
+	took := testwait.Eventually(t, 30*time.Second, func() error {
+		tenantDemand(t, us, tenant, regionsKey, 5, false)
+		in, ok, err := us.store.Inspect(t.Context(), counter, redisNow(t, us))
+		if err != nil {
+			return err
+		}
+		if !ok || in.Share <= f.static {
+			return fmt.Errorf("no loan for demand counted by the other instance (share %d, held %v)", in.Share, ok)
+		}
+		return nil
+	})
+	t.Logf("demand of the other instance's partitions borrowed within %v", took)
+}
+
 // connectNATS connects to s for the test.
 func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
 	t.Helper()
@@ -313,4 +372,63 @@ func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+var regionsFigures = flag.Bool("regions.figures", false, "run TestRegionsMessageFigures: cross-region messages per second with hot and cold counters (about 40 s)")
+
+// TestRegionsMessageFigures measures the messages the regions protocol
+// sends per second, over two regions, with 0, 1 and 10 hot counters (far
+// above their share in one region) and 2,000 cold ones (a decision each,
+// in both regions). Behind -regions.figures.
+func TestRegionsMessageFigures(t *testing.T) {
+	if !*regionsFigures {
+		t.Skip("figures: run with -regions.figures")
+	}
+	f := startRegionFleet(t, "eu", "us")
+	eu, us := f.regions[0], f.regions[1]
+	sent := func() float64 {
+		var n float64
+		for _, r := range f.regions {
+			mfs, err := r.agg.srv.Registry().Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() != "tollgate_aggregator_region_messages_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "direction" && l.GetValue() == "sent" {
+							n += m.GetCounter().GetValue()
+						}
+					}
+				}
+			}
+		}
+		return n
+	}
+	// Cold counters: a decision each, in both regions.
+	for i := range 2000 {
+		keyDemand(t, eu, fmt.Sprintf("kid-cold-%d", i), 1, true)
+		keyDemand(t, us, fmt.Sprintf("kid-cold-%d", i), 1, true)
+	}
+	const periods = 20
+	for _, hot := range []int{0, 1, 10} {
+		n0, t0 := sent(), time.Now()
+		end := t0.Add(periods * regionsPeriod)
+		testwait.Eventually(t, 2*periods*regionsPeriod, func() error {
+			for i := range hot {
+				keyDemand(t, us, fmt.Sprintf("kid-hot-%d", i), 2, false)
+			}
+			if time.Now().Before(end) {
+				return fmt.Errorf("measuring")
+			}
+			return nil
+		})
+		el := time.Since(t0)
+		rate := (sent() - n0) / el.Seconds()
+		t.Logf("FIGURE regions messages: %d hot counters, 2000 cold: %.1f messages/s over both regions (%.1f per period), over %v",
+			hot, rate, rate*regionsPeriod.Seconds(), el.Round(time.Millisecond))
+	}
 }

@@ -28,6 +28,8 @@ const (
 	CoordinatorsSubject = SubjectPrefix + "coordinators"
 	// RegionsSubject reaches every region (regions.ToRegions): heartbeats.
 	RegionsSubject = SubjectPrefix + "all"
+	// demandPrefix starts a region's demand subject, DemandSubject.
+	demandPrefix = SubjectPrefix + "demand."
 	// regionPrefix starts a region's own subject, RegionSubject.
 	regionPrefix = SubjectPrefix + "to."
 )
@@ -41,6 +43,11 @@ var ErrMalformed = errors.New("regionwire: malformed message")
 // RegionSubject is the subject of one region's agent: orders and
 // transfers addressed to it.
 func RegionSubject(region string) string { return regionPrefix + region }
+
+// DemandSubject is where a region's aggregator instances forward the
+// demand they count to the one running the region's agent, as Reports of
+// the region.
+func DemandSubject(region string) string { return demandPrefix + region }
 
 // SubjectOf is the subject a message to node goes on.
 func SubjectOf(to regions.Node) string {

@@ -141,6 +141,9 @@ func TestSubjects(t *testing.T) {
 			t.Errorf("SubjectOf(%q) = %q, want %q", tc.to, got, tc.want)
 		}
 	}
+	if got := regionwire.DemandSubject("eu"); got != "tollgate.regions.demand.eu" {
+		t.Errorf("DemandSubject(eu) = %q", got)
+	}
 }
 
 // FuzzDecode: any bytes decode to a valid message or an ErrMalformed, never
