@@ -81,7 +81,11 @@ type regionAgent struct {
 	lastAudit time.Time
 	plans     regions.PlanStats // summed since the last audit summary
 	forwarded int64             // the period of the last forward
-	received  []string          // counters whose share a transfer raised, to announce
+	// seen is the highest epoch any message named, kept across the
+	// region's restarts in this process: a coordinator started here
+	// never reuses an epoch (a restarted agent forgets its highest).
+	seen     regions.Epoch
+	received []string // counters whose share a transfer raised, to announce
 }
 
 // newRegionAgent registers the agent's metrics.
@@ -314,6 +318,9 @@ func (a *regionAgent) step(ctx context.Context) {
 	}
 	if a.coord == nil {
 		if e, ok := a.region.Candidate(now); ok {
+			if e <= a.seen {
+				e = regions.NewEpoch(a.seen.Term()+1, e.Index())
+			}
 			c, err := regions.NewCoordinator(a.cfg, fleet, e, regions.TransportFunc(a.send), a.log)
 			if err != nil {
 				a.log.Error("regions: cannot start a coordinator", slog.String("error", err.Error()))
@@ -387,6 +394,7 @@ func (a *regionAgent) handle(ctx context.Context, b []byte) {
 	}
 	typ := messageType(m)
 	a.messages.WithLabelValues("received", typ).Inc()
+	a.seen = max(a.seen, epochOf(m))
 	now := a.now()
 	switch m := m.(type) {
 	case *regions.Report, *regions.GiveResult, *regions.Fenced:
@@ -517,6 +525,26 @@ func (a *regionAgent) send(to regions.Node, m regions.Message) {
 		return
 	}
 	a.messages.WithLabelValues("sent", typ).Inc()
+}
+
+// epochOf is the epoch a message names: its coordinator's, or the highest
+// its region has seen.
+func epochOf(m regions.Message) regions.Epoch {
+	switch m := m.(type) {
+	case *regions.Report:
+		return m.Epoch
+	case *regions.Order:
+		return m.Epoch
+	case *regions.GiveResult:
+		return m.Epoch
+	case *regions.Transfer:
+		return m.Loan.ID.Epoch
+	case *regions.Heartbeat:
+		return m.Epoch
+	case *regions.Fenced:
+		return m.Epoch
+	}
+	return 0
 }
 
 // messageType is a message's type label.

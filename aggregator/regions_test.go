@@ -432,3 +432,44 @@ func TestRegionsMessageFigures(t *testing.T) {
 			hot, rate, rate*regionsPeriod.Seconds(), el.Round(time.Millisecond))
 	}
 }
+
+// TestRegionsCoordinatorRestartNeverReusesAnEpoch: the coordinator
+// region's aggregator restarts and stands again before any other region
+// does; its new agent forgot the epochs it saw, but the other regions'
+// reports name them, so its new coordinator's epoch is higher than the
+// old one's (a reused epoch would reuse loan ids).
+func TestRegionsCoordinatorRestartNeverReusesAnEpoch(t *testing.T) {
+	t.Parallel()
+	f := startRegionFleet(t, "eu", "us", "ap")
+	eu := f.regions[0]
+	var first float64
+	testwait.Eventually(t, 30*time.Second, func() error {
+		if first = gauge(t, eu.agg, "tollgate_aggregator_region_coordinator_epoch"); first == 0 {
+			return fmt.Errorf("eu does not coordinate")
+		}
+		return nil
+	})
+	f.waitLoan(t, f.regions[2], 30*time.Second)
+	eu.agg.stop(t)
+	again := runAggregator(t, eu.cfg)
+	var e regions.Epoch
+	testwait.Eventually(t, 30*time.Second, func() error {
+		for _, in := range []*instance{again, f.regions[1].agg, f.regions[2].agg} {
+			if g := gauge(t, in, "tollgate_aggregator_region_coordinator_epoch"); g != 0 && g != first {
+				e = regions.Epoch(g)
+				return nil
+			}
+		}
+		if g := gauge(t, again, "tollgate_aggregator_region_coordinator_epoch"); g == first {
+			return nil // reused: checked below
+		}
+		return fmt.Errorf("no new coordinator yet")
+	})
+	if g := regions.Epoch(gauge(t, again, "tollgate_aggregator_region_coordinator_epoch")); g != 0 {
+		e = g
+	}
+	t.Logf("after eu's restart the coordinator's epoch is %s (before: %s)", e, regions.Epoch(first))
+	if float64(e) <= first {
+		t.Fatalf("a coordinator reused epoch %s", e)
+	}
+}
