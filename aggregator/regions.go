@@ -84,8 +84,10 @@ type regionAgent struct {
 	// seen is the highest epoch any message named, kept across the
 	// region's restarts in this process: a coordinator started here
 	// never reuses an epoch (a restarted agent forgets its highest).
-	seen     regions.Epoch
-	received []string // counters whose share a transfer raised, to announce
+	seen      regions.Epoch
+	lastRules *rules.Ruleset // the ruleset last read
+	rulesAt   time.Time      // when
+	received  []string       // counters whose share a transfer raised, to announce
 }
 
 // newRegionAgent registers the agent's metrics.
@@ -256,14 +258,14 @@ func (a *regionAgent) now() int64 { return a.clock + time.Since(a.clockAt).Micro
 // coordinator.
 func (a *regionAgent) step(ctx context.Context) {
 	me := a.s.cfg.Region
-	rs, err := a.ruleset(ctx)
-	if err != nil {
-		// No ruleset to read now (NATS or the rules file unavailable):
-		// carry on with the last one.
-		if a.region == nil {
-			return
+	// The ruleset is read once a period (a KV read); meanwhile, and when
+	// it cannot be read (NATS or the rules file unavailable), the last
+	// one holds.
+	rs := a.lastRules
+	if time.Since(a.rulesAt) >= time.Duration(a.cfg.Period)*time.Microsecond {
+		if got, err := a.ruleset(ctx); err == nil {
+			rs, a.lastRules, a.rulesAt = got, got, time.Now()
 		}
-		rs = a.rules.Load()
 	}
 	var fleet regions.Fleet
 	if rs != nil && len(rs.Regions()) > 1 && rs.HasRegion(me) {

@@ -246,6 +246,13 @@ func TestRegionsLoanFollowsDemand(t *testing.T) {
 	})
 	fell := time.Duration(redisNow(t, us)-t0) * time.Microsecond
 	t.Logf("us fell back to its static share %v after the cut (%.1f periods)", fell, float64(fell)/float64(regionsPeriod))
+	// Within two periods (a loan ends at the end of the period after the
+	// one it was made or extended in), plus a second for the polls of a
+	// loaded machine: a loan of the bucket's whole refill time would be
+	// 60 s.
+	if limit := 2*regionsPeriod + time.Second; fell > limit {
+		t.Errorf("us fell back to its static share %v after the cut, beyond %v", fell, limit)
+	}
 	if s := f.share(t, eu); s > f.static {
 		t.Errorf("eu holds %d > its static share %d while cut off", s, f.static)
 	}
