@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -514,10 +515,20 @@ func (a *regionAgent) announce() {
 	}
 }
 
-// send is the protocol's transport: encode and publish, never waiting.
+// send is the protocol's transport: encode and publish, never waiting. A
+// report too large for one message (many long counter names) goes in
+// parts with the same time, which the coordinator merges.
 func (a *regionAgent) send(to regions.Node, m regions.Message) {
 	typ := messageType(m)
 	b, err := regionwire.Encode(a.s.cfg.Region, m)
+	if rep, ok := m.(*regions.Report); ok && errors.Is(err, regionwire.ErrTooLarge) && len(rep.Counters) > 1 {
+		half := len(rep.Counters) / 2
+		first, second := *rep, *rep
+		first.Counters, second.Counters = rep.Counters[:half], rep.Counters[half:]
+		a.send(to, &first)
+		a.send(to, &second)
+		return
+	}
 	if err == nil {
 		err = a.nc.Publish(regionwire.SubjectOf(to), b)
 	}

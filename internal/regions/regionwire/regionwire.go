@@ -37,8 +37,13 @@ const (
 // MaxMessageSize bounds what Decode reads: NATS's default maximum payload.
 const MaxMessageSize = 1 << 20
 
-// ErrMalformed: the bytes are not a valid message of the protocol.
-var ErrMalformed = errors.New("regionwire: malformed message")
+var (
+	// ErrMalformed: the bytes are not a valid message of the protocol.
+	ErrMalformed = errors.New("regionwire: malformed message")
+	// ErrTooLarge: a message encodes to more than MaxMessageSize bytes
+	// (a report of many long counter names: send it in parts).
+	ErrTooLarge = errors.New("regionwire: message too large")
+)
 
 // RegionSubject is the subject of one region's agent: orders and
 // transfers addressed to it.
@@ -86,7 +91,7 @@ func Encode(from string, m regions.Message) ([]byte, error) {
 		return nil, fmt.Errorf("regionwire: encode: %w", err)
 	}
 	if len(b) > MaxMessageSize {
-		return nil, fmt.Errorf("regionwire: encode: %d bytes, above %d", len(b), MaxMessageSize)
+		return nil, fmt.Errorf("%w: %d bytes, above %d", ErrTooLarge, len(b), MaxMessageSize)
 	}
 	return b, nil
 }

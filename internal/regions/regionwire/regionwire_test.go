@@ -2,6 +2,7 @@ package regionwire_test
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -123,6 +124,17 @@ func TestDecodeRefuses(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+func TestEncodeTooLarge(t *testing.T) {
+	t.Parallel()
+	rep := &regions.Report{Region: "eu", Time: 1}
+	for i := range 2000 {
+		rep.Counters = append(rep.Counters, regions.CounterReport{Counter: fmt.Sprintf("%04d%01000d", i, 0), Limit: limit})
+	}
+	if _, err := regionwire.Encode("eu", rep); !errors.Is(err, regionwire.ErrTooLarge) {
+		t.Fatalf("encode of about 2 MB: %v, want ErrTooLarge", err)
 	}
 }
 
