@@ -66,6 +66,8 @@ type Server struct {
 	// outbox applies committed penalty steps to NATS KV (nil without
 	// NATS).
 	outbox *outbox.Reconciler
+	// regions runs the region's agent and coordinator (nil without NATS).
+	regions *regionAgent
 
 	redis   redis.UniversalClient
 	store   *redisstore.Store
@@ -154,6 +156,11 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	}()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"aggregator": cfg.ID}, s.reg)
+	var observe func(*windows.Event)
+	if cfg.NATS.URL != "" {
+		s.regions = newRegionAgent(s, labelled)
+		observe = s.regions.observe
+	}
 	s.proc = consume.New(consume.Config{
 		Brokers: cfg.Kafka.Brokers,
 		Topics: consume.Topics{
@@ -177,8 +184,9 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 				windows.Day:    cfg.Usage.RetentionDay,
 			},
 		},
-		Abuse: cfg.Penalty.abuse(),
-		Log:   log.With(slog.String("component", "consume")),
+		Abuse:   cfg.Penalty.abuse(),
+		Log:     log.With(slog.String("component", "consume")),
+		Observe: observe,
 	}, db, labelled)
 
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
@@ -365,6 +373,8 @@ func (s *Server) Run(ctx context.Context) error {
 			// through it.
 			g.Go(func() error { return s.connectNATS(gctx) })
 			g.Go(func() error { return s.outbox.Run(gctx) })
+			// The regions agent: idle until the rules list several regions.
+			g.Go(func() error { return s.regions.run(gctx) })
 		}
 		if s.cfg.Audit.SnapshotInterval > 0 {
 			g.Go(func() error { s.snaps.Run(gctx, s.cfg.Audit.SnapshotInterval); return nil })

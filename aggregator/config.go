@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -32,6 +33,8 @@ type Config struct {
 	ViewerToken   string `yaml:"viewer_token" doc:"Read-only bearer token of the operator API, the reports and the console (Authorization: Bearer <token>): reads are answered, every change is 403 FORBIDDEN. At least 16 characters, different from admin_token. Empty: no viewer token."`
 	KeySecret     string `yaml:"key_secret" doc:"Secret of the keyed hash that turns API keys into key_ids: the same as the gateways'. Required, at least 16 bytes."`
 	Region        string `yaml:"region" doc:"Name of the region this aggregator is in, as its gateways' region: the operator API's key state, reset and quota grant read a rule marked regions: global at this region's share of its limit. Without a regions list in the rules, every limit is whole, whatever the name."`
+
+	RegionsPeriod time.Duration `yaml:"regions_period" doc:"When the rules list several regions (and nats.url links them): how often the region reports its demand to the coordinator and the coordinator moves unused units between regions; loans of sliding windows and buckets last until the end of the period after the one they were made in, and a region that hears no coordinator for 3 periods (plus 2 per region before it in the list) starts one. Every region must use the same value. At least 4 times the clock skew bound (100ms)."`
 
 	RulesFile string `yaml:"rules_file" doc:"Rules file that seeds the tollgate_rules KV bucket when it is empty (fleet mode, nats.url set), so one file starts both modes; afterwards the operator API owns the rules. Empty or missing: no seeding."`
 
@@ -191,6 +194,7 @@ func (c *Config) SetDefaults() {
 	}
 	configs.Default(&c.DataDir, DefaultDataDir)
 	configs.Default(&c.Region, guard.DefaultRegion)
+	configs.Default(&c.RegionsPeriod, time.Duration(regions.DefaultPeriod)*time.Microsecond)
 	c.Kafka.SetDefaults()
 	c.Redis.SetDefaults()
 	configs.Default(&c.ConsumerGroup, "tollgate-aggregator")
@@ -221,6 +225,9 @@ func (c *Config) Validate() error {
 	}
 	if err := rules.CheckRegionName(c.Region); err != nil {
 		bad("region", "%v", err)
+	}
+	if err := (regions.Config{Period: c.RegionsPeriod.Microseconds()}).WithDefaults().Validate(); err != nil || c.RegionsPeriod <= 0 {
+		bad("regions_period", "%v is not a valid period: at least %v", c.RegionsPeriod, 4*time.Duration(regions.DefaultSkew)*time.Microsecond+time.Microsecond)
 	}
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "required: the aggregator consumes decision events")

@@ -44,7 +44,8 @@ type AuditEntry struct {
 	// "operator" without one), or the detector's name.
 	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	// What kind of action: "rules", "rollback", "blocklist", "allowlist",
-	// "override", "penalty", "reset" or "quota". Consumers must accept values
+	// "override", "penalty", "reset", "quota" or "regions" (a region's
+	// coordinator starting, stopping, or summing up its plans). Consumers must accept values
 	// they do not know.
 	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
 	// What it acted on: a key_id, or "rules" for the ruleset. Also the record

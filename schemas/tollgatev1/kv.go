@@ -26,7 +26,8 @@ type RulesEntry struct {
 }
 
 // CountersChanged is a message on SubjectCounters: the operator API reset
-// a key's counters or granted it quota (Kind "reset" or "quota"). Counters
+// a key's counters or granted it quota (Kind "reset" or "quota"), or the
+// region's agent applied a loan to them (Kind "loan", no KeyID). Counters
 // names them as the gateways' guards do (guard.Counter.Name, under the
 // same ruleset, key secret and Redis key prefix); without them a gateway
 // drops its local state of every counter.
@@ -41,6 +42,10 @@ type CountersChanged struct {
 const (
 	CountersReset = "reset"
 	CountersQuota = "quota"
+	// CountersLoan: units lent by another region landed on the counters
+	// (a global rule's share grew); like a quota grant, gateways drop
+	// their negative cache of them.
+	CountersLoan = "loan"
 )
 
 // ListEntry is a value of BucketBlocklist: a blocked, penalised or

@@ -26,7 +26,7 @@ tenant with the usage totals it holds ({"usage": …}).
                 (then TOLLGATE_KEY_SECRET must be set to derive its key_id)
   --subject S   only entries with this subject (a key_id, rules, …)
   --kind KIND   rules, rollback, blocklist, allowlist, override, penalty,
-                reset or quota
+                reset, quota or regions
   --from TIME   RFC 3339; entries at or after it
   --to TIME     RFC 3339; entries before it
   --no-usage    do not print the usage totals

@@ -104,6 +104,11 @@ type Config struct {
 	Log   *slog.Logger
 	// Now is the wall clock (default time.Now).
 	Now func() time.Time
+	// Observe, if set, is called with every decision applied to the
+	// usage windows (once per event, replays excluded), on the consuming
+	// goroutine: it must not block. The regions agent counts demand from
+	// it. The event is reused after the call.
+	Observe func(ev *windows.Event)
 }
 
 func (c *Config) setDefaults() {

@@ -289,6 +289,9 @@ func (l *loop) applyRecord(x txn, q int32, r *kgo.Record, now time.Time) error {
 			d.Reason = abuse.ReasonAllowlisted
 		}
 		x.pen.Observe(&d, now)
+		if p.cfg.Observe != nil {
+			p.cfg.Observe(&ev.Event)
+		}
 	}
 	return nil
 }
