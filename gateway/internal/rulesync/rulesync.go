@@ -9,7 +9,9 @@
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
 // goroutine of its own, so a slow disk never delays the next change; of a
-// burst of changes, the newest state is written.
+// burst of changes, the newest state is written, at most once per
+// Config.SaveInterval and at the watch loop's next tick rather than on
+// the change's own path.
 //
 // It also listens on tollgatev1.SubjectCounters, where the operator API
 // announces a reset or a quota grant, and tells Config.OnCountersChanged,
@@ -150,8 +152,10 @@ type Config struct {
 	// the last-known-good copy (default DefaultSaveInterval): the changes
 	// of a burst are in force at once and reach the disk as one write, of
 	// the newest state, at the first tick (every second) after the
-	// interval or when Run returns. A fleet of gateways sharing a disk
-	// otherwise encodes and fsyncs once per gateway per change.
+	// interval or when Run returns (a whole read of the buckets, at start
+	// or after a reconnect, is written at once when the interval is
+	// over). A fleet of gateways sharing a disk otherwise encodes and
+	// fsyncs once per gateway per change.
 	SaveInterval time.Duration
 }
 
@@ -372,7 +376,7 @@ func (s *Syncer) resync(ctx context.Context, snap *fleetkv.Snapshot) {
 	s.state = next
 	s.cfg.Controls.Replace(next.ControlSet())
 	s.countCorrupt()
-	s.changed()
+	s.resynced()
 	s.noteLadderAll()
 	if !s.syncedFlag.Swap(true) {
 		close(s.synced)
@@ -414,12 +418,23 @@ func (s *Syncer) newestGoodRules(ctx context.Context, snap *fleetkv.Snapshot, be
 
 // changed records an applied change: the time, and that the
 // last-known-good copy is behind. The copy is encoded and handed to the
-// saver at once when the last one was handed SaveInterval ago or more,
-// else at the first tick after that, or when Run returns: a burst of
-// changes costs one encoding and one write.
+// saver at the first tick (every second) once the last one was handed
+// SaveInterval ago or more, or when Run returns — never on the change's
+// own path: a burst of changes costs one encoding and one write, and the
+// gateways of a fleet, which all receive a change at the same instant,
+// do not all encode and write their copies at that instant while the
+// next change is arriving (each writes at its own tick).
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
 	s.dirty = true
+}
+
+// resynced is changed for a whole (re)read of the buckets: the copy is
+// handed to the saver at once when the last one was handed SaveInterval
+// ago or more, so that a gateway that starts or reconnects has its copy
+// on disk without waiting for a tick.
+func (s *Syncer) resynced() {
+	s.changed()
 	if time.Since(s.handed) >= s.cfg.SaveInterval {
 		s.handOff()
 	}
