@@ -553,10 +553,22 @@ func (s *Syncer) decodeRules(c fleetkv.Change) (*tollgatev1.RulesEntry, *rulefil
 }
 
 // checkRules parses and checks a ruleset entry's source; the ruleset in
-// force is returned as is (same pointer).
+// force is returned as is (same pointer). An entry's Document, decoded, is
+// used when it compiles and passes without a warning; otherwise the source
+// is parsed, so that what is refused or warned about is reported with its
+// lines.
 func (s *Syncer) checkRules(e *tollgatev1.RulesEntry) (*rulefile.Ruleset, error) {
 	if cur := s.state.rules; cur != nil && s.applied != nil && cur.Version == e.Version && cur.Source == e.Source {
 		return s.applied, nil
+	}
+	if len(e.Document) > 0 {
+		rs, err := rulefile.FromDocument(e.Document, []byte(e.Source), e.Version)
+		if err == nil && s.cfg.Check != nil {
+			err = s.cfg.Check(rs.Rules)
+		}
+		if err == nil && len(rs.Rules.Warnings()) == 0 {
+			return rs, nil
+		}
 	}
 	rs, err := rulefile.ParseVersion([]byte(e.Source), e.Version)
 	if err == nil && s.cfg.Check != nil {
