@@ -4,7 +4,9 @@
 // active: the ruleset), tollgate_blocklist (blocked, penalised and
 // allowlisted keys) and tollgate_overrides — through package fleetkv, and
 // applies every change at once: a ruleset is swapped whole, a control
-// change is one guard.Controls update. After every applied change it
+// change is one guard.Controls update — the control changes of a burst
+// (those the watchers held together) one update for them all, so that a
+// burst costs one copy of the controls, not one per entry. After every applied change it
 // writes a last-known-good copy to disk (lkg.json, written to a temporary
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
@@ -179,9 +181,12 @@ type Syncer struct {
 	ladder  ladderLog         // the penalty ladder's moves last logged
 	// corruptLogged: the corrupt entries logged, by bucket/key/revision.
 	corruptLogged map[string]bool
-	toSave        chan []byte // to the saver: the newest copy not written yet
-	dirty         bool        // a change is not in the copy handed to the saver
-	handed        time.Time   // when the last copy was handed to the saver
+	// edits are the controls' changes of the burst being read, published
+	// together by flush.
+	edits  []func(*guard.ControlSet)
+	toSave chan []byte // to the saver: the newest copy not written yet
+	dirty  bool        // a change is not in the copy handed to the saver
+	handed time.Time   // when the last copy was handed to the saver
 }
 
 // state is what the Syncer holds from the buckets: the blocklist and
@@ -325,6 +330,7 @@ type follower struct{ s *Syncer }
 
 func (f follower) Sync(ctx context.Context, snap *fleetkv.Snapshot) { f.s.resync(ctx, snap) }
 func (f follower) Change(c fleetkv.Change)                          { f.s.change(c) }
+func (f follower) Flush()                                           { f.s.flush() }
 func (f follower) Tick(now time.Time) {
 	f.s.flushLadderEnds(now)
 	f.s.saveDue(now)
@@ -498,14 +504,31 @@ func (s *Syncer) change(c fleetkv.Change) {
 	if c.Corrupt != nil {
 		s.corruptLog(c.Corrupt)
 	}
-	s.cfg.Controls.Update(s.state.Apply(c))
-	s.countCorrupt()
-	s.changed()
+	s.edits = append(s.edits, s.state.Apply(c))
 	for _, keyID := range []string{before, s.ladderKeyID(c.Bucket, c.Key)} {
 		if keyID != "" {
 			s.noteLadder(keyID)
 		}
 	}
+}
+
+// flush publishes the controls' changes of a burst (fleetkv.Handler's
+// Flush) with one Controls.Update: one copy of the controls for the burst,
+// not one per entry.
+func (s *Syncer) flush() {
+	if len(s.edits) == 0 {
+		return
+	}
+	edits := s.edits
+	s.cfg.Controls.Update(func(cs *guard.ControlSet) {
+		for _, edit := range edits {
+			edit(cs)
+		}
+	})
+	clear(s.edits)
+	s.edits = s.edits[:0]
+	s.countCorrupt()
+	s.changed()
 }
 
 // changeRules applies a change of the rules bucket's active key. A corrupt

@@ -1,6 +1,7 @@
 package rulesync
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ func TestChangeDefersTheCopyToTheTick(t *testing.T) {
 		{"blocklist entry", func(s *Syncer) {
 			s.change(fleetkv.Change{Bucket: tollgatev1.BucketBlocklist, Key: "kidA", Revision: 2,
 				List: &tollgatev1.ListEntry{KeyID: "kidA", Action: tollgatev1.ActionBlock}})
+			s.flush()
 		}, false},
 		{"ruleset", func(s *Syncer) {
 			s.change(fleetkv.Change{Bucket: tollgatev1.BucketRules, Key: tollgatev1.RulesKey, Revision: 2,
@@ -34,6 +36,7 @@ func TestChangeDefersTheCopyToTheTick(t *testing.T) {
 		}, false},
 		{"override", func(s *Syncer) {
 			s.change(fleetkv.Change{Bucket: tollgatev1.BucketOverrides, Key: "key.kidA", Revision: 2, Deleted: true})
+			s.flush()
 		}, false},
 		{"resync", func(s *Syncer) { s.resync(t.Context(), &fleetkv.Snapshot{Entries: fleetkv.NewEntries()}) }, true},
 	} {
@@ -61,5 +64,38 @@ func TestChangeDefersTheCopyToTheTick(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBurstPublishesOnce: the controls' changes of a burst (what the
+// watchers held together) are published with one Controls.Update — one
+// copy of the controls, one generation — however many entries it holds;
+// published one by one, a burst of n entries over a list of N copied the
+// list n times.
+func TestBurstPublishesOnce(t *testing.T) {
+	t.Parallel()
+	controls := guard.NewControls()
+	s, err := New(Config{URL: "nats://127.0.0.1:1", Dir: t.TempDir(), Controls: controls, Apply: func(*rulefile.Ruleset) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := controls.Generation()
+	const n = 100
+	for i := range n {
+		id := fmt.Sprintf("burst%017d", i)
+		s.change(fleetkv.Change{Bucket: tollgatev1.BucketBlocklist, Key: id, Revision: uint64(i + 1),
+			List: &tollgatev1.ListEntry{KeyID: id, Action: tollgatev1.ActionBlock}})
+	}
+	s.change(fleetkv.Change{Bucket: tollgatev1.BucketOverrides, Key: "key.burst", Revision: n + 1, Deleted: true})
+	s.flush()
+	if got := controls.Generation() - gen; got != 1 {
+		t.Errorf("a burst of %d changes published %d times, want once", n+1, got)
+	}
+	if got := len(controls.Snapshot().Blocked); got != n {
+		t.Errorf("%d keys blocked after the burst, want %d", got, n)
+	}
+	s.flush()
+	if got := controls.Generation() - gen; got != 1 {
+		t.Errorf("a flush without changes published: %d generations", got)
 	}
 }
