@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,10 @@ import (
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
-var fleetSizes = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
+var (
+	fleetSizes   = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
+	fleetProfile = flag.String("fleet-cpuprofile", "", "write a CPU profile of BenchmarkFleetScale's changes to this file (the last size's; not the fleet's start, which -cpuprofile includes)")
+)
 
 // scaleFleet is one NATS server, one aggregator with its operator API
 // (on a Kafka-protocol broker), one Redis, and gateways in fleet mode in
@@ -214,6 +218,26 @@ func (f *scaleFleet) measure(n int) scaleTimes {
 	return out
 }
 
+// startCPUProfile starts a CPU profile written to path; the returned
+// function stops it.
+func startCPUProfile(tb testing.TB, path string) func() {
+	tb.Helper()
+	fh, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		_ = fh.Close()
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := fh.Close(); err != nil {
+			tb.Error(err)
+		}
+	}
+}
+
 // nearestRank returns the p-th percentile (nearest rank) of ds.
 func nearestRank(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
@@ -225,8 +249,8 @@ func nearestRank(ds []time.Duration, p float64) time.Duration {
 // BenchmarkFleetScale measures rule and blocklist propagation to 10, 50
 // and 200 gateways on one NATS server (docs/benchmarks.md):
 //
-//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -timeout 30m
-//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -fleet-sizes 200
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -timeout 15m
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -fleet-sizes 200 -fleet-cpuprofile cpu.out
 //
 // Each iteration changes the limit of a rule and blocks a new key through
 // the operator API. Metrics, in milliseconds, from the API's answer to
@@ -241,6 +265,10 @@ func BenchmarkFleetScale(b *testing.B) {
 		b.Run(fmt.Sprintf("gateways=%d", n), func(b *testing.B) {
 			f := newScaleFleet(b, n)
 			b.ResetTimer()
+			if *fleetProfile != "" {
+				stop := startCPUProfile(b, *fleetProfile)
+				defer stop()
+			}
 			times := f.measure(b.N)
 			b.StopTimer()
 			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
