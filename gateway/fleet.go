@@ -24,6 +24,13 @@ import (
 // rules_file's, and switches when NATS answers.
 const natsStartWait = time.Second
 
+// presencePokeSpread bounds the random delay of the presence write after
+// a ruleset is put in force (fleetkv.AnnouncerConfig.PokeSpread): the
+// gateways of a fleet all put it in force at the same instant, and 200
+// writes at that instant doubled the time the change took to reach the
+// last of 200 gateways.
+const presencePokeSpread = 500 * time.Millisecond
+
 var _ rulesSource = (*rulesync.Syncer)(nil)
 
 // startRules loads the rules the gateway starts with. Static mode:
@@ -36,7 +43,7 @@ func (s *Server) startRules() error {
 	source := sourceFile
 	if cfg.NATS.URL != "" {
 		announcer, err := fleetkv.NewAnnouncer(fleetkv.AnnouncerConfig{ID: cfg.GatewayID, Entry: s.presence,
-			Log: s.log.With(slog.String("component", "presence"))})
+			PokeSpread: presencePokeSpread, Log: s.log.With(slog.String("component", "presence"))})
 		if err != nil {
 			return err
 		}

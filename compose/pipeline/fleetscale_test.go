@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,10 @@ import (
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
-var fleetSizes = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
+var (
+	fleetSizes   = flag.String("fleet-sizes", "10,50,200", "gateway counts BenchmarkFleetScale measures, comma-separated")
+	fleetProfile = flag.String("fleet-cpuprofile", "", "write a CPU profile of BenchmarkFleetScale's changes to this file (the last size's; not the fleet's start, which -cpuprofile includes)")
+)
 
 // scaleFleet is one NATS server, one aggregator with its operator API
 // (on a Kafka-protocol broker), one Redis, and gateways in fleet mode in
@@ -150,20 +154,23 @@ type scaleTimes struct{ rule, block []time.Duration }
 
 // measure makes n rule changes (the limit of rule demo) and n blocklist
 // entries through the operator API and waits, after each, until every
-// gateway's guard enforces it (polled in process every 200µs, every
-// gateway on each poll).
+// gateway's guard enforces it. The wait polls, every 200µs, what each
+// pending gateway's guard decides with — its ruleset and its controls,
+// read as a decision reads them (an atomic load and a map read, nothing
+// else) — so that polling 200 gateways costs microseconds; a Peek per
+// gateway and poll would cost a Redis round trip each (tens of
+// milliseconds for a poll of 200 on two loaded cores) and measure
+// itself. Once all enforce it, one Peek per gateway (not timed) checks
+// that their decisions do.
 func (f *scaleFleet) measure(n int) scaleTimes {
 	ctx := context.Background()
-	enforced := func(cond func(*guard.Decision) bool, req *guard.Request) time.Time {
+	enforced := func(probe func(*guard.Guard) bool) time.Time {
 		tick := time.NewTicker(200 * time.Microsecond)
 		defer tick.Stop()
 		deadline := time.Now().Add(30 * time.Second)
 		pending := slices.Clone(f.gws)
 		for len(pending) > 0 {
-			pending = slices.DeleteFunc(pending, func(g *gateway.Server) bool {
-				d, err := g.Guard().Peek(ctx, req)
-				return err == nil && cond(d)
-			})
+			pending = slices.DeleteFunc(pending, func(g *gateway.Server) bool { return probe(g.Guard()) })
 			if time.Now().After(deadline) {
 				f.tb.Fatalf("%d of %d gateways do not enforce the change after 30s", len(pending), len(f.gws))
 			}
@@ -173,6 +180,14 @@ func (f *scaleFleet) measure(n int) scaleTimes {
 		}
 		return time.Now()
 	}
+	decides := func(what string, req *guard.Request, cond func(*guard.Decision) bool) {
+		for i, g := range f.gws {
+			d, err := g.Guard().Peek(ctx, req)
+			if err != nil || !cond(d) {
+				f.tb.Fatalf("gw%d: %s in force but not decided: %+v, %v", i+1, what, d, err)
+			}
+		}
+	}
 	var out scaleTimes
 	for i := range n {
 		limit := int64(100 + i)
@@ -180,19 +195,47 @@ func (f *scaleFleet) measure(n int) scaleTimes {
 			f.tb.Fatalf("PUT rules: %d %s", code, b)
 		}
 		answered := time.Now()
-		at := enforced(func(d *guard.Decision) bool { return d.Deciding >= 0 && d.Rules[d.Deciding].Limit == limit },
-			&guard.Request{Key: "sk_fleet_probe", Path: "/v1/x"})
+		at := enforced(func(g *guard.Guard) bool {
+			r := g.Rules().Rule("demo")
+			return r != nil && r.Params.Limit == limit
+		})
 		out.rule = append(out.rule, max(0, at.Sub(answered)))
+		decides("rule change", &guard.Request{Key: "sk_fleet_probe", Path: "/v1/x"},
+			func(d *guard.Decision) bool { return d.Deciding >= 0 && d.Rules[d.Deciding].Limit == limit })
 
 		key := "sk_fleet_blk" + strconv.Itoa(i)
 		if code, b := f.op("PUT", "/admin/v1/blocklist/"+key, `{"ttl":"1m","reason":"propagation"}`); code != 200 {
 			f.tb.Fatalf("PUT blocklist: %d %s", code, b)
 		}
 		answered = time.Now()
-		at = enforced(func(d *guard.Decision) bool { return d.Status == 403 }, &guard.Request{Key: key, Path: "/v1/x"})
+		at = enforced(func(g *guard.Guard) bool {
+			_, blocked := g.Controls().Snapshot().Blocked[g.KeyID(key)]
+			return blocked
+		})
 		out.block = append(out.block, max(0, at.Sub(answered)))
+		decides("blocklist entry", &guard.Request{Key: key, Path: "/v1/x"}, func(d *guard.Decision) bool { return d.Status == 403 })
 	}
 	return out
+}
+
+// startCPUProfile starts a CPU profile written to path; the returned
+// function stops it.
+func startCPUProfile(tb testing.TB, path string) func() {
+	tb.Helper()
+	fh, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		_ = fh.Close()
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := fh.Close(); err != nil {
+			tb.Error(err)
+		}
+	}
 }
 
 // nearestRank returns the p-th percentile (nearest rank) of ds.
@@ -206,8 +249,8 @@ func nearestRank(ds []time.Duration, p float64) time.Duration {
 // BenchmarkFleetScale measures rule and blocklist propagation to 10, 50
 // and 200 gateways on one NATS server (docs/benchmarks.md):
 //
-//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -timeout 30m
-//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 100x -fleet-sizes 200
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -timeout 15m
+//	go test ./compose/pipeline -run '^$' -bench FleetScale -benchtime 50x -fleet-sizes 200 -fleet-cpuprofile cpu.out
 //
 // Each iteration changes the limit of a rule and blocks a new key through
 // the operator API. Metrics, in milliseconds, from the API's answer to
@@ -222,6 +265,10 @@ func BenchmarkFleetScale(b *testing.B) {
 		b.Run(fmt.Sprintf("gateways=%d", n), func(b *testing.B) {
 			f := newScaleFleet(b, n)
 			b.ResetTimer()
+			if *fleetProfile != "" {
+				stop := startCPUProfile(b, *fleetProfile)
+				defer stop()
+			}
 			times := f.measure(b.N)
 			b.StopTimer()
 			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

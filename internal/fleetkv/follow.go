@@ -38,6 +38,10 @@ type Handler interface {
 	Sync(ctx context.Context, s *Snapshot)
 	// Change receives every change after Sync, one entry at a time.
 	Change(c Change)
+	// Flush follows one or more Change calls: the changes that were
+	// waiting together (a burst, up to maxBurst), so that a handler can
+	// publish them at once, with one copy of what it publishes.
+	Flush()
 	// Tick is called every tick (Follow's argument) while a session
 	// follows the buckets.
 	Tick(now time.Time)
@@ -176,7 +180,37 @@ func (f *follower) session(ctx context.Context) error {
 		if e != nil {
 			f.h.Change(decodeEntry(e))
 		}
+		if err := f.burst(w); err != nil {
+			return err
+		}
+		f.h.Flush()
 	}
+}
+
+// maxBurst bounds the changes handed over between two Flush calls.
+const maxBurst = 1024
+
+// burst hands over the changes already waiting in the watchers, without
+// waiting for more, up to maxBurst.
+func (f *follower) burst(w *watchers) error {
+	for range maxBurst - 1 {
+		var e jetstream.KeyValueEntry
+		ok := true
+		select {
+		case e, ok = <-w.kw[0].Updates():
+		case e, ok = <-w.kw[1].Updates():
+		case e, ok = <-w.kw[2].Updates():
+		default:
+			return nil
+		}
+		if !ok {
+			return errors.New("fleetkv: a watcher stopped")
+		}
+		if e != nil {
+			f.h.Change(decodeEntry(e))
+		}
+	}
+	return nil
 }
 
 // initial reads the buckets' current content: each watcher sends it, then

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -16,6 +18,9 @@ type recorder struct {
 	mu      sync.Mutex
 	syncs   []*Snapshot
 	changes []Change
+	flushes int
+	// gate, when set, holds the first Change until it is closed.
+	gate chan struct{}
 }
 
 func (r *recorder) Sync(_ context.Context, s *Snapshot) {
@@ -25,9 +30,25 @@ func (r *recorder) Sync(_ context.Context, s *Snapshot) {
 }
 
 func (r *recorder) Change(c Change) {
+	if r.gate != nil {
+		<-r.gate
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.changes = append(r.changes, c)
+}
+
+func (r *recorder) Flush() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.flushes++
+}
+
+// counts returns how many changes and flushes the recorder has had.
+func (r *recorder) counts() (changes, flushes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.changes), r.flushes
 }
 
 func (r *recorder) Tick(time.Time) {}
@@ -110,5 +131,66 @@ func TestFollow(t *testing.T) {
 	}
 	if c := deletion; c == nil || c.Key != kidA || !c.Deleted {
 		t.Errorf("changes %+v: want kidA's deletion", changes)
+	}
+}
+
+// TestFollowHandsOverABurst: changes that are waiting together are handed
+// over together, then Flush once (a handler publishes them with one copy
+// of its state); every change still arrives, one Change each.
+func TestFollowHandsOverABurst(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	ctx := t.Context()
+	fctx, stop := context.WithCancel(ctx)
+	rec := &recorder{gate: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- kv.c.Follow(fctx, rec, 0) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Follow: %v, want nil once its context ends", err)
+		}
+	}()
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if snap, _ := rec.last(); snap == nil {
+			return fmt.Errorf("no snapshot yet")
+		}
+		return nil
+	})
+	// A watcher of the test's own shows when NATS has delivered the burst.
+	own, err := kv.Lists.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = own.Stop() }()
+	// The first change holds the handler (gate) while the others arrive.
+	const n = 100
+	for i := range n + 1 {
+		id := fmt.Sprintf("burst%017d", i)
+		if _, err := kv.PutList(ctx, id, &tollgatev1.ListEntry{KeyID: id, Action: tollgatev1.ActionBlock}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for seen := 0; seen < n+1; {
+		select {
+		case e := <-own.Updates():
+			if e != nil {
+				seen++
+			}
+		case <-deadline.C:
+			t.Fatalf("NATS delivered %d of %d changes within 10s", seen, n+1)
+		}
+	}
+	close(rec.gate)
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if changes, _ := rec.counts(); changes != n+1 {
+			return fmt.Errorf("%d changes handed over, want %d", changes, n+1)
+		}
+		return nil
+	})
+	if _, flushes := rec.counts(); flushes > n/2 {
+		t.Errorf("%d changes waiting together were flushed %d times, want them handed over as a few bursts", n+1, flushes)
 	}
 }

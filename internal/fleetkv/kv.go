@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -201,9 +202,37 @@ func rulesVersions(ctx context.Context, kv jetstream.KeyValue) ([]RulesVersion, 
 }
 
 // PutRules writes e as the active ruleset if the entry's revision is still
-// rev (0: there must be none), and returns the new revision.
+// rev (0: there must be none), and returns the new revision. An entry
+// without a Document gets one (WithDocument).
 func (k *KV) PutRules(ctx context.Context, e *tollgatev1.RulesEntry, rev uint64) (uint64, error) {
-	return k.put(ctx, k.Rules, tollgatev1.RulesKey, e, rev)
+	return k.put(ctx, k.Rules, tollgatev1.RulesKey, WithDocument(e, k.MaxValue()), rev)
+}
+
+// WithDocument returns e with its Document: Source parsed, in
+// rules.EncodeDocument's form, so that each gateway decodes it instead of
+// parsing YAML (at 200 gateways that parse was most of what a rule change
+// cost the fleet). e itself when it has one already, when Source does not
+// parse (the gateways then refuse it from Source, naming its problems), or
+// when the value would exceed maxValue bytes with it (the gateways parse
+// Source); else a copy.
+func WithDocument(e *tollgatev1.RulesEntry, maxValue int) *tollgatev1.RulesEntry {
+	if e == nil || len(e.Document) > 0 {
+		return e
+	}
+	doc, err := rules.Parse([]byte(e.Source))
+	if err != nil {
+		return e
+	}
+	b, err := rules.EncodeDocument(doc)
+	if err != nil {
+		return e
+	}
+	with := *e
+	with.Document = b
+	if n, err := EncodedSize(&with); err != nil || n > maxValue {
+		return e
+	}
+	return &with
 }
 
 // PutList writes a blocklist bucket entry under key if its revision is

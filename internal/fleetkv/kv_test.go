@@ -2,6 +2,7 @@ package fleetkv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -279,5 +280,47 @@ func TestRedactURL(t *testing.T) {
 		if got := RedactURL(tc.in); got != tc.want {
 			t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestPutRulesAddsTheDocument: the active ruleset is written with its
+// source parsed (RulesEntry.Document), which gateways decode instead of
+// parsing YAML; without it when the source does not parse or the value
+// would be too large with it, and as given when it has one.
+func TestPutRulesAddsTheDocument(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	const src = "rules:\n  - id: demo # the demo rule\n    algorithm: token_bucket\n    capacity: 5\n    rate: 5/1h\n"
+	want := `{"rules":[{"id":"demo","algorithm":"token_bucket","capacity":5,"rate":"5/1h"}]}`
+	// Fits as a source, not twice (source and document).
+	big := src + "allowlist: [sk_" + strings.Repeat("x", kv.MaxValue()*2/3) + "]\n"
+	for _, tc := range []struct {
+		name, source, document, want string
+	}{
+		{"parsed", src, "", want},
+		{"already there", src, `{"rules":[]}`, `{"rules":[]}`},
+		{"source does not parse", "rules: [", "", ""},
+		{"too large with it", big, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &tollgatev1.RulesEntry{Version: 3, Source: tc.source, Format: "yaml", Document: json.RawMessage(tc.document)}
+			_, rev, err := kv.ActiveRules(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kv.PutRules(t.Context(), e, rev); err != nil {
+				t.Fatal(err)
+			}
+			got, _, err := kv.ActiveRules(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got.Document) != tc.want || got.Source != tc.source {
+				t.Errorf("document %s, want %s", got.Document, tc.want)
+			}
+			if string(e.Document) != tc.document {
+				t.Errorf("the caller's entry changed: document %s", e.Document)
+			}
+		})
 	}
 }

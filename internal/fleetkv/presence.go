@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,6 +80,12 @@ type AnnouncerConfig struct {
 	TTL time.Duration
 	// Log receives the Announcer's lines; nil discards them.
 	Log *slog.Logger
+	// PokeSpread, when positive, delays the write a Poke asks for by a
+	// random time below it: every gateway of a fleet puts a new ruleset in
+	// force at the same instant, and their writes, all at once, would
+	// compete with the change's delivery to the gateways that do not have
+	// it yet. 0: at once.
+	PokeSpread time.Duration
 }
 
 // Announcer keeps a gateway's entry in tollgate_gateways: Run writes it at
@@ -90,6 +97,9 @@ type Announcer struct {
 	cfg  AnnouncerConfig
 	log  *slog.Logger
 	poke chan struct{}
+	// delay is how long a poke waits before its write (a random time
+	// below PokeSpread).
+	delay func() time.Duration
 }
 
 // NewAnnouncer returns an Announcer for cfg. It does no I/O.
@@ -110,12 +120,16 @@ func NewAnnouncer(cfg AnnouncerConfig) (*Announcer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1)}, nil
+	a := &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1), delay: func() time.Duration { return 0 }}
+	if cfg.PokeSpread > 0 {
+		a.delay = func() time.Duration { return rand.N(cfg.PokeSpread) }
+	}
+	return a, nil
 }
 
-// Poke asks for a write now (the rules in force changed). It never
-// blocks; pokes that arrive while one is pending are one. A nil Announcer
-// ignores it.
+// Poke asks for a write now (the rules in force changed), or within
+// PokeSpread. It never blocks; pokes that arrive while one is pending are
+// one. A nil Announcer ignores it.
 func (a *Announcer) Poke() {
 	if a == nil {
 		return
@@ -133,6 +147,10 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 	h := heartbeat{a: a, c: c}
 	t := time.NewTicker(a.cfg.Interval)
 	defer t.Stop()
+	poked := time.NewTimer(0) // a poke's delay; stopped while none is pending
+	poked.Stop()
+	defer poked.Stop()
+	pending := false
 	h.put(ctx)
 	for {
 		select {
@@ -141,6 +159,20 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 			return
 		case <-t.C:
 		case <-a.poke:
+			if d := a.delay(); d > 0 {
+				if !pending {
+					pending = true
+					poked.Reset(d)
+				}
+				continue
+			}
+		case <-poked.C:
+		}
+		// Any write carries what the gateway runs now: a pending poke is
+		// served by it.
+		if pending {
+			pending = false
+			poked.Stop()
 		}
 		h.put(ctx)
 	}

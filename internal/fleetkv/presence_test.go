@@ -103,6 +103,61 @@ func TestAnnouncer(t *testing.T) {
 	}
 }
 
+// TestAnnouncerPokeSpread: with PokeSpread, a poke's write waits its
+// random delay (fixed here), so that the gateways of a fleet, which all
+// put a ruleset in force at the same instant, do not all write then; the
+// pokes that arrive meanwhile are served by the one write.
+func TestAnnouncerPokeSpread(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	var mu sync.Mutex
+	version := int64(1)
+	a, err := NewAnnouncer(AnnouncerConfig{ID: "gw-s", Interval: time.Hour, PokeSpread: time.Hour, Entry: func() tollgatev1.GatewayEntry {
+		mu.Lock()
+		defer mu.Unlock()
+		return tollgatev1.GatewayEntry{RulesVersion: version}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := a.delay(); d < 0 || d >= time.Hour {
+		t.Fatalf("delay %v, want in [0, PokeSpread)", d)
+	}
+	const delay = 300 * time.Millisecond
+	a.delay = func() time.Duration { return delay }
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(ctx, kv.c) })
+	defer func() { cancel(); wg.Wait() }()
+	entry := func(v int64) GatewaySeen {
+		t.Helper()
+		var g GatewaySeen
+		testwait.Eventually(t, 5*time.Second, func() error {
+			gs, _ := seen(t, kv)
+			var ok bool
+			if g, ok = gs["gw-s"]; !ok || g.Entry.RulesVersion != v {
+				return fmt.Errorf("gateways %+v, want gw-s on version %d", gs, v)
+			}
+			return nil
+		})
+		return g
+	}
+	first := entry(1) // the write at start is not delayed
+	mu.Lock()
+	version = 2
+	mu.Unlock()
+	poked := time.Now()
+	a.Poke()
+	a.Poke()
+	g := entry(2)
+	if g.Entry.Time.Before(poked.Add(delay)) {
+		t.Errorf("written %v after the poke, want its delay (%v) or more", g.Entry.Time.Sub(poked), delay)
+	}
+	if g.Revision != first.Revision+1 {
+		t.Errorf("revision %d after %d: two pokes while one was pending wrote more than once", g.Revision, first.Revision)
+	}
+}
+
 // TestAnnouncerTTL: a gateway that stops without deleting its entry (its
 // connection gone, as when it is killed) leaves the bucket by itself
 // after the bucket's MaxAge.

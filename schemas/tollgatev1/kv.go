@@ -15,7 +15,8 @@ import (
 
 // RulesEntry is the value under RulesKey in BucketRules: a ruleset as the
 // operator sent it (YAML or JSON, comments kept) with the version the
-// operator API assigned. Gateways parse Source and report Version.
+// operator API assigned. Gateways put Document (else Source) in force
+// and report Version.
 type RulesEntry struct {
 	Version int64     `json:"version"`
 	Source  string    `json:"source"`
@@ -23,6 +24,12 @@ type RulesEntry struct {
 	Actor   string    `json:"actor,omitempty"`
 	Reason  string    `json:"reason,omitempty"`
 	Time    time.Time `json:"time"`
+	// Document is Source parsed, in rules.EncodeDocument's form (compact
+	// JSON), which the operator API adds when it writes the entry and the
+	// value stays within NATS's limit: a gateway decodes it instead of
+	// parsing Source, and parses Source when it is absent or does not
+	// decode and compile cleanly. Source stays the authority.
+	Document json.RawMessage `json:"document,omitempty"`
 }
 
 // CountersChanged is a message on SubjectCounters: the operator API reset

@@ -4,12 +4,16 @@
 // active: the ruleset), tollgate_blocklist (blocked, penalised and
 // allowlisted keys) and tollgate_overrides — through package fleetkv, and
 // applies every change at once: a ruleset is swapped whole, a control
-// change is one guard.Controls update. After every applied change it
+// change is one guard.Controls update — the control changes of a burst
+// (those the watchers held together) one update for them all, so that a
+// burst costs one copy of the controls, not one per entry. After every applied change it
 // writes a last-known-good copy to disk (lkg.json, written to a temporary
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
 // goroutine of its own, so a slow disk never delays the next change; of a
-// burst of changes, the newest state is written.
+// burst of changes, the newest state is written, at most once per
+// Config.SaveInterval and at the watch loop's next tick rather than on
+// the change's own path.
 //
 // It also listens on tollgatev1.SubjectCounters, where the operator API
 // announces a reset or a quota grant, and tells Config.OnCountersChanged,
@@ -150,8 +154,10 @@ type Config struct {
 	// the last-known-good copy (default DefaultSaveInterval): the changes
 	// of a burst are in force at once and reach the disk as one write, of
 	// the newest state, at the first tick (every second) after the
-	// interval or when Run returns. A fleet of gateways sharing a disk
-	// otherwise encodes and fsyncs once per gateway per change.
+	// interval or when Run returns (a whole read of the buckets, at start
+	// or after a reconnect, is written at once when the interval is
+	// over). A fleet of gateways sharing a disk otherwise encodes and
+	// fsyncs once per gateway per change.
 	SaveInterval time.Duration
 }
 
@@ -175,9 +181,12 @@ type Syncer struct {
 	ladder  ladderLog         // the penalty ladder's moves last logged
 	// corruptLogged: the corrupt entries logged, by bucket/key/revision.
 	corruptLogged map[string]bool
-	toSave        chan []byte // to the saver: the newest copy not written yet
-	dirty         bool        // a change is not in the copy handed to the saver
-	handed        time.Time   // when the last copy was handed to the saver
+	// edits are the controls' changes of the burst being read, published
+	// together by flush.
+	edits  []func(*guard.ControlSet)
+	toSave chan []byte // to the saver: the newest copy not written yet
+	dirty  bool        // a change is not in the copy handed to the saver
+	handed time.Time   // when the last copy was handed to the saver
 }
 
 // state is what the Syncer holds from the buckets: the blocklist and
@@ -321,6 +330,7 @@ type follower struct{ s *Syncer }
 
 func (f follower) Sync(ctx context.Context, snap *fleetkv.Snapshot) { f.s.resync(ctx, snap) }
 func (f follower) Change(c fleetkv.Change)                          { f.s.change(c) }
+func (f follower) Flush()                                           { f.s.flush() }
 func (f follower) Tick(now time.Time) {
 	f.s.flushLadderEnds(now)
 	f.s.saveDue(now)
@@ -372,7 +382,7 @@ func (s *Syncer) resync(ctx context.Context, snap *fleetkv.Snapshot) {
 	s.state = next
 	s.cfg.Controls.Replace(next.ControlSet())
 	s.countCorrupt()
-	s.changed()
+	s.resynced()
 	s.noteLadderAll()
 	if !s.syncedFlag.Swap(true) {
 		close(s.synced)
@@ -414,12 +424,23 @@ func (s *Syncer) newestGoodRules(ctx context.Context, snap *fleetkv.Snapshot, be
 
 // changed records an applied change: the time, and that the
 // last-known-good copy is behind. The copy is encoded and handed to the
-// saver at once when the last one was handed SaveInterval ago or more,
-// else at the first tick after that, or when Run returns: a burst of
-// changes costs one encoding and one write.
+// saver at the first tick (every second) once the last one was handed
+// SaveInterval ago or more, or when Run returns — never on the change's
+// own path: a burst of changes costs one encoding and one write, and the
+// gateways of a fleet, which all receive a change at the same instant,
+// do not all encode and write their copies at that instant while the
+// next change is arriving (each writes at its own tick).
 func (s *Syncer) changed() {
 	s.lastApplied.Store(time.Now().UnixNano())
 	s.dirty = true
+}
+
+// resynced is changed for a whole (re)read of the buckets: the copy is
+// handed to the saver at once when the last one was handed SaveInterval
+// ago or more, so that a gateway that starts or reconnects has its copy
+// on disk without waiting for a tick.
+func (s *Syncer) resynced() {
+	s.changed()
 	if time.Since(s.handed) >= s.cfg.SaveInterval {
 		s.handOff()
 	}
@@ -483,14 +504,31 @@ func (s *Syncer) change(c fleetkv.Change) {
 	if c.Corrupt != nil {
 		s.corruptLog(c.Corrupt)
 	}
-	s.cfg.Controls.Update(s.state.Apply(c))
-	s.countCorrupt()
-	s.changed()
+	s.edits = append(s.edits, s.state.Apply(c))
 	for _, keyID := range []string{before, s.ladderKeyID(c.Bucket, c.Key)} {
 		if keyID != "" {
 			s.noteLadder(keyID)
 		}
 	}
+}
+
+// flush publishes the controls' changes of a burst (fleetkv.Handler's
+// Flush) with one Controls.Update: one copy of the controls for the burst,
+// not one per entry.
+func (s *Syncer) flush() {
+	if len(s.edits) == 0 {
+		return
+	}
+	edits := s.edits
+	s.cfg.Controls.Update(func(cs *guard.ControlSet) {
+		for _, edit := range edits {
+			edit(cs)
+		}
+	})
+	clear(s.edits)
+	s.edits = s.edits[:0]
+	s.countCorrupt()
+	s.changed()
 }
 
 // changeRules applies a change of the rules bucket's active key. A corrupt
@@ -538,10 +576,22 @@ func (s *Syncer) decodeRules(c fleetkv.Change) (*tollgatev1.RulesEntry, *rulefil
 }
 
 // checkRules parses and checks a ruleset entry's source; the ruleset in
-// force is returned as is (same pointer).
+// force is returned as is (same pointer). An entry's Document, decoded, is
+// used when it compiles and passes without a warning; otherwise the source
+// is parsed, so that what is refused or warned about is reported with its
+// lines.
 func (s *Syncer) checkRules(e *tollgatev1.RulesEntry) (*rulefile.Ruleset, error) {
 	if cur := s.state.rules; cur != nil && s.applied != nil && cur.Version == e.Version && cur.Source == e.Source {
 		return s.applied, nil
+	}
+	if len(e.Document) > 0 {
+		rs, err := rulefile.FromDocument(e.Document, []byte(e.Source), e.Version)
+		if err == nil && s.cfg.Check != nil {
+			err = s.cfg.Check(rs.Rules)
+		}
+		if err == nil && len(rs.Rules.Warnings()) == 0 {
+			return rs, nil
+		}
 	}
 	rs, err := rulefile.ParseVersion([]byte(e.Source), e.Version)
 	if err == nil && s.cfg.Check != nil {

@@ -2,6 +2,8 @@ package rulesync_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/gateway/internal/rulesync"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -805,5 +808,89 @@ func TestSaveIntervalCoalescesWrites(t *testing.T) {
 	sy.stop(t)
 	if v := lkgVersion(t, dir); v != 5 {
 		t.Fatalf("after Run returned the copy holds version %d, want 5 (the newest)", v)
+	}
+}
+
+// documentOf is src parsed, in the form the operator API publishes it
+// beside the source (RulesEntry.Document).
+func documentOf(t *testing.T, src string) json.RawMessage {
+	t.Helper()
+	doc, err := rules.Parse([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rules.EncodeDocument(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestRulesetDocumentDecoded: a ruleset entry's Document is what the
+// gateway decodes and puts in force (it does not parse the YAML source: an
+// entry whose document says capacity 20 and whose source says 10 puts 20
+// in force), with the source's hash; a document that does not decode or
+// compile leaves the source to decide — put in force, or refused naming
+// its rule, field and line.
+func TestRulesetDocumentDecoded(t *testing.T) {
+	t.Parallel()
+	cap20 := strings.Replace(rulesV1, "capacity: 10", "capacity: 20", 1)
+	bad := "rules:\n  - id: bad\n    algorithm: token_bucket\n    capacity: 0\n    rate: 1/1s\n"
+	for _, tc := range []struct {
+		name     string
+		source   string
+		document json.RawMessage
+		capacity int64    // in force afterwards
+		refused  []string // the refusal's log says each; nil: not refused
+	}{
+		{"document decoded", rulesV1, documentOf(t, cap20), 20, nil},
+		{"document undecodable: the source", rulesV1, json.RawMessage(`{"rules":[{"id":"x","colour":1}]}`), 10, nil},
+		{"document invalid: the source", rulesV1, documentOf(t, bad), 10, nil},
+		{"both invalid: refused with the source's lines", bad, documentOf(t, bad), 10,
+			[]string{"rule=bad", "field=capacity", "line=4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ns := natstest.StartTB(t)
+			b := createBuckets(t, ns.ClientURL())
+			b.putRules(1, rulesV1)
+			sy := newSyncer(t, ns.ClientURL(), t.TempDir())
+			sy.start(t)
+			sy.waitVersion(t, 1)
+			b.put(b.rules, tollgatev1.RulesKey, &tollgatev1.RulesEntry{Version: 2, Source: tc.source, Format: "yaml",
+				Document: tc.document, Time: time.Now()})
+			if tc.refused != nil {
+				testwait.Eventually(t, 5*time.Second, func() error {
+					if sy.refused.Load() != 1 {
+						return errors.New("not refused yet")
+					}
+					return nil
+				})
+				for _, want := range tc.refused {
+					if logs := sy.logs.String(); !strings.Contains(logs, want) {
+						t.Errorf("the refusal's log lacks %q:\n%s", want, logs)
+					}
+				}
+				if v := sy.version(); v != 1 {
+					t.Fatalf("version %d in force after a refusal, want 1", v)
+				}
+				return
+			}
+			sy.waitVersion(t, 2)
+			rs := sy.last()
+			if got := rs.Rules.Rule("default").Params.Limit; got != tc.capacity {
+				t.Errorf("capacity %d in force, want %d", got, tc.capacity)
+			}
+			sum := sha256.Sum256([]byte(tc.source))
+			if rs.Rules.Hash() != hex.EncodeToString(sum[:]) {
+				t.Errorf("hash %s, want the source's", rs.Rules.Hash())
+			}
+			if len(rs.Routes) != 1 || rs.Routes[0] != "/v1/users/{id}" {
+				t.Errorf("routes %v", rs.Routes)
+			}
+			if n := sy.refused.Load(); n != 0 {
+				t.Errorf("%d refusals, want none", n)
+			}
+		})
 	}
 }
