@@ -291,6 +291,7 @@ type lease struct {
 
 	alg     rules.Algorithm
 	params  rules.Params
+	ledger  *guard.Ledger // a global rule's share ledger: its units go back there
 	epoch   uint64
 	until   int64 // local µs: usable before
 	granted int64
@@ -701,7 +702,7 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 	s.granted.Add(r.Leased)
 	until := min(recv+jittered(s.lifetime(c)), s.windowEnd(c, t, send))
 	l := &lease{
-		alg: c.Algorithm, params: c.Params, epoch: epoch,
+		alg: c.Algorithm, params: c.Params, ledger: c.Ledger, epoch: epoch,
 		until: until, granted: r.Leased, token: r.Token,
 		rem: r.Remaining, resetAt: recv + r.ResetAfter, nextAt: recv + r.NextAfter,
 		t: t, recv: recv,
@@ -853,7 +854,7 @@ func (s *Store) retire(e *entry) {
 
 // returnOf is the counter that gives back units of lease l.
 func returnOf(name string, l *lease, units int64) guard.Counter {
-	return guard.Counter{Name: name, Algorithm: l.alg, Params: l.params, Token: l.token, Return: units}
+	return guard.Counter{Name: name, Algorithm: l.alg, Params: l.params, Ledger: l.ledger, Token: l.token, Return: units}
 }
 
 // giveBackLater queues a return for the sweep.
