@@ -25,23 +25,33 @@ var scriptParts = []string{
 	"lua/decide.lua",
 }
 
-// regionParts are the region script's: the guard's files with the share
-// ledger's (regionstore's own, which it runs for give and receive) and
-// gate.lua, which decides a global rule's counter against the ledger,
-// before the driver.
+// regionParts are the region script's: the guard's files, then, as the
+// body of one function, gate_parts, the share ledger's files (regionstore's
+// own, which it runs for give and receive) and gate.lua, which decides a
+// global rule's counter against the ledger; then the driver. Inside the
+// function, the ledger's many functions are made only by a call that
+// decides a ledger counter.
 var regionParts = []string{
 	"lua/prelude.lua",
 	"lua/bucket.lua",
 	"lua/fixed_window.lua",
 	"lua/sliding_window_counter.lua",
 	"lua/sliding_window_log.lua",
+	gateOpen,
 	"regionstore/lua/ledger.lua",
 	"regionstore/lua/fixed.lua",
 	"regionstore/lua/sliding.lua",
 	"regionstore/lua/bucket.lua",
 	"lua/gate.lua",
+	gateClose,
 	"lua/decide.lua",
 }
+
+// The lines around gate_parts's body in regionParts.
+const (
+	gateOpen  = "local function gate_parts()"
+	gateClose = "end"
+)
 
 // Script is the guard's Redis script: its source and SHA-1 (for EVALSHA).
 type Script struct {
@@ -64,6 +74,11 @@ func RegionScript() Script { return joinScript(regionParts) }
 func joinScript(parts []string) Script {
 	var b strings.Builder
 	for _, name := range parts {
+		if name == gateOpen || name == gateClose {
+			b.WriteString(name)
+			b.WriteByte('\n')
+			continue
+		}
 		src, err := luaFiles.ReadFile(name)
 		if err != nil {
 			// The files are embedded at build time; a missing one is a
