@@ -2,13 +2,16 @@ package regionstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore"
+	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/regions"
 )
@@ -57,4 +60,81 @@ func (g *gate) check(ctx context.Context, name string, lim regions.Limit, cost, 
 	}
 	r := res[0]
 	return regions.Admission{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter}, r.Leased, nil
+}
+
+// TestGateRefundOnCluster: on a three-node Cluster, a request whose
+// global counter (its own slot, decided first) is admitted by the share
+// ledger but whose key counter (another slot) rejects takes the ledger's
+// charge back with its token, for every kind: the ledger holds what it
+// held before, as a single script's rejection would have left it.
+func TestGateRefundOnCluster(t *testing.T) {
+	cl := redistest.StartClusterTB(t, 3)
+	client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2")
+	g := newGate(t, client, cfg, fleet, time.Minute)
+	store, err := regionstore.New(client, cfg, fleet, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, lim := range []regions.Limit{
+		{Kind: regions.FixedWindow, Units: 10, Window: 3_600_000_000},
+		{Kind: regions.SlidingWindow, Units: 10, Window: 3_600_000_000},
+		{Kind: regions.Bucket, Units: 10, Window: 3_600_000_000},
+	} {
+		t.Run(lim.Kind.String(), func(t *testing.T) {
+			global := g.counter(fmt.Sprintf("tg{g:refund%d}r", i), lim, 2, 0)
+			key := guard.Counter{Name: fmt.Sprintf("tg{k:refund%d}r", i), Algorithm: rules.FixedWindow,
+				Params: rules.Params{Limit: 1, Window: 3_600_000_000}, Cost: 1}
+			if redisstore.Slot(global.Name) == redisstore.Slot(key.Name) {
+				t.Fatal("the counters share a slot: the test would not cross slots")
+			}
+			do := func(cs ...guard.Counter) []guard.CounterResult {
+				t.Helper()
+				res := make([]guard.CounterResult, len(cs))
+				if _, err := g.store.Do(ctx, guard.OpCheck, 0, cs, res); err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			// One admission of the global counter alone, and the key
+			// counter filled.
+			if r := do(global); !r[0].Allowed {
+				t.Fatalf("first admission: %+v", r[0])
+			}
+			if r := do(key); !r[0].Allowed {
+				t.Fatalf("key counter: %+v", r[0])
+			}
+			state := func() regions.CounterState {
+				t.Helper()
+				tm, err := client.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := store.State(ctx, global.Name, lim, tm.UnixMicro())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			before := state()
+			if before.Used != 2 {
+				t.Fatalf("the ledger counts %d used after one admission of 2", before.Used)
+			}
+			for range 3 {
+				r := do(global, key)
+				if r[0].Charged || r[1].Allowed {
+					t.Fatalf("the key counter did not reject, or the global one stayed charged: %+v", r)
+				}
+			}
+			if after := state(); after.Used != before.Used {
+				t.Fatalf("the ledger counts %d used after rejected requests, %d before: the charges were not taken back", after.Used, before.Used)
+			}
+		})
+	}
 }
