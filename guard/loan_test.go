@@ -210,3 +210,44 @@ func TestRetryAfterBlocksGive(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLoanDropsLeases: when a gateway is told a global counter's share
+// grew (a loan landed), it drops the counter's lease as well as its
+// negative cache, and gives the lease's unused units back to the share
+// ledger: the ledger then counts only what was admitted, and the next
+// request is decided against the share as it is now.
+func TestLoanDropsLeases(t *testing.T) {
+	t.Parallel()
+	lim := regions.Limit{Kind: regions.FixedWindow, Units: 400, Window: 3_600_000_000}
+	us := newLoanRegion(t, "regions: [{name: eu}, {name: us}]\nrules:\n  - id: r\n    match: {}\n    regions: global\n    algorithm: fixed_window\n    limit: 400\n    window: 1h\n", "us")
+	ctx := context.Background()
+	req := &guard.Request{Key: "sk_leasing", Path: "/"}
+	name := us.g.CounterNames(req)[0]
+	for range 5 {
+		if !us.check(t, req).Allowed {
+			t.Fatal("rejected within the share")
+		}
+	}
+	granted := us.fast.Stats().Granted
+	if granted == 0 {
+		t.Fatal("no lease was taken: the test would not show it dropped")
+	}
+	used := func() int64 {
+		t.Helper()
+		st, err := us.ledger.State(ctx, name, lim, us.now(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Used
+	}
+	if u := used(); u <= 5 {
+		t.Fatalf("the ledger counts %d used: the lease's units are not in it", u)
+	}
+	us.g.ForgetNames(false, []string{name})
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if u := used(); u != 5 {
+			return fmt.Errorf("the ledger counts %d used, want the 5 admitted (granted %d, stats %+v)", u, granted, us.fast.Stats())
+		}
+		return nil
+	})
+}

@@ -245,8 +245,9 @@ type Invalidator interface {
 // named counters only (Counter.Name), after another process changed them in the
 // store: reset (true: a lease of theirs vanished with them, and is dropped
 // without giving its units back, which would come off the fresh counter)
-// or granted quota (false: the negative cache no longer holds). It must not
-// block.
+// or granted quota, or a global counter's share grew with a loan (false:
+// the negative cache no longer holds, and a lease is dropped, its unused
+// units given back). It must not block.
 type Forgetter interface {
 	Forget(reset bool, names []string)
 }

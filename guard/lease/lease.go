@@ -808,7 +808,7 @@ func (s *Store) windowEnd(c *guard.Counter, t, send int64) int64 {
 
 // forget drops local state after a reset (the counters' leases vanished
 // with them in Redis) or a quota grant (the negative cache no longer
-// holds).
+// holds; leases are given back).
 func (s *Store) forget(op guard.Op, counters []guard.Counter) {
 	for i := range counters {
 		s.forgetName(op == guard.OpReset, counters[i].Name)
@@ -817,8 +817,9 @@ func (s *Store) forget(op guard.Op, counters []guard.Counter) {
 
 // Forget implements guard.Forgetter: the named counters were reset (their
 // leases are dropped, their units not given back: they would come off the
-// fresh counter) or granted quota (their negative cache is dropped) by
-// another process.
+// fresh counter) or granted quota, or a global counter's share grew (their
+// negative cache is dropped, and their leases, whose unused units are
+// given back in the background) by another process.
 func (s *Store) Forget(reset bool, names []string) {
 	for _, name := range names {
 		s.forgetName(reset, name)
@@ -831,11 +832,17 @@ func (s *Store) forgetName(reset bool, name string) {
 		return
 	}
 	e.last.Store(nil)
-	if reset {
-		if l := e.lease.Swap(nil); l != nil {
-			e.leaseHits.Add(l.hits.Load())
-			l.close()
-		}
+	l := e.lease.Swap(nil)
+	if l == nil {
+		return
+	}
+	e.leaseHits.Add(l.hits.Load())
+	// After a reset the lease's units vanished with the counter; after a
+	// grant (or a global counter's share grown by a loan) they are still
+	// charged, and what is unused goes back, so that the next request is
+	// decided by the store against the counter as it is now.
+	if left := l.close(); left > 0 && !reset {
+		s.giveBackLater(returnOf(e.name, l, left))
 	}
 }
 
