@@ -24,8 +24,11 @@
 -- (the same key and ":log"). The call's last two ARGV are the skew bound K
 -- and the period P of loans, µs, after every counter's ten values.
 --
--- A ledger holding another limit (the rule's limit changed) is started
--- afresh: the carve-out of a limit changed mid-window.
+-- A ledger holding another limit keeps what it counted, lent and borrowed
+-- when only the units changed (the rule's limit, an override, a penalty),
+-- at the new limit's static share, as the guard's own scripts carry a
+-- counter over a limit change; with another kind or window it is started
+-- afresh. Either is the carve-out of a limit changed mid-window.
 --
 -- The state x is a table: st (the ledger as rg_load reads it, pruned to
 -- now), lim, kind, log, add (units charged but not yet written: a peek
@@ -70,8 +73,17 @@ local function read(key, now, g, kind, L, W, S)
   local x = { key = key, log = key .. ':log', kind = kind, W = W, lim = lim, add = 0, dirty = false }
   local st = rg_load(key)
   if st.lim and st.lim ~= lim then
-    redis.call('DEL', key, x.log)
-    st = rg_load(key)
+    local k0, _, w0 = string.match(st.lim, '^(%d+):(%d+):(%d+)$')
+    if tonumber(k0) == kind and tonumber(w0) == W then
+      -- Only the units changed (the rule's limit, an override, a
+      -- penalty): what the region admitted, lent and borrowed stays, at
+      -- the new limit's static share.
+      st.lim, st.static = lim, S
+      x.dirty = true
+    else
+      redis.call('DEL', key, x.log)
+      st = rg_load(key)
+    end
   end
   x.st = st
   if not st.lim then

@@ -138,3 +138,46 @@ func TestGateRefundOnCluster(t *testing.T) {
 		})
 	}
 }
+
+// TestGateLimitChangeCarriesOver: a global counter whose limit changes
+// (an override, a penalty, a tier: the same counter under another limit)
+// keeps what its region admitted: alternating limits never start it
+// afresh, so the region admits at most its share of the larger one.
+func TestGateLimitChangeCarriesOver(t *testing.T) {
+	client := startRedis(t)
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2")
+	g := newGate(t, client, cfg, fleet, time.Minute)
+	for i, kind := range kinds {
+		t.Run(kind.String(), func(t *testing.T) {
+			name := fmt.Sprintf("tg{g:change%d}r", i)
+			small := regions.Limit{Kind: kind, Units: 10, Window: 3_600_000_000} // a share of 5
+			large := small
+			large.Units = 12 // a share of 6
+			admitted := 0
+			for round := range 4 {
+				for _, lim := range []regions.Limit{small, large} {
+					for range 10 {
+						a, _, err := g.check(ctx, name, lim, 1, 0, 0)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if a.Allowed {
+							admitted++
+						}
+					}
+				}
+				// A bucket's capacity that grows fills at its rate (here 6
+				// an hour): it brings no tokens.
+				want := 6
+				if kind == regions.Bucket {
+					want = 5
+				}
+				if admitted != want {
+					t.Fatalf("round %d: %d admitted under limits alternating between 10 and 12, want %d", round, admitted, want)
+				}
+			}
+		})
+	}
+}
