@@ -574,6 +574,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 				Cost:      c,
 				Shadow:    rule.Shadow,
 				Strict:    rule.Strict,
+				Ledger:    rr.ledger,
 			},
 		})
 	}

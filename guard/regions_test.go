@@ -8,9 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/memstore"
+	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
+	"github.com/tollgate/tollgate/internal/regions"
+)
+
+// The regions of the tests' rules (eu and us, equal weights), as a
+// region's agent holds them.
+var (
+	regionsConfig = regions.Config{}.WithDefaults()
+	regionsFleet  = regions.EqualFleet("eu", "us")
 )
 
 // regionAlgorithms are the algorithms' parameters, L = 7 per 500 ms (a
@@ -47,19 +58,20 @@ func TestGlobalRuleAcrossRegions(t *testing.T) {
 				rule := "rules:\n  - id: r\n    match: {}\n    regions: " + regionsMode + "\n    " + alg + "\n"
 				rs := mustRules(t, fleet+rule)
 				ctx := context.Background()
-				store := func() guard.Store {
+				clients := []redis.UniversalClient{newRedisClient(t), newRedisClient(t)}
+				store := func(i int) guard.Store {
 					if !leases {
-						return newRedisStore(t)
+						return newStoreOn(t, clients[i])
 					}
 					// The local fast path: leases and the negative cache
 					// against the share.
-					s := lease.New(newRedisStore(t))
+					s := lease.New(newStoreOn(t, clients[i]))
 					t.Cleanup(func() { s.Close() })
 					return s
 				}
 				regions := []*guard.Guard{
-					mustGuard(t, store(), rs, guard.WithRegion("eu")),
-					mustGuard(t, store(), rs, guard.WithRegion("us")),
+					mustGuard(t, store(0), rs, guard.WithRegion("eu")),
+					mustGuard(t, store(1), rs, guard.WithRegion("us")),
 				}
 				type admission struct {
 					at     int64
@@ -113,8 +125,16 @@ func TestGlobalRuleAcrossRegions(t *testing.T) {
 					}
 					return
 				}
-				// The judge: one region alone with the whole limit.
-				whole := mustRules(t, rule)
+				// The judge: one region alone with the whole limit. Across
+				// regions a sliding window is exact (the share ledger keeps
+				// every admission of the trailing window): at most L in
+				// every interval of the window's length, the log's rule.
+				judged := rule
+				if name == "sliding_window_counter" {
+					judged = strings.Replace(rule, "sliding_window_counter", "sliding_window_log", 1)
+					judged = strings.Replace(judged, "\n    precision: 4", "", 1)
+				}
+				whole := mustRules(t, judged)
 				var now int64
 				judge := mustGuard(t, memstore.New(memstore.WithClock(func() int64 { return now })), whole)
 				for k, a := range admitted {
@@ -129,6 +149,18 @@ func TestGlobalRuleAcrossRegions(t *testing.T) {
 				}
 				if len(admitted) < 7 {
 					t.Fatalf("only %d admitted in 2.5 windows", len(admitted))
+				}
+				// Each region decided against its share ledger, where the
+				// region's agent gives and receives loans.
+				for i, region := range []string{"eu", "us"} {
+					st, err := regionstore.New(clients[i], regionsConfig, regionsFleet, region)
+					if err != nil {
+						t.Fatal(err)
+					}
+					name := regions[i].CounterNames(req)[0]
+					if _, ok, err := st.Inspect(ctx, name, time.Now().UnixMicro()); err != nil || !ok {
+						t.Fatalf("region %s: no share ledger for %s (%v): the rule was not decided against it", region, name, err)
+					}
 				}
 			})
 		}
@@ -184,7 +216,11 @@ func TestGlobalRuleShareOfZero(t *testing.T) {
 // not.
 func TestGrownShareLiftsNegativeCache(t *testing.T) {
 	t.Parallel()
-	rs := mustRules(t, "regions: [{name: eu}, {name: us}]\nrules:\n  - id: r\n    match: {}\n    regions: global\n    algorithm: fixed_window\n    limit: 4\n    window: 1m\n")
+	// One region holding half of every global limit: no other region to
+	// lend to or borrow from, so no share ledger; the share table moves
+	// the share (with several regions the ledger does, and a received
+	// loan lifts the cache: TestLoanMovesUnitsBetweenRegions).
+	rs := mustRules(t, "regions: [{name: eu, weight: 0.5}]\nrules:\n  - id: r\n    match: {}\n    regions: global\n    algorithm: fixed_window\n    limit: 4\n    window: 1m\n")
 	fast := lease.New(newRedisStore(t))
 	t.Cleanup(func() { fast.Close() })
 	g := mustGuard(t, fast, rs, guard.WithRegion("eu"))
@@ -206,7 +242,7 @@ func TestGrownShareLiftsNegativeCache(t *testing.T) {
 		}
 	}
 	if admitted != 2 {
-		t.Fatalf("%d admitted against a static share of 2 (of 4, two regions)", admitted)
+		t.Fatalf("%d admitted against a static share of 2 (half of 4)", admitted)
 	}
 	if fast.Stats().Negative == 0 {
 		t.Fatal("the negative cache answered nothing: the test would not show it lifted")

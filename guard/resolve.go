@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/regions"
 )
 
 // DefaultResolutionCache is the default number of resolutions the guard
@@ -55,6 +56,9 @@ type resolvedRule struct {
 	limit  int64
 	window int64 // params.PolicyWindow
 	name   string
+	// ledger: a global rule's counter decided against the region's share
+	// ledger (Counter.Ledger); nil for every other.
+	ledger *Ledger
 }
 
 // cacheIP is the client address a resolution depends on: the request's
@@ -160,7 +164,14 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, s
 			rr.name = g.counterName(rule, &mreq)
 			rr.limit = rr.params.Limit
 			if rule.Regions == rules.RegionsGlobal {
-				rr.params = regionShare(rs, g.region, st, rr.name, rr.params)
+				// Decided against the share ledger, the counter's limit
+				// in the headers is the static share; otherwise the share
+				// table's entry or the static share is the limit.
+				if rr.ledger = regionLedger(rs, g.region, rule.Algorithm, rr.params); rr.ledger != nil {
+					rr.params.Limit = rr.ledger.Static
+				} else {
+					rr.params = regionShare(rs, g.region, st, rr.name, rr.params)
+				}
 			}
 			rr.window = rr.params.PolicyWindow(rule.Algorithm)
 		}
@@ -181,6 +192,43 @@ func regionShare(rs *rules.Ruleset, region string, st *shareTable, name string, 
 	p.Limit = rs.RegionShare(region, p.Limit)
 	return p
 }
+
+// regionLedger is the share ledger a global rule's counter is decided
+// against when the rules list more than one region: p's whole limit and
+// the region's static share of it, with the regions' default skew bound
+// and period. It is nil for a single region (the rule is then a regional
+// one) and for a limit too large for the ledger's exact arithmetic (units
+// × window at or above 2^51 µs: an hourly bucket above 625,000 units),
+// which then runs at the region's static share without loans.
+func regionLedger(rs *rules.Ruleset, region string, alg rules.Algorithm, p rules.Params) *Ledger {
+	if len(rs.Regions()) < 2 {
+		return nil
+	}
+	cfg := regions.Config{}.WithDefaults()
+	lim := regions.Limit{Kind: regions.FixedWindow, Units: p.Limit, Window: p.Window}
+	switch {
+	case alg.Bucket():
+		lim.Kind = regions.Bucket
+		if p.FullDen <= 0 {
+			return nil
+		}
+		// The full-refill time, rounded up: the share refills no faster.
+		lim.Window = p.FullNum/p.FullDen + min(1, p.FullNum%p.FullDen)
+	case alg != rules.FixedWindow:
+		lim.Kind = regions.SlidingWindow
+	}
+	if lim.Validate(cfg) != nil || lim.Units > 1<<52 || lim.Kind == regions.Bucket && lim.Units > maxLedgerUnitTime/lim.Window {
+		return nil
+	}
+	return &Ledger{
+		Region: region, Limit: lim.Units, Static: rs.RegionShare(region, lim.Units),
+		Window: lim.Window, Skew: cfg.Skew, Period: cfg.Period,
+	}
+}
+
+// maxLedgerUnitTime bounds a ledger's units × window (µs), where its
+// arithmetic stays exact (regionstore.MaxBucketUnitTime).
+const maxLedgerUnitTime = 1 << 51
 
 // expires makes r valid no later than exp (Unix µs; 0: never expires).
 func (r *resolution) expires(exp int64) {

@@ -19,7 +19,10 @@ func (t *shareTable) get(name string) (int64, bool) {
 // a `regions: global` rule (Counter.Name, as CounterNames gives them), the
 // units this region may admit against instead of its static share of the
 // rule's limit (never more than the limit; a bucket's rate follows its
-// capacity). Counters not named run at their static share. The guard takes
+// capacity). Counters not named run at their static share. A counter
+// decided against the region's share ledger (Counter.Ledger: the rules
+// list more than one region) ignores the table: its share is the
+// ledger's, which moves with the loans the region gives and receives. The guard takes
 // shares over: the caller must not modify it afterwards. Decisions see the
 // new table whole, from the next request on, without a lock: the table is
 // published copy-on-write, and cached resolutions made under another

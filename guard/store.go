@@ -91,6 +91,31 @@ type Counter struct {
 	// Token (OpCheck, OpReturn): a local fast path returning what it did
 	// not use. 0 for none.
 	Return int64
+	// Ledger, when not nil, asks the store to decide the counter against
+	// the region's share ledger of a `regions: global` rule (the rules
+	// list more than one region): the share plus the loans received less
+	// the loans given, kept in the region's Redis beside the counter
+	// (redisstore). A store without ledgers (memstore) decides it as any
+	// counter, at Params (the region's share).
+	Ledger *Ledger
+}
+
+// Ledger is what a store needs to decide a counter against the region's
+// share ledger (Counter.Ledger). It is the same for every call of a
+// counter under one ruleset.
+type Ledger struct {
+	// Region is the region's name: the ledger of counter c is kept as
+	// c.Name + ":region:" + Region.
+	Region string
+	// Limit is the rule's whole limit (a bucket: its capacity) and Static
+	// the region's static share of it.
+	Limit, Static int64
+	// Window is the window in µs (fixed and sliding windows) or a
+	// bucket's full-refill time, rounded up to a whole µs.
+	Window int64
+	// Skew is the regions' clock skew bound and Period the period of
+	// loans, both in µs.
+	Skew, Period int64
 }
 
 // CounterID is a counter's identity: the rule's part (its tag)
@@ -220,8 +245,9 @@ type Invalidator interface {
 // named counters only (Counter.Name), after another process changed them in the
 // store: reset (true: a lease of theirs vanished with them, and is dropped
 // without giving its units back, which would come off the fresh counter)
-// or granted quota (false: the negative cache no longer holds). It must not
-// block.
+// or granted quota, or a global counter's share grew with a loan (false:
+// the negative cache no longer holds, and a lease is dropped, its unused
+// units given back). It must not block.
 type Forgetter interface {
 	Forget(reset bool, names []string)
 }

@@ -291,6 +291,7 @@ type lease struct {
 
 	alg     rules.Algorithm
 	params  rules.Params
+	ledger  *guard.Ledger // a global rule's share ledger: its units go back there
 	epoch   uint64
 	until   int64 // local µs: usable before
 	granted int64
@@ -701,7 +702,7 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 	s.granted.Add(r.Leased)
 	until := min(recv+jittered(s.lifetime(c)), s.windowEnd(c, t, send))
 	l := &lease{
-		alg: c.Algorithm, params: c.Params, epoch: epoch,
+		alg: c.Algorithm, params: c.Params, ledger: c.Ledger, epoch: epoch,
 		until: until, granted: r.Leased, token: r.Token,
 		rem: r.Remaining, resetAt: recv + r.ResetAfter, nextAt: recv + r.NextAfter,
 		t: t, recv: recv,
@@ -807,7 +808,7 @@ func (s *Store) windowEnd(c *guard.Counter, t, send int64) int64 {
 
 // forget drops local state after a reset (the counters' leases vanished
 // with them in Redis) or a quota grant (the negative cache no longer
-// holds).
+// holds; leases are given back).
 func (s *Store) forget(op guard.Op, counters []guard.Counter) {
 	for i := range counters {
 		s.forgetName(op == guard.OpReset, counters[i].Name)
@@ -816,8 +817,9 @@ func (s *Store) forget(op guard.Op, counters []guard.Counter) {
 
 // Forget implements guard.Forgetter: the named counters were reset (their
 // leases are dropped, their units not given back: they would come off the
-// fresh counter) or granted quota (their negative cache is dropped) by
-// another process.
+// fresh counter) or granted quota, or a global counter's share grew (their
+// negative cache is dropped, and their leases, whose unused units are
+// given back in the background) by another process.
 func (s *Store) Forget(reset bool, names []string) {
 	for _, name := range names {
 		s.forgetName(reset, name)
@@ -830,11 +832,17 @@ func (s *Store) forgetName(reset bool, name string) {
 		return
 	}
 	e.last.Store(nil)
-	if reset {
-		if l := e.lease.Swap(nil); l != nil {
-			e.leaseHits.Add(l.hits.Load())
-			l.close()
-		}
+	l := e.lease.Swap(nil)
+	if l == nil {
+		return
+	}
+	e.leaseHits.Add(l.hits.Load())
+	// After a reset the lease's units vanished with the counter; after a
+	// grant (or a global counter's share grown by a loan) they are still
+	// charged, and what is unused goes back, so that the next request is
+	// decided by the store against the counter as it is now.
+	if left := l.close(); left > 0 && !reset {
+		s.giveBackLater(returnOf(e.name, l, left))
 	}
 }
 
@@ -853,7 +861,7 @@ func (s *Store) retire(e *entry) {
 
 // returnOf is the counter that gives back units of lease l.
 func returnOf(name string, l *lease, units int64) guard.Counter {
-	return guard.Counter{Name: name, Algorithm: l.alg, Params: l.params, Token: l.token, Return: units}
+	return guard.Counter{Name: name, Algorithm: l.alg, Params: l.params, Ledger: l.ledger, Token: l.token, Return: units}
 }
 
 // giveBackLater queues a return for the sweep.

@@ -196,8 +196,9 @@ func ioError(err error) error {
 type pcall struct {
 	ctx      context.Context
 	deadline time.Time
-	cmd      []byte // EVALSHA, RESP-encoded
-	tail     int    // where cmd's numkeys begins (appendEval)
+	cmd      []byte  // EVALSHA, RESP-encoded
+	script   *Script // the script cmd calls
+	tail     int     // where cmd's numkeys begins (appendEval)
 	out      []guard.CounterResult
 	now      int64
 	admitted bool
@@ -322,7 +323,7 @@ func (s *Store) sendPipe(cn *conn, batch []*pcall) *conn {
 		// Redis); the calls did not run. EVAL loads it.
 		cn.w = cn.w[:0]
 		for _, c := range retry {
-			cn.w = appendEval(cn.w, s.script.Source, c.cmd, c.tail)
+			cn.w = appendEval(cn.w, c.script.Source, c.cmd, c.tail)
 		}
 		var again bool
 		retry, again, ok = s.exchange(cn, retry)

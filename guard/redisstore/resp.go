@@ -44,7 +44,7 @@ func hasPrefix(err error, p string) bool {
 // command's tail (numkeys, KEYS, ARGV) begins, from which appendEval
 // builds the EVAL of the same call.
 func appendScriptCall(b []byte, sha string, op guard.Op, now, margin int64, counters []guard.Counter) ([]byte, int) {
-	b = appendHeader(b, 2+scriptargs.Len(len(counters)))
+	b = appendHeader(b, 2+scriptargs.LenOf(counters))
 	b = scriptargs.AppendBulk(b, "EVALSHA")
 	b = scriptargs.AppendBulk(b, sha)
 	tail := len(b)

@@ -32,6 +32,12 @@
 // primary are affected, and pipelines are split by primary so a hung node
 // never holds the calls of the others.
 //
+// A call holding a counter of a `regions: global` rule decided against
+// the region's share ledger (guard.Counter.Ledger) goes to the region
+// script instead (RegionScript: the same script with the ledger's files
+// and lua/gate.lua), so that calls without one run exactly as without
+// regions.
+//
 // A Redis that restarts empty, or a replica promoted before it had every
 // write, has lost counters: a missing counter is a full one, so those keys
 // start with their whole limit again. Scripts are reloaded on NOSCRIPT.
@@ -93,6 +99,7 @@ type Store struct {
 	client  redis.UniversalClient
 	prefix  string
 	script  Script
+	region  Script // calls holding a ledger counter (RegionScript)
 	cluster bool
 	cc      *redis.ClusterClient // when cluster
 	nodes   nodes
@@ -176,6 +183,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		client:  client,
 		prefix:  "tg",
 		script:  decideScript,
+		region:  regionScript,
 		timeout: 50 * time.Millisecond,
 		margin:  1000,
 		idle:    idleCheck,
@@ -216,7 +224,18 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	return s
 }
 
-var decideScript = DecideScript()
+var (
+	decideScript = DecideScript()
+	regionScript = RegionScript()
+)
+
+// scriptFor is the script deciding counters.
+func (s *Store) scriptFor(counters []guard.Counter) *Script {
+	if scriptargs.Ledger(counters) != nil {
+		return &s.region
+	}
+	return &s.script
+}
 
 // Close stops the batching goroutines and waits for them. Calls in flight
 // finish; later calls get ErrClosed. It does not close the client. Close is
@@ -251,7 +270,8 @@ func (s *Store) doPipe(ctx context.Context, op guard.Op, now int64, counters []g
 	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
 		c.deadline = d
 	}
-	c.cmd, c.tail = appendScriptCall(c.cmd[:0], s.script.SHA, op, now, s.margin, counters)
+	c.script = s.scriptFor(counters)
+	c.cmd, c.tail = appendScriptCall(c.cmd[:0], c.script.SHA, op, now, s.margin, counters)
 	if cap(c.out) < len(counters) {
 		c.out = make([]guard.CounterResult, len(counters))
 	}
@@ -368,11 +388,16 @@ func (s *Store) BreakerStates() []BreakerState { return s.nodes.states() }
 func (s *Store) Load(ctx context.Context) error {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.ScriptLoad(ctx, s.script.Source).Err()
+			if err := c.ScriptLoad(ctx, s.script.Source).Err(); err != nil {
+				return err
+			}
+			return c.ScriptLoad(ctx, s.region.Source).Err()
 		})
 	}
-	if err := s.client.ScriptLoad(ctx, s.script.Source).Err(); err != nil {
-		return fmt.Errorf("redisstore: script load: %w", err)
+	for _, sc := range []*Script{&s.script, &s.region} {
+		if err := s.client.ScriptLoad(ctx, sc.Source).Err(); err != nil {
+			return fmt.Errorf("redisstore: script load: %w", err)
+		}
 	}
 	return nil
 }
@@ -647,12 +672,13 @@ func (s *Store) evalOn(ctx context.Context, n *node, op guard.Op, now int64, cou
 		return 0, false, ErrBreakerOpen
 	}
 	keys, args := scriptargs.Build(op, now, s.margin, counters)
+	sc := s.scriptFor(counters)
 	var reply any
 	var err error
 	if s.queue != nil {
-		reply, err = s.enqueue(ctx, n, keys, args)
+		reply, err = s.enqueue(ctx, n, sc, keys, args)
 	} else {
-		reply, err = s.run(ctx, keys, args)
+		reply, err = s.run(ctx, sc, keys, args)
 	}
 	n.record(err)
 	if err != nil {
@@ -679,15 +705,15 @@ func markReturned(counters []guard.Counter, res []guard.CounterResult) {
 }
 
 // run sends one script call, retrying only where it surely did not run.
-func (s *Store) run(ctx context.Context, keys []string, args []any) (any, error) {
+func (s *Store) run(ctx context.Context, sc *Script, keys []string, args []any) (any, error) {
 	s.calls.Add(1)
-	v, err := s.process(ctx, s.client, "evalsha", s.script.SHA, keys, args)
+	v, err := s.process(ctx, s.client, "evalsha", sc.SHA, keys, args)
 	for attempt := 0; err != nil && attempt < 2 && retriable(err); attempt++ {
 		if isNoScript(err) {
-			v, err = s.process(ctx, s.client, "eval", s.script.Source, keys, args)
+			v, err = s.process(ctx, s.client, "eval", sc.Source, keys, args)
 			continue
 		}
-		v, err = s.process(ctx, s.client, "evalsha", s.script.SHA, keys, args)
+		v, err = s.process(ctx, s.client, "evalsha", sc.SHA, keys, args)
 	}
 	return v, err
 }
@@ -734,6 +760,7 @@ func scriptCmd(ctx context.Context, name, script string, keys []string, args []a
 type call struct {
 	ctx   context.Context
 	node  *node
+	sc    *Script
 	keys  []string
 	args  []any
 	reply any
@@ -743,9 +770,9 @@ type call struct {
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-func (s *Store) enqueue(ctx context.Context, n *node, keys []string, args []any) (any, error) {
+func (s *Store) enqueue(ctx context.Context, n *node, sc *Script, keys []string, args []any) (any, error) {
 	c := callPool.Get().(*call)
-	c.ctx, c.node, c.keys, c.args, c.reply, c.err = ctx, n, keys, args, nil, nil
+	c.ctx, c.node, c.sc, c.keys, c.args, c.reply, c.err = ctx, n, sc, keys, args, nil, nil
 	select {
 	case s.queue <- c:
 	case <-ctx.Done():
@@ -869,7 +896,7 @@ func (s *Store) sendByNode(live []*call) {
 func (s *Store) send(live []*call) {
 	if len(live) == 1 {
 		c := live[0]
-		c.reply, c.err = s.run(c.ctx, c.keys, c.args)
+		c.reply, c.err = s.run(c.ctx, c.sc, c.keys, c.args)
 		c.done <- struct{}{}
 		return
 	}
@@ -887,14 +914,14 @@ func (s *Store) send(live []*call) {
 	pipe := s.client.Pipeline()
 	cmds := make([]noRetryCmd, len(live))
 	for i, c := range live {
-		cmds[i] = scriptCmd(ctx, "evalsha", s.script.SHA, c.keys, c.args)
+		cmds[i] = scriptCmd(ctx, "evalsha", c.sc.SHA, c.keys, c.args)
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range live {
 		c.reply, c.err = cmds[i].Result()
 		if c.err != nil && retriable(c.err) {
-			c.reply, c.err = s.run(ctx, c.keys, c.args)
+			c.reply, c.err = s.run(ctx, c.sc, c.keys, c.args)
 		}
 		c.done <- struct{}{}
 	}

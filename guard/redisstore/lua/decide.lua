@@ -9,7 +9,9 @@
 -- ARGV[3]  TTL margin in ms added to every key's expiry
 -- then 10 values per counter i, starting at ARGV[4 + 10*(i-1)]:
 --   algorithm (1 token_bucket, 2 gcra, 3 fixed_window,
---              4 sliding_window_counter, 5 sliding_window_log),
+--              4 sliding_window_counter, 5 sliding_window_log; 6 a global
+--              rule's share ledger, only in the region script: gate.lua,
+--              whose calls end with two more values after the counters),
 --   cost (units; add quota: units to give back),
 --   shadow (1 = shadow counter),
 --   token: the charge to refund (op 6) or the lease to give units of back
@@ -57,6 +59,8 @@
 --   write(key, g, x, y, now, margin, a, b, c, d): store the state
 --   figures(x, y, now, cost, a, b, c, d) -> remaining, reset after,
 --     next after, retry after
+--   clear(key, now, a, b, c, d), optional: what a reset does instead of
+--     deleting the key (gate.lua keeps a ledger's loans)
 --
 -- Slim paths: a check (op 1) of one enforced counter that gives no lease
 -- units back — the common call — is decided on plain locals; a check of
@@ -77,6 +81,9 @@ local function algorithm(code)
     return swc_parts()
   elseif code == 5 then
     return swl_parts()
+  elseif code == 6 then
+    -- only in the region script (gate.lua)
+    return gate_parts()
   end
   error('unknown algorithm code ' .. tostring(code))
 end
@@ -170,9 +177,9 @@ local function parts(code)
   if p then
     return p
   end
-  local read, fits, room, charge, sub, refund, write, figures = algorithm(code)
+  local read, fits, room, charge, sub, refund, write, figures, clear = algorithm(code)
   p = { read = read, fits = fits, room = room, charge = charge, sub = sub,
-    refund = refund, write = write, figures = figures }
+    refund = refund, write = write, figures = figures, clear = clear }
   if code == 1 or code == 2 then
     made[1], made[2] = p, p
   end
@@ -197,7 +204,12 @@ end
 local admitted = true
 if op == 4 then
   for i = 1, #cs do
-    redis.call('DEL', cs[i].key)
+    local c = cs[i]
+    if c.p.clear then
+      c.p.clear(c.key, now, c.a, c.b, c.c, c.d)
+    else
+      redis.call('DEL', c.key)
+    end
   end
 end
 for i = 1, #cs do

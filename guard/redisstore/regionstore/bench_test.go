@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
+	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/regions"
 )
 
@@ -88,4 +90,84 @@ func usecPerCall(info, cmd string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// BenchmarkGateCheck is the gateway's decision of a global counter (one
+// guard check, cost 1, through the guard's region script, with Redis
+// TIME), per kind, the counter holding one loan given and one received;
+// "regional" is the same check of a regional counter (the guard's usual
+// script) for comparison. redis-µs/op is the script's own time in Redis
+// (INFO commandstats).
+//
+//	go test -run '^$' -bench BenchmarkGateCheck -benchtime 2s ./guard/redisstore/regionstore/
+func BenchmarkGateCheck(b *testing.B) {
+	client := startRedis(b)
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2", "r3")
+	store, err := regionstore.New(client, cfg, fleet, "r1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := newGate(b, client, cfg, fleet, time.Second)
+	runs := 0
+	for _, lim := range []regions.Limit{
+		{Kind: regions.FixedWindow, Units: 1_000_000, Window: 60_000_000},
+		{Kind: regions.SlidingWindow, Units: 1_000_000, Window: 60_000_000},
+		{Kind: regions.Bucket, Units: 1_000_000, Window: 60_000_000},
+		{}, // regional
+	} {
+		name := lim.Kind.String()
+		if lim.Units == 0 {
+			name = "regional"
+		}
+		b.Run(name, func(b *testing.B) {
+			runs++
+			counter := fmt.Sprintf("tg{g:gate-%s-%d}bench", name, runs)
+			var c guard.Counter
+			if lim.Units == 0 {
+				c = guard.Counter{Name: counter, Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 1_000_000, Window: 60_000_000}, Cost: 1}
+			} else {
+				c = g.counter(counter, lim, 1, 0)
+				now := time.Now().UnixMicro()
+				slot := now / cfg.Period
+				if lim.Kind == regions.FixedWindow {
+					slot = now / lim.Window
+				}
+				id := func(n uint64) regions.LoanID { return regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: n} }
+				give := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{ID: id(1), Counter: counter, Limit: lim,
+					From: "r1", To: "r2", Units: 1000, First: slot, Last: slot + 100}}
+				if _, _, err := store.Give(ctx, give, 0, now); err != nil {
+					b.Fatal(err)
+				}
+				in := &regions.Transfer{Loan: regions.Loan{ID: id(2), Counter: counter, Limit: lim,
+					From: "r3", To: "r1", Units: 1000, First: slot, Last: slot + 100}}
+				if _, _, err := store.Receive(ctx, in, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cs := []guard.Counter{c}
+			res := make([]guard.CounterResult, 1)
+			if err := client.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if _, err := g.store.Do(ctx, guard.OpCheck, 0, cs, res); err != nil {
+					b.Fatal(err)
+				}
+				if !res[0].Allowed {
+					b.Fatal("rejected")
+				}
+			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if us, ok := usecPerCall(info, "evalsha"); ok {
+				b.ReportMetric(us, "redis-µs/op")
+			}
+		})
+	}
 }

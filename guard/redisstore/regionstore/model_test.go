@@ -126,6 +126,10 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Admissions go, at random, through the store or through the guard's
+	// region script (as the gateways decide a global rule), at the same
+	// pinned time: both must answer as the Ledger.
+	gate := newGate(t, client, cfg, fleet, margin)
 	now := int64(1_763_000_000_000_000) + rng.Int64N(1_000_000_000)
 	pool := make([]*modelCounter, 6)
 	for i := range pool {
@@ -193,8 +197,26 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 				cost = mc.lim.Units + rng.Int64N(3)
 			}
 			what = fmt.Sprintf("admit %s cost %d", mc.name, cost)
-			got, gerr = store.Admit(ctx, mc.name, mc.lim, cost, now)
-			want, werr = ledger.Admit(mc.name, mc.lim, cost, now)
+			switch g := rng.IntN(3); {
+			case g == 0:
+				got, gerr = store.Admit(ctx, mc.name, mc.lim, cost, now)
+				want, werr = ledger.Admit(mc.name, mc.lim, cost, now)
+			default:
+				// The guard's check, asking for a lease half of the time:
+				// an admission of the cost and the units leased.
+				lease := int64(0)
+				if g == 2 {
+					lease = 1 + rng.Int64N(mc.lim.Units)
+				}
+				what = fmt.Sprintf("check %s cost %d lease %d", mc.name, cost, lease)
+				var leased int64
+				got, leased, gerr = gate.check(ctx, mc.name, mc.lim, cost, lease, now)
+				if a, ok := got.(regions.Admission); ok && a.Allowed {
+					want, werr = ledger.Admit(mc.name, mc.lim, cost+leased, now)
+				} else {
+					want, werr = ledger.Admit(mc.name, mc.lim, cost, now)
+				}
+			}
 			if a, ok := want.(regions.Admission); ok && a.Allowed {
 				admitted++
 			}

@@ -31,29 +31,80 @@ var opCodes = map[guard.Op]int64{
 	guard.OpReturn:   8,
 }
 
+// ledgerCode is the algorithm code of a counter decided against the
+// region's share ledger (lua/gate.lua).
+const ledgerCode = 6
+
+// LedgerSuffix joins a counter's name and the region's in its ledger's
+// key (regionstore's naming).
+const LedgerSuffix = ":region:"
+
+// Ledger reports whether some counter is decided against the region's
+// share ledger: the call then goes to the region script (lua/gate.lua),
+// and its ARGV ends with the skew bound and the period.
+func Ledger(counters []guard.Counter) *guard.Ledger {
+	for i := range counters {
+		if l := counters[i].Ledger; l != nil {
+			return l
+		}
+	}
+	return nil
+}
+
 // Build lays out KEYS and ARGV as lua/decide.lua reads them: op, the
 // decision time (0: Redis TIME), the TTL margin in ms, then ten values per
-// counter. The slices are new on every call.
+// counter, then, when a counter is decided against the share ledger, the
+// skew bound and the period. The slices are new on every call.
 func Build(op guard.Op, now, margin int64, counters []guard.Counter) ([]string, []any) {
 	keys := make([]string, len(counters))
-	args := make([]any, 0, 3+10*len(counters))
+	args := make([]any, 0, 5+10*len(counters))
 	args = append(args, opCodes[op], now, margin)
 	for i := range counters {
 		c := &counters[i]
 		keys[i] = c.Name
-		a, b, cc, d := Params(c.Algorithm, c.Params)
+		code, a, b, cc, d := counterParams(c)
+		if c.Ledger != nil {
+			keys[i] = c.Name + LedgerSuffix + c.Ledger.Region
+		}
 		shadow := int64(0)
 		if c.Shadow {
 			shadow = 1
 		}
-		args = append(args, algoCodes[c.Algorithm], c.Cost, shadow, c.Token, a, b, cc, d, c.Lease, c.Return)
+		args = append(args, code, c.Cost, shadow, c.Token, a, b, cc, d, c.Lease, c.Return)
+	}
+	if l := Ledger(counters); l != nil {
+		args = append(args, l.Skew, l.Period)
 	}
 	return keys, args
 }
 
-// Len is the number of values AppendRESP appends for n counters: numkeys,
-// the keys, and ARGV.
+// counterParams is a counter's algorithm code and its four parameters.
+func counterParams(c *guard.Counter) (code, a, b, cc, d int64) {
+	if l := c.Ledger; l != nil {
+		kind := int64(1) // fixed window
+		switch {
+		case c.Algorithm.Bucket():
+			kind = 3
+		case c.Algorithm != rules.FixedWindow:
+			kind = 2
+		}
+		return ledgerCode, kind, l.Limit, l.Window, l.Static
+	}
+	a, b, cc, d = Params(c.Algorithm, c.Params)
+	return algoCodes[c.Algorithm], a, b, cc, d
+}
+
+// Len is the number of values AppendRESP appends for n counters none of
+// which is decided against the share ledger: numkeys, the keys, and ARGV.
 func Len(n int) int { return 1 + n + 3 + 10*n }
+
+// LenOf is the number of values AppendRESP appends for counters.
+func LenOf(counters []guard.Counter) int {
+	if Ledger(counters) != nil {
+		return Len(len(counters)) + 2
+	}
+	return Len(len(counters))
+}
 
 // AppendRESP appends numkeys, KEYS and ARGV as Build lays them out, each a
 // RESP bulk string, to b: the tail of an EVAL or EVALSHA command whose
@@ -63,6 +114,10 @@ func Len(n int) int { return 1 + n + 3 + 10*n }
 func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Counter) []byte {
 	b = appendInt(b, int64(len(counters)))
 	for i := range counters {
+		if l := counters[i].Ledger; l != nil {
+			b = appendLedgerKey(b, counters[i].Name, l.Region)
+			continue
+		}
 		b = AppendBulk(b, counters[i].Name)
 	}
 	b = appendInt(b, opCodes[op])
@@ -70,12 +125,12 @@ func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Count
 	b = appendInt(b, margin)
 	for i := range counters {
 		c := &counters[i]
-		a, pb, pc, pd := Params(c.Algorithm, c.Params)
+		code, a, pb, pc, pd := counterParams(c)
 		shadow := int64(0)
 		if c.Shadow {
 			shadow = 1
 		}
-		b = appendInt(b, algoCodes[c.Algorithm])
+		b = appendInt(b, code)
 		b = appendInt(b, c.Cost)
 		b = appendInt(b, shadow)
 		b = AppendBulk(b, c.Token)
@@ -86,7 +141,23 @@ func AppendRESP(b []byte, op guard.Op, now, margin int64, counters []guard.Count
 		b = appendInt(b, c.Lease)
 		b = appendInt(b, c.Return)
 	}
+	if l := Ledger(counters); l != nil {
+		b = appendInt(b, l.Skew)
+		b = appendInt(b, l.Period)
+	}
 	return b
+}
+
+// appendLedgerKey appends a counter's ledger key as a RESP bulk string,
+// without building the string.
+func appendLedgerKey(b []byte, name, region string) []byte {
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(name)+len(LedgerSuffix)+len(region)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, name...)
+	b = append(b, LedgerSuffix...)
+	b = append(b, region...)
+	return append(b, '\r', '\n')
 }
 
 // AppendBulk appends s as a RESP bulk string.
