@@ -279,6 +279,32 @@ func p99(shots []shot) time.Duration {
 	return ds[min(len(ds)-1, int(math.Ceil(0.99*float64(len(ds))))-1)]
 }
 
+// regionsRun is one run of the scenario: the fleet, the client and the
+// summary the phases add to.
+type regionsRun struct {
+	ro  regionsOptions
+	f   *regionFleet
+	c   *http.Client
+	lim regions.Limit
+	L   float64 // the limit, for rates
+	sum *regionsSummary
+}
+
+// static is said of a figure that depends on shares following demand,
+// when they do not.
+const static = "static shares: the regions do not lend units in this build"
+
+// rate is k × L per second.
+func (r *regionsRun) rate(k float64) float64 { return k * r.L / r.ro.window.Seconds() }
+
+func (r *regionsRun) rotate(i int) int { return i % len(r.f.regions) }
+
+func (r *regionsRun) add(p phaseResult, shots []shot) {
+	p.Requests = len(shots)
+	p.Admitted, p.Errors, p.Degraded = tally(shots)
+	r.sum.Phases = append(r.sum.Phases, p)
+}
+
 // regionsScenario runs the regions scenario and writes its summary.
 func regionsScenario(ctx context.Context, o options, ro regionsOptions, log *slog.Logger, out io.Writer) (*regionsSummary, error) {
 	if ro.regions < 2 {
@@ -292,75 +318,90 @@ func regionsScenario(ctx context.Context, o options, ro regionsOptions, log *slo
 	if err != nil {
 		return nil, err
 	}
-	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
-	lim := regions.Limit{Kind: regions.FixedWindow, Units: ro.limit, Window: ro.window.Microseconds()}
-	L := float64(ro.limit)
-	n := len(f.regions)
-	sum := &regionsSummary{Regions: n, Limit: ro.limit, Window: ro.window.String(), Links: len(f.links)}
-	for _, r := range f.regions {
-		sum.Shares = append(sum.Shares, r.share)
+	r := &regionsRun{
+		ro: ro, f: f,
+		c:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
+		lim: regions.Limit{Kind: regions.FixedWindow, Units: ro.limit, Window: ro.window.Microseconds()},
+		L:   float64(ro.limit),
+		sum: &regionsSummary{Regions: len(f.regions), Limit: ro.limit, Window: ro.window.String(), Links: len(f.links)},
 	}
-	sum.SharesMode = "static: no region agent in this build, so shares do not follow demand"
+	for _, rg := range f.regions {
+		r.sum.Shares = append(r.sum.Shares, rg.share)
+	}
+	r.sum.SharesMode = "static: no region agent in this build, so shares do not follow demand"
 	if f.agent {
-		sum.SharesMode = "following demand (region agents and a coordinator)"
+		r.sum.SharesMode = "following demand (region agents and a coordinator)"
 	}
-	static := "static shares: the regions do not lend units in this build"
-	add := func(p phaseResult, shots []shot) {
-		p.Requests = len(shots)
-		p.Admitted, p.Errors, p.Degraded = tally(shots)
-		sum.Phases = append(sum.Phases, p)
+	for _, phase := range []func(context.Context) error{r.rotating, r.moving, r.split, r.partition, r.latency} {
+		if err := phase(ctx); err != nil {
+			return r.sum, err
+		}
 	}
-	rotate := func(i int) int { return i % n }
+	if ro.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return r.sum, enc.Encode(r.sum)
+	}
+	return r.sum, printRegions(out, r.sum)
+}
 
-	// 1. A client rotating the regions at 10 × L.
-	shots := drive(ctx, c, f, "sk_regions_rotating", 10*L/ro.window.Seconds(), ro.phase, rotate)
+// rotating is a client rotating the regions at 10 × L.
+func (r *regionsRun) rotating(ctx context.Context) error {
+	shots := drive(ctx, r.c, r.f, "sk_regions_rotating", r.rate(10), r.ro.phase, r.rotate)
 	if len(shots) == 0 {
-		return nil, ctx.Err()
+		return fmt.Errorf("regions: rotating client: %w", ctx.Err())
 	}
-	over := overAdmission(lim, shots)
-	add(phaseResult{Phase: "rotating client at 10 × L", Figure: "over-admission (exact judge)", Unit: "violations",
+	over := overAdmission(r.lim, shots)
+	r.add(phaseResult{Phase: "rotating client at 10 × L", Figure: "over-admission (exact judge)", Unit: "violations",
 		Value: b2f(over != ""), Target: "0", Met: over == "", Note: over}, shots)
+	return nil
+}
 
-	// 2. A client moving all its traffic from r1 to r2, at 2 × L.
-	half := ro.phase / 2
-	moved := time.Now().Add(half)
-	shots = drive(ctx, c, f, "sk_regions_moving", 2*L/ro.window.Seconds(), ro.phase, func(i int) int {
+// moving is a client moving all its traffic from r1 to r2 halfway
+// through the phase, at 2 × L: the part of L it gets in r2 in each period
+// after the move.
+func (r *regionsRun) moving(ctx context.Context) error {
+	moved := time.Now().Add(r.ro.phase / 2)
+	shots := drive(ctx, r.c, r.f, "sk_regions_moving", r.rate(2), r.ro.phase, func(int) int {
 		if time.Now().Before(moved) {
 			return 0
 		}
 		return 1
 	})
 	if len(shots) == 0 {
-		return nil, ctx.Err()
+		return fmt.Errorf("regions: moving client: %w", ctx.Err())
 	}
 	var fr []string
-	best := 0.0
 	within := 0.0
-	ws := fullWindows(moved, shots[len(shots)-1].sent, ro.window)
-	for k, w := range ws {
+	for k, w := range fullWindows(moved, shots[len(shots)-1].sent, r.ro.window) {
 		if k >= 4 {
 			break
 		}
-		v := float64(mayLieIn(shots, 1, w, ro.window)) / L
+		v := float64(mayLieIn(shots, 1, w, r.ro.window)) / r.L
 		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
-		best = max(best, v)
 		if k < 2 {
 			within = max(within, v)
 		}
 	}
 	note := "L available in r2 in each period after the move: " + strings.Join(fr, ", ")
-	if !f.agent {
+	if !r.f.agent {
 		note += "; " + static
 	}
-	add(phaseResult{Phase: "client moving r1 → r2 at 2 × L", Figure: "L available in r2 within 2 periods", Unit: "%",
+	r.add(phaseResult{Phase: "client moving r1 → r2 at 2 × L", Figure: "L available in r2 within 2 periods", Unit: "%",
 		Value: 100 * within, Target: "≥ 90 %", Met: within >= 0.9, Note: note}, shots)
+	return nil
+}
 
-	// 3. Traffic split 70/30 and 50/50 at 90 % of L: false rejections
-	// against one region holding the whole limit.
+// split is traffic split 70/30 and then 50/50 at 90 % of L: its false
+// rejections against one region holding the whole limit.
+func (r *regionsRun) split(ctx context.Context) error {
 	for _, split := range [][]int{{7, 3}, {5, 5}} {
 		pat := spreadPattern(split)
-		shots = drive(ctx, c, f, "sk_regions_split"+fmt.Sprint(split[0]), 0.9*L/ro.window.Seconds(), ro.phase, func(i int) int { return pat[i%len(pat)] })
-		ref := regions.NewJudge(lim)
+		shots := drive(ctx, r.c, r.f, "sk_regions_split"+fmt.Sprint(split[0]), r.rate(0.9), r.ro.phase, func(i int) int { return pat[i%len(pat)] })
+		if len(shots) == 0 {
+			return fmt.Errorf("regions: split traffic: %w", ctx.Err())
+		}
+		ref := regions.NewJudge(r.lim)
 		sorted := slices.Clone(shots)
 		slices.SortFunc(sorted, func(a, b shot) int { return a.sent.Compare(b.sent) })
 		var falseRej, requests int
@@ -375,62 +416,68 @@ func regionsScenario(ctx context.Context, o options, ro regionsOptions, log *slo
 		}
 		v := 100 * float64(falseRej) / float64(max(requests, 1))
 		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits", falseRej, requests)
-		if !f.agent {
+		if !r.f.agent {
 			note += "; " + static
 		}
-		add(phaseResult{Phase: fmt.Sprintf("split %d/%d at 90 %% of L", split[0]*10, split[1]*10), Figure: "false rejections",
+		r.add(phaseResult{Phase: fmt.Sprintf("split %d/%d at 90 %% of L", split[0]*10, split[1]*10), Figure: "false rejections",
 			Unit: "%", Value: v, Target: "≤ 1 %", Met: v <= 1, Note: note}, shots)
 	}
+	return nil
+}
 
-	// 4. A partition: every link stalled while the rotating client runs.
-	f.setLinks(linkproxy.Fault{Mode: linkproxy.Stall})
+// partition stalls every link while the rotating client runs: never above
+// L, and every region keeps its static share; then heals.
+func (r *regionsRun) partition(ctx context.Context) error {
+	r.f.setLinks(linkproxy.Fault{Mode: linkproxy.Stall})
 	start := time.Now()
-	shots = drive(ctx, c, f, "sk_regions_partition", 10*L/ro.window.Seconds(), ro.partition, rotate)
-	f.setLinks(linkproxy.Fault{})
+	shots := drive(ctx, r.c, r.f, "sk_regions_partition", r.rate(10), r.ro.partition, r.rotate)
+	r.f.setLinks(linkproxy.Fault{})
 	if len(shots) == 0 {
-		return nil, ctx.Err()
+		return fmt.Errorf("regions: partition: %w", ctx.Err())
 	}
-	over = overAdmission(lim, shots)
+	over := overAdmission(r.lim, shots)
 	keeps := 1.0
-	for _, w := range fullWindows(start, shots[len(shots)-1].sent, ro.window) {
-		for i, r := range f.regions {
-			if r.share > 0 {
-				keeps = min(keeps, float64(mayLieIn(shots, i, w, ro.window))/float64(r.share))
+	for _, w := range fullWindows(start, shots[len(shots)-1].sent, r.ro.window) {
+		for i, rg := range r.f.regions {
+			if rg.share > 0 {
+				keeps = min(keeps, float64(mayLieIn(shots, i, w, r.ro.window))/float64(rg.share))
 			}
 		}
 	}
-	note = fmt.Sprintf("the least a region admitted in a whole window (counting the admissions whose [sent, answered] reaches into it): %.0f %% of its static share", 100*keeps)
-	if len(f.links) == 0 {
+	note := fmt.Sprintf("the least a region admitted in a whole window (counting the admissions whose [sent, answered] reaches into it): %.0f %% of its static share", 100*keeps)
+	if len(r.f.links) == 0 {
 		note += "; no cross-region links in this build: nothing to cut"
 	}
-	add(phaseResult{Phase: fmt.Sprintf("partition of %v, rotating client at 10 × L", ro.partition), Figure: "over-admission (exact judge)",
+	phase := fmt.Sprintf("partition of %v, rotating client at 10 × L", r.ro.partition)
+	r.add(phaseResult{Phase: phase, Figure: "over-admission (exact judge)",
 		Unit: "violations", Value: b2f(over != ""), Target: "0", Met: over == "", Note: over}, shots)
-	add(phaseResult{Phase: fmt.Sprintf("partition of %v, rotating client at 10 × L", ro.partition), Figure: "each region keeps its static share",
+	r.add(phaseResult{Phase: phase, Figure: "each region keeps its static share",
 		Unit: "% of share", Value: 100 * keeps, Target: "≥ 100 %", Met: keeps >= 1, Note: note}, shots)
+	return nil
+}
 
-	// 5. Request p99 with and without latency on every link, the rotating
-	// client at L (every request answered: the path is the same for both).
-	base := drive(ctx, c, f, "sk_regions_fast", L/ro.window.Seconds(), ro.phase/2, rotate)
-	f.setLinks(linkproxy.Fault{Mode: linkproxy.Latency, Delay: ro.latency})
-	slow := drive(ctx, c, f, "sk_regions_slow", L/ro.window.Seconds(), ro.phase/2, rotate)
-	f.setLinks(linkproxy.Fault{})
+// latency is the request p99 with and without latency on every link, the
+// rotating client at L (every request answered, so both halves take the
+// same path).
+func (r *regionsRun) latency(ctx context.Context) error {
+	base := drive(ctx, r.c, r.f, "sk_regions_fast", r.rate(1), r.ro.phase/2, r.rotate)
+	r.f.setLinks(linkproxy.Fault{Mode: linkproxy.Latency, Delay: r.ro.latency})
+	slow := drive(ctx, r.c, r.f, "sk_regions_slow", r.rate(1), r.ro.phase/2, r.rotate)
+	r.f.setLinks(linkproxy.Fault{})
+	if ctx.Err() != nil {
+		return fmt.Errorf("regions: latency: %w", ctx.Err())
+	}
 	p0, p1 := p99(base), p99(slow)
 	// Unchanged: within half again, or 2 ms, of the p99 without: the
-	// machine's noise, not the links' 100 ms.
+	// machine's noise, not the links' latency.
 	ok := p1 <= p0+max(p0/2, 2*time.Millisecond)
-	note = fmt.Sprintf("p99 %.2f ms without, %.2f ms with %v on every link", ms(p0), ms(p1), ro.latency)
-	if len(f.links) == 0 {
+	note := fmt.Sprintf("p99 %.2f ms without, %.2f ms with %v on every link", ms(p0), ms(p1), r.ro.latency)
+	if len(r.f.links) == 0 {
 		note += "; no cross-region links in this build: nothing to slow"
 	}
-	add(phaseResult{Phase: fmt.Sprintf("%v added on every link", ro.latency), Figure: "request p99 with the latency",
+	r.add(phaseResult{Phase: fmt.Sprintf("%v added on every link", r.ro.latency), Figure: "request p99 with the latency",
 		Unit: "ms", Value: ms(p1), Target: fmt.Sprintf("unchanged (%.2f ms)", ms(p0)), Met: ok, Note: note}, append(base, slow...))
-
-	if ro.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return sum, enc.Encode(sum)
-	}
-	return sum, printRegions(out, sum)
+	return nil
 }
 
 // spreadPattern is a cycle of requests to regions in the proportions of
