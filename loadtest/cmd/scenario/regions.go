@@ -457,13 +457,17 @@ func (r *regionsRun) partition(ctx context.Context) error {
 }
 
 // latency is the request p99 with and without latency on every link, the
-// rotating client at L (every request answered, so both halves take the
-// same path).
+// rotating client at 80 % of L (every request admitted, so both take the
+// same path). The two alternate in four rounds, so that the machine's own
+// pauses fall on both alike.
 func (r *regionsRun) latency(ctx context.Context) error {
-	base := drive(ctx, r.c, r.f, "sk_regions_fast", r.rate(1), r.ro.phase/2, r.rotate)
-	r.f.setLinks(linkproxy.Fault{Mode: linkproxy.Latency, Delay: r.ro.latency})
-	slow := drive(ctx, r.c, r.f, "sk_regions_slow", r.rate(1), r.ro.phase/2, r.rotate)
-	r.f.setLinks(linkproxy.Fault{})
+	var base, slow []shot
+	for range 4 {
+		base = append(base, drive(ctx, r.c, r.f, "sk_regions_fast", r.rate(0.8), r.ro.phase/8, r.rotate)...)
+		r.f.setLinks(linkproxy.Fault{Mode: linkproxy.Latency, Delay: r.ro.latency})
+		slow = append(slow, drive(ctx, r.c, r.f, "sk_regions_slow", r.rate(0.8), r.ro.phase/8, r.rotate)...)
+		r.f.setLinks(linkproxy.Fault{})
+	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("regions: latency: %w", ctx.Err())
 	}
