@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"container/heap"
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 )
 
@@ -135,13 +137,20 @@ type Observed struct{ From, To, Cost int64 }
 // With From == To it judges exactly as Charge does. Sliding windows and
 // buckets take time quadratic in the number of admissions.
 func JudgeObserved(lim Limit, obs []Observed) error {
+	var total int64
 	for _, o := range obs {
 		if o.To < o.From || o.Cost < 0 {
 			return fmt.Errorf("regions: judge: admission [%d, %d] of cost %d is not an interval", o.From, o.To, o.Cost)
 		}
+		if o.From < -judgeMaxTime || o.To > judgeMaxTime {
+			return fmt.Errorf("regions: judge: admission [%d, %d] beyond ±%dµs", o.From, o.To, int64(judgeMaxTime))
+		}
+		if total += o.Cost; o.Cost > judgeMaxUnits || total > judgeMaxUnits {
+			return fmt.Errorf("regions: judge: more than %d units to judge", int64(judgeMaxUnits))
+		}
 	}
-	if lim.Window <= 0 {
-		return fmt.Errorf("regions: judge: window %dµs is not positive", lim.Window)
+	if lim.Window <= 0 || lim.Units < 0 || lim.Units > judgeMaxUnits {
+		return fmt.Errorf("regions: judge: a limit of %d per %dµs cannot be judged (a positive window, 0 to %d units)", lim.Units, lim.Window, int64(judgeMaxUnits))
 	}
 	switch lim.Kind {
 	case FixedWindow:
@@ -153,6 +162,13 @@ func JudgeObserved(lim Limit, obs []Observed) error {
 	}
 	return fmt.Errorf("regions: judge: unknown kind %d", lim.Kind)
 }
+
+// JudgeObserved's bounds: times within ±2^60 µs (differences fit an
+// int64), at most 2^40 units in all and per limit.
+const (
+	judgeMaxTime  = 1 << 60
+	judgeMaxUnits = 1 << 40
+)
 
 // pending is an admission still to be placed: the last window it may lie
 // in and the units not placed yet.
@@ -184,29 +200,30 @@ func judgeFixed(lim Limit, obs []Observed) error {
 	i := 0
 	var w int64
 	for i < len(spans) || h.Len() > 0 {
-		// The next window with something to place: the one after the
-		// window just placed while admissions wait (each may still go
-		// there: its last window is later), else the next admission's
-		// first.
-		if h.Len() > 0 {
-			w++
-		} else {
+		room := lim.Units
+		if h.Len() == 0 {
+			// Nothing waits: on to the next admission's first window.
 			w = spans[i].first
+		} else {
+			// Admissions wait, each with a later last window than w. The
+			// windows up to the first of those last windows, and before
+			// the next admission's first, take L each from the waiting
+			// ones in the order their intervals end: placed at once.
+			end := h[0].last
+			if i < len(spans) {
+				end = min(end, spans[i].first-1)
+			}
+			if k := end - w - 1; k > 0 {
+				h.place(satMul(k, lim.Units))
+				w += k
+			}
+			w++
 		}
 		for i < len(spans) && spans[i].first <= w {
 			heap.Push(&h, &pending{spans[i].last, spans[i].cost})
 			i++
 		}
-		room := lim.Units
-		for h.Len() > 0 && room > 0 {
-			p := h[0]
-			take := min(p.left, room)
-			p.left -= take
-			room -= take
-			if p.left == 0 {
-				heap.Pop(&h)
-			}
-		}
+		h.place(room)
 		if h.Len() > 0 && h[0].last <= w {
 			var over int64
 			for _, p := range h {
@@ -218,6 +235,35 @@ func judgeFixed(lim Limit, obs []Observed) error {
 		}
 	}
 	return nil
+}
+
+// place places room units on the waiting admissions, those whose
+// intervals end first first.
+func (h *pendingHeap) place(room int64) {
+	for h.Len() > 0 && room > 0 {
+		p := (*h)[0]
+		take := min(p.left, room)
+		p.left -= take
+		room -= take
+		if p.left == 0 {
+			heap.Pop(h)
+		}
+	}
+}
+
+// satMul is a × b for non-negative a and b, at most MaxInt64.
+func satMul(a, b int64) int64 {
+	if hi, lo := bits.Mul64(uint64(a), uint64(b)); hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return a * b
+}
+
+// mulGreater reports a × b > c × d for non-negative operands, exactly.
+func mulGreater(a, b, c, d int64) bool {
+	h1, l1 := bits.Mul64(uint64(a), uint64(b))
+	h2, l2 := bits.Mul64(uint64(c), uint64(d))
+	return h1 > h2 || h1 == h2 && l1 > l2
 }
 
 func judgeSliding(lim Limit, obs []Observed) error {
@@ -259,8 +305,9 @@ func judgeBucket(lim Limit, obs []Observed) error {
 			if k+1 < len(byTo) && byTo[k+1].To == e.To {
 				continue
 			}
-			// units × W against C·W + C·(e − s): exact integers.
-			if sum*lim.Window > lim.Units*lim.Window+lim.Units*(e.To-s.From) {
+			// sum × W > C·W + C·(e − s), that is (sum − C) × W > C × (e − s):
+			// exact, in 128 bits.
+			if sum > lim.Units && mulGreater(sum-lim.Units, lim.Window, lim.Units, e.To-s.From) {
 				return fmt.Errorf("%d units admitted in [%d, %d], bucket of capacity %d refilling in %dµs", sum, s.From, e.To, lim.Units, lim.Window)
 			}
 		}

@@ -1,7 +1,9 @@
 package regions
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -47,6 +49,10 @@ func TestJudgeObserved(t *testing.T) {
 		{"fixed: 2L across one boundary, each either side", fixed, obs(20, sec-50, sec+50), false},
 		{"fixed: 2L+1 across one boundary is caught", fixed, obs(21, sec-50, sec+50), true},
 		{"fixed: a cost of 3 counts 3", fixed, []Observed{{100, 200, 3}, {300, 400, 8}}, true},
+		{"fixed: one interval over 2^61 windows is placed at once", Limit{Kind: FixedWindow, Units: 1, Window: 1},
+			[]Observed{{-1 << 60, 1 << 60, 1 << 39}, {5, 5, 1}}, false},
+		{"fixed: a limit of 0 over 2^61 windows", Limit{Kind: FixedWindow, Units: 0, Window: 1},
+			[]Observed{{-1 << 60, 1 << 60, 1}}, true},
 		{"sliding: L in a window", sliding, obs(10, 100, 200), false},
 		{"sliding: L+1 that must lie in one window is caught", sliding, obs(11, 100, 200), true},
 		{"sliding: L+1 that can lie a window apart", sliding,
@@ -132,4 +138,53 @@ func TestJudgeAdmit(t *testing.T) {
 			t.Fatalf("Admit answers %v, want %v", got, want)
 		}
 	}
+}
+
+// FuzzJudgeObserved: any admissions and any limit get an answer or an
+// error, never a panic or a spin over the windows an interval spans; and
+// admissions at known instants are judged as Charge judges them.
+func FuzzJudgeObserved(f *testing.F) {
+	f.Add([]byte{1, 3, 10, 0, 5, 1, 0, 5, 1})
+	f.Add([]byte{2, 2, 100, 9, 9, 1, 10, 10, 1, 11, 11, 1})
+	f.Add([]byte{3, 1, 7, 0, 0, 2, 1, 1, 2})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := &fuzzReader{b: b}
+		lim := Limit{Kind: Kind(r.byte()%4 + 0), Units: r.int64(), Window: r.int64()}
+		var obs []Observed
+		for len(r.b) > 0 && len(obs) < 64 {
+			from, span, cost := r.int64(), r.int64(), r.int64()
+			if r.byte()%2 == 0 {
+				// Mostly small, so the checks below reach the judging.
+				from, span, cost = from%10_000, span%500, cost%4
+			}
+			obs = append(obs, Observed{From: from, To: from + span, Cost: cost})
+		}
+		_ = JudgeObserved(lim, obs)
+
+		// Small values at instants: the same answer as Charge.
+		small := Limit{Kind: Kind(uint64(lim.Kind)%3 + 1), Units: abs(lim.Units) % 8, Window: 1 + abs(lim.Window)%300}
+		var at []Observed
+		for _, o := range obs {
+			at = append(at, Observed{From: abs(o.From) % 5000, Cost: abs(o.Cost) % 3})
+			at[len(at)-1].To = at[len(at)-1].From
+		}
+		slices.SortFunc(at, func(a, b Observed) int { return cmp.Compare(a.From, b.From) })
+		j := NewJudge(small)
+		var charged error
+		for _, o := range at {
+			if err := j.Charge(o.From, o.Cost); err != nil && charged == nil {
+				charged = err
+			}
+		}
+		if got := JudgeObserved(small, at); (got != nil) != (charged != nil) {
+			t.Fatalf("%+v %v: JudgeObserved %v, Charge %v", small, at, got, charged)
+		}
+	})
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -(v + 1)
+	}
+	return v
 }
