@@ -97,7 +97,7 @@ bench: deps ## Go benchmarks (-benchmem, BENCHTIME=2s), then the EVALSHA ratio (
 	@grep '^summary' $(BIN_DIR)/evalbench.txt | sed 's/^/  /'
 
 SCENARIO ?= burst
-loadtest: deps ## Replay a scenario: SCENARIO=burst|zipf|hotkey start their own processes; SCENARIO=storm runs against `make run` (bin/stack.env)
+loadtest: deps ## Replay a scenario: SCENARIO=burst|zipf|hotkey|regions start their own processes; SCENARIO=storm runs against `make run` (bin/stack.env)
 	@mkdir -p $(BIN_DIR)
 ifeq ($(SCENARIO),storm)
 	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest

@@ -22,8 +22,9 @@ const keyControlsTick = time.Second
 // acts on a blocked key's counters as on any other. It is a
 // fleetkv.Handler, run by Follow on the control plane's goroutine.
 type keyControls struct {
-	c  *guard.Controls
-	es fleetkv.Entries
+	c     *guard.Controls
+	es    fleetkv.Entries
+	dirty bool // changes since the last publication
 }
 
 func newKeyControls() *keyControls {
@@ -41,11 +42,17 @@ func (k *keyControls) Change(c fleetkv.Change) {
 	if c.Bucket == tollgatev1.BucketRules {
 		return // the key guard follows the rules bucket itself
 	}
-	edit := k.es.Apply(c)
-	k.c.Update(func(cs *guard.ControlSet) {
-		edit(cs)
-		keyOnly(cs)
-	})
+	k.es.Apply(c) // recorded in the entries; Flush publishes them
+	k.dirty = true
+}
+
+// Flush implements fleetkv.Handler: a burst of changes is one
+// publication of the whole set.
+func (k *keyControls) Flush() {
+	if k.dirty {
+		k.dirty = false
+		k.c.Replace(keyOnly(k.es.ControlSet()))
+	}
 }
 
 // Tick implements fleetkv.Handler.

@@ -13,8 +13,8 @@ type Counter struct {
 	traffic Traffic
 	gen     int
 	next    int // the region a rotating client uses next
-	judge   *limiter
-	ref     *limiter
+	judge   *regions.Judge
+	ref     *regions.Judge
 	Stats   CounterStats
 	// OnDecision, when set, sees every decision the fleet makes for the
 	// counter: the region, and whether the fleet and the reference (one
@@ -49,7 +49,7 @@ func (s *Sim) AddCounter(name string, lim regions.Limit) (*Counter, error) {
 	if err := lim.Validate(s.cfg); err != nil {
 		return nil, fmt.Errorf("regionsim: counter %q: %w", name, err)
 	}
-	c := &Counter{Name: name, Limit: lim, judge: newLimiter(lim), ref: newLimiter(lim)}
+	c := &Counter{Name: name, Limit: lim, judge: regions.NewJudge(lim), ref: regions.NewJudge(lim)}
 	s.counters[name] = c
 	s.order = append(s.order, c)
 	return c, nil
@@ -147,7 +147,7 @@ func (s *Sim) request(c *Counter, i int) {
 		return
 	}
 	const cost = 1
-	refOK := c.ref.admit(s.now, cost)
+	refOK := c.ref.Admit(s.now, cost)
 	a, err := r.ledger.Admit(s.ctx, c.Name, c.Limit, cost, s.local(r))
 	if err != nil {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
@@ -157,7 +157,7 @@ func (s *Sim) request(c *Counter, i int) {
 	if a.Allowed {
 		s.stats.Admitted++
 		c.Stats.Admitted++
-		if err := c.judge.charge(s.now, cost); err != nil {
+		if err := c.judge.Charge(s.now, cost); err != nil {
 			s.fail(fmt.Errorf("counter %s (%s, L=%d, W=%dµs): region %s admitted beyond the limit: %w%s",
 				c.Name, c.Limit.Kind, c.Limit.Units, c.Limit.Window, r.name, err, s.describe(c)))
 			return

@@ -13,8 +13,13 @@
 //	hotkey  hot key: one key far over its limit beside normal traffic
 //	        at a moderate fixed rate: the normal keys' latency with and
 //	        without it
+//	regions one global limit over several regions (each its own
+//	        redis-server and gateway): a client rotating the regions at
+//	        10 × L, a client moving region, split traffic at 90 % of L, a
+//	        partition and latency on every link; the exact judge counts
+//	        over-admission and false rejections
 //
-//	scenario -scenario burst|zipf|hotkey [-gateway bin/gateway] [-duration 20s]
+//	scenario -scenario burst|zipf|hotkey|regions [-gateway bin/gateway] [-duration 20s]
 //
 // make loadtest SCENARIO=… builds the binaries and runs it.
 package main
@@ -49,16 +54,25 @@ type options struct {
 	keys              int
 	workers           int
 	gateways          int
+	regions           regionsOptions
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.scenario, "scenario", "", "burst, zipf or hotkey (required)")
+	flag.StringVar(&o.scenario, "scenario", "", "burst, zipf, hotkey or regions (required)")
 	flag.StringVar(&o.gateway, "gateway", "bin/gateway", "gateway binary (make build)")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "length of a load phase (zipf, hotkey)")
 	flag.IntVar(&o.keys, "keys", 1_000_000, "zipf: distinct keys")
 	flag.IntVar(&o.workers, "workers", 60, "zipf: closed-loop workers over all gateways")
 	flag.IntVar(&o.gateways, "gateways", 3, "zipf: gateway processes")
+	flag.IntVar(&o.regions.regions, "regions", 2, "regions: how many regions")
+	flag.Int64Var(&o.regions.limit, "regions-limit", 50, "regions: the global rule's limit L per window")
+	flag.DurationVar(&o.regions.window, "regions-window", time.Second, "regions: the global rule's fixed window (at least 400ms)")
+	flag.DurationVar(&o.regions.phase, "regions-phase", 15*time.Second, "regions: length of each load phase")
+	flag.DurationVar(&o.regions.partition, "regions-partition", 60*time.Second, "regions: length of the partition")
+	flag.DurationVar(&o.regions.latency, "regions-latency", 100*time.Millisecond, "regions: latency added on every link")
+	flag.DurationVar(&o.regions.redisTimeout, "regions-redis-timeout", time.Second, "regions: the gateways' Redis deadline (TOLLGATE_REDIS_TIMEOUT); a call past it fails open and is not judged")
+	flag.BoolVar(&o.regions.json, "json", false, "regions: print the summary as JSON")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -71,8 +85,13 @@ func main() {
 		err = zipf(ctx, o, log, os.Stdout)
 	case "hotkey":
 		err = hotkey(ctx, o, log, os.Stdout)
+	case "regions":
+		var sum *regionsSummary
+		if sum, err = regionsScenario(ctx, o, o.regions, log, os.Stdout); err == nil {
+			err = sum.overAdmitted()
+		}
 	default:
-		fmt.Fprintln(os.Stderr, "scenario: -scenario must be burst, zipf or hotkey")
+		fmt.Fprintln(os.Stderr, "scenario: -scenario must be burst, zipf, hotkey or regions")
 		os.Exit(2)
 	}
 	if err != nil {
@@ -129,6 +148,8 @@ type checkAnswer struct {
 	Allowed    bool  `json:"allowed"`
 	Remaining  int64 `json:"remaining"`
 	RetryAfter int64 `json:"retry_after"`
+	// Degraded: decided without Redis (failing open).
+	Degraded bool `json:"degraded"`
 }
 
 func check(ctx context.Context, c *http.Client, api, key string) (checkAnswer, error) {
