@@ -50,7 +50,7 @@ func (s *Server) keyGuard(ctx context.Context) (*guard.Guard, error) {
 		return cur.g, nil
 	}
 	g, err := guard.New(s.store, []byte(s.cfg.KeySecret), rs,
-		guard.WithLogger(s.log.With(slog.String("component", "guard"))), guard.WithRegion(s.cfg.Region),
+		guard.WithLogger(s.log.With(slog.String("component", "guard"))), guard.WithRegion(s.cfg.Region), guard.WithRegionsPeriod(s.cfg.RegionsPeriod),
 		guard.WithControls(s.keyControls.c))
 	if err != nil {
 		return nil, err

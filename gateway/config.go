@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -50,6 +51,8 @@ type Config struct {
 	NATS  configs.NATS  `yaml:"nats"`
 
 	Region string `yaml:"region" doc:"Name of the region this gateway is in (1 to 64 characters from a-z, 0-9 and -): a rule marked regions: global is enforced against this region's share of its limit, as the rules file's regions list gives it (a region the list does not name gets a share of 0). Without a regions list in the rules, the region holds every limit whole, whatever its name."`
+	// RegionsPeriod is the period of the loans between regions.
+	RegionsPeriod time.Duration `yaml:"regions_period" doc:"When the rules list several regions: the period of the loans between regions that a global rule's share ledger counts in. Every gateway and aggregator of every region must use the same value (the aggregators' regions_period). At least 4 times the clock skew bound (100ms)."`
 
 	GatewayID string `yaml:"gateway_id" doc:"Name of this gateway in metrics (label gateway), logs and decision events, and of its directory under data_dir. Empty: hostname-pid, which changes at every start: set a stable name so a restarted gateway finds its files. In fleet mode it also names the gateway's entry in the tollgate_gateways NATS KV bucket (the gateways the operator API lists), so it holds only a-z, A-Z, 0-9 and - _ = . and neither starts nor ends with a dot."`
 	DataDir   string `yaml:"data_dir" doc:"Directory of local state, shared with the other Tollgate processes of a host (the aggregator's variable too). The gateway keeps its files under <data_dir>/gateway/<gateway_id>/ (fleet mode: lkg.json, the last-known-good copy of the rules, blocklist and overrides it starts from when NATS is unreachable) and its event spool under <data_dir>/spool/<gateway_id>/. Created when first needed."`
@@ -172,6 +175,7 @@ const (
 	DefaultGRPCListen      = "127.0.0.1:8089"
 	DefaultRulesFile       = "configs/rules.yaml"
 	DefaultRegion          = guard.DefaultRegion
+	DefaultRegionsPeriod   = time.Duration(regions.DefaultPeriod) * time.Microsecond
 	DefaultDataDir         = "tollgate-data"
 	DefaultMaxCost         = 1000
 	DefaultMaxBatch        = 100
@@ -226,6 +230,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.Events.MemoryBytes, DefaultEventMemoryBytes)
 	configs.Default(&c.Events.FlushInterval, DefaultEventFlushInterval)
 	configs.Default(&c.Region, DefaultRegion)
+	configs.Default(&c.RegionsPeriod, DefaultRegionsPeriod)
 	if c.GatewayID == "" {
 		c.GatewayID = configs.HostID("gateway")
 	}
@@ -294,6 +299,9 @@ func (c *Config) Validate() error {
 	}
 	if err := rules.CheckRegionName(c.Region); err != nil {
 		bad("region", "%v", err)
+	}
+	if err := (regions.Config{Period: c.RegionsPeriod.Microseconds()}).WithDefaults().Validate(); err != nil || c.RegionsPeriod <= 0 {
+		bad("regions_period", "%v is not a valid period: at least %v", c.RegionsPeriod, 4*time.Duration(regions.DefaultSkew)*time.Microsecond+time.Microsecond)
 	}
 	if c.GatewayID == "." || c.GatewayID == ".." || strings.ContainsAny(c.GatewayID, `/\`) {
 		bad("gateway_id", "%q names a directory under data_dir: no slashes, not . or ..", c.GatewayID)

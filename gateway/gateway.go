@@ -216,7 +216,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		guard.WithResolutionCache(cfg.FastPath.Resolutions),
 		guard.WithFallback(fallback, cfg.FailureShare),
 		guard.WithMaxCost(cfg.MaxCost),
-		guard.WithRegion(cfg.Region),
+		guard.WithRegion(cfg.Region), guard.WithRegionsPeriod(cfg.RegionsPeriod),
 		guard.WithMaxRules(cfg.MaxRulesPerRequest),
 		guard.WithOnTooManyRules(s.m.TooManyRules),
 		guard.WithObserver(observers...),

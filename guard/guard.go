@@ -48,21 +48,23 @@ const DefaultMaxRules = 32
 // Create it with New; it is safe for concurrent use and starts no
 // goroutines.
 type Guard struct {
-	store     Store
-	namer     func(*CounterID) string
-	fallback  Store
-	share     float64
-	hasher    *keyid.Hasher
-	maxCost   int64
-	controls  *Controls
-	clock     func() int64
-	log       *slog.Logger
-	onDegr    func(error)
-	maxRules  int
-	region    string
-	onTooMany func(matched int)
-	cache     *resolutionCache
-	cacheSize int
+	store    Store
+	namer    func(*CounterID) string
+	fallback Store
+	share    float64
+	hasher   *keyid.Hasher
+	maxCost  int64
+	controls *Controls
+	clock    func() int64
+	log      *slog.Logger
+	onDegr   func(error)
+	maxRules int
+	region   string
+	// regionsPeriod is the regions' loan period in µs (0: the default).
+	regionsPeriod int64
+	onTooMany     func(matched int)
+	cache         *resolutionCache
+	cacheSize     int
 
 	rules atomic.Pointer[rules.Ruleset]
 	// shares is the share table of global rules' counters (SetShares);
@@ -116,6 +118,14 @@ const DefaultRegion = "local"
 // limit (rules.Ruleset.RegionShare), `regional` rules whole. Without a
 // `regions` list in the rules the region holds every limit whole.
 func WithRegion(name string) Option { return func(g *Guard) { g.region = name } }
+
+// WithRegionsPeriod sets the period of the loans between regions that a
+// global rule's share ledger counts in (default 1 s): every gateway and
+// aggregator of the fleet must use the same, the one the regions' agents
+// lend by. Zero keeps the default.
+func WithRegionsPeriod(d time.Duration) Option {
+	return func(g *Guard) { g.regionsPeriod = d.Microseconds() }
+}
 
 // WithClock sets the clock for expiries of controls (Unix µs; default the
 // system clock). Counters always use the store's time.

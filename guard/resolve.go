@@ -167,7 +167,7 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, s
 				// Decided against the share ledger, the counter's limit
 				// in the headers is the static share; otherwise the share
 				// table's entry or the static share is the limit.
-				if rr.ledger = regionLedger(rs, g.region, rule.Algorithm, rr.params); rr.ledger != nil {
+				if rr.ledger = regionLedger(rs, g.region, g.regionsConfig(), rule.Algorithm, rr.params); rr.ledger != nil {
 					rr.params.Limit = rr.ledger.Static
 				} else {
 					rr.params = regionShare(rs, g.region, st, rr.name, rr.params)
@@ -200,11 +200,10 @@ func regionShare(rs *rules.Ruleset, region string, st *shareTable, name string, 
 // one) and for a limit too large for the ledger's exact arithmetic (units
 // × window at or above 2^51 µs: an hourly bucket above 625,000 units),
 // which then runs at the region's static share without loans.
-func regionLedger(rs *rules.Ruleset, region string, alg rules.Algorithm, p rules.Params) *Ledger {
+func regionLedger(rs *rules.Ruleset, region string, cfg regions.Config, alg rules.Algorithm, p rules.Params) *Ledger {
 	if len(rs.Regions()) < 2 {
 		return nil
 	}
-	cfg := regions.Config{}.WithDefaults()
 	lim := regions.Limit{Kind: regions.FixedWindow, Units: p.Limit, Window: p.Window}
 	switch {
 	case alg.Bucket():
@@ -224,6 +223,12 @@ func regionLedger(rs *rules.Ruleset, region string, alg rules.Algorithm, p rules
 		Region: region, Limit: lim.Units, Static: rs.RegionShare(region, lim.Units),
 		Window: lim.Window, Skew: cfg.Skew, Period: cfg.Period,
 	}
+}
+
+// regionsConfig is the regions protocol's configuration the guard's
+// ledgers are kept by: the defaults, but for the period (WithRegionsPeriod).
+func (g *Guard) regionsConfig() regions.Config {
+	return regions.Config{Period: g.regionsPeriod}.WithDefaults()
 }
 
 // maxLedgerUnitTime bounds a ledger's units × window (µs), where its
