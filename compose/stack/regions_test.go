@@ -187,7 +187,6 @@ func TestRegions(t *testing.T) {
 		t.Fatalf("GET %s/: %d %s, want r2's leafnode connection through it", link, resp.StatusCode, body)
 	}
 
-	// Cut r2's link, as the banner says, with its control API.
 	post := func(path string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, link+path, nil)
@@ -195,6 +194,23 @@ func TestRegions(t *testing.T) {
 			t.Fatalf("POST %s%s: %d %s", link, path, resp.StatusCode, body)
 		}
 	}
+
+	// 200 ms on r2's link: a message from r1 to r2 and back crosses it
+	// twice; r2's gateway answers as before (no timing asserted).
+	post("/latency?ms=200")
+	t1 := time.Now()
+	if _, err := nc1.Request("stack.test.ping", []byte("ping"), 10*time.Second); err != nil {
+		t.Fatalf("across the slow link: %v", err)
+	}
+	if took := time.Since(t1); took < 400*time.Millisecond {
+		t.Fatalf("a round trip across a link with 200 ms each way took %v, want at least 400ms", took)
+	}
+	if resp, body := get(t, "http://"+regions[1].Addrs.Proxy+"/v1/users/42", "sk_prod_acme_1"); resp.StatusCode != 200 {
+		t.Fatalf("r2 with a slow link: %d %s", resp.StatusCode, body)
+	}
+	post("/latency?ms=0")
+
+	// Cut r2's link, as the banner says, with its control API.
 	post("/cut")
 	took := testwait.Eventually(t, 15*time.Second, func() error {
 		if err := roundTrip(nc1, "stack.test.ping"); err == nil {
@@ -203,6 +219,14 @@ func TestRegions(t *testing.T) {
 		return nil
 	})
 	t.Logf("link cut observed in %v", took)
+	// r2's NATS server keeps trying to link again, and is refused.
+	testwait.Eventually(t, 15*time.Second, func() error {
+		var st struct{ Connections, Refused int }
+		if resp, body := get(t, link+"/", ""); resp.StatusCode != 200 || json.Unmarshal(body, &st) != nil || st.Connections != 0 || st.Refused < 1 {
+			return fmt.Errorf("r2's link while cut: %d %s, want no connection and some refused", resp.StatusCode, body)
+		}
+		return nil
+	})
 	// Both regions go on deciding: the request path never waits on the link.
 	for _, reg := range regions {
 		resp, body := get(t, "http://"+reg.Addrs.Proxy+"/v1/users/42", "sk_prod_acme_1")
