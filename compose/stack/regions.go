@@ -107,12 +107,21 @@ func writeRegionRules(src, dst string, names []string) error {
 	lines := strings.SplitAfter(string(b), "\n")
 	var out strings.Builder
 	replaced, skipping := false, false
+	var blanks strings.Builder // blank lines within or after the old list
 	for _, line := range lines {
-		top := line != "" && line[0] != ' ' && line[0] != '\t'
+		blank := strings.TrimSpace(line) == ""
+		top := !blank && line[0] != ' ' && line[0] != '\t'
 		if skipping {
-			if !top && strings.TrimSpace(line) != "" {
+			switch {
+			case blank:
+				blanks.WriteString(line)
+				continue
+			case !top:
+				blanks.Reset()
 				continue // the old list's items
 			}
+			out.WriteString(blanks.String())
+			blanks.Reset()
 			skipping = false
 		}
 		if top && strings.HasPrefix(line, "regions:") && !replaced {
@@ -122,6 +131,7 @@ func writeRegionRules(src, dst string, names []string) error {
 		}
 		out.WriteString(line)
 	}
+	out.WriteString(blanks.String()) // the file ended in the list
 	if !replaced {
 		if out.Len() > 0 && !strings.HasSuffix(out.String(), "\n") {
 			out.WriteString("\n")

@@ -22,6 +22,8 @@ func TestWriteRegionRules(t *testing.T) {
 			"version: 1\n" + list + "\nrules: []\n"},
 		{"block list of mappings, comments kept", "# head\nregions: # ours\n  - name: a\n    weight: 0.5\n  # a comment in the list\n  - name: b\n# after\nrules: []\n",
 			"# head\n" + list + "# after\nrules: []\n"},
+		{"blank line inside the list", "regions:\n\n  - {name: a}\n\n  - {name: b}\n\nrules: []\n", list + "\nrules: []\n"},
+		{"list at the end", "rules: []\nregions:\n  - {name: a}\n", "rules: []\n" + list},
 		{"flow list", "regions: [{name: a}, {name: b}]\nrules: []\n", list + "rules: []\n"},
 		{"no list", "rules:\n  - id: x\n    regions: global\n", "rules:\n  - id: x\n    regions: global\n\n" + list},
 		{"no list, no final newline", "rules: []", "rules: []\n\n" + list},
