@@ -112,6 +112,7 @@ func TestRegions(t *testing.T) {
 	cfg.EnvFile = filepath.Join(t.TempDir(), "stack.env")
 	r := startRegions(t, cfg)
 	t.Logf("two regions ready in %v", time.Since(t0).Round(time.Millisecond))
+	r.checkCleanStart(t)
 	regions := r.st.Regions()
 	if len(regions) != 2 || regions[0].Name != "r1" || regions[1].Name != "r2" {
 		t.Fatalf("regions %+v, want r1 and r2", regions)
@@ -243,6 +244,12 @@ func TestRegions(t *testing.T) {
 	took = testwait.Eventually(t, 20*time.Second, func() error { return roundTrip(nc1, "stack.test.ping") })
 	t.Logf("leafnode link back %v after the heal", took)
 
+	r.checkLogKeys(t)
+	for _, reg := range regions {
+		if !strings.Contains(r.logs.String(), "region="+reg.Name+" part=gateway") {
+			t.Errorf("no line of %s's gateway, named by its region, in the log", reg.Name)
+		}
+	}
 	pids := []int{redisPid(t, regions[0].Addrs.Redis), redisPid(t, regions[1].Addrs.Redis)}
 	r.stop(t)
 	for _, reg := range regions {
@@ -258,9 +265,12 @@ func TestRegions(t *testing.T) {
 			t.Error("no redis-server process found for a region")
 			continue
 		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
-			t.Errorf("redis-server %d outlived the stack", pid)
-		}
+		testwait.Eventually(t, 5*time.Second, func() error {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				return fmt.Errorf("redis-server %d outlived the stack", pid)
+			}
+			return nil
+		})
 	}
 	for _, f := range []string{cfg.EnvFile, stack.RegionEnvFile(cfg.EnvFile, "r1"), stack.RegionEnvFile(cfg.EnvFile, "r2"), stack.PIDFile(cfg.EnvFile)} {
 		if _, err := os.Stat(f); err == nil {
