@@ -99,6 +99,15 @@ func writeRegionRules(src, dst string, names []string) error {
 	if err != nil {
 		return fmt.Errorf("stack: rules file: %w", err)
 	}
+	if err := os.WriteFile(dst, regionRules(b, names), 0o600); err != nil {
+		return fmt.Errorf("stack: the regions' rules file: %w", err)
+	}
+	return nil
+}
+
+// regionRules is a rules file with its top-level regions list (the first,
+// in whatever form) replaced by names, or the list added at its end.
+func regionRules(b []byte, names []string) []byte {
 	var list strings.Builder
 	list.WriteString("regions:                         # written by make run for TOLLGATE_STACK_REGIONS: equal shares\n")
 	for _, n := range names {
@@ -138,10 +147,7 @@ func writeRegionRules(src, dst string, names []string) error {
 		}
 		out.WriteString("\n" + list.String())
 	}
-	if err := os.WriteFile(dst, []byte(out.String()), 0o600); err != nil {
-		return fmt.Errorf("stack: the regions' rules file: %w", err)
-	}
-	return nil
+	return []byte(out.String())
 }
 
 // startLink starts region r's link proxy, forwarding to target (the hub's

@@ -82,3 +82,24 @@ func TestShippedRulesInRegions(t *testing.T) {
 		t.Fatalf("regions %v sharing %d of 10, want r1,r2,r3 sharing all 10", names, total)
 	}
 }
+
+// FuzzRegionRules: whatever the rules file holds, the regions' copy is
+// made without a panic, holds the stack's list, and a file without a
+// regions list only gains one at its end.
+func FuzzRegionRules(f *testing.F) {
+	for _, s := range []string{"regions:\n  - {name: a}\nrules: []\n", "rules: []", "", "\n\n", "regions: [a]\nregions:\n  - b\n", "regions:", " regions:\n"} {
+		f.Add(s)
+	}
+	if b, err := os.ReadFile("../../configs/rules.yaml"); err == nil {
+		f.Add(string(b))
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out := string(regionRules([]byte(in), []string{"r1", "r2"}))
+		if !strings.Contains(out, "  - {name: r1}\n  - {name: r2}\n") {
+			t.Fatalf("no list of the stack's regions in\n%s", out)
+		}
+		if !strings.Contains(in, "\nregions:") && !strings.HasPrefix(in, "regions:") && !strings.HasPrefix(out, in) {
+			t.Fatalf("a file without a regions list was changed, not added to:\n%q\n%q", in, out)
+		}
+	})
+}
