@@ -116,7 +116,7 @@ sweep: deps ## How costs grow with keys (1k-10M): gateway CPU, fast path and hea
 	$(GO) build -o $(BIN_DIR)/ ./loadtest/cmd/loadtest
 	$(BIN_DIR)/loadtest sweep -out $(SWEEPOUT) $(SWEEPFLAGS)
 
-run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it)
+run: ## Start the local stack in the foreground: Redis, NATS, a Kafka-protocol broker, the aggregator, a demo API and a gateway (Ctrl-C stops it); TOLLGATE_STACK_REGIONS=2 make run starts two regions, linked
 	$(GO) build -o $(BIN_DIR)/tollgate-stack ./$(STACK_PKG)
 	exec $(BIN_DIR)/tollgate-stack
 

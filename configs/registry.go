@@ -2,6 +2,7 @@ package configs
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -40,6 +41,53 @@ var tools = []Tool{
 // (scripts, starters, tests), which every binary accepts too.
 func Tools() []Tool { return slices.Clone(tools) }
 
+// Family is a family of TOLLGATE_* variables that no binary reads but
+// every binary accepts, one per region, say: bin/stack.env's per-region
+// addresses.
+type Family struct {
+	// Name is the family as the docs write it: TOLLGATE_STACK_<R>_PROXY.
+	Name string
+	// Doc says what each member holds.
+	Doc string
+	re  *regexp.Regexp
+}
+
+// Match reports whether name is a member of the family.
+func (f Family) Match(name string) bool { return f.re.MatchString(name) }
+
+// region is a region of the local stack in a variable's name: R1, R2, …
+const region = `R[1-9][0-9]*`
+
+// families lists the families of variables. The local stack writes them
+// into bin/stack.env for scripts and people (curl "$TOLLGATE_STACK_R2_PROXY/…"):
+// the variable registry does not hold them, as their names depend on how
+// many regions the stack runs.
+var families = []Family{
+	{"TOLLGATE_STACK_<R>_PROXY", "Written by `make run` into bin/stack.env, one per region (R1, R2, …): the base URL of region R's gateway proxy.",
+		regexp.MustCompile(`^TOLLGATE_STACK_` + region + `_PROXY$`)},
+	{"TOLLGATE_STACK_<R>_CHECK_API", "Written by `make run` into bin/stack.env, one per region: the base URL of region R's gateway check API (POST /v1/check).",
+		regexp.MustCompile(`^TOLLGATE_STACK_` + region + `_CHECK_API$`)},
+	{"TOLLGATE_STACK_<R>_AGGREGATOR", "Written by `make run` into bin/stack.env, one per region: the base URL of region R's aggregator (operator API, usage reports, console).",
+		regexp.MustCompile(`^TOLLGATE_STACK_` + region + `_AGGREGATOR$`)},
+	{"TOLLGATE_STACK_<R>_LINK", "Written by `make run` into bin/stack.env, one per region: the base URL of the control API of region R's link to the other regions (GET / its state, POST /latency?ms=N, POST /cut, POST /heal).",
+		regexp.MustCompile(`^TOLLGATE_STACK_` + region + `_LINK$`)},
+}
+
+// Families returns the families of variables every binary accepts.
+func Families() []Family { return slices.Clone(families) }
+
+// inFamily reports whether name is a member of a family.
+func inFamily(name string) bool {
+	return slices.ContainsFunc(families, func(f Family) bool { return f.Match(name) })
+}
+
+// Accepted reports whether a binary accepts name in its environment,
+// given the registry (known): a binary's variable, a tool's or a
+// family's member.
+func Accepted(name string, known []string) bool {
+	return slices.Contains(known, name) || isTool(name) || inFamily(name)
+}
+
 func isTool(name string) bool {
 	return slices.ContainsFunc(tools, func(t Tool) bool { return t.Name == name })
 }
@@ -54,7 +102,7 @@ func CheckEnv(environ []string, known []string) error {
 	var bad []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, Prefix) || slices.Contains(known, name) || isTool(name) {
+		if !strings.HasPrefix(name, Prefix) || Accepted(name, known) {
 			continue
 		}
 		msg := fmt.Sprintf("unknown variable %s", name)

@@ -74,6 +74,9 @@ differ.
 	for _, t := range configs.Tools() {
 		fmt.Fprintf(&b, "| `%s` | %s |\n", t.Name, cell(t.Doc))
 	}
+	for _, f := range configs.Families() {
+		fmt.Fprintf(&b, "| `%s` | %s |\n", f.Name, cell(f.Doc))
+	}
 	return b.Bytes(), nil
 }
 

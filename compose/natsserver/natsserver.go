@@ -294,6 +294,11 @@ func (s *Server) options() *server.Options {
 		if o.LeafNode.Port == 0 {
 			o.LeafNode.Port = server.RANDOM_PORT
 		}
+		// Remotes reconnect only to the URL they were given: advertised,
+		// the listener's own address would join their URL pool, and a
+		// link made through a proxy or relay would come back around it
+		// once cut.
+		o.LeafNode.NoAdvertise = true
 	}
 	for i, u := range s.remotes {
 		via := *u

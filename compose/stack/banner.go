@@ -17,6 +17,7 @@ const RaiseSed = `s/capacity: 5 /capacity: 50 /`
 // API's among them. The curl lines fit the shipped configs/rules.yaml.
 func (s *Stack) printBanner() {
 	a := s.addrs
+	rulesFile := s.regions[0].rulesFile
 	proxy := "http://" + dialable(a.Proxy)
 	api := "http://" + dialable(a.API)
 	metrics := "http://" + dialable(a.Metrics)
@@ -45,7 +46,8 @@ func (s *Stack) printBanner() {
 	if s.cfg.EnvFile != "" && s.cfg.EnvFile != "off" {
 		line("  join the stack   set -a; . %s; set +a   then bin/gateway or bin/aggregator (README: Joining the local stack)", s.cfg.EnvFile)
 	}
-	line("  rules            seeded from %s into NATS (bucket tollgate_rules); the operator API owns them now (below)", s.cfg.RulesFile)
+	line("  rules            seeded from %s into NATS (bucket tollgate_rules); the operator API owns them now (below)", rulesFile)
+	s.regionsBanner(line)
 	line("")
 	if s.genSecret {
 		line("  key secret       %s", s.cfg.KeySecret)
@@ -93,18 +95,70 @@ func (s *Stack) printBanner() {
 	line("  # The control plane: the operator API writes NATS KV and every gateway applies the change at once.")
 	line("  # Raise free-default's burst from 5 to 50: the demo key spent 5 above, so 45 are left at once")
 	line("  # (a raised limit keeps what was consumed), and its next request passes:")
-	line("  sed '%s' %s | curl -s -X PUT -H '%s' --data-binary @- %s/admin/v1/rules", RaiseSed, s.cfg.RulesFile, auth, agg)
+	line("  sed '%s' %s | curl -s -X PUT -H '%s' --data-binary @- %s/admin/v1/rules", RaiseSed, rulesFile, auth, agg)
 	line("  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: sk_free_demo' %s/v1/users/42", proxy)
 	line("")
 	line("  # Block the demo key for 10 minutes: 403 KEY_BLOCKED on every gateway, answered without Redis:")
 	line(`  curl -s -X PUT -H '%s' -d '{"ttl":"10m","reason":"demo"}' %s/admin/v1/blocklist/sk_free_demo`, auth, agg)
 	line("  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: sk_free_demo' %s/v1/users/42", proxy)
 	line("")
-	line("  # The audit log: who changed what, when (the seeding from %s, then the two changes above):", s.cfg.RulesFile)
+	line("  # The audit log: who changed what, when (the seeding from %s, then the two changes above):", rulesFile)
 	line("  curl -s -H '%s' %s/admin/v1/audit", auth, agg)
 	line("")
 	line("  # Decisions so far, by rule and route (all metrics: %s/metrics):", metrics)
 	line("  curl -s %s/metrics | grep '^tollgate_checks_total'", metrics)
 	line("")
+	s.regionsTry(line)
 	_, _ = fmt.Fprint(s.out, b.String())
+}
+
+// GlobalDemoKey is the key of the shipped rules' world-demo rule, one
+// limit for every region together, which the banner of a stack of several
+// regions sends to each region in turn.
+const GlobalDemoKey = "sk_world_demo"
+
+// regionsBanner writes the addresses of the regions past the first, their
+// links and join files, when the stack runs several.
+func (s *Stack) regionsBanner(line func(string, ...any)) {
+	if len(s.regions) < 2 {
+		return
+	}
+	var names []string
+	for _, r := range s.regions {
+		names = append(names, r.name)
+	}
+	line("")
+	line("  regions          %s, each its own Redis, Kafka, NATS (JetStream domain of its name), aggregator and gateway;", strings.Join(names, ", "))
+	line("                   the addresses above are r1's. The NATS servers are linked by leafnode connections, r1 the hub,")
+	line("                   each region's through its link (a TCP proxy: GET / its state, POST /latency?ms=N, /cut, /heal).")
+	for _, r := range s.regions {
+		line("  %-16s proxy http://%s  check API http://%s  aggregator http://%s", r.name, dialable(r.addrs.Proxy), dialable(r.addrs.API), dialable(r.addrs.Aggregator))
+		line("  %-16s nats %s  link http://%s", "", r.addrs.NATS, r.link.ControlAddr())
+		if s.cfg.EnvFile != "" && s.cfg.EnvFile != "off" {
+			line("  %-16s join it: set -a; . %s; set +a", "", RegionEnvFile(s.cfg.EnvFile, r.name))
+		}
+	}
+}
+
+// regionsTry writes the banner's curl lines about regions, when the stack
+// runs several.
+func (s *Stack) regionsTry(line func(string, ...any)) {
+	if len(s.regions) < 2 {
+		return
+	}
+	var proxies []string
+	for _, r := range s.regions {
+		proxies = append(proxies, "http://"+dialable(r.addrs.Proxy))
+	}
+	last := s.regions[len(s.regions)-1]
+	line("  # Regions: %s holds one limit for every region together (rule world-demo, 10 a minute), each region", GlobalDemoKey)
+	line("  # its share (%d regions: equal shares). Rotating between the regions' proxies, it gets 10 in all, not 10 each:", len(s.regions))
+	line("  for i in 1 2 3 4 5 6 7 8; do for p in %s; do", strings.Join(proxies, " "))
+	line("    curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: %s' $p/v1/users/42", GlobalDemoKey)
+	line("  done; done; echo")
+	line("")
+	line("  # Cut %s's link to the other regions: each region goes on deciding alone, within its share; then heal it:", last.name)
+	line("  curl -s -X POST http://%s/cut", last.link.ControlAddr())
+	line("  curl -s -X POST http://%s/heal", last.link.ControlAddr())
+	line("")
 }

@@ -33,6 +33,9 @@ const (
 	DefaultKafkaListen = "127.0.0.1:9092"
 	DefaultNATSListen  = "nats://127.0.0.1:4222"
 	DefaultEnvFile     = "bin/stack.env"
+	DefaultRegions     = 1
+	// MaxRegions is the most regions the stack runs.
+	MaxRegions = 7
 )
 
 // Config is the local stack's configuration (docs/local-stack.md). Every field is
@@ -58,6 +61,7 @@ type Config struct {
 	AggregatorMetricsListen string `yaml:"aggregator_metrics_listen" doc:"Address of the aggregator's GET /metrics, /healthz and /readyz."`
 	DataDir                 string `yaml:"data_dir" doc:"Directory of the stack's state: the Kafka log, NATS's JetStream store and the aggregator's Pebble. Empty: a new temporary directory, removed on exit; set it to keep state across runs."`
 	EnvFile                 string `yaml:"stack_env_file" doc:"File the stack writes while it runs (removed on exit): KEY=VALUE lines of TOLLGATE_REDIS_ADDRS, TOLLGATE_REDIS_TIMEOUT, TOLLGATE_KAFKA_BROKERS, TOLLGATE_NATS_URL, TOLLGATE_KEY_SECRET, TOLLGATE_ADMIN_TOKEN and TOLLGATE_VIEWER_TOKEN, so a second bin/gateway or bin/aggregator can join: set -a; . bin/stack.env; set +a. Beside it, the same name ending in .pid (bin/stack.pid) holds the stack's process id, for tools that watch it (bin/loadtest storm -pid \"$(cat bin/stack.pid)\"). off: neither file."`
+	Regions                 int    `yaml:"stack_regions" doc:"How many regions to run, 1 to 7. 1: one region, as in every example. 2 or more: regions r1, r2, …, each its own Redis, Kafka-protocol broker, NATS (its own JetStream domain), aggregator, demo API and gateway, r1 on the addresses above and the others on free ports; their NATS servers linked by leafnode connections, each region's through a link proxy whose control API adds latency, cuts and heals; the rules' regions list is r1..rN with equal weights. The banner prints every address; bin/stack.env adds TOLLGATE_STACK_R1_PROXY and the like, and bin/stack.r2.env joins region r2."`
 	Redis                   string `yaml:"stack_redis" doc:"Which Redis to run: auto (a redis-server from TOLLGATE_REDIS_SERVER or PATH, else an embedded one), server (redis-server or fail) or embedded (the embedded one, a demo stand-in: slower, never for benchmarks)."`
 	// RedisClient is how the stack's gateway and aggregator call the
 	// stack's Redis (the redis section of bin/gateway and bin/aggregator).
@@ -94,6 +98,7 @@ func (c *Config) SetDefaults() {
 	configs.Default(&c.AggregatorListen, aggregator.DefaultListen)
 	configs.Default(&c.AggregatorMetricsListen, aggregator.DefaultMetricsListen)
 	configs.Default(&c.EnvFile, DefaultEnvFile)
+	configs.Default(&c.Regions, DefaultRegions)
 	c.Penalty.SetDefaults()
 	c.Offenders.SetDefaults()
 	c.Log.SetDefaults()
@@ -132,6 +137,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RulesFile == "" {
 		bad("rules_file", "required")
+	}
+	if c.Regions < 1 || c.Regions > MaxRegions {
+		bad("stack_regions", "%d is not within [1, %d]", c.Regions, MaxRegions)
 	}
 	errs = append(errs, c.Log.Validate("log")...)
 	return errors.Join(errs...)

@@ -60,10 +60,10 @@ var inlineCurlRE = regexp.MustCompile("`(curl [^`]+)`")
 
 // readmeStatements returns the shell statements of the README's sections,
 // in order: those of its ```sh blocks and the curl commands of its prose.
-func readmeStatements(t *testing.T, readme string) []statement {
+func readmeStatements(t *testing.T, readme string, sections ...string) []statement {
 	t.Helper()
 	var out []statement
-	for _, heading := range readmeSections {
+	for _, heading := range sections {
 		level := strings.Index(heading, " ") // its #s
 		in, found := false, false
 		inBlock, shell := false, false
@@ -110,7 +110,8 @@ func readmeStatements(t *testing.T, readme string) []statement {
 }
 
 // continues tells whether a statement goes on on the next line: its last
-// line ends in | or \, or it is a for loop without its done yet.
+// line ends in | or \, or it is a for loop without its done yet (loops
+// nest: each do needs its done).
 func continues(text string) bool {
 	lines := strings.Split(text, "\n")
 	last := stripComment(lines[len(lines)-1])
@@ -118,7 +119,19 @@ func continues(text string) bool {
 		return true
 	}
 	k := statement{text: text}.key()
-	return strings.HasPrefix(k, "for ") && !strings.HasSuffix(k, "done")
+	if !strings.HasPrefix(k, "for ") {
+		return false
+	}
+	open := 0
+	for _, w := range strings.Fields(k) {
+		switch strings.TrimSuffix(w, ";") {
+		case "do":
+			open++
+		case "done":
+			open--
+		}
+	}
+	return open > 0
 }
 
 // appendLine adds one line of a ```sh block to the statements.
@@ -261,7 +274,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stmts := readmeStatements(t, string(src))
+	stmts := readmeStatements(t, string(src), readmeSections...)
 
 	cfg := testConfig(stack.RedisServer)
 	cfg.RulesFile = "configs/rules.yaml"

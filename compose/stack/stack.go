@@ -13,9 +13,15 @@
 //	st, err := stack.New(cfg, logger, os.Stdout) // banner to stdout
 //	err = st.Run(ctx) // until ctx is done
 //
+// With Config.Regions above 1 (TOLLGATE_STACK_REGIONS) it starts that
+// many regions, each the above with its own Redis, NATS (its own
+// JetStream domain), broker, aggregator, demo API and gateway, their NATS
+// servers linked by leafnode connections through link proxies
+// (compose/linkproxy) whose control APIs add latency, cut and heal.
+//
 // Tests start the same stack on port-0 addresses (Config's listeners all
-// accept "127.0.0.1:0") and read the bound ones from Addrs once Ready is
-// closed.
+// accept "127.0.0.1:0") and read the bound ones from Addrs (and Regions)
+// once Ready is closed.
 package stack
 
 import (
@@ -30,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +63,9 @@ var (
 	ErrAddrInUse = service.ErrAddrInUse
 	// ErrRunning is returned by a second call of Run.
 	ErrRunning = errors.New("stack: Run called more than once")
+
+	// errStopping: ctx ended while the stack was starting.
+	errStopping = errors.New("stack: stopping")
 )
 
 const (
@@ -111,6 +121,7 @@ type Stack struct {
 	redisDL    string     // the gateway's and aggregator's Redis deadline; written before ready is closed
 	running    sync.Mutex // guards runStarted
 	runStarted bool
+	regions    []*region // written before ready is closed
 }
 
 // New checks cfg (SetDefaults is applied, then Validate), generates the
@@ -213,7 +224,9 @@ func (s *Stack) RedisBackend() string {
 
 // Run starts Redis, NATS, the Kafka-protocol broker, the demo API, the
 // aggregator and, once the aggregator is ready and has seeded the NATS
-// buckets, the gateway, in that order; prints the banner once the gateway
+// buckets, the gateway, in that order (with several regions, region by
+// region, each region's link proxy beside it, and waits until the
+// regions' NATS servers are linked); prints the banner once the gateway
 // follows the rules in NATS, and serves until ctx is done or a part fails;
 // then it stops them in the reverse order: the gateway drains its
 // in-flight requests (which still reach the demo API), then the
@@ -243,56 +256,120 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 		}
 	}()
 
-	redisLog := s.log.With(slog.String(partKey, "redis"))
-	rds, err := startRedis(ctx, s.cfg.Redis, redisLog)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // asked to stop while starting
-		}
-		return err
-	}
-	stops = append(stops, func() error { return rds.stop(redisLog) })
-
 	dataDir, removeData, err := s.dataDir()
 	if err != nil {
 		return err
 	}
 	stops = append(stops, removeData)
 
-	natsLog := s.log.With(slog.String(partKey, "nats"))
-	ns, err := natsserver.Start(ctx, natsserver.WithListen(natsHostPort(s.cfg.NATSListen)),
-		natsserver.WithStoreDir(filepath.Join(dataDir, "nats")), natsserver.WithLogger(natsLog))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return s.portOr(fmt.Errorf("stack: start nats: %w", err))
-	}
-	stops = append(stops, ns.Stop) // it logs its start and stop itself
-
-	kafkaLog := s.log.With(slog.String(partKey, "kafka"))
-	kb, err := kafkabroker.Start(ctx, kafkabroker.WithListen(s.cfg.KafkaListen),
-		kafkabroker.WithDataDir(filepath.Join(dataDir, "kafka")), kafkabroker.WithLogger(kafkaLog))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return s.portOr(fmt.Errorf("stack: start the kafka broker: %w", err))
-	}
-	stops = append(stops, kb.Stop) // it logs its start and stop itself
-
-	demo, err := s.startDemo()
+	regions, err := s.plan(dataDir)
 	if err != nil {
 		return err
 	}
-	stops = append(stops, demo.stop)
+	var parts []part // what Run watches once ready
+	for i, r := range regions {
+		if i > 0 {
+			// The region's link to the hub, before its NATS server dials it.
+			if err := s.startLink(ctx, r, regions[0].link.Addr(), &stops); err != nil {
+				return err
+			}
+		}
+		ps, err := s.startRegion(ctx, r, &stops)
+		if errors.Is(err, errStopping) {
+			return nil // asked to stop while starting
+		}
+		if err != nil {
+			return err
+		}
+		parts = append(parts, ps...)
+		if i == 0 && len(regions) > 1 {
+			if err := s.startLink(ctx, r, r.leafAddr, &stops); err != nil {
+				return err
+			}
+		}
+	}
+	first := regions[0]
+	s.regions = regions
+	s.addrs, s.redisKind, s.redisDL, s.console = first.addrs, first.redisKind, first.redisDL, first.console
+	if len(regions) > 1 {
+		if err := s.waitLinked(ctx, regions); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Warn("the regions' NATS servers are not linked yet; they link once their leafnode connections are up",
+				slog.String("error", err.Error()))
+		}
+	}
 
-	agg, err := aggregator.New(s.aggregatorConfig(rds, dataDir, kb.Addrs(), ns.ClientURL()), s.log.With(slog.String(partKey, "aggregator")))
+	stops = append(stops, s.removeEnvFile) // what was written, should the write fail midway
+	if err := s.writeEnvFile(); err != nil {
+		return err
+	}
+	s.printBanner()
+	close(s.ready)
+	s.log.Info("stack ready; Ctrl-C stops it")
+
+	if p := s.watch(ctx, parts); p != nil {
+		return p.t.report(p.name)
+	}
+	s.log.Info("stack shutting down: gateway, aggregator, demo API, kafka, nats, then redis")
+	return nil
+}
+
+// startRegion starts one region's Redis, NATS, Kafka-protocol broker,
+// demo API, aggregator and, once the aggregator is ready and has seeded
+// the NATS buckets, gateway, in that order, appending their stops to
+// stops; it returns the parts Run watches. errStopping means ctx ended
+// while starting.
+func (s *Stack) startRegion(ctx context.Context, r *region, stops *[]func() error) ([]part, error) {
+	log := r.log
+	redisLog := log.With(slog.String(partKey, "redis"))
+	rds, err := startRedis(ctx, s.cfg.Redis, redisLog)
 	if err != nil {
-		return s.portOr(fmt.Errorf("stack: start the aggregator: %w", err))
+		if ctx.Err() != nil {
+			return nil, errStopping
+		}
+		return nil, err
+	}
+	*stops = append(*stops, func() error { return rds.stop(redisLog) })
+
+	natsLog := log.With(slog.String(partKey, "nats"))
+	nopts := append([]natsserver.Option{natsserver.WithListen(natsHostPort(r.cfg.NATSListen)),
+		natsserver.WithStoreDir(filepath.Join(r.dataDir, "nats")), natsserver.WithLogger(natsLog)}, r.natsOptions()...)
+	ns, err := natsserver.Start(ctx, nopts...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, errStopping
+		}
+		return nil, r.portOr(fmt.Errorf("stack: start nats: %w", err))
+	}
+	*stops = append(*stops, ns.Stop) // it logs its start and stop itself
+	r.nats = ns
+	r.leafAddr = strings.TrimPrefix(ns.LeafnodeURL(), "nats-leaf://")
+
+	kafkaLog := log.With(slog.String(partKey, "kafka"))
+	kb, err := kafkabroker.Start(ctx, kafkabroker.WithListen(r.cfg.KafkaListen),
+		kafkabroker.WithDataDir(filepath.Join(r.dataDir, "kafka")), kafkabroker.WithLogger(kafkaLog))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, errStopping
+		}
+		return nil, r.portOr(fmt.Errorf("stack: start the kafka broker: %w", err))
+	}
+	*stops = append(*stops, kb.Stop) // it logs its start and stop itself
+
+	demo, err := s.startDemo(r)
+	if err != nil {
+		return nil, err
+	}
+	*stops = append(*stops, demo.stop)
+
+	agg, err := aggregator.New(s.aggregatorConfig(r, rds, kb.Addrs(), ns.ClientURL()), log.With(slog.String(partKey, "aggregator")))
+	if err != nil {
+		return nil, r.portOr(fmt.Errorf("stack: start the aggregator: %w", err))
 	}
 	aggRun, aggStop := startPart(ctx, "aggregator", agg.Run)
-	stops = append(stops, aggStop)
+	*stops = append(*stops, aggStop)
 
 	// The gateway starts once the aggregator has created the topics it
 	// produces to and the buckets it watches, and seeded the rules: else
@@ -302,76 +379,78 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	aggReady := "http://" + dialable(agg.Addrs().Metrics) + "/readyz"
 	if err := s.waitReady(ctx, "aggregator", aggReady, aggRun, nil); err != nil {
 		if ctx.Err() != nil {
-			return nil // asked to stop while starting
+			return nil, errStopping
 		}
-		return err
+		return nil, err
 	}
 	if err := s.waitControlPlane(ctx, ns.ClientURL(), aggRun); err != nil {
 		if ctx.Err() != nil {
-			return nil
+			return nil, errStopping
 		}
 		if aggRun.reported {
-			return err // the aggregator stopped
+			return nil, err // the aggregator stopped
 		}
-		s.log.Warn("the aggregator has not seeded the NATS buckets; the gateway starts from the rules file and follows them once they exist",
+		log.Warn("the aggregator has not seeded the NATS buckets; the gateway starts from the rules file and follows them once they exist",
 			slog.String("error", err.Error()))
 	}
 
-	gw, err := gateway.New(s.gatewayConfig(rds, demo.addr, ns.ClientURL(), dataDir, kb.Addrs()), s.log.With(slog.String(partKey, "gateway")))
+	gw, err := gateway.New(s.gatewayConfig(r, rds, demo.addr, ns.ClientURL(), kb.Addrs()), log.With(slog.String(partKey, "gateway")))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Taken since New checked: name the variable again.
-			if perr := s.cfg.checkPorts(); perr != nil {
-				return perr
+			if perr := r.cfg.checkPorts(); perr != nil {
+				return nil, perr
 			}
 		}
-		return fmt.Errorf("stack: start the gateway: %w", err)
+		return nil, fmt.Errorf("stack: start the gateway: %w", err)
 	}
 	gwRun, gwStop := startPart(ctx, "gateway", gw.Run)
-	stops = append(stops, gwStop)
+	*stops = append(*stops, gwStop)
 
 	ga, aa := gw.Addrs(), agg.Addrs()
-	s.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
+	r.addrs = Addrs{Proxy: ga.Proxy, API: ga.API, Metrics: ga.Metrics, GRPC: ga.GRPC, Demo: demo.addr, Redis: rds.addr,
 		Kafka: kb.Addr(), NATS: ns.ClientURL(), Aggregator: aa.API, AggregatorMetrics: aa.Metrics}
-	s.redisKind = rds.kind
-	s.redisDL = rds.config(s.cfg.RedisClient).Timeout.String()
-	s.console = "http://" + dialable(aa.API) + "/console/#code=" + agg.ConsoleCode()
+	r.redisKind = rds.kind
+	r.redisDL = rds.config(s.cfg.RedisClient).Timeout.String()
+	r.console = "http://" + dialable(aa.API) + "/console/#code=" + agg.ConsoleCode()
 
-	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, nil); err != nil {
+	if err := s.waitReady(ctx, "gateway", "http://"+dialable(r.addrs.Metrics)+"/readyz", gwRun, nil); err != nil {
 		if ctx.Err() != nil {
-			return nil // asked to stop while starting
+			return nil, errStopping
 		}
-		return err
+		return nil, err
 	}
 	// The banner's operator API lines act on the rules in NATS: wait until
 	// the gateway follows them (the aggregator seeds the bucket from
 	// rules_file), so they take effect as soon as they are pasted.
-	if err := s.waitReady(ctx, "gateway", "http://"+dialable(s.addrs.Metrics)+"/readyz", gwRun, rulesFromNATS); err != nil {
+	if err := s.waitReady(ctx, "gateway", "http://"+dialable(r.addrs.Metrics)+"/readyz", gwRun, rulesFromNATS); err != nil {
 		if ctx.Err() != nil {
-			return nil
+			return nil, errStopping
 		}
-		s.log.Warn("the gateway does not follow the rules in NATS yet; the operator API's changes reach it once it does",
+		log.Warn("the gateway does not follow the rules in NATS yet; the operator API's changes reach it once it does",
 			slog.String("error", err.Error()))
 	}
-	stops = append(stops, s.removeEnvFile) // what was written, should the write fail midway
-	if err := s.writeEnvFile(); err != nil {
-		return err
-	}
-	s.printBanner()
-	close(s.ready)
-	s.log.Info("stack ready; Ctrl-C stops it")
+	return []part{{r.partName("gateway"), gwRun}, {r.partName("aggregator"), aggRun}, {r.partName("demo API"), demo.run}}, nil
+}
 
-	select {
-	case <-ctx.Done():
-		s.log.Info("stack shutting down: gateway, aggregator, demo API, kafka, nats, then redis")
-		return nil
-	case <-gwRun.Done():
-		return gwRun.report("gateway")
-	case <-aggRun.Done():
-		return aggRun.report("aggregator")
-	case <-demo.run.Done():
-		return demo.run.report("demo API")
+// part is a part's name and task, which Run watches once ready.
+type part struct {
+	name string
+	t    *task
+}
+
+// watch waits until ctx is done (nil) or a part stops on its own (that
+// part).
+func (s *Stack) watch(ctx context.Context, parts []part) *part {
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}}
+	for _, p := range parts {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.t.Done())})
 	}
+	i, _, _ := reflect.Select(cases)
+	if i == 0 {
+		return nil
+	}
+	return &parts[i-1]
 }
 
 // startPart runs a part (the aggregator, the gateway) on a context that is
@@ -416,17 +495,18 @@ func (t *task) report(part string) error {
 // from the operator API; rules_file until the aggregator has seeded the
 // rules bucket), streaming its decisions to the stack's broker, with its
 // files under the stack's data dir.
-func (s *Stack) gatewayConfig(rds *redisBackend, demoAddr, natsURL, dataDir string, brokers []string) gateway.Config {
+func (s *Stack) gatewayConfig(r *region, rds *redisBackend, demoAddr, natsURL string, brokers []string) gateway.Config {
 	c := gateway.Config{
-		Listen:          s.cfg.Listen,
+		Listen:          r.cfg.Listen,
 		Upstream:        "http://" + demoAddr,
-		APIListen:       s.cfg.APIListen,
-		MetricsListen:   s.cfg.MetricsListen,
-		GRPCListen:      s.cfg.GRPCListen,
-		RulesFile:       s.cfg.RulesFile,
+		APIListen:       r.cfg.APIListen,
+		MetricsListen:   r.cfg.MetricsListen,
+		GRPCListen:      r.cfg.GRPCListen,
+		RulesFile:       r.rulesFile,
 		KeySecret:       s.cfg.KeySecret,
-		GatewayID:       gatewayID,
-		DataDir:         dataDir,
+		GatewayID:       r.id(),
+		Region:          r.name,
+		DataDir:         r.dataDir,
 		ShutdownTimeout: shutdownTimeout,
 		Offenders:       s.cfg.Offenders,
 		Log:             s.cfg.Log,
@@ -445,13 +525,13 @@ type demoServer struct {
 	log  *slog.Logger
 }
 
-func (s *Stack) startDemo() (*demoServer, error) {
-	l := listener{"demo_listen", s.cfg.DemoListen}
+func (s *Stack) startDemo(r *region) (*demoServer, error) {
+	l := listener{"demo_listen", r.cfg.DemoListen}
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return nil, addrInUse(l, err)
 	}
-	log := s.log.With(slog.String(partKey, "demoapi"))
+	log := r.log.With(slog.String(partKey, "demoapi"))
 	d := &demoServer{
 		addr: ln.Addr().String(),
 		srv: &http.Server{
@@ -597,16 +677,17 @@ func dialable(addr string) string {
 // aggregatorConfig is the configuration of the stack's aggregator, on
 // the stack's Redis (its operator API resets keys, grants quota and reads
 // key state there).
-func (s *Stack) aggregatorConfig(rds *redisBackend, dataDir string, brokers []string, natsURL string) aggregator.Config {
+func (s *Stack) aggregatorConfig(r *region, rds *redisBackend, brokers []string, natsURL string) aggregator.Config {
 	c := aggregator.Config{
-		Listen:          s.cfg.AggregatorListen,
-		MetricsListen:   s.cfg.AggregatorMetricsListen,
-		ID:              gatewayID,
-		DataDir:         filepath.Join(dataDir, "aggregator"),
+		Listen:          r.cfg.AggregatorListen,
+		MetricsListen:   r.cfg.AggregatorMetricsListen,
+		ID:              r.id(),
+		Region:          r.name,
+		DataDir:         filepath.Join(r.dataDir, "aggregator"),
 		AdminToken:      s.cfg.AdminToken,
 		ViewerToken:     s.cfg.ViewerToken,
 		KeySecret:       s.cfg.KeySecret,
-		RulesFile:       s.cfg.RulesFile,
+		RulesFile:       r.rulesFile,
 		SessionTimeout:  6 * time.Second,
 		ShutdownTimeout: shutdownTimeout,
 		Penalty:         s.cfg.Penalty,
@@ -637,30 +718,42 @@ func (s *Stack) dataDir() (string, func() error, error) {
 
 // portOr names the variable of a taken port when err is one, else
 // returns err.
-func (s *Stack) portOr(err error) error {
+func (r *region) portOr(err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		if perr := s.cfg.checkPorts(); perr != nil {
+		if perr := r.cfg.checkPorts(); perr != nil {
 			return perr
 		}
 	}
 	return err
 }
 
-// envLines are bin/stack.env's lines (the join variables).
+// envLines are bin/stack.env's lines: the join variables of the first
+// region and, with several regions, every region's addresses.
 func (s *Stack) envLines() []string {
-	return []string{
-		configs.EnvName("redis.addrs") + "=" + s.addrs.Redis,
-		configs.EnvName("redis.timeout") + "=" + s.redisDL,
-		configs.EnvName("kafka.brokers") + "=" + dialable(s.addrs.Kafka),
-		configs.EnvName("nats.url") + "=" + s.addrs.NATS,
-		configs.EnvName("key_secret") + "=" + s.cfg.KeySecret,
-		configs.EnvName("admin_token") + "=" + s.cfg.AdminToken,
-		configs.EnvName("viewer_token") + "=" + s.cfg.ViewerToken,
-	}
+	return append(s.joinLines(s.regions[0]), s.regionLines()...)
 }
 
-// writeEnvFile writes stack_env_file (0600: it holds the secrets) and,
-// beside it, the pid file (PIDFile).
+// envFiles are the files writeEnvFile writes, with their bodies: the
+// join file and, with several regions, one per region beside it
+// (RegionEnvFile).
+func (s *Stack) envFiles() map[string]string {
+	body := func(file string, lines []string) string {
+		return "# Written by make run while the stack runs (removed on exit). Join the stack with:\n" +
+			"#   set -a; . " + file + "; set +a\n" + strings.Join(lines, "\n") + "\n"
+	}
+	files := map[string]string{s.cfg.EnvFile: body(s.cfg.EnvFile, s.envLines())}
+	if len(s.regions) > 1 {
+		for _, r := range s.regions {
+			f := RegionEnvFile(s.cfg.EnvFile, r.name)
+			files[f] = strings.Replace(body(f, append(s.joinLines(r), s.regionLines()...)), "Join the stack", "Join region "+r.name, 1)
+		}
+	}
+	return files
+}
+
+// writeEnvFile writes stack_env_file (0600: it holds the secrets), the
+// regions' join files beside it when there are several, and the pid file
+// (PIDFile).
 func (s *Stack) writeEnvFile() error {
 	if s.cfg.EnvFile == "" || s.cfg.EnvFile == "off" {
 		return nil
@@ -668,10 +761,10 @@ func (s *Stack) writeEnvFile() error {
 	if err := os.MkdirAll(filepath.Dir(s.cfg.EnvFile), 0o755); err != nil {
 		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
 	}
-	body := "# Written by make run while the stack runs (removed on exit). Join the stack with:\n" +
-		"#   set -a; . " + s.cfg.EnvFile + "; set +a\n" + strings.Join(s.envLines(), "\n") + "\n"
-	if err := os.WriteFile(s.cfg.EnvFile, []byte(body), 0o600); err != nil {
-		return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
+	for f, body := range s.envFiles() {
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			return fmt.Errorf("stack: %s: %w", configs.EnvName("stack_env_file"), err)
+		}
 	}
 	if err := os.WriteFile(PIDFile(s.cfg.EnvFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
 		return fmt.Errorf("stack: pid file beside %s: %w", configs.EnvName("stack_env_file"), err)
@@ -684,7 +777,13 @@ func (s *Stack) removeEnvFile() error {
 		return nil
 	}
 	var errs []error
-	for _, f := range []string{s.cfg.EnvFile, PIDFile(s.cfg.EnvFile)} {
+	files := []string{s.cfg.EnvFile, PIDFile(s.cfg.EnvFile)}
+	for _, r := range s.regions {
+		if r.name != "" {
+			files = append(files, RegionEnvFile(s.cfg.EnvFile, r.name))
+		}
+	}
+	for _, f := range files {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("stack: %w", err))
 		}

@@ -501,6 +501,9 @@ func TestConfig(t *testing.T) {
 		{"bad log level", func(c *stack.Config) { c.Log.Level = "loud" }, "TOLLGATE_LOG_LEVEL"},
 		{"redis deadline", func(c *stack.Config) { c.RedisClient.Timeout = 2 * time.Second }, ""},
 		{"negative redis deadline", func(c *stack.Config) { c.RedisClient.Timeout = -time.Second }, "TOLLGATE_REDIS_TIMEOUT"},
+		{"three regions", func(c *stack.Config) { c.Regions = 3 }, ""},
+		{"no region", func(c *stack.Config) { c.Regions = -1 }, "TOLLGATE_STACK_REGIONS"},
+		{"too many regions", func(c *stack.Config) { c.Regions = stack.MaxRegions + 1 }, "TOLLGATE_STACK_REGIONS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -529,7 +532,7 @@ func TestDefaultsAreSpecAddresses(t *testing.T) {
 		Listen: "127.0.0.1:8080", APIListen: "127.0.0.1:8082", MetricsListen: "127.0.0.1:9091",
 		GRPCListen: "127.0.0.1:8089", DemoListen: "127.0.0.1:9000", RulesFile: "configs/rules.yaml", Redis: "auto",
 		KafkaListen: "127.0.0.1:9092", NATSListen: "nats://127.0.0.1:4222", AggregatorListen: "127.0.0.1:8081",
-		AggregatorMetricsListen: "127.0.0.1:9093", EnvFile: "bin/stack.env",
+		AggregatorMetricsListen: "127.0.0.1:9093", EnvFile: "bin/stack.env", Regions: 1,
 	}
 	want.Log.Level, want.Log.Format = "info", "text"
 	// The ladder's and the offenders' defaults are the aggregator's and

@@ -43,6 +43,11 @@ aggregator. Once ready it prints the addresses and curl lines to try, and
 writes bin/stack.env (and bin/stack.pid) so that a second bin/gateway or
 bin/aggregator can join. Ctrl-C stops everything.
 
+TOLLGATE_STACK_REGIONS=2 (up to 7) starts that many regions on one machine,
+each its own Redis, NATS, broker, aggregator, demo API and gateway, their NATS
+servers linked through proxies whose control APIs add latency, cut and heal;
+bin/stack.env then names every region's addresses.
+
 The key secret and the admin token are generated and printed unless set.
 A busy port stops the start, naming the variable that moves it; "127.0.0.1:0"
 picks a free port.
