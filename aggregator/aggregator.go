@@ -72,6 +72,9 @@ type Server struct {
 	keyGard atomic.Pointer[hashedGuard] // the operator API's guard, by ruleset hash
 	guard   *console.Guard              // who a request is: tokens and console sessions
 
+	// reportsMux serves the usage reports of this region alone.
+	reportsMux *http.ServeMux
+
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
 
@@ -181,7 +184,11 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	s.snaps = state.NewSnapshots(db, filepath.Join(cfg.DataDir, "snapshots"), cfg.Audit.SnapshotKeep, log)
 	mux := http.NewServeMux()
-	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	s.reportsMux = http.NewServeMux()
+	reports.Register(s.reportsMux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	usage := reports.WithRegions(s.reportsMux, s.regionsConfig())
+	mux.Handle("GET /v1/usage/tenants/{tenant}", usage)
+	mux.Handle("GET /v1/usage/keys/{key}", usage)
 	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(log)),
 		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second),
 		kgo.RecordPartitioner(commandPartitioner(cfg.Kafka.DecisionsTopic)))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
@@ -50,7 +51,14 @@ func (s *Server) connectNATS(ctx context.Context) error {
 	}
 	s.kv.Store(kv)
 	log.Info("control plane ready", slog.String("nats", fleetkv.RedactURL(s.cfg.NATS.URL)))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.serveRegionReports(ctx, nc); err != nil {
+			log.Error("answering other regions' reports failed", slog.String("error", err.Error()))
+		}
+	})
 	<-ctx.Done()
+	wg.Wait()
 	s.kv.Store(nil)
 	return nil
 }
