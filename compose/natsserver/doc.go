@@ -17,6 +17,17 @@
 // loopback (0.2ms under the race detector; TestKVPutWatchLatency logs the
 // distribution).
 //
+// # Regions
+//
+// Servers of different regions are linked by leafnodes, each in its own
+// JetStream domain ([WithDomain], the region's name): one server listens
+// ([WithLeafnodeListen]) and the others link to it
+// ([WithLeafnodeRemotes]). Core subjects cross the links; JetStream stays
+// in each domain and keeps answering there while links are down.
+// [Server.CutLinks] and [Server.HealLinks] cut and restore a server's
+// links without stopping it, as a partition would. natstest.StartRegionsTB
+// starts such a set of regions, linked hub and spoke.
+//
 // # What clients see across Down and Up, as observed with nats.go v1.55
 //
 // KV buckets, their history and their content survive Down/Up, Restart and a

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,8 +31,12 @@ var (
 const (
 	// defaultListen picks a free port on 127.0.0.1.
 	defaultListen = "127.0.0.1:0"
-	// serverName stays the same across runs on one store directory.
+	// serverName stays the same across runs on one store directory; a
+	// server with a domain appends it, as linked servers must have
+	// distinct names.
 	serverName = "tollgate-nats"
+	// leafReconnect is how often a leafnode remote retries a lost link.
+	leafReconnect = 250 * time.Millisecond
 )
 
 // Option configures Start.
@@ -38,8 +44,11 @@ type Option = lifecycle.Option[config]
 
 type config struct {
 	lifecycle.Common
-	listen   string
-	storeDir string
+	listen      string
+	storeDir    string
+	domain      string
+	leafListen  string
+	leafRemotes []string
 }
 
 // WithListen sets the client address, "host:port" with a loopback host;
@@ -56,6 +65,34 @@ func WithListen(addr string) Option {
 // Down, Up and Restart.
 func WithStoreDir(dir string) Option {
 	return lifecycle.OptionFunc(func(c *config) { c.storeDir = dir })
+}
+
+// WithDomain sets the server's JetStream domain, a region's name: streams,
+// KV buckets and consumers created through the server live in that domain,
+// and a client reaches another linked region's JetStream only by naming its
+// domain. Linked servers must have distinct domains, so that JetStream
+// traffic never crosses a link unasked and each region's JetStream keeps
+// answering while its links are down. The server's name becomes
+// "tollgate-nats-<domain>". Default: none (a single server).
+func WithDomain(name string) Option {
+	return lifecycle.OptionFunc(func(c *config) { c.domain = name })
+}
+
+// WithLeafnodeListen makes the server accept leafnode connections (links
+// from other regions' servers) on addr, "host:port" with a loopback host;
+// port 0 picks a free port, kept across Down, Up and Restart. Default: no
+// leafnode listener.
+func WithLeafnodeListen(addr string) Option {
+	return lifecycle.OptionFunc(func(c *config) { c.leafListen = addr })
+}
+
+// WithLeafnodeRemotes links the server to other servers' leafnode
+// listeners, one link per URL ("nats-leaf://host:port"). A lost link is
+// retried every 250ms, for as long as the server runs; Server.CutLinks and
+// Server.HealLinks take the links down and up on purpose. Leafnode links
+// must form a tree: a cycle is refused by the servers. Default: none.
+func WithLeafnodeRemotes(urls ...string) Option {
+	return lifecycle.OptionFunc(func(c *config) { c.leafRemotes = slices.Clone(urls) })
 }
 
 // WithLogger sets the logger for lifecycle events (start, down, up, stop; one
@@ -81,15 +118,19 @@ func WithStartTimeout(d time.Duration) Option {
 // (Down, Up, Restart, Stop) are serialized. The caller owns the Server and
 // must call Stop.
 type Server struct {
-	cfg  config
-	host string
-	port int // fixed at Start
-	dir  lifecycle.Dir
+	cfg      config
+	host     string
+	port     int // fixed at Start
+	leafHost string
+	leafPort int // fixed at Start; 0 without a leafnode listener
+	remotes  []*url.URL
+	dir      lifecycle.Dir
 
 	// life guards srv, and is held for a whole lifecycle operation so
 	// that Down, Up and Stop never interleave.
 	life lifecycle.Guard
 	srv  *server.Server // nil while down
+	cut  bool           // the remotes are disabled (CutLinks)
 }
 
 // Start starts nats-server with JetStream and returns once it accepts
@@ -104,11 +145,27 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsserver: start: %w", err)
 	}
+	var leafHost string
+	var leafPort int
+	if cfg.leafListen != "" {
+		if leafHost, leafPort, err = loopback.Split(cfg.leafListen); err != nil {
+			return nil, fmt.Errorf("natsserver: start: leafnode listen: %w", err)
+		}
+	}
+	remotes := make([]*url.URL, 0, len(cfg.leafRemotes))
+	for _, r := range cfg.leafRemotes {
+		u, err := url.Parse(r)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("natsserver: start: leafnode remote %q: want nats-leaf://host:port", r)
+		}
+		remotes = append(remotes, u)
+	}
 	dir, err := lifecycle.MakeDir(cfg.storeDir, "tollgate-nats-")
 	if err != nil {
 		return nil, fmt.Errorf("natsserver: start: %w", err)
 	}
-	s := &Server{cfg: cfg, host: host, port: port, dir: dir,
+	s := &Server{cfg: cfg, host: host, port: port, leafHost: leafHost, leafPort: leafPort,
+		remotes: remotes, dir: dir,
 		life: lifecycle.Guard{Name: "natsserver", ErrStopped: ErrStopped}}
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
@@ -121,6 +178,7 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	}
 	s.port = s.srv.Addr().(*net.TCPAddr).Port
 	s.cfg.Log.Info("nats-server started", "url", s.ClientURL(), "store_dir", s.dir.Path,
+		"domain", s.cfg.domain, "leafnode_url", s.LeafnodeURL(), "remotes", len(s.remotes),
 		"elapsed", time.Since(t0).Round(time.Microsecond))
 	return s, nil
 }
@@ -133,30 +191,16 @@ func (s *Server) run(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if s.port != 0 {
-		l, err := net.Listen("tcp", s.Addr())
-		if err != nil {
-			return fmt.Errorf("listen %s: %w", s.Addr(), err)
-		}
-		if err := l.Close(); err != nil {
-			return fmt.Errorf("listen %s: %w", s.Addr(), err)
+	if err := probe(s.host, s.port); err != nil {
+		return err
+	}
+	if s.leafHost != "" {
+		if err := probe(s.leafHost, s.leafPort); err != nil {
+			return err
 		}
 	}
-	port := s.port
-	if port == 0 {
-		port = server.RANDOM_PORT // nats-server reads 0 as its default, 4222
-	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: serverName,
-		Host:       s.host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   s.dir.Path,
-		NoLog:      true, // no default logger; ours is set below
-		NoSigs:     true, // the process's signals belong to its owner
-		// No ASCII-art JetStream banner in the owner's log (make run's).
-		DisableJetStreamBanner: true,
-	})
+	opts := s.options()
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("nats-server: %w", err)
 	}
@@ -179,7 +223,66 @@ func (s *Server) run(ctx context.Context) error {
 		return fmt.Errorf("nats-server: not ready for connections: %w", context.DeadlineExceeded)
 	}
 	s.srv = ns
+	if s.leafHost != "" && s.leafPort == 0 {
+		s.leafPort = opts.LeafNode.Port // nats-server wrote the port it picked
+	}
 	return nil
+}
+
+// probe binds and releases host:port, unless port is 0, so that a taken
+// port fails with its proper error (nats-server reports a failed listen
+// only through its logger).
+func probe(host string, port int) error {
+	if port == 0 {
+		return nil
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	if err := l.Close(); err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return nil
+}
+
+// options returns nats-server's options for the next run or reload.
+// s.life must be held.
+func (s *Server) options() *server.Options {
+	port := s.port
+	if port == 0 {
+		port = server.RANDOM_PORT // nats-server reads 0 as its default, 4222
+	}
+	name := serverName
+	if s.cfg.domain != "" {
+		name += "-" + s.cfg.domain
+	}
+	o := &server.Options{
+		ServerName:      name,
+		Host:            s.host,
+		Port:            port,
+		JetStream:       true,
+		JetStreamDomain: s.cfg.domain,
+		StoreDir:        s.dir.Path,
+		NoLog:           true, // no default logger; ours is set below
+		NoSigs:          true, // the process's signals belong to its owner
+		// No ASCII-art JetStream banner in the owner's log (make run's).
+		DisableJetStreamBanner: true,
+	}
+	o.LeafNode.ReconnectInterval = leafReconnect
+	if s.leafHost != "" {
+		o.LeafNode.Host = s.leafHost
+		o.LeafNode.Port = s.leafPort
+		if o.LeafNode.Port == 0 {
+			o.LeafNode.Port = server.RANDOM_PORT
+		}
+	}
+	for _, u := range s.remotes {
+		o.LeafNode.Remotes = append(o.LeafNode.Remotes, &server.RemoteLeafOpts{
+			URLs: []*url.URL{u}, Disabled: s.cut})
+	}
+	return o
 }
 
 // ClientURL returns the URL clients connect to, "nats://127.0.0.1:port". It
@@ -189,6 +292,60 @@ func (s *Server) ClientURL() string { return "nats://" + s.Addr() }
 // Addr returns the client address, "127.0.0.1:port". It does not change
 // across Down, Up and Restart.
 func (s *Server) Addr() string { return net.JoinHostPort(s.host, strconv.Itoa(s.port)) }
+
+// LeafnodeURL returns the URL other servers link to with
+// WithLeafnodeRemotes, "nats-leaf://127.0.0.1:port", or "" without
+// WithLeafnodeListen. It does not change across Down, Up and Restart.
+func (s *Server) LeafnodeURL() string {
+	if s.leafHost == "" {
+		return ""
+	}
+	return "nats-leaf://" + net.JoinHostPort(s.leafHost, strconv.Itoa(s.leafPort))
+}
+
+// Domain returns the server's JetStream domain ("" for none).
+func (s *Server) Domain() string { return s.cfg.domain }
+
+// Leafnodes returns the number of leafnode links the server has now, in
+// either direction; 0 while down.
+func (s *Server) Leafnodes() int {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.srv == nil {
+		return 0
+	}
+	return s.srv.NumLeafNodes()
+}
+
+// CutLinks closes the links this server made to its WithLeafnodeRemotes and
+// stops retrying them until HealLinks, as a network partition between
+// regions would: the server and its clients carry on, and JetStream keeps
+// answering in the server's own domain. The cut outlives Down and Up.
+// Links other servers made to this one are theirs to cut.
+func (s *Server) CutLinks() error {
+	return s.life.Do("cut links", func() error { return s.setCut(true) })
+}
+
+// HealLinks undoes CutLinks: the links are made again at once.
+func (s *Server) HealLinks() error {
+	return s.life.Do("heal links", func() error { return s.setCut(false) })
+}
+
+// setCut disables or enables the remotes. s.life must be held.
+func (s *Server) setCut(cut bool) error {
+	if s.cut == cut {
+		return nil
+	}
+	s.cut = cut
+	if s.srv != nil && len(s.remotes) > 0 {
+		if err := s.srv.ReloadOptions(s.options()); err != nil {
+			s.cut = !cut
+			return fmt.Errorf("natsserver: reload leafnode remotes: %w", err)
+		}
+	}
+	s.cfg.Log.Info("nats-server links", "url", s.ClientURL(), "cut", cut, "remotes", len(s.remotes))
+	return nil
+}
 
 // StoreDir returns the JetStream store directory.
 func (s *Server) StoreDir() string { return s.dir.Path }
