@@ -57,6 +57,7 @@ func (s *Server) connectNATS(ctx context.Context) error {
 			log.Error("answering other regions' reports failed", slog.String("error", err.Error()))
 		}
 	})
+	wg.Go(func() { s.runGlobal(ctx, nc, s.replay) })
 	<-ctx.Done()
 	wg.Wait()
 	s.kv.Store(nil)

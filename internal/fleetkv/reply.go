@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrNoResponders is returned by RequestReply when nobody listens on the
@@ -52,4 +53,17 @@ func (c *Conn) ServeRequests(ctx context.Context, subject, queue string, h func(
 			}
 		}
 	}
+}
+
+// JetStream is the connection's JetStream in its own (the local) domain.
+func (c *Conn) JetStream() jetstream.JetStream { return c.js }
+
+// JetStreamIn is the JetStream of another region's domain, reached across
+// the links between regions (its API under $JS.<domain>.API).
+func (c *Conn) JetStreamIn(domain string) (jetstream.JetStream, error) {
+	js, err := jetstream.NewWithDomain(c.nc, domain)
+	if err != nil {
+		return nil, fmt.Errorf("fleetkv: jetstream in domain %s: %w", domain, err)
+	}
+	return js, nil
 }
