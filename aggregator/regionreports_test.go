@@ -64,21 +64,24 @@ func globalReport(addr, tenant string, q url.Values) (int, http.Header, []byte, 
 	return resp.StatusCode, resp.Header, b, err
 }
 
-// TestGlobalUsageReport: two regions, each its own Kafka, Redis and
-// aggregator, linked by NATS. ?regions=all on either sums both regions'
-// decisions; with one region's aggregator gone, the answer comes promptly,
-// names it in missing_regions and the Tollgate-Missing-Regions header.
+// TestGlobalUsageReport: two regions, each its own NATS (its own
+// JetStream domain, linked by a leafnode), Kafka, Redis and aggregator.
+// ?regions=all on either sums both regions' decisions; with the link cut,
+// and with one region's aggregator gone, the answer comes promptly, names
+// it in missing_regions and the Tollgate-Missing-Regions header.
 func TestGlobalUsageReport(t *testing.T) {
-	ns := natstest.StartTB(t)
-	eu, euKafka := regionAggregator(t, "eu", ns.ClientURL())
-	us, usKafka := regionAggregator(t, "us", ns.ClientURL())
+	servers := natstest.StartRegionsTB(t, []string{"eu", "us"})
+	eu, euKafka := regionAggregator(t, "eu", servers[0].ClientURL())
+	us, usKafka := regionAggregator(t, "us", servers[1].ClientURL())
 	euAddr, usAddr := eu.srv.Addrs().API, us.srv.Addrs().API
-	testwait.Eventually(t, 30*time.Second, func() error {
-		if code, _, b := op(t, euAddr, "PUT", "/admin/v1/rules", twoRegions); code != 200 {
-			return fmt.Errorf("PUT rules: %d %s", code, b)
-		}
-		return nil
-	})
+	for _, addr := range []string{euAddr, usAddr} {
+		testwait.Eventually(t, 30*time.Second, func() error {
+			if code, _, b := op(t, addr, "PUT", "/admin/v1/rules", twoRegions); code != 200 {
+				return fmt.Errorf("PUT rules: %d %s", code, b)
+			}
+			return nil
+		})
+	}
 
 	// The same key decided in both regions, and a key in one only.
 	now := time.Now()
@@ -130,22 +133,34 @@ func TestGlobalUsageReport(t *testing.T) {
 		}
 	}
 
+	wantEUOnly := func(how string) {
+		t.Helper()
+		start := time.Now()
+		code, h, b, err := globalReport(euAddr, "acme", all)
+		took := time.Since(start)
+		var a globalAnswer
+		if err != nil || code != 200 || json.Unmarshal(b, &a) != nil {
+			t.Fatalf("global report with us %s: %v %d %s", how, err, code, b)
+		}
+		if !slices.Equal(a.MissingRegions, []string{"us"}) || h.Get("Tollgate-Missing-Regions") != "us" ||
+			!slices.Equal(a.Regions, []string{"eu"}) || a.Totals.Allowed != 5 || a.Totals.Rejected != 2 {
+			t.Fatalf("global report with us %s: %s (header %q), want eu's 5/2 and us missing", how, b, h.Get("Tollgate-Missing-Regions"))
+		}
+		if took > aggregator.RegionReportTimeout+5*time.Second {
+			t.Errorf("global report with us %s took %v", how, took)
+		}
+		t.Logf("global report with us %s answered in %v", how, took)
+	}
+	if err := servers[1].CutLinks(); err != nil {
+		t.Fatal(err)
+	}
+	wantEUOnly("cut off")
+	if err := servers[1].HealLinks(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitLinkedTB(t, servers)
 	us.stop(t)
-	start := time.Now()
-	code, h, b, err := globalReport(euAddr, "acme", all)
-	took := time.Since(start)
-	var a globalAnswer
-	if err != nil || code != 200 || json.Unmarshal(b, &a) != nil {
-		t.Fatalf("global report with us down: %v %d %s", err, code, b)
-	}
-	if !slices.Equal(a.MissingRegions, []string{"us"}) || h.Get("Tollgate-Missing-Regions") != "us" ||
-		!slices.Equal(a.Regions, []string{"eu"}) || a.Totals.Allowed != 5 || a.Totals.Rejected != 2 {
-		t.Fatalf("global report with us down: %s (header %q), want eu's 5/2 and us missing", b, h.Get("Tollgate-Missing-Regions"))
-	}
-	if took > aggregator.RegionReportTimeout+5*time.Second {
-		t.Errorf("global report with us down took %v", took)
-	}
-	t.Logf("global report with a region down answered in %v", took)
+	wantEUOnly("down")
 }
 
 func jsonTotals(b []byte, allowed, rejected int64) bool {

@@ -141,6 +141,19 @@ func TestGlobalOperatorChanges(t *testing.T) {
 	if e := auditOf(t, eu.admin, "blocklist", "sk_region_a"); len(e) != 1 || e[0]["origin_region"] != "eu" {
 		t.Errorf("eu's audit of its own global change: %v, want origin_region eu", e)
 	}
+	// An override and a ruleset made global are enforced in us too.
+	if code, b := euOp("PUT", "/admin/v1/overrides/sk_region_c?scope=global", `{"limit":1}`); code != 200 {
+		t.Fatalf("global override PUT in eu: %d %s", code, b)
+	}
+	waitCheck(t, us.check, "sk_region_c", 429)
+	tight := strings.Replace(regionRules, "rules:\n", "rules:\n  - {id: tight, match: {api_key: \"sk_region_t*\"}, algorithm: token_bucket, capacity: 1, rate: 1/1h}\n", 1)
+	if code, b := euOp("PUT", "/admin/v1/rules?scope=global", tight); code != 200 {
+		t.Fatalf("global rules PUT in eu: %d %s", code, b)
+	}
+	waitCheck(t, us.check, "sk_region_t1", 429)
+	if e := auditOf(t, us.admin, "rules", ""); len(e) == 0 || e[len(e)-1]["origin_region"] != "eu" && e[0]["origin_region"] != "eu" {
+		t.Errorf("us's audit of the global ruleset: %v, want an entry with origin_region eu", e)
+	}
 	// A regional change stays in its region.
 	if code, b := euOp("PUT", "/admin/v1/blocklist/sk_region_local", `{}`); code != 200 {
 		t.Fatalf("regional blocklist PUT in eu: %d %s", code, b)
