@@ -124,6 +124,7 @@ type Server struct {
 	leafHost string
 	leafPort int // fixed at Start; 0 without a leafnode listener
 	remotes  []*url.URL
+	links    []*link // one per remote: the path CutLinks cuts
 	dir      lifecycle.Dir
 
 	// life guards srv, and is held for a whole lifecycle operation so
@@ -155,17 +156,32 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	remotes := make([]*url.URL, 0, len(cfg.leafRemotes))
 	for _, r := range cfg.leafRemotes {
 		u, err := url.Parse(r)
-		if err != nil || u.Host == "" {
+		if err != nil || u.Host == "" || u.Port() == "" {
 			return nil, fmt.Errorf("natsserver: start: leafnode remote %q: want nats-leaf://host:port", r)
 		}
 		remotes = append(remotes, u)
 	}
+	var links []*link
+	closeLinks := func() {
+		for _, l := range links {
+			_ = l.close()
+		}
+	}
+	for _, u := range remotes {
+		l, err := openLink(u.Host)
+		if err != nil {
+			closeLinks()
+			return nil, fmt.Errorf("natsserver: start: leafnode remote %s: %w", u.Host, err)
+		}
+		links = append(links, l)
+	}
 	dir, err := lifecycle.MakeDir(cfg.storeDir, "tollgate-nats-")
 	if err != nil {
+		closeLinks()
 		return nil, fmt.Errorf("natsserver: start: %w", err)
 	}
 	s := &Server{cfg: cfg, host: host, port: port, leafHost: leafHost, leafPort: leafPort,
-		remotes: remotes, dir: dir,
+		remotes: remotes, links: links, dir: dir,
 		life: lifecycle.Guard{Name: "natsserver", ErrStopped: ErrStopped}}
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
@@ -174,6 +190,7 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	defer s.life.Unlock()
 	if err := s.run(ctx); err != nil {
 		_ = s.dir.Remove()
+		closeLinks()
 		return nil, fmt.Errorf("natsserver: start: %w", err)
 	}
 	s.port = s.srv.Addr().(*net.TCPAddr).Port
@@ -247,7 +264,7 @@ func probe(host string, port int) error {
 	return nil
 }
 
-// options returns nats-server's options for the next run or reload.
+// options returns nats-server's options for the next run.
 // s.life must be held.
 func (s *Server) options() *server.Options {
 	port := s.port
@@ -278,9 +295,10 @@ func (s *Server) options() *server.Options {
 			o.LeafNode.Port = server.RANDOM_PORT
 		}
 	}
-	for _, u := range s.remotes {
-		o.LeafNode.Remotes = append(o.LeafNode.Remotes, &server.RemoteLeafOpts{
-			URLs: []*url.URL{u}, Disabled: s.cut})
+	for i, u := range s.remotes {
+		via := *u
+		via.Host = s.links[i].Addr()
+		o.LeafNode.Remotes = append(o.LeafNode.Remotes, &server.RemoteLeafOpts{URLs: []*url.URL{&via}})
 	}
 	return o
 }
@@ -318,10 +336,13 @@ func (s *Server) Leafnodes() int {
 }
 
 // CutLinks closes the links this server made to its WithLeafnodeRemotes and
-// stops retrying them until HealLinks, as a network partition between
-// regions would: the server and its clients carry on, and JetStream keeps
-// answering in the server's own domain. The cut outlives Down and Up.
-// Links other servers made to this one are theirs to cut.
+// refuses them until HealLinks, as a network partition between regions
+// would: the server and its clients carry on, and JetStream keeps
+// answering in the server's own domain. The server keeps retrying (every
+// 250ms), so links come back within that of HealLinks. The cut outlives
+// Down and Up. Links other servers made to this one are theirs to cut.
+// Each remote is reached through a loopback TCP relay the Server owns,
+// which is what is cut: the server itself is not touched.
 func (s *Server) CutLinks() error {
 	return s.life.Do("cut links", func() error { return s.setCut(true) })
 }
@@ -331,17 +352,14 @@ func (s *Server) HealLinks() error {
 	return s.life.Do("heal links", func() error { return s.setCut(false) })
 }
 
-// setCut disables or enables the remotes. s.life must be held.
+// setCut cuts or heals the links. s.life must be held.
 func (s *Server) setCut(cut bool) error {
 	if s.cut == cut {
 		return nil
 	}
 	s.cut = cut
-	if s.srv != nil && len(s.remotes) > 0 {
-		if err := s.srv.ReloadOptions(s.options()); err != nil {
-			s.cut = !cut
-			return fmt.Errorf("natsserver: reload leafnode remotes: %w", err)
-		}
+	for _, l := range s.links {
+		l.setCut(cut)
 	}
 	s.cfg.Log.Info("nats-server links", "url", s.ClientURL(), "cut", cut, "remotes", len(s.remotes))
 	return nil
@@ -422,6 +440,9 @@ func (s *Server) Restart(ctx context.Context) error {
 func (s *Server) Stop() error {
 	return s.life.Stop(func() error {
 		s.down()
+		for _, l := range s.links {
+			_ = l.close()
+		}
 		if err := s.dir.Remove(); err != nil {
 			return fmt.Errorf("natsserver: stop: %w", err)
 		}
