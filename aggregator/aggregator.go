@@ -77,6 +77,16 @@ type Server struct {
 	keyControls *keyControls
 	guard       *console.Guard // who a request is: tokens and console sessions
 
+	// reportsMux serves the usage reports of this region alone.
+	reportsMux *http.ServeMux
+	// hasher turns API keys into key_ids.
+	hasher *keyid.Hasher
+	// global is the link global changes use, once NATS answers; replay
+	// applies other regions' global changes (the operator API without
+	// its token).
+	global atomic.Pointer[globalLink]
+	replay http.Handler
+
 	api, metrics *http.Server
 	apiLn, metLn net.Listener
 
@@ -192,7 +202,12 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	s.audit = audit.NewStore(db, log.With(slog.String("component", "audit")))
 	s.snaps = state.NewSnapshots(db, filepath.Join(cfg.DataDir, "snapshots"), cfg.Audit.SnapshotKeep, log)
 	mux := http.NewServeMux()
-	reports.Register(mux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	s.hasher = hasher
+	s.reportsMux = http.NewServeMux()
+	reports.Register(s.reportsMux, reports.Config{DB: db, Hasher: hasher, MaxRows: cfg.Usage.MaxRows})
+	usage := reports.WithRegions(s.reportsMux, s.regionsConfig())
+	mux.Handle("GET /v1/usage/tenants/{tenant}", usage)
+	mux.Handle("GET /v1/usage/keys/{key}", usage)
 	s.kafka, err = kgo.NewClient(kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.WithLogger(kafkalog.New(log)),
 		kgo.MetadataMinAge(250*time.Millisecond), kgo.ProduceRequestTimeout(5*time.Second), kgo.RecordDeliveryTimeout(10*time.Second),
 		kgo.RecordPartitioner(commandPartitioner(cfg.Kafka.DecisionsTopic)))
@@ -219,7 +234,8 @@ func New(cfg Config, log *slog.Logger) (_ *Server, err error) {
 	labelled.MustRegister(s.readyGauge())
 	s.guard = console.NewGuard(cfg.AdminToken, cfg.ViewerToken, nil)
 	top := http.NewServeMux()
-	top.Handle("/", s.authorize(s.gate(mux)))
+	s.replay = s.gate(mux)
+	top.Handle("/", s.authorize(s.gate(s.globalScope(mux))))
 	console.Register(top, s.guard)
 	s.api = &http.Server{Handler: top, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
@@ -27,6 +28,19 @@ func (s *Server) connectNATS(ctx context.Context) error {
 	defer nc.Close()
 	s.nc.Store(nc)
 	defer s.nc.Store(nil)
+	// The links with other regions: answering their global reports, and
+	// global changes. They end when this function returns, before the
+	// connection closes.
+	lctx, stopLinks := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopLinks()
+	wg.Go(func() {
+		if err := s.serveRegionReports(lctx, nc); err != nil {
+			log.Error("answering other regions' reports failed", slog.String("error", err.Error()))
+		}
+	})
+	wg.Go(func() { s.runGlobal(lctx, nc, s.replay) })
 	var kv *fleetkv.KV
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -66,7 +66,10 @@ type AuditEntry struct {
 	Version int64 `protobuf:"varint,10,opt,name=version,proto3" json:"version,omitempty"`
 	// The first characters of the API key when the subject is a key, for
 	// humans; empty otherwise.
-	KeyPrefix     string `protobuf:"bytes,11,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	KeyPrefix string `protobuf:"bytes,11,opt,name=key_prefix,json=keyPrefix,proto3" json:"key_prefix,omitempty"`
+	// The region whose operator API made the change, for a change made
+	// global (it reaches every region); empty for a region's own change.
+	OriginRegion  string `protobuf:"bytes,12,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -178,11 +181,18 @@ func (x *AuditEntry) GetKeyPrefix() string {
 	return ""
 }
 
+func (x *AuditEntry) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
 var File_tollgate_v1_audit_proto protoreflect.FileDescriptor
 
 const file_tollgate_v1_audit_proto_rawDesc = "" +
 	"\n" +
-	"\x17tollgate/v1/audit.proto\x12\vtollgate.v1\x1a\x1atollgate/v1/evidence.proto\"\xbc\x02\n" +
+	"\x17tollgate/v1/audit.proto\x12\vtollgate.v1\x1a\x1atollgate/v1/evidence.proto\"\xe1\x02\n" +
 	"\n" +
 	"AuditEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12(\n" +
@@ -197,7 +207,8 @@ const file_tollgate_v1_audit_proto_rawDesc = "" +
 	"\aversion\x18\n" +
 	" \x01(\x03R\aversion\x12\x1d\n" +
 	"\n" +
-	"key_prefix\x18\v \x01(\tR\tkeyPrefixB<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
+	"key_prefix\x18\v \x01(\tR\tkeyPrefix\x12#\n" +
+	"\rorigin_region\x18\f \x01(\tR\foriginRegionB<Z:github.com/tollgate/tollgate/schemas/tollgatev1;tollgatev1b\x06proto3"
 
 var (
 	file_tollgate_v1_audit_proto_rawDescOnce sync.Once

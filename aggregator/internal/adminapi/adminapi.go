@@ -111,12 +111,14 @@ type Entry struct {
 	After     json.RawMessage   `json:"after,omitempty"`
 	Version   int64             `json:"version,omitempty"`
 	Evidence  []json.RawMessage `json:"evidence,omitempty"`
+	// OriginRegion is the region a global change was made in.
+	OriginRegion string `json:"origin_region,omitempty"`
 }
 
 // EntryJSON converts an entry.
 func EntryJSON(e *tollgatev1.AuditEntry) Entry {
 	out := Entry{ID: e.Id, Time: time.UnixMicro(e.TimeUnixMicros).UTC().Format(time.RFC3339Nano), Actor: e.Actor,
-		Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix, Reason: e.Reason, Version: e.Version}
+		Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix, Reason: e.Reason, Version: e.Version, OriginRegion: e.OriginRegion}
 	if json.Valid(e.Before) {
 		out.Before = e.Before
 	}

@@ -82,6 +82,7 @@ const (
 // written, do is not run and the error wraps errAudit.
 func (a *api) apply(r *http.Request, e *tollgatev1.AuditEntry, do func(ctx context.Context) error) error {
 	e.Actor = actor(r)
+	e.OriginRegion = originOf(r.Context())
 	fitAudit(e)
 	if err := a.cfg.Auditor.Write(r.Context(), e); err != nil {
 		a.cfg.Log.Error("change refused: its audit entry could not be written", slog.String("kind", e.Kind),
@@ -98,7 +99,7 @@ func (a *api) apply(r *http.Request, e *tollgatev1.AuditEntry, do func(ctx conte
 	if errors.Is(err, fleetkv.ErrUnknownOutcome) || errors.Is(err, errMaybeApplied) {
 		outcome = outcomeUnknown
 	}
-	f := &tollgatev1.AuditEntry{Actor: e.Actor, Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix,
+	f := &tollgatev1.AuditEntry{Actor: e.Actor, Kind: e.Kind, Subject: e.Subject, KeyPrefix: e.KeyPrefix, OriginRegion: e.OriginRegion,
 		Reason: fmt.Sprintf("%s (audit entry %s): %v", outcome, e.Id, err)}
 	if outcome == outcomeNotApplied {
 		f.Before, f.After = e.After, e.Before
