@@ -13,9 +13,11 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/gateway/internal/spool/spooltest"
+	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 const dir = "/data/spool/gw-1"
@@ -345,10 +347,17 @@ func TestLockedInProcess(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			s, err = spool.Open(fsys, d, spool.Options{})
-			if err != nil {
-				t.Fatalf("open after close: %v", err)
-			}
+			// A flock belongs to the open file description: a process
+			// another test forks in the instant the lock file is open
+			// holds it too until it execs (close-on-exec), so the lock can
+			// outlive Close by that long.
+			testwait.Eventually(t, 2*time.Second, func() error {
+				s, err = spool.Open(fsys, d, spool.Options{})
+				if err != nil {
+					return fmt.Errorf("open after close: %w", err)
+				}
+				return nil
+			})
 			_ = s.Close()
 		})
 	}
