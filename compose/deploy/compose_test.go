@@ -23,20 +23,21 @@ var pinnedImage = regexp.MustCompile(`^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::v?[0-9]+
 // deployment is the same tomorrow; the locally built image has a tag of its
 // own (never latest).
 func TestComposeImagesPinned(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	for _, n := range c.names() {
-		s := c.Services[n]
-		switch {
-		case s.Image == "":
-			t.Errorf("service %s: no image (compose would build an image named after the project)", n)
-		case s.Build != nil:
-			if _, tag, ok := strings.Cut(s.Image, ":"); !ok || tag == "latest" {
-				t.Errorf("service %s: built image %q needs a tag other than latest", n, s.Image)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		for _, n := range c.names() {
+			s := c.Services[n]
+			switch {
+			case s.Image == "":
+				t.Errorf("service %s: no image (compose would build an image named after the project)", n)
+			case s.Build != nil:
+				if _, tag, ok := strings.Cut(s.Image, ":"); !ok || tag == "latest" {
+					t.Errorf("service %s: built image %q needs a tag other than latest", n, s.Image)
+				}
+			case !pinnedImage.MatchString(s.Image):
+				t.Errorf("service %s: image %q is not pinned to an exact version (name:1.2.3 or @sha256:…)", n, s.Image)
 			}
-		case !pinnedImage.MatchString(s.Image):
-			t.Errorf("service %s: image %q is not pinned to an exact version (name:1.2.3 or @sha256:…)", n, s.Image)
 		}
-	}
+	})
 }
 
 // TestComposeTollgateVariables: every TOLLGATE_* variable a service sets is
@@ -44,51 +45,52 @@ func TestComposeImagesPinned(t *testing.T) {
 // variable registry, whose CheckEnv the binaries run at start; and the
 // service's whole environment loads into a valid configuration.
 func TestComposeTollgateVariables(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	valid := varNames(t)
-	registry := configs.Registry()
-	for _, n := range c.names() {
-		s := c.Services[n]
-		var environ []string
-		for name := range s.Environment {
-			if strings.HasPrefix(name, configs.Prefix) && !slices.Contains(registry, name) {
-				t.Errorf("service %s: %s is not in the variable registry (configs.Registry)", n, name)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		valid := varNames(t)
+		registry := configs.Registry()
+		for _, n := range c.names() {
+			s := c.Services[n]
+			var environ []string
+			for name := range s.Environment {
+				if strings.HasPrefix(name, configs.Prefix) && !slices.Contains(registry, name) {
+					t.Errorf("service %s: %s is not in the variable registry (configs.Registry)", n, name)
+				}
+				environ = append(environ, name+"="+s.Environment[name])
 			}
-			environ = append(environ, name+"="+s.Environment[name])
-		}
-		if err := configs.CheckEnv(environ, registry); err != nil {
-			t.Errorf("service %s: %v", n, err)
-		}
-		bin := s.binary()
-		if s.Build != nil && valid[bin] == nil {
-			t.Errorf("service %s: runs %q, not one of the image's binaries (gateway, aggregator, loadtest)", n, bin)
-			continue
-		}
-		for name := range s.Environment {
-			if !strings.HasPrefix(name, configs.Prefix) {
+			if err := configs.CheckEnv(environ, registry); err != nil {
+				t.Errorf("service %s: %v", n, err)
+			}
+			bin := s.binary()
+			if s.Build != nil && valid[bin] == nil {
+				t.Errorf("service %s: runs %q, not one of the image's binaries (gateway, aggregator, loadtest)", n, bin)
 				continue
 			}
-			if bin == "" {
-				t.Errorf("service %s: sets %s but runs no Tollgate binary", n, name)
-			} else if !valid[bin][name] {
-				t.Errorf("service %s: %s is not a variable of %s (%s --help lists them)", n, name, bin, bin)
+			for name := range s.Environment {
+				if !strings.HasPrefix(name, configs.Prefix) {
+					continue
+				}
+				if bin == "" {
+					t.Errorf("service %s: sets %s but runs no Tollgate binary", n, name)
+				} else if !valid[bin][name] {
+					t.Errorf("service %s: %s is not a variable of %s (%s --help lists them)", n, name, bin, bin)
+				}
+			}
+			lookup := func(name string) (string, bool) { v, ok := s.Environment[name]; return v, ok }
+			var err error
+			switch bin {
+			case binGateway:
+				_, err = gateway.LoadConfig("", lookup)
+			case binAggregator:
+				_, err = aggregator.LoadConfig("", lookup)
+			}
+			if err != nil {
+				t.Errorf("service %s: its environment does not load:\n%v", n, err)
 			}
 		}
-		lookup := func(name string) (string, bool) { v, ok := s.Environment[name]; return v, ok }
-		var err error
-		switch bin {
-		case binGateway:
-			_, err = gateway.LoadConfig("", lookup)
-		case binAggregator:
-			_, err = aggregator.LoadConfig("", lookup)
+		if len(c.running(binGateway)) < 2 || len(c.running(binAggregator)) < 2 {
+			t.Errorf("want at least two gateways and two aggregators, have %v and %v", c.running(binGateway), c.running(binAggregator))
 		}
-		if err != nil {
-			t.Errorf("service %s: its environment does not load:\n%v", n, err)
-		}
-	}
-	if len(c.running(binGateway)) < 2 || len(c.running(binAggregator)) < 2 {
-		t.Errorf("want at least two gateways and two aggregators, have %v and %v", c.running(binGateway), c.running(binAggregator))
-	}
+	})
 }
 
 // TestComposeListeners: a Tollgate service's listeners bind every interface
@@ -96,126 +98,130 @@ func TestComposeTollgateVariables(t *testing.T) {
 // listener behind it (the defaults are loopback: a listener left at its
 // default is unreachable from other containers).
 func TestComposeListeners(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	for _, n := range append(c.running(binGateway), c.running(binAggregator)...) {
-		s := c.Services[n]
-		bound := map[string]string{}
-		for name, v := range s.Environment {
-			if !strings.HasPrefix(name, configs.Prefix) || !strings.HasSuffix(name, "_LISTEN") || v == "off" {
-				continue
+	forDeployments(t, func(t *testing.T, c *compose) {
+		for _, n := range append(c.running(binGateway), c.running(binAggregator)...) {
+			s := c.Services[n]
+			bound := map[string]string{}
+			for name, v := range s.Environment {
+				if !strings.HasPrefix(name, configs.Prefix) || !strings.HasSuffix(name, "_LISTEN") || v == "off" {
+					continue
+				}
+				port, err := listenPort(v)
+				if err != nil {
+					t.Errorf("service %s: %s: %v", n, name, err)
+					continue
+				}
+				bound[port] = name
+				if !s.exposes(port) {
+					t.Errorf("service %s: %s listens on port %s, which it does not expose (expose: %v)", n, name, port, s.Expose)
+				}
 			}
-			port, err := listenPort(v)
-			if err != nil {
-				t.Errorf("service %s: %s: %v", n, name, err)
-				continue
-			}
-			bound[port] = name
-			if !s.exposes(port) {
-				t.Errorf("service %s: %s listens on port %s, which it does not expose (expose: %v)", n, name, port, s.Expose)
+			for _, p := range s.Expose {
+				if bound[p] == "" {
+					t.Errorf("service %s: exposes port %s but no TOLLGATE_*_LISTEN variable binds it", n, p)
+				}
 			}
 		}
-		for _, p := range s.Expose {
-			if bound[p] == "" {
-				t.Errorf("service %s: exposes port %s but no TOLLGATE_*_LISTEN variable binds it", n, p)
-			}
-		}
-	}
+	})
 }
 
 // TestComposeAddresses: every host:port in an environment value, a command
 // or a healthcheck names a service (or the service itself) and a port that
 // service exposes; published ports are exposed ones and never collide.
 func TestComposeAddresses(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	published := map[string]string{}
-	for _, n := range c.names() {
-		s := c.Services[n]
-		var found []addr
-		for k, v := range s.Environment {
-			found = append(found, addrs("service "+n+": environment "+k, v)...)
-		}
-		found = append(found, addrs("service "+n+": command", s.Command...)...)
-		found = append(found, addrs("service "+n+": entrypoint", s.Entrypoint...)...)
-		if s.Healthcheck != nil {
-			found = append(found, addrs("service "+n+": healthcheck", s.Healthcheck.Test...)...)
-		}
-		// redis-server --replicaof HOST PORT
-		if i := slices.Index(s.Command, "--replicaof"); i >= 0 && i+2 < len(s.Command) {
-			found = append(found, addr{host: s.Command[i+1], port: s.Command[i+2], where: "service " + n + ": --replicaof"})
-		}
-		for _, a := range found {
-			if msg := c.checkAddr(n, a); msg != "" {
-				t.Error(msg)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		published := map[string]string{}
+		for _, n := range c.names() {
+			s := c.Services[n]
+			var found []addr
+			for k, v := range s.Environment {
+				found = append(found, addrs("service "+n+": environment "+k, v)...)
 			}
-		}
-		for _, p := range s.Ports {
-			parts := strings.Split(p, ":")
-			container := parts[len(parts)-1]
-			if !s.exposes(container) {
-				t.Errorf("service %s: publishes container port %s, which it does not expose", n, container)
+			found = append(found, addrs("service "+n+": command", s.Command...)...)
+			found = append(found, addrs("service "+n+": entrypoint", s.Entrypoint...)...)
+			if s.Healthcheck != nil {
+				found = append(found, addrs("service "+n+": healthcheck", s.Healthcheck.Test...)...)
 			}
-			if len(parts) > 1 {
-				host := strings.Join(parts[:len(parts)-1], ":")
-				if other := published[host]; other != "" {
-					t.Errorf("service %s: host port %s is published by %s too", n, host, other)
+			// redis-server --replicaof HOST PORT
+			if i := slices.Index(s.Command, "--replicaof"); i >= 0 && i+2 < len(s.Command) {
+				found = append(found, addr{host: s.Command[i+1], port: s.Command[i+2], where: "service " + n + ": --replicaof"})
+			}
+			for _, a := range found {
+				if msg := c.checkAddr(n, a); msg != "" {
+					t.Error(msg)
 				}
-				published[host] = n
+			}
+			for _, p := range s.Ports {
+				parts := strings.Split(p, ":")
+				container := parts[len(parts)-1]
+				if !s.exposes(container) {
+					t.Errorf("service %s: publishes container port %s, which it does not expose", n, container)
+				}
+				if len(parts) > 1 {
+					host := strings.Join(parts[:len(parts)-1], ":")
+					if other := published[host]; other != "" {
+						t.Errorf("service %s: host port %s is published by %s too", n, host, other)
+					}
+					published[host] = n
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestComposeDependsOn: dependencies name services, and a wait for
 // service_healthy names one with a healthcheck.
 func TestComposeDependsOn(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	for _, n := range c.names() {
-		for dep, cond := range c.Services[n].DependsOn {
-			target, ok := c.Services[dep]
-			switch {
-			case !ok:
-				t.Errorf("service %s: depends on %s, which is not a service", n, dep)
-			case cond == "service_healthy" && target.Healthcheck == nil:
-				t.Errorf("service %s: waits for %s to be healthy, but %s has no healthcheck", n, dep, dep)
-			case !slices.Contains([]string{"service_started", "service_healthy", "service_completed_successfully"}, cond):
-				t.Errorf("service %s: depends_on %s: unknown condition %q", n, dep, cond)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		for _, n := range c.names() {
+			for dep, cond := range c.Services[n].DependsOn {
+				target, ok := c.Services[dep]
+				switch {
+				case !ok:
+					t.Errorf("service %s: depends on %s, which is not a service", n, dep)
+				case cond == "service_healthy" && target.Healthcheck == nil:
+					t.Errorf("service %s: waits for %s to be healthy, but %s has no healthcheck", n, dep, dep)
+				case !slices.Contains([]string{"service_started", "service_healthy", "service_completed_successfully"}, cond):
+					t.Errorf("service %s: depends_on %s: unknown condition %q", n, dep, cond)
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestComposeVolumes: bind mounts name files that exist here, named volumes
 // are declared, and every declared volume is used.
 func TestComposeVolumes(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	used := map[string]bool{}
-	for _, n := range c.names() {
-		for _, v := range c.Services[n].Volumes {
-			src, rest, ok := strings.Cut(v, ":")
-			if !ok || rest == "" {
-				t.Errorf("service %s: volume %q is not SOURCE:TARGET", n, v)
-				continue
-			}
-			switch {
-			case strings.HasPrefix(src, "/"):
-				t.Errorf("service %s: volume %q mounts an absolute host path; use a path relative to compose/deploy", n, v)
-			case strings.HasPrefix(src, "."):
-				if _, err := os.Stat(src); err != nil {
-					t.Errorf("service %s: volume %q: %v", n, v, err)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		used := map[string]bool{}
+		for _, n := range c.names() {
+			for _, v := range c.Services[n].Volumes {
+				src, rest, ok := strings.Cut(v, ":")
+				if !ok || rest == "" {
+					t.Errorf("service %s: volume %q is not SOURCE:TARGET", n, v)
+					continue
 				}
-			default:
-				used[src] = true
-				if _, ok := c.Volumes[src]; !ok {
-					t.Errorf("service %s: named volume %q is not declared under volumes:", n, src)
+				switch {
+				case strings.HasPrefix(src, "/"):
+					t.Errorf("service %s: volume %q mounts an absolute host path; use a path relative to compose/deploy", n, v)
+				case strings.HasPrefix(src, "."):
+					if _, err := os.Stat(src); err != nil {
+						t.Errorf("service %s: volume %q: %v", n, v, err)
+					}
+				default:
+					used[src] = true
+					if _, ok := c.Volumes[src]; !ok {
+						t.Errorf("service %s: named volume %q is not declared under volumes:", n, src)
+					}
 				}
 			}
 		}
-	}
-	for v := range c.Volumes {
-		if !used[v] {
-			t.Errorf("volume %s is declared but no service mounts it", v)
+		for v := range c.Volumes {
+			if !used[v] {
+				t.Errorf("volume %s is declared but no service mounts it", v)
+			}
 		}
-	}
+	})
 }
 
 // TestComposeDataDirs: every gateway and aggregator sets TOLLGATE_DATA_DIR
@@ -224,27 +230,28 @@ func TestComposeVolumes(t *testing.T) {
 // kept there — the gateway's event spool and last-known-good copy, the
 // aggregator's Pebble state — must survive a restart and never be shared.
 func TestComposeDataDirs(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	owner := map[string]string{} // volume → service
-	for _, n := range append(c.running(binGateway), c.running(binAggregator)...) {
-		s := c.Services[n]
-		dir := s.Environment["TOLLGATE_DATA_DIR"]
-		if !filepath.IsAbs(dir) {
-			t.Errorf("service %s: TOLLGATE_DATA_DIR %q: want an absolute path on a volume (the default, tollgate-data, is relative to the working directory)", n, dir)
-			continue
+	forDeployments(t, func(t *testing.T, c *compose) {
+		owner := map[string]string{} // volume → service
+		for _, n := range append(c.running(binGateway), c.running(binAggregator)...) {
+			s := c.Services[n]
+			dir := s.Environment["TOLLGATE_DATA_DIR"]
+			if !filepath.IsAbs(dir) {
+				t.Errorf("service %s: TOLLGATE_DATA_DIR %q: want an absolute path on a volume (the default, tollgate-data, is relative to the working directory)", n, dir)
+				continue
+			}
+			src, _ := s.volumeAt(dir)
+			switch {
+			case src == "":
+				t.Errorf("service %s: TOLLGATE_DATA_DIR %s is on no volume (read-only root filesystem: %v): mount one there", n, dir, s.ReadOnly)
+			case strings.HasPrefix(src, "."):
+				t.Errorf("service %s: TOLLGATE_DATA_DIR %s is the bind mount %s; want a named volume", n, dir, src)
+			case owner[src] != "":
+				t.Errorf("service %s: TOLLGATE_DATA_DIR is on volume %s, which %s uses too", n, src, owner[src])
+			default:
+				owner[src] = n
+			}
 		}
-		src, _ := s.volumeAt(dir)
-		switch {
-		case src == "":
-			t.Errorf("service %s: TOLLGATE_DATA_DIR %s is on no volume (read-only root filesystem: %v): mount one there", n, dir, s.ReadOnly)
-		case strings.HasPrefix(src, "."):
-			t.Errorf("service %s: TOLLGATE_DATA_DIR %s is the bind mount %s; want a named volume", n, dir, src)
-		case owner[src] != "":
-			t.Errorf("service %s: TOLLGATE_DATA_DIR is on volume %s, which %s uses too", n, src, owner[src])
-		default:
-			owner[src] = n
-		}
-	}
+	})
 }
 
 // TestComposeExampleEnv: example.env lists exactly the variables compose
