@@ -59,16 +59,17 @@ func regionsDeployment(t testing.TB) *compose {
 }
 
 // TestComposeRegionsNATS: every NATS server of the two-region deployment
-// is configured from a file nats-server parses, runs JetStream in a domain
-// of its own on a volume of its own, on the ports its service exposes; one
-// (the hub) listens for leafnode connections and every other links to it.
+// is configured from a file nats-server parses, has a name of its own and
+// runs JetStream in a domain of its own, on a volume of its own and on the
+// ports its service exposes; one (the hub) listens for leafnode
+// connections and every other links to it.
 func TestComposeRegionsNATS(t *testing.T) {
 	c := regionsDeployment(t)
 	cfgs := natsConfigs(t, c)
 	if len(cfgs) != 2 {
 		t.Fatalf("want two NATS servers configured from files (one a region), have %d", len(cfgs))
 	}
-	domains, stores := map[string]string{}, map[string]string{}
+	domains, stores, names := map[string]string{}, map[string]string{}, map[string]string{}
 	var hubs []natsConfig
 	for _, nc := range cfgs {
 		s, o := c.Services[nc.service], nc.opts
@@ -79,6 +80,10 @@ func TestComposeRegionsNATS(t *testing.T) {
 			t.Errorf("%s: JetStream domain %s is %s's too", where, o.JetStreamDomain, other)
 		}
 		domains[o.JetStreamDomain] = nc.service
+		if other := names[o.ServerName]; o.ServerName == "" || other != "" {
+			t.Errorf("%s: server_name %q is empty or %s's too; want one of its own", where, o.ServerName, other)
+		}
+		names[o.ServerName] = nc.service
 		switch src, _ := s.volumeAt(o.StoreDir); {
 		case o.StoreDir == "" || src == "" || strings.HasPrefix(src, "."):
 			t.Errorf("%s: store_dir %q is on no named volume", where, o.StoreDir)
