@@ -490,60 +490,67 @@ type promConfig struct {
 // its metrics port under the job names the dashboards use, its rule files
 // and Alertmanager exist, and promtool accepts the file.
 func TestPrometheusConfig(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	prom := c.Services["prometheus"]
-	if prom == nil {
-		t.Fatal("no prometheus service")
-	}
-	if prom.mountSource("/etc/prometheus/prometheus.yml") != filepath.Clean(prometheusFile) {
-		t.Errorf("the prometheus service does not mount %s at /etc/prometheus/prometheus.yml", prometheusFile)
-	}
-	var pc promConfig
-	readYAML(t, prometheusFile, &pc)
-	for _, rf := range pc.RuleFiles {
-		local := prom.mountSource(rf)
-		if local == "" {
-			t.Errorf("%s: rule file %s is not mounted into the prometheus service", prometheusFile, rf)
-		} else if _, err := os.Stat(local); err != nil {
-			t.Errorf("%s: rule file %s: %v", prometheusFile, rf, err)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		prom := c.Services["prometheus"]
+		if prom == nil {
+			t.Fatal("no prometheus service")
 		}
-	}
-	if !slices.ContainsFunc(pc.RuleFiles, func(rf string) bool { return prom.mountSource(rf) == filepath.Clean(alertsFile) }) {
-		t.Errorf("%s does not load %s", prometheusFile, alertsFile)
-	}
-	jobs := map[string][]string{}
-	for _, sc := range pc.ScrapeConfigs {
-		for _, st := range sc.StaticConfigs {
-			for _, tg := range st.Targets {
-				jobs[sc.JobName] = append(jobs[sc.JobName], tg)
-				host, port, _ := strings.Cut(tg, ":")
-				if msg := c.checkAddr("prometheus", addr{host: host, port: port, where: prometheusFile + ": job " + sc.JobName}); msg != "" {
-					t.Error(msg)
+		var prometheusFile string
+		for _, arg := range prom.Command {
+			if p, ok := strings.CutPrefix(arg, "--config.file="); ok {
+				prometheusFile = prom.mountSource(p)
+			}
+		}
+		if prometheusFile == "" {
+			t.Fatal("the prometheus service's --config.file is not mounted from this directory")
+		}
+		var pc promConfig
+		readYAML(t, prometheusFile, &pc)
+		for _, rf := range pc.RuleFiles {
+			local := prom.mountSource(rf)
+			if local == "" {
+				t.Errorf("%s: rule file %s is not mounted into the prometheus service", prometheusFile, rf)
+			} else if _, err := os.Stat(local); err != nil {
+				t.Errorf("%s: rule file %s: %v", prometheusFile, rf, err)
+			}
+		}
+		if !slices.ContainsFunc(pc.RuleFiles, func(rf string) bool { return prom.mountSource(rf) == filepath.Clean(alertsFile) }) {
+			t.Errorf("%s does not load %s", prometheusFile, alertsFile)
+		}
+		jobs := map[string][]string{}
+		for _, sc := range pc.ScrapeConfigs {
+			for _, st := range sc.StaticConfigs {
+				for _, tg := range st.Targets {
+					jobs[sc.JobName] = append(jobs[sc.JobName], tg)
+					host, port, _ := strings.Cut(tg, ":")
+					if msg := c.checkAddr("prometheus", addr{host: host, port: port, where: prometheusFile + ": job " + sc.JobName}); msg != "" {
+						t.Error(msg)
+					}
 				}
 			}
 		}
-	}
-	for _, am := range pc.Alerting.Alertmanagers {
-		for _, st := range am.StaticConfigs {
-			for _, tg := range st.Targets {
-				host, port, _ := strings.Cut(tg, ":")
-				if msg := c.checkAddr("prometheus", addr{host: host, port: port, where: prometheusFile + ": alertmanagers"}); msg != "" {
-					t.Error(msg)
+		for _, am := range pc.Alerting.Alertmanagers {
+			for _, st := range am.StaticConfigs {
+				for _, tg := range st.Targets {
+					host, port, _ := strings.Cut(tg, ":")
+					if msg := c.checkAddr("prometheus", addr{host: host, port: port, where: prometheusFile + ": alertmanagers"}); msg != "" {
+						t.Error(msg)
+					}
 				}
 			}
 		}
-	}
-	for _, want := range []struct{ job, bin, listen string }{
-		{jobGateway, binGateway, "TOLLGATE_METRICS_LISTEN"},
-		{jobAggregator, binAggregator, "TOLLGATE_AGGREGATOR_METRICS_LISTEN"},
-	} {
-		got := slices.Sorted(slices.Values(jobs[want.job]))
-		exp := c.metricsTargets(t, want.bin, want.listen)
-		if !slices.Equal(got, exp) {
-			t.Errorf("%s: job %s scrapes %v, want every %s's metrics listener %v", prometheusFile, want.job, got, want.bin, exp)
+		for _, want := range []struct{ job, bin, listen string }{
+			{jobGateway, binGateway, "TOLLGATE_METRICS_LISTEN"},
+			{jobAggregator, binAggregator, "TOLLGATE_AGGREGATOR_METRICS_LISTEN"},
+		} {
+			got := slices.Sorted(slices.Values(jobs[want.job]))
+			exp := c.metricsTargets(t, want.bin, want.listen)
+			if !slices.Equal(got, exp) {
+				t.Errorf("%s: job %s scrapes %v, want every %s's metrics listener %v", prometheusFile, want.job, got, want.bin, exp)
+			}
 		}
-	}
-	runTool(t, requireTool(t, "promtool"), nil, "check", "config", "--syntax-only", writeTemp(t, "prometheus.yml", prometheusConfig(t, nil, "")))
+		runTool(t, requireTool(t, "promtool"), nil, "check", "config", "--syntax-only", writeTemp(t, "prometheus.yml", prometheusConfigOf(t, c, prometheusFile, nil, "")))
+	})
 }
 
 // TestAlertmanagerConfig: Alertmanager's file is mounted and routes to a

@@ -31,12 +31,14 @@ const (
 	dockerfile     = "Dockerfile"
 	exampleEnvFile = "example.env"
 	prometheusFile = "prometheus/prometheus.yml"
-	alertsFile     = "prometheus/alerts.yml"
-	alertsTestFile = "prometheus/alerts_test.yml"
-	datasourceDir  = "grafana/provisioning/datasources"
-	providerDir    = "grafana/provisioning/dashboards"
-	dashboardsDir  = "grafana/dashboards"
-	repoRoot       = "../.."
+	// Prometheus of the two-region deployment (regionsFile).
+	prometheusRegionsFile = "prometheus/prometheus.regions.yml"
+	alertsFile            = "prometheus/alerts.yml"
+	alertsTestFile        = "prometheus/alerts_test.yml"
+	datasourceDir         = "grafana/provisioning/datasources"
+	providerDir           = "grafana/provisioning/dashboards"
+	dashboardsDir         = "grafana/dashboards"
+	repoRoot              = "../.."
 )
 
 // Prometheus job names the dashboards and alerts select on.

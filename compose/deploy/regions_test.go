@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -294,4 +295,24 @@ func keys(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestPrometheusRegionsConfig: the two-region deployment's Prometheus file
+// is prometheus.yml with more targets only (same jobs, rules, alerting and
+// intervals).
+func TestPrometheusRegionsConfig(t *testing.T) {
+	var one, two map[string]any
+	readYAML(t, prometheusFile, &one)
+	readYAML(t, prometheusRegionsFile, &two)
+	for _, cfg := range []map[string]any{one, two} {
+		scs, _ := cfg["scrape_configs"].([]any)
+		for _, sc := range scs {
+			if m, ok := sc.(map[string]any); ok {
+				delete(m, "static_configs")
+			}
+		}
+	}
+	if !reflect.DeepEqual(one, two) {
+		t.Errorf("%s differs from %s beyond its scrape targets:\n%v\n%v", prometheusRegionsFile, prometheusFile, two, one)
+	}
 }
