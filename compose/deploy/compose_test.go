@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bufio"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -411,25 +412,57 @@ func sentinelMonitor(t testing.TB, path string) (name, host, port string, quorum
 	return
 }
 
-// TestComposeKafka: the brokers' node ids are unique, the controller quorum
-// names each of them under its own id, and replication fits the brokers.
+// TestComposeKafka: in each Kafka cluster (a region's; CLUSTER_ID) the
+// brokers' node ids are unique, the controller quorum names each of them
+// under its own id, and replication fits the brokers; every gateway and
+// aggregator names every broker of one cluster.
 func TestComposeKafka(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	ids := map[string]string{} // node id → service
-	var brokers []string
-	for _, n := range c.names() {
-		id, ok := c.Services[n].Environment["KAFKA_NODE_ID"]
-		if !ok {
-			continue
+	forDeployments(t, func(t *testing.T, c *compose) {
+		// Every cluster (CLUSTER_ID) on its own: a region's brokers.
+		clusters := map[string][]string{} // cluster id → its nodes' services
+		for _, n := range c.names() {
+			if _, ok := c.Services[n].Environment["KAFKA_NODE_ID"]; ok {
+				id := c.Services[n].Environment["CLUSTER_ID"]
+				clusters[id] = append(clusters[id], n)
+			}
 		}
+		if len(clusters[kafkaCluster]) < 3 {
+			t.Fatalf("want at least three Kafka nodes in cluster %s (docker-compose.yml), have %v", kafkaCluster, clusters[kafkaCluster])
+		}
+		for cluster, brokers := range clusters {
+			checkKafkaCluster(t, c, cluster, brokers)
+		}
+		for _, bin := range []string{binGateway, binAggregator} {
+			for _, n := range c.running(bin) {
+				var named []string
+				for _, a := range strings.Split(c.Services[n].Environment["TOLLGATE_KAFKA_BROKERS"], ",") {
+					host, _, _ := strings.Cut(a, ":")
+					named = append(named, host)
+				}
+				slices.Sort(named)
+				if !slices.ContainsFunc(slices.Collect(maps.Values(clusters)), func(b []string) bool { return slices.Equal(named, b) }) {
+					t.Errorf("service %s: TOLLGATE_KAFKA_BROKERS names %v, want every node of one cluster %v", n, named, clusters)
+				}
+			}
+		}
+	})
+}
+
+// kafkaCluster is the CLUSTER_ID of docker-compose.yml's brokers.
+const kafkaCluster = "boNMwQtBR2yMH4Nkq6i10g"
+
+// checkKafkaCluster: the nodes of one Kafka cluster (brokers, sorted
+// service names) have ids of their own, list each other as quorum voters
+// and replicate no more than they can.
+func checkKafkaCluster(t *testing.T, c *compose, cluster string, brokers []string) {
+	t.Helper()
+	ids := map[string]string{} // node id → service
+	for _, n := range brokers {
+		id := c.Services[n].Environment["KAFKA_NODE_ID"]
 		if other := ids[id]; other != "" {
-			t.Errorf("services %s and %s share KAFKA_NODE_ID %s", other, n, id)
+			t.Errorf("cluster %s: services %s and %s share KAFKA_NODE_ID %s", cluster, other, n, id)
 		}
 		ids[id] = n
-		brokers = append(brokers, n)
-	}
-	if len(brokers) < 3 {
-		t.Fatalf("want at least three Kafka nodes, have %v", brokers)
 	}
 	for _, n := range brokers {
 		env := c.Services[n].Environment
@@ -447,22 +480,6 @@ func TestComposeKafka(t *testing.T) {
 		for _, k := range []string{"KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"} {
 			if rf, err := strconv.Atoi(env[k]); err != nil || rf > len(brokers) {
 				t.Errorf("service %s: %s=%q: want at most %d (the nodes)", n, k, env[k], len(brokers))
-			}
-		}
-		if env["CLUSTER_ID"] != c.Services[brokers[0]].Environment["CLUSTER_ID"] {
-			t.Errorf("service %s: CLUSTER_ID differs from %s's", n, brokers[0])
-		}
-	}
-	for _, bin := range []string{binGateway, binAggregator} {
-		for _, n := range c.running(bin) {
-			var named []string
-			for _, a := range strings.Split(c.Services[n].Environment["TOLLGATE_KAFKA_BROKERS"], ",") {
-				host, _, _ := strings.Cut(a, ":")
-				named = append(named, host)
-			}
-			slices.Sort(named)
-			if !slices.Equal(named, brokers) {
-				t.Errorf("service %s: TOLLGATE_KAFKA_BROKERS names %v, want every node %v", n, named, brokers)
 			}
 		}
 	}
