@@ -258,19 +258,20 @@ func TestComposeDataDirs(t *testing.T) {
 // TestComposeExampleEnv: example.env lists exactly the variables compose
 // needs from .env.
 func TestComposeExampleEnv(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	listed := map[string]bool{}
-	for _, n := range exampleEnvNames(t) {
-		listed[n] = true
-		if _, ok := c.refs[n]; !ok {
-			t.Errorf("%s: %s is not used by %s", exampleEnvFile, n, composeFile)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		listed := map[string]bool{}
+		for _, n := range exampleEnvNames(t) {
+			listed[n] = true
+			if _, ok := c.refs[n]; !ok {
+				t.Errorf("%s: %s is not used by %s", exampleEnvFile, n, composeFile)
+			}
 		}
-	}
-	for n, required := range c.refs {
-		if required && !listed[n] {
-			t.Errorf("%s: ${%s} has no default and %s does not list it", composeFile, n, exampleEnvFile)
+		for n, required := range c.refs {
+			if required && !listed[n] {
+				t.Errorf("%s: ${%s} has no default and %s does not list it", composeFile, n, exampleEnvFile)
+			}
 		}
-	}
+	})
 }
 
 // TestComposeViewerToken: the optional read-only viewer token in .env
@@ -313,27 +314,38 @@ func TestComposeViewerToken(t *testing.T) {
 	}
 }
 
-// TestComposeAggregatorsShareGateways: the aggregators reach the gateways'
-// Redis with the gateways' settings (the operator API reads and resets
-// their counters there) and read the rules file the gateways read, from
-// the same mount (it seeds NATS's rules bucket, and keys/{key} decides by
-// it while NATS holds no ruleset).
+// TestComposeAggregatorsShareGateways: the aggregators reach their
+// region's gateways' Redis with the gateways' settings (the operator API
+// reads and resets their counters there) and read the rules file the
+// gateways read, from the same mount (it seeds NATS's rules bucket, and
+// keys/{key} decides by it while NATS holds no ruleset).
 func TestComposeAggregatorsShareGateways(t *testing.T) {
-	c := loadCompose(t, testEnv(t))
-	gw := c.Services[c.running(binGateway)[0]]
-	for _, n := range c.running(binAggregator) {
-		s := c.Services[n]
-		for name, v := range gw.Environment {
-			if strings.HasPrefix(name, "TOLLGATE_REDIS_") && s.Environment[name] != v {
-				t.Errorf("service %s: %s=%q, but the gateways' is %q", n, name, s.Environment[name], v)
+	forDeployments(t, func(t *testing.T, c *compose) {
+		gateways := map[string]*service{} // TOLLGATE_REGION → a gateway of that region
+		for _, n := range c.running(binGateway) {
+			if r := c.Services[n].Environment["TOLLGATE_REGION"]; gateways[r] == nil {
+				gateways[r] = c.Services[n]
 			}
 		}
-		file := s.Environment["TOLLGATE_RULES_FILE"]
-		if file == "" || s.mountSource(file) == "" || s.mountSource(file) != gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]) {
-			t.Errorf("service %s: TOLLGATE_RULES_FILE %q is mounted from %q, want the gateways' rules file %q", n, file,
-				s.mountSource(file), gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]))
+		for _, n := range c.running(binAggregator) {
+			s := c.Services[n]
+			gw := gateways[s.Environment["TOLLGATE_REGION"]]
+			if gw == nil {
+				t.Errorf("service %s: no gateway in its region %q", n, s.Environment["TOLLGATE_REGION"])
+				continue
+			}
+			for name, v := range gw.Environment {
+				if strings.HasPrefix(name, "TOLLGATE_REDIS_") && s.Environment[name] != v {
+					t.Errorf("service %s: %s=%q, but the gateways' is %q", n, name, s.Environment[name], v)
+				}
+			}
+			file := s.Environment["TOLLGATE_RULES_FILE"]
+			if file == "" || s.mountSource(file) == "" || s.mountSource(file) != gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]) {
+				t.Errorf("service %s: TOLLGATE_RULES_FILE %q is mounted from %q, want the gateways' rules file %q", n, file,
+					s.mountSource(file), gw.mountSource(gw.Environment["TOLLGATE_RULES_FILE"]))
+			}
 		}
-	}
+	})
 }
 
 // TestComposeRedisSentinel: the gateways reach Redis through the sentinels
