@@ -18,6 +18,14 @@
 //     /metrics with promtool check metrics, runs a real prometheus on
 //     prometheus/prometheus.yml and evaluates every dashboard query against
 //     it: a query that returns nothing fails the test.
+//   - regions_test.go reads the two-region deployment (docker-compose.yml
+//     with docker-compose.regions.yml, merged as docker compose merges
+//     them; the checks of compose_test.go run on it too): the NATS
+//     configuration files under nats/ parse with nats-server's own parser
+//     and link the regions' JetStream domains hub and spoke, each region's
+//     services use their own NATS, Redis and Kafka, regions/rules.yaml is
+//     configs/rules.yaml with the regions listed. regions_live_test.go
+//     starts the two NATS servers from those files and checks they link.
 //
 // The tests need promtool and prometheus (Debian package prometheus; make
 // deps installs it) and fail, never skip, without them.

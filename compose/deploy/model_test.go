@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,15 +25,20 @@ import (
 // directory), and the repository root the Dockerfile builds from.
 const (
 	composeFile    = "docker-compose.yml"
+	regionsFile    = "docker-compose.regions.yml" // the second region, over composeFile
+	natsConfigDir  = "nats"                       // the regions' NATS configuration files
+	regionsRules   = "regions/rules.yaml"         // the rules both regions read
 	dockerfile     = "Dockerfile"
 	exampleEnvFile = "example.env"
 	prometheusFile = "prometheus/prometheus.yml"
-	alertsFile     = "prometheus/alerts.yml"
-	alertsTestFile = "prometheus/alerts_test.yml"
-	datasourceDir  = "grafana/provisioning/datasources"
-	providerDir    = "grafana/provisioning/dashboards"
-	dashboardsDir  = "grafana/dashboards"
-	repoRoot       = "../.."
+	// Prometheus of the two-region deployment (regionsFile).
+	prometheusRegionsFile = "prometheus/prometheus.regions.yml"
+	alertsFile            = "prometheus/alerts.yml"
+	alertsTestFile        = "prometheus/alerts_test.yml"
+	datasourceDir         = "grafana/provisioning/datasources"
+	providerDir           = "grafana/provisioning/dashboards"
+	dashboardsDir         = "grafana/dashboards"
+	repoRoot              = "../.."
 )
 
 // Prometheus job names the dashboards and alerts select on.
@@ -211,48 +217,138 @@ func exampleEnvNames(t testing.TB) []string {
 	return names
 }
 
-// loadCompose reads docker-compose.yml with env as the variables compose
-// interpolates (.env). It fails the test on anything compose would refuse
-// that this model can see: an unknown top-level or service key, a required
-// variable that is not set.
-func loadCompose(t testing.TB, env map[string]string) *compose {
+// loadCompose reads docker-compose.yml, or the files given, merged in order
+// as docker compose -f a -f b merges them (mergeServices), with env as the
+// variables compose interpolates (.env). It fails the test on anything
+// compose would refuse that this model can see: an unknown top-level or
+// service key, a required variable that is not set.
+func loadCompose(t testing.TB, env map[string]string, files ...string) *compose {
 	t.Helper()
-	data, err := os.ReadFile(composeFile)
-	if err != nil {
-		t.Fatal(err)
+	if len(files) == 0 {
+		files = []string{composeFile}
 	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatalf("%s: %v", composeFile, err)
-	}
-	for k := range doc {
-		if !strings.HasPrefix(k, "x-") && !slices.Contains([]string{"name", "services", "volumes", "networks"}, k) {
-			t.Errorf("%s: unknown top-level key %q", composeFile, k)
+	c := &compose{refs: map[string]bool{}, Volumes: map[string]any{}}
+	merged := map[string]any{}
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal(data, &doc); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		for k := range doc {
+			if !strings.HasPrefix(k, "x-") && !slices.Contains([]string{"name", "services", "volumes", "networks"}, k) {
+				t.Errorf("%s: unknown top-level key %q", file, k)
+			}
+		}
+		in := &interpolator{env: env, refs: c.refs}
+		services, _ := in.walk(doc["services"]).(map[string]any)
+		for _, err := range in.errs {
+			t.Errorf("%s: %v", file, err)
+		}
+		mergeServices(merged, services)
+		if vols, ok := doc["volumes"].(map[string]any); ok {
+			maps.Copy(c.Volumes, vols)
 		}
 	}
-	c := &compose{refs: map[string]bool{}}
-	in := &interpolator{env: env, refs: c.refs}
-	services := in.walk(doc["services"])
-	for _, err := range in.errs {
-		t.Errorf("%s: %v", composeFile, err)
-	}
 	// Re-encode the interpolated, merged services and decode them strictly.
-	raw, err := yaml.Marshal(services)
+	raw, err := yaml.Marshal(merged)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c.Services); err != nil {
-		t.Fatalf("%s: services: %v", composeFile, err)
-	}
-	if vols, ok := doc["volumes"].(map[string]any); ok {
-		c.Volumes = vols
+		t.Fatalf("%s: services: %v", strings.Join(files, " + "), err)
 	}
 	if len(c.Services) == 0 {
-		t.Fatalf("%s: no services", composeFile)
+		t.Fatalf("%s: no services", strings.Join(files, " + "))
 	}
 	return c
+}
+
+// deployments are the ways this directory is started: the compose files
+// each passes to docker compose -f, in order.
+var deployments = []struct {
+	name  string
+	files []string
+}{
+	{"one region", []string{composeFile}},
+	{"two regions", []string{composeFile, regionsFile}},
+}
+
+// forDeployments runs check on every deployment, each a subtest.
+func forDeployments(t *testing.T, check func(t *testing.T, c *compose)) {
+	t.Helper()
+	for _, d := range deployments {
+		t.Run(d.name, func(t *testing.T) { check(t, loadCompose(t, testEnv(t), d.files...)) })
+	}
+}
+
+// mergeServices merges the services of a later compose file into dst the
+// way docker compose merges -f files: a new service is added; for one that
+// exists, mappings (environment, depends_on, healthcheck, build) are merged
+// key by key, volumes by their target path, expose and ports appended
+// without duplicates, and any other key replaced (command, image, …).
+func mergeServices(dst, over map[string]any) {
+	for name, v := range over {
+		o, _ := v.(map[string]any)
+		base, ok := dst[name].(map[string]any)
+		if !ok || o == nil {
+			dst[name] = v
+			continue
+		}
+		out := maps.Clone(base)
+		for k, ov := range o {
+			bm, bok := base[k].(map[string]any)
+			om, ook := ov.(map[string]any)
+			switch {
+			case k == "volumes":
+				out[k] = mergeVolumes(base[k], ov)
+			case k == "expose" || k == "ports":
+				list, _ := base[k].([]any)
+				list = slices.Clone(list)
+				add, _ := ov.([]any)
+				for _, x := range add {
+					if !slices.Contains(list, x) {
+						list = append(list, x)
+					}
+				}
+				out[k] = list
+			case bok && ook:
+				m := maps.Clone(bm)
+				maps.Copy(m, om)
+				out[k] = m
+			default:
+				out[k] = ov
+			}
+		}
+		dst[name] = out
+	}
+}
+
+// mergeVolumes merges two services' volume lists: a later mount replaces
+// the one at the same target.
+func mergeVolumes(base, over any) []any {
+	target := func(v any) string {
+		s, _ := v.(string)
+		_, dst, _ := strings.Cut(s, ":")
+		dst, _, _ = strings.Cut(dst, ":")
+		return dst
+	}
+	bl, _ := base.([]any)
+	ol, _ := over.([]any)
+	out := slices.Clone(bl)
+	for _, v := range ol {
+		if i := slices.IndexFunc(out, func(b any) bool { return target(b) == target(v) }); i >= 0 {
+			out[i] = v
+		} else {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // interpolator applies compose's variable syntax to every string: $$, $X,

@@ -71,16 +71,22 @@ func tool(t testing.TB, bin string, stdin []byte, args ...string) (string, error
 // interval, that scrape and evaluation interval.
 func prometheusConfig(t testing.TB, targets map[string][]string, interval string) []byte {
 	t.Helper()
-	c := loadCompose(t, testEnv(t))
+	return prometheusConfigOf(t, loadCompose(t, testEnv(t)), prometheusFile, targets, interval)
+}
+
+// prometheusConfigOf is prometheusConfig for deployment c's prometheus
+// service and its configuration file (local path).
+func prometheusConfigOf(t testing.TB, c *compose, file string, targets map[string][]string, interval string) []byte {
+	t.Helper()
 	prom := c.Services["prometheus"]
 	var cfg map[string]any
-	readYAML(t, prometheusFile, &cfg)
+	readYAML(t, file, &cfg)
 	if files, ok := cfg["rule_files"].([]any); ok {
 		for i, f := range files {
 			local := prom.mountSource(fmt.Sprint(f))
 			abs, err := filepath.Abs(local)
 			if local == "" || err != nil {
-				t.Fatalf("%s: rule file %v is not mounted into the prometheus service", prometheusFile, f)
+				t.Fatalf("%s: rule file %v is not mounted into the prometheus service", file, f)
 			}
 			files[i] = abs
 		}
