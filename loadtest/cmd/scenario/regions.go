@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,11 @@ type regionsOptions struct {
 	json      bool          // the summary as JSON
 	// redisTimeout is the gateways' deadline of a Redis call.
 	redisTimeout time.Duration
+	// agents: each region also runs NATS (linked), Kafka and an
+	// aggregator, so that shares follow demand; false: static shares.
+	agents bool
+	// period is the aggregators' and gateways' regions_period.
+	period time.Duration
 }
 
 // region is one region of the scenario: its Redis and its gateway.
@@ -41,6 +47,9 @@ type region struct {
 	redis   *redisserver.Server
 	gateway *fleet.Process
 	share   int64 // its static share of L
+	// agent is the region's NATS, Kafka and aggregator (nil with static
+	// shares).
+	agent *agentPart
 }
 
 // regionFleet is the regions started and the links between them.
@@ -61,7 +70,12 @@ func (f *regionFleet) close() {
 		_ = l.Close()
 	}
 	for _, r := range f.regions {
-		r.gateway.Stop()
+		if r.gateway != nil {
+			r.gateway.Stop()
+		}
+		if r.agent != nil {
+			r.agent.stop()
+		}
 		if r.redis != nil {
 			_ = r.redis.Stop()
 		}
@@ -108,27 +122,41 @@ func startRegions(ctx context.Context, o options, ro regionsOptions, log *slog.L
 		return f, fmt.Errorf("regions: static shares: %w", err)
 	}
 	rules := regionsRules(ro.regions, ro.limit, ro.window)
+	rulesFile := filepath.Join(f.dir, "rules.yaml")
+	if err := os.WriteFile(rulesFile, []byte(rules), 0o600); err != nil {
+		return f, fmt.Errorf("regions: rules file: %w", err)
+	}
 	for i := range ro.regions {
-		r := &region{name: fmt.Sprintf("r%d", i+1), share: shares[i]}
-		f.regions = append(f.regions, r)
+		f.regions = append(f.regions, &region{name: fmt.Sprintf("r%d", i+1), share: shares[i]})
+	}
+	if ro.agents {
+		f.agent = true
+		if err := f.startLinkedNATS(ctx, log); err != nil {
+			return f, err
+		}
+	}
+	for _, r := range f.regions {
 		if r.redis, err = fleet.StartRedis(ctx, log); err != nil {
 			return f, fmt.Errorf("regions: %s: %w", r.name, err)
 		}
+		// A generous Redis deadline: on a loaded machine a call past the
+		// default 50 ms fails open, which the judge cannot count.
+		env := []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()}
+		if ro.agents {
+			join, err := f.startAgent(ctx, r, rulesFile, ro.period, log)
+			if err != nil {
+				return f, err
+			}
+			env = append(env, join...)
+		}
 		r.gateway, err = fleet.StartGateway(ctx, fleet.Gateway{
 			Bin: o.gateway, Dir: f.dir, Name: "gw-" + r.name, Rules: rules,
-			Redis: r.redis.Addr(), API: true,
-			// A generous Redis deadline: on a loaded machine a call past
-			// the default 50 ms fails open, which the judge cannot count.
-			Env: []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()},
+			Redis: r.redis.Addr(), API: true, Env: env,
 		})
 		if err != nil {
 			return f, fmt.Errorf("regions: %s: %w", r.name, err)
 		}
 	}
-	// The region agent and coordinator (the aggregator's, over NATS
-	// leafnodes and a Kafka-protocol broker per region) are not in this
-	// build: nothing crosses regions, so there are no links to proxy and
-	// every region runs at its static share.
 	return f, nil
 }
 
@@ -292,7 +320,7 @@ type regionsRun struct {
 
 // static is said of a figure that depends on shares following demand,
 // when they do not.
-const static = "static shares: the regions do not lend units in this build"
+const static = "static shares (-agents=false): the regions do not lend units"
 
 // rate is k × L per second.
 func (r *regionsRun) rate(k float64) float64 { return k * r.L / r.ro.window.Seconds() }
@@ -328,9 +356,9 @@ func regionsScenario(ctx context.Context, o options, ro regionsOptions, log *slo
 	for _, rg := range f.regions {
 		r.sum.Shares = append(r.sum.Shares, rg.share)
 	}
-	r.sum.SharesMode = "static: no region agent in this build, so shares do not follow demand"
+	r.sum.SharesMode = "static (-agents=false): no aggregators, so shares do not follow demand"
 	if f.agent {
-		r.sum.SharesMode = "following demand (region agents and a coordinator)"
+		r.sum.SharesMode = fmt.Sprintf("following demand (an aggregator per region, linked over NATS, period %v)", ro.period)
 	}
 	for _, phase := range []func(context.Context) error{r.rotating, r.moving, r.split, r.partition, r.latency} {
 		if err := phase(ctx); err != nil {
@@ -446,7 +474,7 @@ func (r *regionsRun) partition(ctx context.Context) error {
 	}
 	note := fmt.Sprintf("the least a region admitted in a whole window (counting the admissions whose [sent, answered] reaches into it): %.0f %% of its static share", 100*keeps)
 	if len(r.f.links) == 0 {
-		note += "; no cross-region links in this build: nothing to cut"
+		note += "; static shares: no cross-region links to cut"
 	}
 	phase := fmt.Sprintf("partition of %v, rotating client at 10 × L", r.ro.partition)
 	r.add(phaseResult{Phase: phase, Figure: "over-admission (exact judge)",
@@ -479,7 +507,7 @@ func (r *regionsRun) latency(ctx context.Context) error {
 	ok := p1 <= p0+max(p0/2, r.ro.latency/10)
 	note := fmt.Sprintf("p99 %.2f ms without, %.2f ms with %v on every link", ms(p0), ms(p1), r.ro.latency)
 	if len(r.f.links) == 0 {
-		note += "; no cross-region links in this build: nothing to slow"
+		note += "; static shares: no cross-region links to slow"
 	}
 	r.add(phaseResult{Phase: fmt.Sprintf("%v added on every link", r.ro.latency), Figure: "request p99 with the latency",
 		Unit: "ms", Value: ms(p1), Target: fmt.Sprintf("unchanged (%.2f ms)", ms(p0)), Met: ok, Note: note}, append(base, slow...))

@@ -39,7 +39,8 @@ func TestRegionsScenarioShort(t *testing.T) {
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ro := regionsOptions{regions: 2, limit: 20, window: time.Second, phase: time.Second,
-		partition: time.Second, latency: 100 * time.Millisecond, redisTimeout: 2 * time.Second, json: true}
+		partition: time.Second, latency: 100 * time.Millisecond, redisTimeout: 2 * time.Second, json: true,
+		agents: true, period: 500 * time.Millisecond}
 	var out bytes.Buffer
 	sum, err := regionsScenario(ctx, options{gateway: gw}, ro, log, &out)
 	if err != nil {
