@@ -481,6 +481,36 @@ func (r *regionsRun) partition(ctx context.Context) error {
 		Unit: "violations", Value: b2f(over != ""), Target: "0", Met: over == "", Note: over}, shots)
 	r.add(phaseResult{Phase: phase, Figure: "each region keeps its static share",
 		Unit: "% of share", Value: 100 * keeps, Target: "≥ 100 %", Met: keeps >= 1, Note: note}, shots)
+	return r.healed(ctx)
+}
+
+// healed is the partitioned key's client moving all its traffic to r1 at
+// 2 × L as the links heal: the part of L r1 gets in each whole window
+// after the heal (converged: ≥ 90 % within 2 periods).
+func (r *regionsRun) healed(ctx context.Context) error {
+	healed := time.Now()
+	shots := drive(ctx, r.c, r.f, "sk_regions_partition", r.rate(2), max(r.ro.phase/2, 3*r.ro.window), func(int) int { return 0 })
+	if len(shots) == 0 {
+		return fmt.Errorf("regions: after the partition: %w", ctx.Err())
+	}
+	var fr []string
+	within := 0.0
+	for k, w := range fullWindows(healed, shots[len(shots)-1].sent, r.ro.window) {
+		if k >= 4 {
+			break
+		}
+		v := float64(mayLieIn(shots, 0, w, r.ro.window)) / r.L
+		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
+		if k < 2 {
+			within = max(within, v)
+		}
+	}
+	note := "L available in r1 in each period after the heal: " + strings.Join(fr, ", ")
+	if !r.f.agent {
+		note += "; " + static
+	}
+	r.add(phaseResult{Phase: "after the partition, the client all in r1 at 2 × L", Figure: "L available in r1 within 2 periods of the heal", Unit: "%",
+		Value: 100 * within, Target: "≥ 90 %", Met: within >= 0.9, Note: note}, shots)
 	return nil
 }
 

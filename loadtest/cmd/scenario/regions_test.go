@@ -56,7 +56,7 @@ func TestRegionsScenarioShort(t *testing.T) {
 	if err := sum.overAdmitted(); err != nil {
 		t.Fatalf("the judge found over-admission: %v\n%s", err, out.String())
 	}
-	wants := []string{"rotating client", "client moving", "split 70/30", "split 50/50", "partition", "added on every link"}
+	wants := []string{"rotating client", "client moving", "split 70/30", "split 50/50", "partition", "after the partition", "added on every link"}
 	for _, w := range wants {
 		found := false
 		for _, p := range sum.Phases {
