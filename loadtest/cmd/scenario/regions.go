@@ -433,6 +433,7 @@ func (r *regionsRun) split(ctx context.Context) error {
 		sorted := slices.Clone(shots)
 		slices.SortFunc(sorted, func(a, b shot) int { return a.sent.Compare(b.sent) })
 		var falseRej, requests int
+		byRegion := make([]int, len(r.f.regions))
 		for _, s := range sorted {
 			if s.err != nil {
 				continue
@@ -440,10 +441,11 @@ func (r *regionsRun) split(ctx context.Context) error {
 			requests++
 			if refOK := ref.Admit(s.sent.UnixMicro(), 1); refOK && !s.allowed {
 				falseRej++
+				byRegion[s.region]++
 			}
 		}
 		v := 100 * float64(falseRej) / float64(max(requests, 1))
-		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits", falseRej, requests)
+		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits (by region %v)", falseRej, requests, byRegion)
 		if !r.f.agent {
 			note += "; " + static
 		}
