@@ -28,11 +28,12 @@ func buildGateway(t *testing.T) string {
 
 // TestRegionsScenarioShort runs the regions scenario with two regions
 // (real redis-servers and gateway processes) and short phases: the exact
-// judge finds no over-admission for the rotating client, and the summary
-// has every phase, as a table and as JSON.
+// judge finds no over-admission for the rotating client, shares follow
+// demand (each region's NATS, Kafka and aggregator running), and the
+// summary has every phase, as a table and as JSON.
 func TestRegionsScenarioShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts redis-servers and gateways")
+		t.Skip("starts redis-servers, gateways, NATS, Kafka and aggregators")
 	}
 	gw := buildGateway(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -74,6 +75,17 @@ func TestRegionsScenarioShort(t *testing.T) {
 	rot := sum.Phases[0]
 	if !strings.HasPrefix(rot.Phase, "rotating") || !rot.Met || rot.Value != 0 || rot.Admitted == 0 {
 		t.Fatalf("rotating client: %+v, want 0 over-admission and some admissions", rot)
+	}
+	// Shares follow demand: after the heal the client all in r1 gets more
+	// than r1's static share (half of L) in a whole window, which only a
+	// loan from r2 gives.
+	for _, p := range sum.Phases {
+		if strings.HasPrefix(p.Phase, "after the partition") && p.Value <= 60 {
+			t.Errorf("after the heal r1 had at most %.0f %% of L in a whole window, want above its static share (50 %%): no loan reached it\n%s", p.Value, out.String())
+		}
+	}
+	if sum.Links != 1 {
+		t.Errorf("%d cross-region links, want 1 (r2's to r1)", sum.Links)
 	}
 	var table bytes.Buffer
 	if err := printRegions(&table, sum); err != nil {
