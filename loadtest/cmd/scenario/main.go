@@ -14,7 +14,9 @@
 //	        at a moderate fixed rate: the normal keys' latency with and
 //	        without it
 //	regions one global limit over several regions (each its own
-//	        redis-server and gateway): a client rotating the regions at
+//	        redis-server and gateway, and with -agents its own NATS linked
+//	        to the others, Kafka broker and aggregator lending unused units
+//	        between regions): a client rotating the regions at
 //	        10 × L, a client moving region, split traffic at 90 % of L, a
 //	        partition and latency on every link; the exact judge counts
 //	        over-admission and false rejections
@@ -73,6 +75,8 @@ func main() {
 	flag.DurationVar(&o.regions.latency, "regions-latency", 100*time.Millisecond, "regions: latency added on every link")
 	flag.DurationVar(&o.regions.redisTimeout, "regions-redis-timeout", time.Second, "regions: the gateways' Redis deadline (TOLLGATE_REDIS_TIMEOUT); a call past it fails open and is not judged")
 	flag.BoolVar(&o.regions.json, "json", false, "regions: print the summary as JSON")
+	flag.BoolVar(&o.regions.agents, "agents", true, "regions: run each region's NATS (linked), Kafka and aggregator so that shares follow demand; false: static shares")
+	flag.DurationVar(&o.regions.period, "regions-period", 500*time.Millisecond, "regions: the aggregators' and gateways' regions_period (TOLLGATE_REGIONS_PERIOD) with -agents")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,11 @@ type regionsOptions struct {
 	json      bool          // the summary as JSON
 	// redisTimeout is the gateways' deadline of a Redis call.
 	redisTimeout time.Duration
+	// agents: each region also runs NATS (linked), Kafka and an
+	// aggregator, so that shares follow demand; false: static shares.
+	agents bool
+	// period is the aggregators' and gateways' regions_period.
+	period time.Duration
 }
 
 // region is one region of the scenario: its Redis and its gateway.
@@ -41,6 +47,9 @@ type region struct {
 	redis   *redisserver.Server
 	gateway *fleet.Process
 	share   int64 // its static share of L
+	// agent is the region's NATS, Kafka and aggregator (nil with static
+	// shares).
+	agent *agentPart
 }
 
 // regionFleet is the regions started and the links between them.
@@ -61,7 +70,12 @@ func (f *regionFleet) close() {
 		_ = l.Close()
 	}
 	for _, r := range f.regions {
-		r.gateway.Stop()
+		if r.gateway != nil {
+			r.gateway.Stop()
+		}
+		if r.agent != nil {
+			r.agent.stop()
+		}
 		if r.redis != nil {
 			_ = r.redis.Stop()
 		}
@@ -108,27 +122,41 @@ func startRegions(ctx context.Context, o options, ro regionsOptions, log *slog.L
 		return f, fmt.Errorf("regions: static shares: %w", err)
 	}
 	rules := regionsRules(ro.regions, ro.limit, ro.window)
+	rulesFile := filepath.Join(f.dir, "rules.yaml")
+	if err := os.WriteFile(rulesFile, []byte(rules), 0o600); err != nil {
+		return f, fmt.Errorf("regions: rules file: %w", err)
+	}
 	for i := range ro.regions {
-		r := &region{name: fmt.Sprintf("r%d", i+1), share: shares[i]}
-		f.regions = append(f.regions, r)
+		f.regions = append(f.regions, &region{name: fmt.Sprintf("r%d", i+1), share: shares[i]})
+	}
+	if ro.agents {
+		f.agent = true
+		if err := f.startLinkedNATS(ctx, log); err != nil {
+			return f, err
+		}
+	}
+	for _, r := range f.regions {
 		if r.redis, err = fleet.StartRedis(ctx, log); err != nil {
 			return f, fmt.Errorf("regions: %s: %w", r.name, err)
 		}
+		// A generous Redis deadline: on a loaded machine a call past the
+		// default 50 ms fails open, which the judge cannot count.
+		env := []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()}
+		if ro.agents {
+			join, err := f.startAgent(ctx, r, rulesFile, ro.period, log)
+			if err != nil {
+				return f, err
+			}
+			env = append(env, join...)
+		}
 		r.gateway, err = fleet.StartGateway(ctx, fleet.Gateway{
 			Bin: o.gateway, Dir: f.dir, Name: "gw-" + r.name, Rules: rules,
-			Redis: r.redis.Addr(), API: true,
-			// A generous Redis deadline: on a loaded machine a call past
-			// the default 50 ms fails open, which the judge cannot count.
-			Env: []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()},
+			Redis: r.redis.Addr(), API: true, Env: env,
 		})
 		if err != nil {
 			return f, fmt.Errorf("regions: %s: %w", r.name, err)
 		}
 	}
-	// The region agent and coordinator (the aggregator's, over NATS
-	// leafnodes and a Kafka-protocol broker per region) are not in this
-	// build: nothing crosses regions, so there are no links to proxy and
-	// every region runs at its static share.
 	return f, nil
 }
 
@@ -292,7 +320,7 @@ type regionsRun struct {
 
 // static is said of a figure that depends on shares following demand,
 // when they do not.
-const static = "static shares: the regions do not lend units in this build"
+const static = "static shares (-agents=false): the regions do not lend units"
 
 // rate is k × L per second.
 func (r *regionsRun) rate(k float64) float64 { return k * r.L / r.ro.window.Seconds() }
@@ -328,9 +356,9 @@ func regionsScenario(ctx context.Context, o options, ro regionsOptions, log *slo
 	for _, rg := range f.regions {
 		r.sum.Shares = append(r.sum.Shares, rg.share)
 	}
-	r.sum.SharesMode = "static: no region agent in this build, so shares do not follow demand"
+	r.sum.SharesMode = "static (-agents=false): no aggregators, so shares do not follow demand"
 	if f.agent {
-		r.sum.SharesMode = "following demand (region agents and a coordinator)"
+		r.sum.SharesMode = fmt.Sprintf("following demand (an aggregator per region, linked over NATS, period %v)", ro.period)
 	}
 	for _, phase := range []func(context.Context) error{r.rotating, r.moving, r.split, r.partition, r.latency} {
 		if err := phase(ctx); err != nil {
@@ -405,6 +433,7 @@ func (r *regionsRun) split(ctx context.Context) error {
 		sorted := slices.Clone(shots)
 		slices.SortFunc(sorted, func(a, b shot) int { return a.sent.Compare(b.sent) })
 		var falseRej, requests int
+		byRegion := make([]int, len(r.f.regions))
 		for _, s := range sorted {
 			if s.err != nil {
 				continue
@@ -412,10 +441,11 @@ func (r *regionsRun) split(ctx context.Context) error {
 			requests++
 			if refOK := ref.Admit(s.sent.UnixMicro(), 1); refOK && !s.allowed {
 				falseRej++
+				byRegion[s.region]++
 			}
 		}
 		v := 100 * float64(falseRej) / float64(max(requests, 1))
-		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits", falseRej, requests)
+		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits (by region %v)", falseRej, requests, byRegion)
 		if !r.f.agent {
 			note += "; " + static
 		}
@@ -446,13 +476,43 @@ func (r *regionsRun) partition(ctx context.Context) error {
 	}
 	note := fmt.Sprintf("the least a region admitted in a whole window (counting the admissions whose [sent, answered] reaches into it): %.0f %% of its static share", 100*keeps)
 	if len(r.f.links) == 0 {
-		note += "; no cross-region links in this build: nothing to cut"
+		note += "; static shares: no cross-region links to cut"
 	}
 	phase := fmt.Sprintf("partition of %v, rotating client at 10 × L", r.ro.partition)
 	r.add(phaseResult{Phase: phase, Figure: "over-admission (exact judge)",
 		Unit: "violations", Value: b2f(over != ""), Target: "0", Met: over == "", Note: over}, shots)
 	r.add(phaseResult{Phase: phase, Figure: "each region keeps its static share",
 		Unit: "% of share", Value: 100 * keeps, Target: "≥ 100 %", Met: keeps >= 1, Note: note}, shots)
+	return r.healed(ctx)
+}
+
+// healed is the partitioned key's client moving all its traffic to r1 at
+// 2 × L as the links heal: the part of L r1 gets in each whole window
+// after the heal (converged: ≥ 90 % within 2 periods).
+func (r *regionsRun) healed(ctx context.Context) error {
+	healed := time.Now()
+	shots := drive(ctx, r.c, r.f, "sk_regions_partition", r.rate(2), max(r.ro.phase/2, 3*r.ro.window), func(int) int { return 0 })
+	if len(shots) == 0 {
+		return fmt.Errorf("regions: after the partition: %w", ctx.Err())
+	}
+	var fr []string
+	within := 0.0
+	for k, w := range fullWindows(healed, shots[len(shots)-1].sent, r.ro.window) {
+		if k >= 4 {
+			break
+		}
+		v := float64(mayLieIn(shots, 0, w, r.ro.window)) / r.L
+		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
+		if k < 2 {
+			within = max(within, v)
+		}
+	}
+	note := "L available in r1 in each period after the heal: " + strings.Join(fr, ", ")
+	if !r.f.agent {
+		note += "; " + static
+	}
+	r.add(phaseResult{Phase: "after the partition, the client all in r1 at 2 × L", Figure: "L available in r1 within 2 periods of the heal", Unit: "%",
+		Value: 100 * within, Target: "≥ 90 %", Met: within >= 0.9, Note: note}, shots)
 	return nil
 }
 
@@ -479,7 +539,7 @@ func (r *regionsRun) latency(ctx context.Context) error {
 	ok := p1 <= p0+max(p0/2, r.ro.latency/10)
 	note := fmt.Sprintf("p99 %.2f ms without, %.2f ms with %v on every link", ms(p0), ms(p1), r.ro.latency)
 	if len(r.f.links) == 0 {
-		note += "; no cross-region links in this build: nothing to slow"
+		note += "; static shares: no cross-region links to slow"
 	}
 	r.add(phaseResult{Phase: fmt.Sprintf("%v added on every link", r.ro.latency), Figure: "request p99 with the latency",
 		Unit: "ms", Value: ms(p1), Target: fmt.Sprintf("unchanged (%.2f ms)", ms(p0)), Met: ok, Note: note}, append(base, slow...))

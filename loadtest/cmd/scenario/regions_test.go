@@ -28,18 +28,20 @@ func buildGateway(t *testing.T) string {
 
 // TestRegionsScenarioShort runs the regions scenario with two regions
 // (real redis-servers and gateway processes) and short phases: the exact
-// judge finds no over-admission for the rotating client, and the summary
-// has every phase, as a table and as JSON.
+// judge finds no over-admission for the rotating client, shares follow
+// demand (each region's NATS, Kafka and aggregator running), and the
+// summary has every phase, as a table and as JSON.
 func TestRegionsScenarioShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts redis-servers and gateways")
+		t.Skip("starts redis-servers, gateways, NATS, Kafka and aggregators")
 	}
 	gw := buildGateway(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ro := regionsOptions{regions: 2, limit: 20, window: time.Second, phase: time.Second,
-		partition: time.Second, latency: 100 * time.Millisecond, redisTimeout: 2 * time.Second, json: true}
+		partition: time.Second, latency: 100 * time.Millisecond, redisTimeout: 2 * time.Second, json: true,
+		agents: true, period: 500 * time.Millisecond}
 	var out bytes.Buffer
 	sum, err := regionsScenario(ctx, options{gateway: gw}, ro, log, &out)
 	if err != nil {
@@ -55,7 +57,7 @@ func TestRegionsScenarioShort(t *testing.T) {
 	if err := sum.overAdmitted(); err != nil {
 		t.Fatalf("the judge found over-admission: %v\n%s", err, out.String())
 	}
-	wants := []string{"rotating client", "client moving", "split 70/30", "split 50/50", "partition", "added on every link"}
+	wants := []string{"rotating client", "client moving", "split 70/30", "split 50/50", "partition", "after the partition", "added on every link"}
 	for _, w := range wants {
 		found := false
 		for _, p := range sum.Phases {
@@ -73,6 +75,17 @@ func TestRegionsScenarioShort(t *testing.T) {
 	rot := sum.Phases[0]
 	if !strings.HasPrefix(rot.Phase, "rotating") || !rot.Met || rot.Value != 0 || rot.Admitted == 0 {
 		t.Fatalf("rotating client: %+v, want 0 over-admission and some admissions", rot)
+	}
+	// Shares follow demand: after the heal the client all in r1 gets more
+	// than r1's static share (half of L) in a whole window, which only a
+	// loan from r2 gives.
+	for _, p := range sum.Phases {
+		if strings.HasPrefix(p.Phase, "after the partition") && p.Value <= 60 {
+			t.Errorf("after the heal r1 had at most %.0f %% of L in a whole window, want above its static share (50 %%): no loan reached it\n%s", p.Value, out.String())
+		}
+	}
+	if sum.Links != 1 {
+		t.Errorf("%d cross-region links, want 1 (r2's to r1)", sum.Links)
 	}
 	var table bytes.Buffer
 	if err := printRegions(&table, sum); err != nil {
