@@ -1,25 +1,3 @@
-// Package linkproxy is the TCP proxy that stands for a network link
-// between two regions of the local stack (docs/local-stack.md: Several
-// regions). It forwards every connection made to its listen address to a
-// target address, and a small HTTP control API on another loopback
-// address changes the link while it runs:
-//
-//	GET  /                the link's state (JSON)
-//	POST /latency?ms=100  delay every byte by 100 ms, in both directions (0: none)
-//	POST /cut             close every live connection and refuse new ones
-//	POST /heal            accept connections again
-//
-// Every answer is the link's state as JSON; a bad request is a 400 whose
-// body says what is wrong.
-//
-//	p, err := linkproxy.Start(ctx, linkproxy.Config{Listen: "127.0.0.1:0",
-//		Target: "127.0.0.1:7422", ControlListen: "127.0.0.1:0"})
-//	defer p.Close()
-//
-// Each connection's bytes wait in a bounded queue (MaxQueued chunks of at
-// most ChunkSize bytes per direction): a slow reader slows the writer down,
-// as TCP would, and the proxy's memory stays bounded however much latency
-// is added.
 package linkproxy
 
 import (
@@ -42,9 +20,6 @@ import (
 var (
 	// ErrBadLatency is a latency outside [0, MaxLatency].
 	ErrBadLatency = errors.New("linkproxy: latency out of range")
-	// ErrClosed is returned by Start's context ending, and by the methods
-	// that change the link after Close.
-	ErrClosed = errors.New("linkproxy: closed")
 )
 
 const (
@@ -86,8 +61,8 @@ type State struct {
 	Refused     int64  `json:"refused"`     // while cut
 }
 
-// Proxy is a running link. Its methods are safe for concurrent use.
-type Proxy struct {
+// Link is a running link. Its methods are safe for concurrent use.
+type Link struct {
 	cfg     Config
 	log     *slog.Logger
 	ln      net.Listener
@@ -103,14 +78,14 @@ type Proxy struct {
 	latency  time.Duration
 	cut      bool
 	closed   bool
-	conns    map[*link]struct{}
+	conns    map[*relayConn]struct{}
 	accepted int64
 	refused  int64
 }
 
 // Start listens on cfg.Listen and cfg.ControlListen and serves both until
 // Close. ctx bounds only the start.
-func Start(ctx context.Context, cfg Config) (*Proxy, error) {
+func Start(ctx context.Context, cfg Config) (*Link, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("linkproxy: start: %w", err)
 	}
@@ -136,8 +111,8 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("linkproxy: start: control: %w", err)
 	}
-	p := &Proxy{cfg: cfg, log: log.With(slog.String("link", cfg.Name)), ln: ln, ctl: ctl,
-		closing: make(chan struct{}), conns: map[*link]struct{}{}}
+	p := &Link{cfg: cfg, log: log.With(slog.String("link", cfg.Name)), ln: ln, ctl: ctl,
+		closing: make(chan struct{}), conns: map[*relayConn]struct{}{}}
 	p.ctx, p.stop = context.WithCancel(context.WithoutCancel(ctx))
 	p.srv = &http.Server{
 		Handler:           p.Handler(),
@@ -152,13 +127,13 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 }
 
 // Addr is the address the link accepts connections on.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Link) Addr() string { return p.ln.Addr().String() }
 
 // ControlAddr is the control API's address.
-func (p *Proxy) ControlAddr() string { return p.ctl.Addr().String() }
+func (p *Link) ControlAddr() string { return p.ctl.Addr().String() }
 
 // State returns the link's state.
-func (p *Proxy) State() State {
+func (p *Link) State() State {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return State{Name: p.cfg.Name, Listen: p.Addr(), Target: p.cfg.Target, LatencyMS: p.latency.Milliseconds(),
@@ -167,7 +142,7 @@ func (p *Proxy) State() State {
 
 // SetLatency delays every byte forwarded from now on by d, in both
 // directions (bytes already queued keep their delay).
-func (p *Proxy) SetLatency(d time.Duration) error {
+func (p *Link) SetLatency(d time.Duration) error {
 	if d < 0 || d > MaxLatency {
 		return fmt.Errorf("%w: %v is not within [0, %v]", ErrBadLatency, d, MaxLatency)
 	}
@@ -182,14 +157,14 @@ func (p *Proxy) SetLatency(d time.Duration) error {
 }
 
 // Cut closes every live connection and refuses new ones until Heal.
-func (p *Proxy) Cut() error {
+func (p *Link) Cut() error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return ErrClosed
 	}
 	p.cut = true
-	live := make([]*link, 0, len(p.conns))
+	live := make([]*relayConn, 0, len(p.conns))
 	for l := range p.conns {
 		live = append(live, l)
 	}
@@ -202,7 +177,7 @@ func (p *Proxy) Cut() error {
 }
 
 // Heal accepts connections again after Cut.
-func (p *Proxy) Heal() error {
+func (p *Link) Heal() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -216,12 +191,12 @@ func (p *Proxy) Heal() error {
 // Close stops accepting, closes every connection and the control API, and
 // returns once every goroutine of the proxy has exited. It may be called
 // more than once.
-func (p *Proxy) Close() error {
+func (p *Link) Close() error {
 	var err error
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.closed = true
-		live := make([]*link, 0, len(p.conns))
+		live := make([]*relayConn, 0, len(p.conns))
 		for l := range p.conns {
 			live = append(live, l)
 		}
@@ -247,7 +222,7 @@ func (p *Proxy) Close() error {
 }
 
 // accept runs until the listener is closed.
-func (p *Proxy) accept() {
+func (p *Link) accept() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -270,7 +245,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.accepted++
-		l := &link{client: c, gone: make(chan struct{})}
+		l := &relayConn{client: c, gone: make(chan struct{})}
 		p.conns[l] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()
@@ -282,7 +257,7 @@ func (p *Proxy) accept() {
 }
 
 // link is one proxied connection.
-type link struct {
+type relayConn struct {
 	client net.Conn
 	mu     sync.Mutex
 	server net.Conn // nil until dialled
@@ -291,7 +266,7 @@ type link struct {
 }
 
 // close closes both sides; the connection's goroutines then end.
-func (l *link) close() {
+func (l *relayConn) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.done {
@@ -306,7 +281,7 @@ func (l *link) close() {
 
 // serve dials the target and forwards both directions until either side
 // ends or the link is cut.
-func (p *Proxy) serve(l *link) {
+func (p *Link) serve(l *relayConn) {
 	defer func() {
 		l.close()
 		p.mu.Lock()
@@ -336,7 +311,7 @@ func (p *Proxy) serve(l *link) {
 }
 
 // chunk is bytes read at a time, due at due.
-type chunk struct {
+type relayChunk struct {
 	b   []byte
 	due time.Time
 }
@@ -344,8 +319,8 @@ type chunk struct {
 // pipe copies src to dst, each chunk held until the latency set when it
 // was read has passed. When either side fails it closes the link, so that
 // the other direction ends too.
-func (p *Proxy) pipe(l *link, dst, src net.Conn) {
-	q := make(chan chunk, MaxQueued)
+func (p *Link) pipe(l *relayConn, dst, src net.Conn) {
+	q := make(chan relayChunk, MaxQueued)
 	var wg sync.WaitGroup
 	wg.Go(func() { // the writer
 		defer l.close()
@@ -379,7 +354,7 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 			lat := p.latency
 			p.mu.Unlock()
 			select {
-			case q <- chunk{b: buf[:n], due: time.Now().Add(lat)}:
+			case q <- relayChunk{b: buf[:n], due: time.Now().Add(lat)}:
 			case <-l.gone:
 				return
 			}
@@ -394,7 +369,7 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 }
 
 // Handler is the control API.
-func (p *Proxy) Handler() http.Handler {
+func (p *Link) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { p.reply(w, http.StatusOK, p.State()) })
 	mux.HandleFunc("POST /latency", func(w http.ResponseWriter, r *http.Request) {
@@ -434,7 +409,7 @@ func parseMS(r *http.Request) (int64, error) {
 	return ms, nil
 }
 
-func (p *Proxy) change(w http.ResponseWriter, f func() error) {
+func (p *Link) change(w http.ResponseWriter, f func() error) {
 	if err := f(); err != nil {
 		p.fail(w, http.StatusServiceUnavailable, err)
 		return
@@ -442,12 +417,12 @@ func (p *Proxy) change(w http.ResponseWriter, f func() error) {
 	p.reply(w, http.StatusOK, p.State())
 }
 
-func (p *Proxy) reply(w http.ResponseWriter, code int, v any) {
+func (p *Link) reply(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (p *Proxy) fail(w http.ResponseWriter, code int, err error) {
+func (p *Link) fail(w http.ResponseWriter, code int, err error) {
 	p.reply(w, code, map[string]string{"error": err.Error()})
 }

@@ -53,7 +53,7 @@ func echo(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func start(t *testing.T) *linkproxy.Proxy {
+func start(t *testing.T) *linkproxy.Link {
 	t.Helper()
 	p, err := linkproxy.Start(context.Background(), linkproxy.Config{Name: "test", Listen: "127.0.0.1:0",
 		Target: echo(t), ControlListen: "127.0.0.1:0"})
@@ -87,7 +87,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, line string) error {
 }
 
 // control calls the proxy's control API.
-func control(t *testing.T, p *linkproxy.Proxy, method, path string) (int, string) {
+func control(t *testing.T, p *linkproxy.Link, method, path string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, "http://"+p.ControlAddr()+path, nil)
 	if err != nil {
@@ -102,7 +102,7 @@ func control(t *testing.T, p *linkproxy.Proxy, method, path string) (int, string
 	return resp.StatusCode, string(b)
 }
 
-func state(t *testing.T, p *linkproxy.Proxy) linkproxy.State {
+func state(t *testing.T, p *linkproxy.Link) linkproxy.State {
 	t.Helper()
 	code, body := control(t, p, http.MethodGet, "/")
 	var s linkproxy.State
@@ -119,9 +119,9 @@ func TestLink(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
-		run  func(t *testing.T, p *linkproxy.Proxy)
+		run  func(t *testing.T, p *linkproxy.Link)
 	}{
-		{"forwards", func(t *testing.T, p *linkproxy.Proxy) {
+		{"forwards", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			for i := range 3 {
@@ -133,7 +133,7 @@ func TestLink(t *testing.T) {
 				t.Fatalf("state %+v, want one live connection, not cut, no latency", s)
 			}
 		}},
-		{"latency both ways", func(t *testing.T, p *linkproxy.Proxy) {
+		{"latency both ways", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "warm"); err != nil {
@@ -157,7 +157,7 @@ func TestLink(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"cut and heal", func(t *testing.T, p *linkproxy.Proxy) {
+		{"cut and heal", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "before"); err != nil {
@@ -189,7 +189,7 @@ func TestLink(t *testing.T) {
 				t.Fatalf("after heal: %v", err)
 			}
 		}},
-		{"close ends live connections", func(t *testing.T, p *linkproxy.Proxy) {
+		{"close ends live connections", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "x"); err != nil {
@@ -227,7 +227,7 @@ func TestLink(t *testing.T) {
 	}
 }
 
-func dial(t *testing.T, p *linkproxy.Proxy) net.Conn {
+func dial(t *testing.T, p *linkproxy.Link) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {

@@ -1,9 +1,9 @@
-// Package linkproxy is a TCP proxy that a test harness controls: it
+// Package linkproxy is a TCP proxy that stands for a network link: it
 // forwards every connection it accepts to a target, and can cut, stall,
 // delay or make one-way the links of chosen clients, on the connections
 // they hold and the ones they open later.
 //
-// A proxy names each connection's client when it accepts it, with a
+// A [Proxy] names each connection's client when it accepts it, with a
 // [Classifier] (for example one built on [Owners], which finds the process
 // holding the peer's socket, so that one proxy in front of a server tells
 // its clients apart). A fault is set for a client name, or for
@@ -11,6 +11,27 @@
 //
 // The chaos soak puts one proxy in front of every server of the fleet
 // (docs/reliability.md).
+//
+// A [Link] is the local stack's link between two regions
+// (docs/local-stack.md: Several regions), with a small HTTP control API on
+// another loopback address that changes the link while it runs:
+//
+//	GET  /                the link's state (JSON)
+//	POST /latency?ms=100  delay every byte by 100 ms, in both directions (0: none)
+//	POST /cut             close every live connection and refuse new ones
+//	POST /heal            accept connections again
+//
+// Every answer is the link's state as JSON; a bad request is a 400 whose
+// body says what is wrong.
+//
+//	l, err := linkproxy.Start(ctx, linkproxy.Config{Listen: "127.0.0.1:0",
+//		Target: "127.0.0.1:7422", ControlListen: "127.0.0.1:0"})
+//	defer l.Close()
+//
+// Each connection's bytes wait in a bounded queue (MaxQueued chunks of at
+// most ChunkSize bytes per direction): a slow reader slows the writer down,
+// as TCP would, and the proxy's memory stays bounded however much latency
+// is added.
 package linkproxy
 
 import (
