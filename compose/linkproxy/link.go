@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,22 +15,15 @@ import (
 	"github.com/tollgate/tollgate/compose/internal/loopback"
 )
 
-// Errors; match them with errors.Is.
-var (
-	// ErrBadLatency is a latency outside [0, MaxLatency].
-	ErrBadLatency = errors.New("linkproxy: latency out of range")
-)
+// ErrBadLatency is a latency outside [0, MaxLatency]; match it with
+// errors.Is.
+var ErrBadLatency = errors.New("linkproxy: latency out of range")
 
 const (
-	// MaxLatency is the largest latency the link accepts.
+	// MaxLatency is the largest latency a Link accepts.
 	MaxLatency = time.Minute
-	// ChunkSize is the most bytes one read of a connection takes.
-	ChunkSize = 32 << 10
-	// MaxQueued is how many chunks of one direction of one connection
-	// wait for their delay at most.
-	MaxQueued = 64
-	// dialTimeout bounds the connection to the target.
-	dialTimeout = 5 * time.Second
+	// linkDialTimeout bounds a Link's connection to its target.
+	linkDialTimeout = 5 * time.Second
 )
 
 // Config is what Start needs.
@@ -56,31 +48,29 @@ type State struct {
 	Target      string `json:"target"`
 	LatencyMS   int64  `json:"latency_ms"`
 	Cut         bool   `json:"cut"`
+	Stalled     bool   `json:"stalled"`
 	Connections int    `json:"connections"` // live now
 	Accepted    int64  `json:"accepted"`    // since the start
 	Refused     int64  `json:"refused"`     // while cut
 }
 
-// Link is a running link. Its methods are safe for concurrent use.
+// Link is a Proxy every client of which shares one fault, changed through
+// an HTTP control API: the local stack's link between two regions. Its
+// methods are safe for concurrent use.
 type Link struct {
-	cfg     Config
-	log     *slog.Logger
-	ln      net.Listener
-	ctl     net.Listener
-	srv     *http.Server
-	wg      sync.WaitGroup  // the accept loop, the control server and every connection's goroutines
-	ctx     context.Context // canceled by Close: ends dials in progress
-	stop    context.CancelFunc
-	closing chan struct{}
-	once    sync.Once
+	cfg   Config
+	log   *slog.Logger
+	proxy *Proxy
+	ctl   net.Listener
+	srv   *http.Server
+	wg    sync.WaitGroup // the control server
+	once  sync.Once
 
-	mu       sync.Mutex
-	latency  time.Duration
-	cut      bool
-	closed   bool
-	conns    map[*relayConn]struct{}
-	accepted int64
-	refused  int64
+	mu      sync.Mutex
+	latency time.Duration // guarded by mu
+	cut     bool          // guarded by mu
+	stalled bool          // guarded by mu
+	closed  bool          // guarded by mu
 }
 
 // Start listens on cfg.Listen and cfg.ControlListen and serves both until
@@ -101,119 +91,134 @@ func Start(ctx context.Context, cfg Config) (*Link, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = log.With(slog.String("link", cfg.Name))
 	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("linkproxy: start: %w", err)
-	}
 	ctl, err := lc.Listen(ctx, "tcp", cfg.ControlListen)
 	if err != nil {
-		_ = ln.Close()
 		return nil, fmt.Errorf("linkproxy: start: control: %w", err)
 	}
-	p := &Link{cfg: cfg, log: log.With(slog.String("link", cfg.Name)), ln: ln, ctl: ctl,
-		closing: make(chan struct{}), conns: map[*relayConn]struct{}{}}
-	p.ctx, p.stop = context.WithCancel(context.WithoutCancel(ctx))
-	p.srv = &http.Server{
-		Handler:           p.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	p, err := Listen(cfg.Listen, WithLogger(log), WithDialTimeout(linkDialTimeout))
+	if err != nil {
+		_ = ctl.Close()
+		return nil, fmt.Errorf("linkproxy: start: %w", err)
 	}
-	p.wg.Go(p.accept)
-	p.wg.Go(func() { _ = p.srv.Serve(ctl) })
-	p.log.Info("link proxy started", slog.String("listen", p.Addr()), slog.String("target", cfg.Target),
-		slog.String("control", p.ControlAddr()))
-	return p, nil
+	p.SetTarget(cfg.Target)
+	l := &Link{cfg: cfg, log: log, proxy: p, ctl: ctl}
+	l.srv = &http.Server{
+		Handler:           l.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	l.wg.Go(func() { _ = l.srv.Serve(ctl) })
+	log.Info("link proxy started", slog.String("listen", l.Addr()), slog.String("target", cfg.Target),
+		slog.String("control", l.ControlAddr()))
+	return l, nil
 }
 
 // Addr is the address the link accepts connections on.
-func (p *Link) Addr() string { return p.ln.Addr().String() }
+func (l *Link) Addr() string { return l.proxy.Addr() }
 
 // ControlAddr is the control API's address.
-func (p *Link) ControlAddr() string { return p.ctl.Addr().String() }
+func (l *Link) ControlAddr() string { return l.ctl.Addr().String() }
 
 // State returns the link's state.
-func (p *Link) State() State {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return State{Name: p.cfg.Name, Listen: p.Addr(), Target: p.cfg.Target, LatencyMS: p.latency.Milliseconds(),
-		Cut: p.cut, Connections: len(p.conns), Accepted: p.accepted, Refused: p.refused}
+func (l *Link) State() State {
+	l.mu.Lock()
+	lat, cut, stalled := l.latency, l.cut, l.stalled
+	l.mu.Unlock()
+	live := 0
+	for _, n := range l.proxy.Conns() {
+		live += n
+	}
+	t := l.proxy.Totals()
+	return State{Name: l.cfg.Name, Listen: l.Addr(), Target: l.cfg.Target, LatencyMS: lat.Milliseconds(),
+		Cut: cut, Stalled: stalled, Connections: live, Accepted: t.Accepted, Refused: t.Refused}
 }
 
 // SetLatency delays every byte forwarded from now on by d, in both
-// directions (bytes already queued keep their delay).
-func (p *Link) SetLatency(d time.Duration) error {
+// directions (bytes already queued keep their delay). A cut link keeps
+// the latency for when it heals.
+func (l *Link) SetLatency(d time.Duration) error {
 	if d < 0 || d > MaxLatency {
 		return fmt.Errorf("%w: %v is not within [0, %v]", ErrBadLatency, d, MaxLatency)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return ErrClosed
+	if err := l.change(func() { l.latency = d }); err != nil {
+		return err
 	}
-	p.latency = d
-	p.log.Info("link latency set", slog.Duration("latency", d))
+	l.log.Info("link latency set", slog.Duration("latency", d))
 	return nil
 }
 
-// Cut closes every live connection and refuses new ones until Heal.
-func (p *Link) Cut() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return ErrClosed
+// Cut resets every live connection and refuses new ones until Heal.
+func (l *Link) Cut() error {
+	live := l.State().Connections
+	if err := l.change(func() { l.cut = true }); err != nil {
+		return err
 	}
-	p.cut = true
-	live := make([]*relayConn, 0, len(p.conns))
-	for l := range p.conns {
-		live = append(live, l)
-	}
-	p.mu.Unlock()
-	for _, l := range live {
-		l.close()
-	}
-	p.log.Info("link cut", slog.Int("closed_connections", len(live)))
+	l.log.Info("link cut", slog.Int("closed_connections", live))
 	return nil
 }
 
-// Heal accepts connections again after Cut.
-func (p *Link) Heal() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return ErrClosed
+// Stall forwards nothing either way and holds new connections without
+// dialling the target, until Heal delivers what was held: a partition
+// that ends in deadlines, not in errors. A cut link stays cut.
+func (l *Link) Stall() error {
+	if err := l.change(func() { l.stalled = true }); err != nil {
+		return err
 	}
-	p.cut = false
-	p.log.Info("link healed")
+	l.log.Info("link stalled")
 	return nil
 }
 
-// Close stops accepting, closes every connection and the control API, and
-// returns once every goroutine of the proxy has exited. It may be called
-// more than once.
-func (p *Link) Close() error {
+// Heal undoes Cut and Stall: connections are accepted again, and what a
+// stall held is delivered.
+func (l *Link) Heal() error {
+	if err := l.change(func() { l.cut, l.stalled = false, false }); err != nil {
+		return err
+	}
+	l.log.Info("link healed")
+	return nil
+}
+
+// change applies f to the link's state and puts the resulting fault on
+// every client.
+func (l *Link) change(f func()) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	f()
+	fault := Fault{}
+	switch {
+	case l.cut:
+		fault = Fault{Mode: Cut}
+	case l.stalled:
+		fault = Fault{Mode: Stall}
+	case l.latency > 0:
+		fault = Fault{Mode: Latency, Delay: l.latency}
+	}
+	l.proxy.Set(AnyClient, fault)
+	return nil
+}
+
+// Close stops accepting, resets every connection, stops the control API
+// and returns once every goroutine of the link has exited. It may be
+// called more than once.
+func (l *Link) Close() error {
 	var err error
-	p.once.Do(func() {
-		p.mu.Lock()
-		p.closed = true
-		live := make([]*relayConn, 0, len(p.conns))
-		for l := range p.conns {
-			live = append(live, l)
-		}
-		p.mu.Unlock()
-		close(p.closing)
-		p.stop()
-		err = p.ln.Close()
-		for _, l := range live {
-			l.close()
-		}
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		err = l.proxy.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if serr := p.srv.Shutdown(ctx); serr != nil {
-			_ = p.srv.Close()
+		if serr := l.srv.Shutdown(ctx); serr != nil {
+			_ = l.srv.Close()
 		}
-		p.wg.Wait()
-		p.log.Info("link proxy stopped", slog.String("listen", p.Addr()))
+		l.wg.Wait()
+		l.log.Info("link proxy stopped", slog.String("listen", l.Addr()))
 	})
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("linkproxy: close: %w", err)
@@ -221,173 +226,27 @@ func (p *Link) Close() error {
 	return nil
 }
 
-// accept runs until the listener is closed.
-func (p *Link) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			p.log.Warn("link proxy: accept", slog.String("error", err.Error()))
-			select {
-			case <-p.closing:
-				return
-			case <-time.After(50 * time.Millisecond): // a transient error (EMFILE): do not spin
-			}
-			continue
-		}
-		p.mu.Lock()
-		if p.cut || p.closed {
-			p.refused++
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.accepted++
-		l := &relayConn{client: c, gone: make(chan struct{})}
-		p.conns[l] = struct{}{}
-		p.wg.Add(1)
-		p.mu.Unlock()
-		go func() {
-			defer p.wg.Done()
-			p.serve(l)
-		}()
-	}
-}
-
-// link is one proxied connection.
-type relayConn struct {
-	client net.Conn
-	mu     sync.Mutex
-	server net.Conn // nil until dialled
-	done   bool
-	gone   chan struct{} // closed by close
-}
-
-// close closes both sides; the connection's goroutines then end.
-func (l *relayConn) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.done {
-		close(l.gone)
-	}
-	l.done = true
-	_ = l.client.Close()
-	if l.server != nil {
-		_ = l.server.Close()
-	}
-}
-
-// serve dials the target and forwards both directions until either side
-// ends or the link is cut.
-func (p *Link) serve(l *relayConn) {
-	defer func() {
-		l.close()
-		p.mu.Lock()
-		delete(p.conns, l)
-		p.mu.Unlock()
-	}()
-	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout) // Close ends a dial in progress
-	defer cancel()
-	var d net.Dialer
-	srv, err := d.DialContext(ctx, "tcp", p.cfg.Target)
-	if err != nil {
-		p.log.Debug("link proxy: dial target", slog.String("error", err.Error()))
-		return
-	}
-	l.mu.Lock()
-	l.server = srv
-	done := l.done
-	l.mu.Unlock()
-	if done {
-		_ = srv.Close()
-		return
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { p.pipe(l, srv, l.client) })
-	wg.Go(func() { p.pipe(l, l.client, srv) })
-	wg.Wait()
-}
-
-// chunk is bytes read at a time, due at due.
-type relayChunk struct {
-	b   []byte
-	due time.Time
-}
-
-// pipe copies src to dst, each chunk held until the latency set when it
-// was read has passed. When either side fails it closes the link, so that
-// the other direction ends too.
-func (p *Link) pipe(l *relayConn, dst, src net.Conn) {
-	q := make(chan relayChunk, MaxQueued)
-	var wg sync.WaitGroup
-	wg.Go(func() { // the writer
-		defer l.close()
-		timer := time.NewTimer(0)
-		defer timer.Stop()
-		for c := range q {
-			if wait := time.Until(c.due); wait > 0 {
-				timer.Reset(wait)
-				select {
-				case <-timer.C:
-				case <-l.gone:
-					return
-				}
-			}
-			if _, err := dst.Write(c.b); err != nil {
-				return
-			}
-		}
-		// src ended: pass the end on, as TCP would.
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-	})
-	defer wg.Wait()
-	defer close(q)
-	for {
-		buf := make([]byte, ChunkSize)
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			lat := p.latency
-			p.mu.Unlock()
-			select {
-			case q <- relayChunk{b: buf[:n], due: time.Now().Add(lat)}:
-			case <-l.gone:
-				return
-			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				l.close()
-			}
-			return
-		}
-	}
-}
-
 // Handler is the control API.
-func (p *Link) Handler() http.Handler {
+func (l *Link) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { p.reply(w, http.StatusOK, p.State()) })
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { reply(w, http.StatusOK, l.State()) })
 	mux.HandleFunc("POST /latency", func(w http.ResponseWriter, r *http.Request) {
 		ms, err := parseMS(r)
 		if err != nil {
-			p.fail(w, http.StatusBadRequest, err)
+			fail(w, http.StatusBadRequest, err)
 			return
 		}
-		if err := p.SetLatency(time.Duration(ms) * time.Millisecond); err != nil {
-			p.fail(w, http.StatusBadRequest, err)
+		if err := l.SetLatency(time.Duration(ms) * time.Millisecond); err != nil {
+			fail(w, http.StatusBadRequest, err)
 			return
 		}
-		p.reply(w, http.StatusOK, p.State())
+		reply(w, http.StatusOK, l.State())
 	})
-	mux.HandleFunc("POST /cut", func(w http.ResponseWriter, _ *http.Request) { p.change(w, p.Cut) })
-	mux.HandleFunc("POST /heal", func(w http.ResponseWriter, _ *http.Request) { p.change(w, p.Heal) })
+	mux.HandleFunc("POST /cut", func(w http.ResponseWriter, _ *http.Request) { l.answer(w, l.Cut) })
+	mux.HandleFunc("POST /stall", func(w http.ResponseWriter, _ *http.Request) { l.answer(w, l.Stall) })
+	mux.HandleFunc("POST /heal", func(w http.ResponseWriter, _ *http.Request) { l.answer(w, l.Heal) })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		p.fail(w, http.StatusNotFound, fmt.Errorf("no %s %s: the link's API is GET /, POST /latency?ms=N, POST /cut and POST /heal", r.Method, r.URL.Path))
+		fail(w, http.StatusNotFound, fmt.Errorf("no %s %s: the link's API is GET /, POST /latency?ms=N, POST /cut, POST /stall and POST /heal", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -409,20 +268,20 @@ func parseMS(r *http.Request) (int64, error) {
 	return ms, nil
 }
 
-func (p *Link) change(w http.ResponseWriter, f func() error) {
+func (l *Link) answer(w http.ResponseWriter, f func() error) {
 	if err := f(); err != nil {
-		p.fail(w, http.StatusServiceUnavailable, err)
+		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	p.reply(w, http.StatusOK, p.State())
+	reply(w, http.StatusOK, l.State())
 }
 
-func (p *Link) reply(w http.ResponseWriter, code int, v any) {
+func reply(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (p *Link) fail(w http.ResponseWriter, code int, err error) {
-	p.reply(w, code, map[string]string{"error": err.Error()})
+func fail(w http.ResponseWriter, code int, err error) {
+	reply(w, code, map[string]string{"error": err.Error()})
 }

@@ -189,6 +189,37 @@ func TestLink(t *testing.T) {
 				t.Fatalf("after heal: %v", err)
 			}
 		}},
+		{"stall holds until healed", func(t *testing.T, p *linkproxy.Link) {
+			c := dial(t, p)
+			r := bufio.NewReader(c)
+			if err := roundTrip(c, r, "before"); err != nil {
+				t.Fatal(err)
+			}
+			if code, body := control(t, p, http.MethodPost, "/stall"); code != 200 || !strings.Contains(body, `"stalled":true`) {
+				t.Fatalf("POST /stall: %d %s", code, body)
+			}
+			if _, err := io.WriteString(c, "held\n"); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing comes back while stalled; the connection stays open.
+			if err := c.SetReadDeadline(time.Now().Add(300 * time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+			var ne net.Error
+			if _, err := r.ReadString('\n'); !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("read while stalled: %v, want a timeout", err)
+			}
+			if code, body := control(t, p, http.MethodPost, "/heal"); code != 200 || !strings.Contains(body, `"stalled":false`) {
+				t.Fatalf("POST /heal: %d %s", code, body)
+			}
+			// What was held is delivered.
+			if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := r.ReadString('\n'); err != nil || got != "held\n" {
+				t.Fatalf("after heal: %q %v, want the held line", got, err)
+			}
+		}},
 		{"close ends live connections", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
@@ -257,6 +288,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 		{http.MethodPost, "/latency?ms=1&ms=2", 400, "once"},
 		{http.MethodGet, "/latency?ms=100", 404, "POST /latency?ms=N"},
 		{http.MethodGet, "/cut", 404, "POST /cut"},
+		{http.MethodGet, "/stall", 404, "POST /stall"},
 		{http.MethodPost, "/partition", 404, "POST /heal"},
 	}
 	for _, tt := range tests {
@@ -266,7 +298,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d with %q", tt.method, tt.path, code, body, tt.code, tt.says)
 		}
 	}
-	if s := state(t, p); s.Cut || s.LatencyMS != 0 {
+	if s := state(t, p); s.Cut || s.Stalled || s.LatencyMS != 0 {
 		t.Fatalf("bad requests changed the link: %+v", s)
 	}
 }
@@ -274,7 +306,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 // FuzzControl: whatever the request, the control API answers with JSON, a
 // 200 or a 4xx (or the mux's redirect to a clean path), and never panics.
 func FuzzControl(f *testing.F) {
-	for _, s := range []string{"/", "/latency?ms=100", "/latency?ms=-5", "/cut", "/heal", "/latency?ms=%zz", "/x/y"} {
+	for _, s := range []string{"/", "/latency?ms=100", "/latency?ms=-5", "/cut", "/stall", "/heal", "/latency?ms=%zz", "/x/y"} {
 		f.Add("POST", s)
 		f.Add("GET", s)
 	}
