@@ -396,3 +396,57 @@ func TestCloseWaitsForEveryGoroutine(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyDelaysWithoutSlowing: a latency makes a stream late, not
+// slower: chunks written one after another each arrive about one delay
+// after they were sent, not one delay after the chunk before them.
+func TestLatencyDelaysWithoutSlowing(t *testing.T) {
+	t.Parallel()
+	target, got := echoServer(t)
+	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetTarget(target)
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	if err := roundTrip(c, "warm", arrive); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	const delay = 3 * time.Second
+	p.Set("a", Fault{Mode: Latency, Delay: delay})
+	// Five chunks, 100 ms apart: queued one after the other they all reach
+	// the server about one delay after the first was sent; one delay per
+	// chunk (the proxy waiting out each before reading the next) would take
+	// at least two.
+	t0 := time.Now()
+	pace := time.NewTicker(100 * time.Millisecond)
+	defer pace.Stop()
+	const msg = "chunk"
+	for i := range 5 {
+		if i > 0 {
+			<-pace.C
+		}
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	received := 0
+	deadline := time.After(4 * delay)
+	for received < 5*len(msg) {
+		select {
+		case b := <-got:
+			received += len(b)
+		case <-deadline:
+			t.Fatalf("the server got %d of %d bytes in %v", received, 5*len(msg), 4*delay)
+		}
+	}
+	took := time.Since(t0)
+	if took < delay {
+		t.Fatalf("the chunks arrived in %v, before the delay of %v", took, delay)
+	}
+	if took >= 2*delay-500*time.Millisecond {
+		t.Fatalf("the chunks took %v with a delay of %v: each waited for the one before", took, delay)
+	}
+}
