@@ -73,14 +73,33 @@ func byIP(peer, _ netip.AddrPort) string {
 
 func newProxy(t *testing.T) *Proxy {
 	t.Helper()
-	target, _ := echoServer(t)
+	p, _ := newProxyAndServer(t)
+	return p
+}
+
+// newProxyAndServer is newProxy with what its echo server receives.
+func newProxyAndServer(t *testing.T) (*Proxy, <-chan []byte) {
+	t.Helper()
+	target, got := echoServer(t)
 	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
 	p.SetTarget(target)
-	return p
+	return p, got
+}
+
+// warmClient connects client "a" and waits for its first chunk to go
+// round.
+func warmClient(t *testing.T, p *Proxy, got <-chan []byte) net.Conn {
+	t.Helper()
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	if err := roundTrip(c, "warm", arrive); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	return c
 }
 
 // dialFrom connects to addr from the loopback address src.
@@ -223,18 +242,8 @@ func TestFaults(t *testing.T) {
 }
 
 func TestOneWayToClientDeliversNothingToTheServer(t *testing.T) {
-	target, got := echoServer(t)
-	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	p.SetTarget(target)
-	c := dialFrom(t, "127.0.0.2", p.Addr())
-	if err := roundTrip(c, "warm", arrive); err != nil {
-		t.Fatal(err)
-	}
-	<-got
+	p, got := newProxyAndServer(t)
+	c := warmClient(t, p, got)
 	p.Set(AnyClient, Fault{Mode: OneWay, ToServer: false})
 	if _, err := c.Write([]byte("lost")); err != nil {
 		t.Fatal(err)
@@ -402,18 +411,8 @@ func TestCloseWaitsForEveryGoroutine(t *testing.T) {
 // after they were sent, not one delay after the chunk before them.
 func TestLatencyDelaysWithoutSlowing(t *testing.T) {
 	t.Parallel()
-	target, got := echoServer(t)
-	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	p.SetTarget(target)
-	c := dialFrom(t, "127.0.0.2", p.Addr())
-	if err := roundTrip(c, "warm", arrive); err != nil {
-		t.Fatal(err)
-	}
-	<-got
+	p, got := newProxyAndServer(t)
+	c := warmClient(t, p, got)
 	const delay = 3 * time.Second
 	p.Set("a", Fault{Mode: Latency, Delay: delay})
 	// Five chunks, 100 ms apart: queued one after the other they all reach
