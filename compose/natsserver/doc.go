@@ -25,7 +25,9 @@
 // ([WithLeafnodeRemotes]). Core subjects cross the links; JetStream stays
 // in each domain and keeps answering there while links are down.
 // [Server.CutLinks] and [Server.HealLinks] cut and restore a server's
-// links without stopping it, as a partition would. natstest.StartRegionsTB
+// links without stopping it, as a partition would: each remote is reached
+// through a link proxy the Server owns (compose/linkproxy), and the proxy
+// is what is cut. natstest.StartRegionsTB
 // starts such a set of regions, linked hub and spoke.
 //
 // # What clients see across Down and Up, as observed with nats.go v1.55

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/internal/loopback"
+	"github.com/tollgate/tollgate/compose/linkproxy"
 )
 
 // Errors returned by this package; match them with errors.Is. A start on a
@@ -37,6 +38,8 @@ const (
 	serverName = "tollgate-nats"
 	// leafReconnect is how often a leafnode remote retries a lost link.
 	leafReconnect = 250 * time.Millisecond
+	// linkDialTimeout bounds a leafnode link proxy's dial of its remote.
+	linkDialTimeout = time.Second
 )
 
 // Option configures Start.
@@ -124,7 +127,7 @@ type Server struct {
 	leafHost string
 	leafPort int // fixed at Start; 0 without a leafnode listener
 	remotes  []*url.URL
-	links    []*link // one per remote: the path CutLinks cuts
+	links    []*linkproxy.Proxy // one per remote: the path CutLinks cuts
 	dir      lifecycle.Dir
 
 	// life guards srv, and is held for a whole lifecycle operation so
@@ -161,18 +164,20 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		}
 		remotes = append(remotes, u)
 	}
-	var links []*link
+	var links []*linkproxy.Proxy
 	closeLinks := func() {
 		for _, l := range links {
-			_ = l.close()
+			_ = l.Close()
 		}
 	}
 	for _, u := range remotes {
-		l, err := openLink(u.Host)
+		l, err := linkproxy.Listen("127.0.0.1:0", linkproxy.WithDialTimeout(linkDialTimeout),
+			linkproxy.WithLogger(cfg.Log.With("leafnode_remote", u.Host)))
 		if err != nil {
 			closeLinks()
 			return nil, fmt.Errorf("natsserver: start: leafnode remote %s: %w", u.Host, err)
 		}
+		l.SetTarget(u.Host)
 		links = append(links, l)
 	}
 	dir, err := lifecycle.MakeDir(cfg.storeDir, "tollgate-nats-")
@@ -296,7 +301,7 @@ func (s *Server) options() *server.Options {
 		}
 		// Remotes reconnect only to the URL they were given: advertised,
 		// the listener's own address would join their URL pool, and a
-		// link made through a proxy or relay would come back around it
+		// link made through a link proxy would come back around it
 		// once cut.
 		o.LeafNode.NoAdvertise = true
 	}
@@ -346,8 +351,9 @@ func (s *Server) Leafnodes() int {
 // answering in the server's own domain. The server keeps retrying (every
 // 250ms), so links come back within that of HealLinks. The cut outlives
 // Down and Up. Links other servers made to this one are theirs to cut.
-// Each remote is reached through a loopback TCP relay the Server owns,
-// which is what is cut: the server itself is not touched.
+// Each remote is reached through a loopback link proxy the Server owns
+// (compose/linkproxy), which is what is cut: the server itself is not
+// touched.
 func (s *Server) CutLinks() error {
 	return s.life.Do("cut links", func() error { return s.setCut(true) })
 }
@@ -363,8 +369,12 @@ func (s *Server) setCut(cut bool) error {
 		return nil
 	}
 	s.cut = cut
+	fault := linkproxy.Fault{} // pass
+	if cut {
+		fault.Mode = linkproxy.Cut
+	}
 	for _, l := range s.links {
-		l.setCut(cut)
+		l.Set(linkproxy.AnyClient, fault)
 	}
 	s.cfg.Log.Info("nats-server links", "url", s.ClientURL(), "cut", cut, "remotes", len(s.remotes))
 	return nil
@@ -446,7 +456,7 @@ func (s *Server) Stop() error {
 	return s.life.Stop(func() error {
 		s.down()
 		for _, l := range s.links {
-			_ = l.close()
+			_ = l.Close()
 		}
 		if err := s.dir.Remove(); err != nil {
 			return fmt.Errorf("natsserver: stop: %w", err)

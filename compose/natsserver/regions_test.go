@@ -101,6 +101,17 @@ func TestRegionsLinkedByLeafnodes(t *testing.T) {
 		}
 		return nil
 	})
+	// And it stays cut: ap retries every 250ms, and a remote that had
+	// learnt the hub's own leafnode address would link again around the
+	// proxy.
+	stay := time.NewTicker(50 * time.Millisecond)
+	defer stay.Stop()
+	for until := time.Now().Add(2 * time.Second); time.Now().Before(until); {
+		<-stay.C
+		if n := servers[2].Leafnodes(); n != 0 {
+			t.Fatalf("ap linked again (%d links) while cut off", n)
+		}
+	}
 	for i, nc := range conns {
 		js, err := jetstream.New(nc)
 		if err != nil {

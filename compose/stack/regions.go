@@ -33,8 +33,8 @@ type region struct {
 
 	// Written while the region starts, before Ready is closed.
 	nats      *natsserver.Server
-	leafAddr  string           // the hub's leafnode listener, host:port (r1 of several)
-	link      *linkproxy.Proxy // this region's link to the others (several regions)
+	leafAddr  string          // the hub's leafnode listener, host:port (r1 of several)
+	link      *linkproxy.Link // this region's link to the others (several regions)
 	addrs     Addrs
 	redisKind string
 	redisDL   string

@@ -17,10 +17,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/loadtest/internal/fleet"
-	"github.com/tollgate/tollgate/loadtest/internal/linkproxy"
 )
 
 // regionsOptions are the regions scenario's flags.

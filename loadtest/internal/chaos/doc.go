@@ -3,7 +3,7 @@
 // Redis as Sentinel (compose/redisserver), the Kafka-protocol broker and
 // NATS each in a process of its own (the hidden `loadtest chaos-child`),
 // aggregators and gateways (bin/aggregator, bin/gateway) — with every link
-// between them through a proxy it controls (package linkproxy), drives
+// between them through a proxy it controls (package compose/linkproxy), drives
 // open-loop load through the gateways' proxy, check API and Envoy RLS with
 // operator changes as it goes, applies a seeded fault schedule ([Plan]),
 // records what every client saw (package history), heals, settles and

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
-	"github.com/tollgate/tollgate/loadtest/internal/linkproxy"
 )
 
 // recoveryWait is how long the harness watches a part recover after a

@@ -21,9 +21,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/compose/demoapi"
+	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
-	"github.com/tollgate/tollgate/loadtest/internal/linkproxy"
 )
 
 // Settings of the fleet the checker's bounds rely on (docs/reliability.md).

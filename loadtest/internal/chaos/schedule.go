@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
-	"github.com/tollgate/tollgate/loadtest/internal/linkproxy"
 )
 
 // Fault kinds (docs/reliability.md lists what each does).

@@ -1,9 +1,9 @@
-// Package linkproxy is a TCP proxy that a test harness controls: it
+// Package linkproxy is a TCP proxy that stands for a network link: it
 // forwards every connection it accepts to a target, and can cut, stall,
 // delay or make one-way the links of chosen clients, on the connections
 // they hold and the ones they open later.
 //
-// A proxy names each connection's client when it accepts it, with a
+// A [Proxy] names each connection's client when it accepts it, with a
 // [Classifier] (for example one built on [Owners], which finds the process
 // holding the peer's socket, so that one proxy in front of a server tells
 // its clients apart). A fault is set for a client name, or for
@@ -11,6 +11,28 @@
 //
 // The chaos soak puts one proxy in front of every server of the fleet
 // (docs/reliability.md).
+//
+// A [Link] is the local stack's link between two regions
+// (docs/local-stack.md: Several regions), with a small HTTP control API on
+// another loopback address that changes the link while it runs:
+//
+//	GET  /                the link's state (JSON)
+//	POST /latency?ms=100  delay every byte by 100 ms, in both directions (0: none)
+//	POST /cut             reset every live connection and refuse new ones
+//	POST /stall           forward nothing and hold new connections
+//	POST /heal            undo cut and stall: deliver what was held
+//
+// Every answer is the link's state as JSON; a bad request is a 400 whose
+// body says what is wrong.
+//
+//	l, err := linkproxy.Start(ctx, linkproxy.Config{Listen: "127.0.0.1:0",
+//		Target: "127.0.0.1:7422", ControlListen: "127.0.0.1:0"})
+//	defer l.Close()
+//
+// Each connection's bytes wait in a bounded queue (MaxQueued chunks of at
+// most ChunkSize bytes per direction): a slow reader slows the writer down,
+// as TCP would, and the proxy's memory stays bounded however much latency
+// is added.
 package linkproxy
 
 import (
@@ -39,7 +61,9 @@ const (
 	// without dialling the target: a partition, seen as deadlines passing.
 	// On heal what was held is delivered.
 	Stall
-	// Latency delays every chunk of data by Fault.Delay, both ways.
+	// Latency delays every chunk of data by Fault.Delay, both ways, from
+	// when the proxy read it: the stream is late, not slower. Chunks
+	// already read keep the delay they were read with.
 	Latency
 	// OneWay forwards one direction only (Fault.ToServer) and holds the
 	// other.
@@ -99,8 +123,25 @@ func WithLogger(log *slog.Logger) Option { return func(p *Proxy) { p.log = log }
 // whose target cannot be dialled is reset.
 func WithDialTimeout(d time.Duration) Option { return func(p *Proxy) { p.dialTimeout = d } }
 
-// ErrClosed is returned by methods of a closed Proxy.
-var ErrClosed = errors.New("linkproxy: proxy closed")
+// ErrClosed is returned by the methods that change a closed Link.
+var ErrClosed = errors.New("linkproxy: closed")
+
+const (
+	// ChunkSize is the most bytes one read of a connection takes.
+	ChunkSize = 32 << 10
+	// MaxQueued is how many chunks of one direction of one connection
+	// wait for their delay, or for a fault to let them through, at most.
+	MaxQueued = 64
+)
+
+// Totals counts a proxy's connections since it started.
+type Totals struct {
+	// Accepted is how many connections were let through to the target.
+	Accepted int64
+	// Refused is how many connections were reset without reaching the
+	// target because their client's link was cut.
+	Refused int64
+}
 
 // Proxy is one TCP proxy. Its methods are safe for concurrent use.
 type Proxy struct {
@@ -115,14 +156,15 @@ type Proxy struct {
 	links   map[*link]bool   // guarded by mu
 	changed chan struct{}    // guarded by mu; closed and replaced on every change
 	closed  bool             // guarded by mu
+	totals  Totals           // guarded by mu
 
 	done chan struct{} // closed by Close
 	wg   sync.WaitGroup
 }
 
 // Listen binds addr (host:port, port 0 for a free one) and starts the
-// proxy's accept loop, one goroutine; each connection then has three (its
-// handler and a pump each way). Close stops all of them and waits. Until
+// proxy's accept loop, one goroutine; each connection then has five (its
+// handler, and a reader and a writer each way). Close stops all of them and waits. Until
 // SetTarget names a target, connections are held as in a stall.
 func Listen(addr string, opts ...Option) (*Proxy, error) {
 	ln, err := net.Listen("tcp", addr)
@@ -190,6 +232,19 @@ func (p *Proxy) Conns() map[string]int {
 		out[l.client]++
 	}
 	return out
+}
+
+// Totals returns how many connections the proxy let through and refused.
+func (p *Proxy) Totals() Totals {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.totals
+}
+
+func (p *Proxy) count(f func(*Totals)) {
+	p.mu.Lock()
+	f(&p.totals)
+	p.mu.Unlock()
 }
 
 // Close stops accepting, resets every connection and waits for the
@@ -310,8 +365,10 @@ func (p *Proxy) admit(l *link) (string, bool) {
 		p.mu.Unlock()
 		switch {
 		case f.Mode == Cut:
+			p.count(func(t *Totals) { t.Refused++ })
 			return "", false
 		case target != "" && f.Mode != Stall:
+			p.count(func(t *Totals) { t.Accepted++ })
 			return target, true
 		}
 		select {
@@ -322,34 +379,91 @@ func (p *Proxy) admit(l *link) (string, bool) {
 	}
 }
 
-// pump copies src to dst, each chunk once the fault in force lets it
-// through. toServer is the direction. When src ends, dst's write side is
-// closed; an error resets the link.
+// chunk is what one read of a connection took, due at due (zero: at once).
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// pump copies src to dst, toServer being the direction: it reads into a
+// queue of at most MaxQueued chunks, and a writer takes each chunk once its
+// latency has passed and the fault in force lets it through, so that a
+// latency delays the bytes without slowing the stream and a slow reader
+// slows the writer down. When src ends, dst's write side is closed; an
+// error resets the link.
 func (p *Proxy) pump(l *link, dst, src net.Conn, toServer bool) {
-	buf := make([]byte, 32<<10)
+	q := make(chan chunk, MaxQueued)
+	var w sync.WaitGroup
+	w.Go(func() { p.write(l, dst, q, toServer) })
+	defer w.Wait()
+	defer close(q)
 	for {
+		buf := make([]byte, ChunkSize)
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.gate(l, toServer) {
-				l.reset()
-				return
+			c := chunk{b: buf[:n]}
+			if d := p.delay(l.client); d > 0 {
+				c.due = time.Now().Add(d)
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				l.reset()
+			select {
+			case q <- c:
+			case <-l.done:
 				return
 			}
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-					_ = cw.CloseWrite()
-					return
-				}
+			if !errors.Is(err, io.EOF) {
+				l.reset()
 			}
+			return
+		}
+	}
+}
+
+// write is pump's writer: it ends when q is closed and drained, or the
+// link is reset.
+func (p *Proxy) write(l *link, dst net.Conn, q <-chan chunk, toServer bool) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for c := range q {
+		if wait := time.Until(c.due); !c.due.IsZero() && wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-l.done:
+				return
+			}
+		}
+		if !p.gate(l, toServer) {
+			l.reset()
+			return
+		}
+		if _, err := dst.Write(c.b); err != nil {
 			l.reset()
 			return
 		}
 	}
+	select {
+	case <-l.done:
+		return
+	default:
+	}
+	// src ended: pass the end on, as TCP would.
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	l.reset()
+}
+
+// delay is the latency client's fault adds to a chunk read now.
+func (p *Proxy) delay(client string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if f := p.faultLocked(client); f.Mode == Latency {
+		return f.Delay
+	}
+	return 0
 }
 
 // gate blocks until a chunk may go in direction toServer; false: the link
@@ -365,14 +479,7 @@ func (p *Proxy) gate(l *link, toServer bool) bool {
 		case Cut:
 			return false
 		case Latency:
-			t := time.NewTimer(f.Delay)
-			select {
-			case <-t.C:
-				return true
-			case <-l.done:
-				t.Stop()
-				return false
-			}
+			return true // the chunk has waited its delay in the queue
 		case OneWay:
 			if f.ToServer == toServer {
 				return true

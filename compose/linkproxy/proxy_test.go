@@ -2,10 +2,13 @@ package linkproxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,14 +73,33 @@ func byIP(peer, _ netip.AddrPort) string {
 
 func newProxy(t *testing.T) *Proxy {
 	t.Helper()
-	target, _ := echoServer(t)
+	p, _ := newProxyAndServer(t)
+	return p
+}
+
+// newProxyAndServer is newProxy with what its echo server receives.
+func newProxyAndServer(t *testing.T) (*Proxy, <-chan []byte) {
+	t.Helper()
+	target, got := echoServer(t)
 	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
 	p.SetTarget(target)
-	return p
+	return p, got
+}
+
+// warmClient connects client "a" and waits for its first chunk to go
+// round.
+func warmClient(t *testing.T, p *Proxy, got <-chan []byte) net.Conn {
+	t.Helper()
+	c := dialFrom(t, "127.0.0.2", p.Addr())
+	if err := roundTrip(c, "warm", arrive); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	return c
 }
 
 // dialFrom connects to addr from the loopback address src.
@@ -220,18 +242,8 @@ func TestFaults(t *testing.T) {
 }
 
 func TestOneWayToClientDeliversNothingToTheServer(t *testing.T) {
-	target, got := echoServer(t)
-	p, err := Listen("127.0.0.1:0", WithClassifier(byIP))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	p.SetTarget(target)
-	c := dialFrom(t, "127.0.0.2", p.Addr())
-	if err := roundTrip(c, "warm", arrive); err != nil {
-		t.Fatal(err)
-	}
-	<-got
+	p, got := newProxyAndServer(t)
+	c := warmClient(t, p, got)
 	p.Set(AnyClient, Fault{Mode: OneWay, ToServer: false})
 	if _, err := c.Write([]byte("lost")); err != nil {
 		t.Fatal(err)
@@ -286,5 +298,154 @@ func TestCloseIsIdempotentAndEndsConnections(t *testing.T) {
 	wg.Wait()
 	if err := roundTrip(c, "y", arrive); err == nil || isTimeout(err) {
 		t.Fatalf("after Close: %v, want the connection gone", err)
+	}
+}
+
+// linkproxyGoroutines counts the goroutines of the package's code that
+// are blocked.
+func linkproxyGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		// A goroutine running or runnable may be one that has already
+		// told its owner it is done, on its way out; a blocked one is not.
+		if strings.HasPrefix(g, "goroutine ") && (strings.Contains(g, " [running]") || strings.Contains(g, " [runnable]")) {
+			continue
+		}
+		if strings.Contains(g, "linkproxy.(*Proxy).") || strings.Contains(g, "linkproxy.(*Link).") || strings.Contains(g, "linkproxy.Start.") {
+			count++
+		}
+	}
+	return count
+}
+
+// TestCloseWaitsForEveryGoroutine: when Close returns, none of the
+// goroutines of the proxy (or of a Link and its control API) runs any
+// more, whatever its connections were doing: held by a stall before the
+// dial, queued behind a latency, held by a one-way fault, passing.
+// (Not parallel: no other test's proxy runs meanwhile.)
+func TestCloseWaitsForEveryGoroutine(t *testing.T) {
+	// busy opens connections in every state there is on addr; set puts a
+	// fault on one client ("a", "b" or AnyClient when the proxy does not
+	// tell them apart).
+	busy := func(t *testing.T, addr string, set func(client string, f Fault), perClient bool) {
+		passing := dialFrom(t, "127.0.0.4", addr)
+		if err := roundTrip(passing, "warm", arrive); err != nil {
+			t.Fatal(err)
+		}
+		slow := dialFrom(t, "127.0.0.3", addr)
+		if err := roundTrip(slow, "warm", arrive); err != nil {
+			t.Fatal(err)
+		}
+		if !perClient {
+			set(AnyClient, Fault{Mode: Latency, Delay: 50 * time.Second})
+			if _, err := slow.Write([]byte("queued behind 50 s")); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		set("b", Fault{Mode: Latency, Delay: 50 * time.Second})
+		if _, err := slow.Write([]byte("queued behind 50 s")); err != nil {
+			t.Fatal(err)
+		}
+		set("a", Fault{Mode: Stall})
+		held := dialFrom(t, "127.0.0.2", addr) // held before its dial
+		if _, err := held.Write([]byte("held")); err != nil {
+			t.Fatal(err)
+		}
+		set(Unknown, Fault{Mode: OneWay, ToServer: true})
+		if err := roundTrip(passing, "no answer", hold); !isTimeout(err) {
+			t.Fatalf("one way: %v, want the answer held", err)
+		}
+	}
+	cases := []struct {
+		name  string
+		start func(t *testing.T) (close func() error)
+	}{
+		{"proxy", func(t *testing.T) func() error {
+			p := newProxy(t)
+			busy(t, p.Addr(), p.Set, true)
+			return p.Close
+		}},
+		{"link", func(t *testing.T) func() error {
+			target, _ := echoServer(t)
+			l, err := Start(context.Background(), Config{Name: "t", Listen: "127.0.0.1:0", Target: target, ControlListen: "127.0.0.1:0"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			busy(t, l.Addr(), func(_ string, f Fault) {
+				if err := l.SetLatency(f.Delay); err != nil {
+					t.Fatal(err)
+				}
+			}, false)
+			return l.Close
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			closeIt := tc.start(t)
+			if n := linkproxyGoroutines(); n == 0 {
+				t.Fatal("no goroutine of the proxy seen before Close: the count sees nothing")
+			}
+			if err := closeIt(); err != nil {
+				t.Fatal(err)
+			}
+			if n := linkproxyGoroutines(); n != 0 {
+				t.Fatalf("%d goroutines of the proxy still run after Close returned", n)
+			}
+		})
+	}
+}
+
+// TestLatencyDelaysWithoutSlowing: a latency makes a stream late, not
+// slower: chunks written one after another each arrive about one delay
+// after they were sent, not one delay after the chunk before them.
+func TestLatencyDelaysWithoutSlowing(t *testing.T) {
+	t.Parallel()
+	p, got := newProxyAndServer(t)
+	c := warmClient(t, p, got)
+	const delay = 3 * time.Second
+	p.Set("a", Fault{Mode: Latency, Delay: delay})
+	// Five chunks, 100 ms apart: queued one after the other they all reach
+	// the server about one delay after the first was sent; one delay per
+	// chunk (the proxy waiting out each before reading the next) would take
+	// at least two.
+	t0 := time.Now()
+	pace := time.NewTicker(100 * time.Millisecond)
+	defer pace.Stop()
+	const msg = "chunk"
+	for i := range 5 {
+		if i > 0 {
+			<-pace.C
+		}
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	received := 0
+	deadline := time.After(4 * delay)
+	for received < 5*len(msg) {
+		select {
+		case b := <-got:
+			received += len(b)
+		case <-deadline:
+			t.Fatalf("the server got %d of %d bytes in %v", received, 5*len(msg), 4*delay)
+		}
+	}
+	took := time.Since(t0)
+	if took < delay {
+		t.Fatalf("the chunks arrived in %v, before the delay of %v", took, delay)
+	}
+	if took >= 2*delay-500*time.Millisecond {
+		t.Fatalf("the chunks took %v with a delay of %v: each waited for the one before", took, delay)
 	}
 }

@@ -53,7 +53,7 @@ func echo(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func start(t *testing.T) *linkproxy.Proxy {
+func start(t *testing.T) *linkproxy.Link {
 	t.Helper()
 	p, err := linkproxy.Start(context.Background(), linkproxy.Config{Name: "test", Listen: "127.0.0.1:0",
 		Target: echo(t), ControlListen: "127.0.0.1:0"})
@@ -87,7 +87,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, line string) error {
 }
 
 // control calls the proxy's control API.
-func control(t *testing.T, p *linkproxy.Proxy, method, path string) (int, string) {
+func control(t *testing.T, p *linkproxy.Link, method, path string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, "http://"+p.ControlAddr()+path, nil)
 	if err != nil {
@@ -102,7 +102,7 @@ func control(t *testing.T, p *linkproxy.Proxy, method, path string) (int, string
 	return resp.StatusCode, string(b)
 }
 
-func state(t *testing.T, p *linkproxy.Proxy) linkproxy.State {
+func state(t *testing.T, p *linkproxy.Link) linkproxy.State {
 	t.Helper()
 	code, body := control(t, p, http.MethodGet, "/")
 	var s linkproxy.State
@@ -119,9 +119,9 @@ func TestLink(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
-		run  func(t *testing.T, p *linkproxy.Proxy)
+		run  func(t *testing.T, p *linkproxy.Link)
 	}{
-		{"forwards", func(t *testing.T, p *linkproxy.Proxy) {
+		{"forwards", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			for i := range 3 {
@@ -133,7 +133,7 @@ func TestLink(t *testing.T) {
 				t.Fatalf("state %+v, want one live connection, not cut, no latency", s)
 			}
 		}},
-		{"latency both ways", func(t *testing.T, p *linkproxy.Proxy) {
+		{"latency both ways", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "warm"); err != nil {
@@ -157,7 +157,7 @@ func TestLink(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"cut and heal", func(t *testing.T, p *linkproxy.Proxy) {
+		{"cut and heal", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "before"); err != nil {
@@ -170,10 +170,13 @@ func TestLink(t *testing.T) {
 			if err := roundTrip(c, r, "during"); err == nil {
 				t.Fatal("a live connection still echoes after the cut")
 			}
-			// ... and a new one is closed at once.
-			c2 := dial(t, p)
-			if err := roundTrip(c2, bufio.NewReader(c2), "refused"); err == nil {
-				t.Fatal("a new connection echoes while the link is cut")
+			// ... and a new one is reset at once (so fast, at times, that
+			// the dial itself sees the reset).
+			if c2, err := net.Dial("tcp", p.Addr()); err == nil {
+				defer c2.Close()
+				if err := roundTrip(c2, bufio.NewReader(c2), "refused"); err == nil {
+					t.Fatal("a new connection echoes while the link is cut")
+				}
 			}
 			testwait.Eventually(t, 5*time.Second, func() error {
 				if s := state(t, p); s.Connections != 0 || s.Refused < 1 {
@@ -189,7 +192,38 @@ func TestLink(t *testing.T) {
 				t.Fatalf("after heal: %v", err)
 			}
 		}},
-		{"close ends live connections", func(t *testing.T, p *linkproxy.Proxy) {
+		{"stall holds until healed", func(t *testing.T, p *linkproxy.Link) {
+			c := dial(t, p)
+			r := bufio.NewReader(c)
+			if err := roundTrip(c, r, "before"); err != nil {
+				t.Fatal(err)
+			}
+			if code, body := control(t, p, http.MethodPost, "/stall"); code != 200 || !strings.Contains(body, `"stalled":true`) {
+				t.Fatalf("POST /stall: %d %s", code, body)
+			}
+			if _, err := io.WriteString(c, "held\n"); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing comes back while stalled; the connection stays open.
+			if err := c.SetReadDeadline(time.Now().Add(300 * time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+			var ne net.Error
+			if _, err := r.ReadString('\n'); !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("read while stalled: %v, want a timeout", err)
+			}
+			if code, body := control(t, p, http.MethodPost, "/heal"); code != 200 || !strings.Contains(body, `"stalled":false`) {
+				t.Fatalf("POST /heal: %d %s", code, body)
+			}
+			// What was held is delivered.
+			if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := r.ReadString('\n'); err != nil || got != "held\n" {
+				t.Fatalf("after heal: %q %v, want the held line", got, err)
+			}
+		}},
+		{"close ends live connections", func(t *testing.T, p *linkproxy.Link) {
 			c := dial(t, p)
 			r := bufio.NewReader(c)
 			if err := roundTrip(c, r, "x"); err != nil {
@@ -227,7 +261,7 @@ func TestLink(t *testing.T) {
 	}
 }
 
-func dial(t *testing.T, p *linkproxy.Proxy) net.Conn {
+func dial(t *testing.T, p *linkproxy.Link) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
@@ -257,6 +291,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 		{http.MethodPost, "/latency?ms=1&ms=2", 400, "once"},
 		{http.MethodGet, "/latency?ms=100", 404, "POST /latency?ms=N"},
 		{http.MethodGet, "/cut", 404, "POST /cut"},
+		{http.MethodGet, "/stall", 404, "POST /stall"},
 		{http.MethodPost, "/partition", 404, "POST /heal"},
 	}
 	for _, tt := range tests {
@@ -266,7 +301,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d with %q", tt.method, tt.path, code, body, tt.code, tt.says)
 		}
 	}
-	if s := state(t, p); s.Cut || s.LatencyMS != 0 {
+	if s := state(t, p); s.Cut || s.Stalled || s.LatencyMS != 0 {
 		t.Fatalf("bad requests changed the link: %+v", s)
 	}
 }
@@ -274,7 +309,7 @@ func TestControlRefusesBadRequests(t *testing.T) {
 // FuzzControl: whatever the request, the control API answers with JSON, a
 // 200 or a 4xx (or the mux's redirect to a clean path), and never panics.
 func FuzzControl(f *testing.F) {
-	for _, s := range []string{"/", "/latency?ms=100", "/latency?ms=-5", "/cut", "/heal", "/latency?ms=%zz", "/x/y"} {
+	for _, s := range []string{"/", "/latency?ms=100", "/latency?ms=-5", "/cut", "/stall", "/heal", "/latency?ms=%zz", "/x/y"} {
 		f.Add("POST", s)
 		f.Add("GET", s)
 	}
