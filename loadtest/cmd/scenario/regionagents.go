@@ -9,8 +9,8 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
+	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/natsserver"
-	"github.com/tollgate/tollgate/loadtest/internal/linkproxy"
 )
 
 // regionsSecret is the key secret of the scenario's gateways (the
