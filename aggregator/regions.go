@@ -395,7 +395,7 @@ func (a *regionAgent) handle(ctx context.Context, b []byte) {
 		a.log.Debug("regions: message refused", slog.String("error", err.Error()))
 		return
 	}
-	typ := messageType(m)
+	typ := regions.TypeName(m)
 	a.messages.WithLabelValues("received", typ).Inc()
 	a.seen = max(a.seen, epochOf(m))
 	now := a.now()
@@ -519,7 +519,7 @@ func (a *regionAgent) announce() {
 // report too large for one message (many long counter names) goes in
 // parts with the same time, which the coordinator merges.
 func (a *regionAgent) send(to regions.Node, m regions.Message) {
-	typ := messageType(m)
+	typ := regions.TypeName(m)
 	b, err := regionwire.Encode(a.s.cfg.Region, m)
 	if rep, ok := m.(*regions.Report); ok && errors.Is(err, regionwire.ErrTooLarge) && len(rep.Counters) > 1 {
 		half := len(rep.Counters) / 2
@@ -558,25 +558,6 @@ func epochOf(m regions.Message) regions.Epoch {
 		return m.Epoch
 	}
 	return 0
-}
-
-// messageType is a message's type label.
-func messageType(m regions.Message) string {
-	switch m.(type) {
-	case *regions.Report:
-		return "report"
-	case *regions.Order:
-		return "order"
-	case *regions.GiveResult:
-		return "give_result"
-	case *regions.Transfer:
-		return "transfer"
-	case *regions.Heartbeat:
-		return "heartbeat"
-	case *regions.Fenced:
-		return "fenced"
-	}
-	return "unknown"
 }
 
 // coordinatorState is the JSON of a coordinator audit entry.

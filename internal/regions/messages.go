@@ -79,6 +79,26 @@ type Message interface {
 	message()
 }
 
+// TypeName names m's type as metrics and logs label it: report, order,
+// give_result, transfer, heartbeat, fenced (unknown for anything else).
+func TypeName(m Message) string {
+	switch m.(type) {
+	case *Report:
+		return "report"
+	case *Order:
+		return "order"
+	case *GiveResult:
+		return "give_result"
+	case *Transfer:
+		return "transfer"
+	case *Heartbeat:
+		return "heartbeat"
+	case *Fenced:
+		return "fenced"
+	}
+	return "unknown"
+}
+
 // Report is a region's state of its hot counters and of every counter
 // holding a loan, sent to the coordinator at each period boundary.
 type Report struct {

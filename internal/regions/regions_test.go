@@ -164,3 +164,17 @@ func TestRegionFencesADeposedCoordinator(t *testing.T) {
 		t.Fatalf("share after a deposed order %d, want the static 100", got)
 	}
 }
+
+// TestTypeName: every message type has its own label.
+func TestTypeName(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for _, m := range []Message{&Report{}, &Order{}, &GiveResult{},
+		&Transfer{}, &Heartbeat{}, &Fenced{}} {
+		n := TypeName(m)
+		if n == "unknown" || seen[n] {
+			t.Errorf("%T: label %q (seen: %v)", m, n, seen)
+		}
+		seen[n] = true
+	}
+}

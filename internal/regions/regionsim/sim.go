@@ -378,24 +378,6 @@ func (s *Sim) transport(from int) regions.Transport {
 	return regions.TransportFunc(func(to regions.Node, m regions.Message) { s.send(from, to, m) })
 }
 
-func kindName(m regions.Message) string {
-	switch m.(type) {
-	case *regions.Report:
-		return "report"
-	case *regions.Order:
-		return "order"
-	case *regions.GiveResult:
-		return "give_result"
-	case *regions.Transfer:
-		return "transfer"
-	case *regions.Heartbeat:
-		return "heartbeat"
-	case *regions.Fenced:
-		return "fenced"
-	}
-	return "unknown"
-}
-
 // send routes a message from region index from; broadcasts go to every
 // region (or coordinator) at the moment of sending.
 func (s *Sim) send(from int, to regions.Node, m regions.Message) {
@@ -416,7 +398,7 @@ func (s *Sim) send(from int, to regions.Node, m regions.Message) {
 			dst = append(dst, j)
 		}
 	}
-	kind := kindName(m)
+	kind := regions.TypeName(m)
 	switch m := m.(type) {
 	case *regions.Order:
 		s.stats.Orders++
