@@ -32,8 +32,8 @@ import (
 // change is (validated, audited, written to this region's NATS KV), and
 // then appended, as the request that made it, to this region's journal:
 // a JetStream stream in this region's own domain. Every other region's
-// aggregators read that stream across the link (an ordered consumer in
-// this region's domain, from the last sequence they applied) and replay
+// aggregators read that stream across the link (by sequence, in this
+// region's domain, from the one after the last they applied) and replay
 // each change through their own operator API, in process: the same
 // validation, the same audit entry (naming the origin region), the same
 // KV write their gateways watch. Conflicts between regions are settled
@@ -52,6 +52,10 @@ const (
 	// globalPoll is how often the regions list is read again, and the
 	// pause before reading a journal again after a failure.
 	globalPoll = time.Second
+	// journalPoll is how often a journal read up to its end is read again.
+	journalPoll = 200 * time.Millisecond
+	// journalGetTimeout bounds each read of another region's journal.
+	journalGetTimeout = 5 * time.Second
 )
 
 // globalStream is region's journal of global changes, in region's domain.
@@ -315,8 +319,8 @@ func (s *Server) runGlobal(ctx context.Context, nc *fleetkv.Conn, replay http.Ha
 }
 
 // readJournal applies origin's journal, from the sequence after the last
-// one applied, until ctx is done; a read that fails (the link is cut) is
-// started again after globalPoll.
+// one applied, until ctx is done: read again journalPoll after it caught
+// up, globalPoll after a read failed (the link is cut).
 func (s *Server) readJournal(ctx context.Context, link *globalLink, origin string, replay http.Handler, log *slog.Logger) {
 	failing := false
 	for ctx.Err() == nil {
@@ -329,13 +333,22 @@ func (s *Server) readJournal(ctx context.Context, link *globalLink, origin strin
 				slog.String("error", err.Error()))
 		}
 		failing = err != nil
+		wait := journalPoll // caught up: look for the next change soon
+		if err != nil {
+			wait = globalPoll
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(globalPoll):
+		case <-time.After(wait):
 		}
 	}
 }
 
+// readJournalOnce applies what origin's journal holds after the last
+// sequence applied, one message at a time by sequence (a direct get, each
+// bounded by ctx and journalGetTimeout, so that a cut link or a stop never
+// waits on a consumer being recreated across it), and returns nil once it
+// has caught up.
 func (s *Server) readJournalOnce(ctx context.Context, link *globalLink, origin string, replay http.Handler, log *slog.Logger) error {
 	rjs, err := link.nc.JetStreamIn(origin)
 	if err != nil {
@@ -345,34 +358,43 @@ func (s *Server) readJournalOnce(ctx context.Context, link *globalLink, origin s
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	cons, err := rjs.OrderedConsumer(cctx, globalStream(origin), jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: last + 1})
+	cctx, cancel := context.WithTimeout(ctx, journalGetTimeout)
+	stream, err := rjs.Stream(cctx, globalStream(origin))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("aggregator: read region %s's global changes: %w", origin, err)
 	}
 	for ctx.Err() == nil {
-		batch, err := cons.Fetch(64, jetstream.FetchMaxWait(2*time.Second))
+		gctx, cancel := context.WithTimeout(ctx, journalGetTimeout)
+		m, err := stream.GetMsg(gctx, last+1)
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			// Caught up, unless the journal no longer holds last+1
+			// (older than its retention): go on from its first.
+			ictx, cancel := context.WithTimeout(ctx, journalGetTimeout)
+			info, ierr := stream.Info(ictx)
+			cancel()
+			if ierr != nil {
+				return fmt.Errorf("aggregator: read region %s's global changes: %w", origin, ierr)
+			}
+			if first := info.State.FirstSeq; info.State.Msgs > 0 && last+1 < first {
+				log.Warn("another region's journal no longer holds changes this region has not applied; going on from its oldest",
+					slog.Uint64("applied", last), slog.Uint64("first", first))
+				last = first - 1
+				continue
+			}
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("aggregator: read region %s's global changes: %w", origin, err)
 		}
-		for m := range batch.Messages() {
-			meta, err := m.Metadata()
-			if err != nil || meta.Sequence.Stream <= last {
-				continue
-			}
-			if err := s.applyGlobal(ctx, link, origin, m.Data(), replay, log); err != nil {
-				return err
-			}
-			if err := link.setApplied(ctx, origin, meta.Sequence.Stream); err != nil {
-				return err
-			}
-			last = meta.Sequence.Stream
+		if err := s.applyGlobal(ctx, link, origin, m.Data, replay, log); err != nil {
+			return err
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("aggregator: read region %s's global changes: %w", origin, err)
+		if err := link.setApplied(ctx, origin, m.Sequence); err != nil {
+			return err
 		}
+		last = m.Sequence
 	}
 	return nil
 }
