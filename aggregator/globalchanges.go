@@ -21,6 +21,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
+	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
@@ -236,10 +237,10 @@ func (s *Server) globalScope(next http.Handler) http.Handler {
 		c := &globalChange{ID: audit.NewID(now), Origin: s.cfg.Region, TimeMicros: now.UnixMicro(), Method: r.Method, Path: path,
 			Query: q.Encode(), ContentType: r.Header.Get("Content-Type"), Body: body, Actor: r.Header.Get("X-Tollgate-Actor")}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rec := &recorder{h: w.Header()}
+		rec := &reports.Recorder{H: w.Header()}
 		next.ServeHTTP(rec, r.WithContext(adminapi.WithOrigin(r.Context(), s.cfg.Region)))
-		if rec.status < 200 || rec.status > 299 {
-			rec.flush(w)
+		if rec.Status < 200 || rec.Status > 299 {
+			rec.Flush(w)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
@@ -252,7 +253,7 @@ func (s *Server) globalScope(next http.Handler) http.Handler {
 				"the change is in force in this region but was not sent to the other regions ("+err.Error()+"): repeat the request")
 			return
 		}
-		rec.flush(w)
+		rec.Flush(w)
 	})
 }
 
@@ -436,47 +437,16 @@ func (s *Server) applyGlobal(ctx context.Context, link *globalLink, origin strin
 	if c.Actor != "" {
 		req.Header.Set("X-Tollgate-Actor", c.Actor)
 	}
-	rec := &recorder{h: http.Header{}}
+	rec := &reports.Recorder{H: http.Header{}}
 	replay.ServeHTTP(rec, req)
 	switch {
-	case rec.status >= 500:
-		return fmt.Errorf("aggregator: applying global change %s: %d %s", c.ID, rec.status, bytes.TrimSpace(rec.body.Bytes()))
-	case rec.status >= 200 && rec.status <= 299, rec.status == http.StatusNotFound:
+	case rec.Status >= 500:
+		return fmt.Errorf("aggregator: applying global change %s: %d %s", c.ID, rec.Status, bytes.TrimSpace(rec.Body.Bytes()))
+	case rec.Status >= 200 && rec.Status <= 299, rec.Status == http.StatusNotFound:
 		log.Info("global change applied", slog.String("change", c.ID), slog.String("method", c.Method), slog.String("path", c.Path))
 	default:
-		log.Warn("this region refused a global change", slog.String("change", c.ID), slog.Int("status", rec.status),
-			slog.String("answer", string(bytes.TrimSpace(rec.body.Bytes()))))
+		log.Warn("this region refused a global change", slog.String("change", c.ID), slog.Int("status", rec.Status),
+			slog.String("answer", string(bytes.TrimSpace(rec.Body.Bytes()))))
 	}
 	return link.recordWrite(ctx, &c)
-}
-
-// recorder keeps an answer to send it later, or to read it.
-type recorder struct {
-	h      http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header { return r.h }
-
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.body.Write(b)
-}
-
-// flush sends the kept answer (its headers are w's already).
-func (r *recorder) flush(w http.ResponseWriter) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	w.WriteHeader(r.status)
-	_, _ = w.Write(r.body.Bytes())
 }

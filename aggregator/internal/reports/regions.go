@@ -290,16 +290,16 @@ func serveLocal(ctx context.Context, local http.Handler, req RegionRequest) Regi
 	if err != nil {
 		return RegionReply{Status: http.StatusBadRequest, Body: errorBody(apierror.InvalidRequest, "path: "+err.Error())}
 	}
-	rec := &recorder{h: http.Header{}}
+	rec := &Recorder{H: http.Header{}}
 	local.ServeHTTP(rec, hr)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
+	if rec.Status == 0 {
+		rec.Status = http.StatusOK
 	}
-	body := bytes.TrimSpace(rec.body.Bytes())
+	body := bytes.TrimSpace(rec.Body.Bytes())
 	if !json.Valid(body) {
 		return RegionReply{Status: http.StatusInternalServerError, Body: errorBody(apierror.Internal, "the report was not JSON")}
 	}
-	return RegionReply{Status: rec.status, Body: body}
+	return RegionReply{Status: rec.Status, Body: body}
 }
 
 // ErrorReply is a RegionReply carrying an error in apierror's shape.
@@ -312,24 +312,39 @@ func errorBody(code, msg string) json.RawMessage {
 	return b
 }
 
-// recorder is the http.ResponseWriter ServeLocal hands the report handler.
-type recorder struct {
-	h      http.Header
-	status int
-	body   bytes.Buffer
+// Recorder is an http.ResponseWriter that keeps the answer, to read it
+// (ServeLocal hands one to the report handler) or to send it later
+// (Flush). Its Header is H.
+type Recorder struct {
+	H      http.Header
+	Status int // 0 until the handler writes
+	Body   bytes.Buffer
 }
 
-func (r *recorder) Header() http.Header { return r.h }
+// Header implements http.ResponseWriter.
+func (r *Recorder) Header() http.Header { return r.H }
 
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
+// WriteHeader implements http.ResponseWriter: the first status stays.
+func (r *Recorder) WriteHeader(code int) {
+	if r.Status == 0 {
+		r.Status = code
 	}
 }
 
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
+// Write implements http.ResponseWriter.
+func (r *Recorder) Write(b []byte) (int, error) {
+	if r.Status == 0 {
+		r.Status = http.StatusOK
 	}
-	return r.body.Write(b)
+	return r.Body.Write(b)
+}
+
+// Flush sends the kept answer to w (headers set in H are w's when H is
+// w.Header()).
+func (r *Recorder) Flush(w http.ResponseWriter) {
+	if r.Status == 0 {
+		r.Status = http.StatusOK
+	}
+	w.WriteHeader(r.Status)
+	_, _ = w.Write(r.Body.Bytes())
 }
