@@ -136,8 +136,10 @@ type counter struct {
 	ins    map[LoanID]*inLoan
 	// promise: no give before this time (a Retry-After is running).
 	promise int64
-	// fixed window: units charged per window.
-	n map[int64]int64
+	// fixed window: units charged in each window's body, and in each
+	// boundary's band, per slot (band.go).
+	n    map[int64]int64
+	band map[int64][]int64
 	// sliding window: admissions over the trailing window, oldest first,
 	// and their sum.
 	log    []logEntry
@@ -179,7 +181,7 @@ func (l *Ledger) lookup(name string, lim Limit, now int64) (*counter, error) {
 	c := &counter{lim: lim, static: l.fleet.Static(lim.Units)[l.index], outs: map[LoanID]*outLoan{}, ins: map[LoanID]*inLoan{}}
 	switch lim.Kind {
 	case FixedWindow:
-		c.n = map[int64]int64{}
+		c.n, c.band = map[int64]int64{}, map[int64][]int64{}
 	case Bucket:
 		c.tok, c.ts = c.static*lim.Window, now
 	}
@@ -243,6 +245,11 @@ func (l *Ledger) prune(c *counter, now int64) {
 				delete(c.n, j)
 			}
 		}
+		for j := range c.band {
+			if j < cur {
+				delete(c.band, j)
+			}
+		}
 	case SlidingWindow:
 		i := 0
 		for i < len(c.log) && c.log[i].t <= now-c.lim.Window {
@@ -299,16 +306,37 @@ func (l *Ledger) share(c *counter, j int64) int64 {
 // charged is the windows an admission at now counts in: its window, and
 // the neighbour whose boundary is within the skew bound.
 func (l *Ledger) charged(c *counter, now int64) []int64 {
-	w := c.lim.Window
-	j := fdiv(now, w)
-	ws := []int64{j}
-	if now-j*w < l.cfg.Skew {
-		ws = append(ws, j-1)
+	return windowsOf(cellAt(c.lim.Window, l.cfg.Skew, now), c.lim.Window, now)
+}
+
+// used is what window j holds: the most any interval of true window j
+// (whatever the region's clock offset within the skew bound) holds.
+func (l *Ledger) used(c *counter, j int64) int64 {
+	return windowUse(c.n[j], c.band[j], c.band[j+1], 0, bandLen-1)
+}
+
+// usedAt is the most window j's intervals that cover cell x hold: what an
+// admission in x adds to.
+func (l *Ledger) usedAt(c *counter, j int64, x cell) int64 {
+	lo, hi := shifts(j, x)
+	return windowUse(c.n[j], c.band[j], c.band[j+1], lo, hi)
+}
+
+// count adds units to cell x (none: nothing is made).
+func (c *counter) count(x cell, units int64) {
+	if units == 0 {
+		return
 	}
-	if (j+1)*w-now <= l.cfg.Skew {
-		ws = append(ws, j+1)
+	if x.q < 0 {
+		c.n[x.j] += units
+		return
 	}
-	return ws
+	b := c.band[x.j]
+	if b == nil {
+		b = make([]int64, bandLen)
+		c.band[x.j] = b
+	}
+	b[x.q] += units
 }
 
 // usage is the units admitted over the trailing window (sliding), as of
@@ -374,15 +402,13 @@ func (l *Ledger) Admit(name string, lim Limit, cost, now int64) (Admission, erro
 	var a Admission
 	switch lim.Kind {
 	case FixedWindow:
-		ws := l.charged(c, now)
+		x := cellAt(lim.Window, l.cfg.Skew, now)
 		room := int64(math.MaxInt64)
-		for _, j := range ws {
-			room = min(room, l.share(c, j)-c.n[j])
+		for _, j := range windowsOf(x, lim.Window, now) {
+			room = min(room, l.share(c, j)-l.usedAt(c, j, x))
 		}
 		if a.Allowed = room >= cost; a.Allowed {
-			for _, j := range ws {
-				c.n[j] += cost
-			}
+			c.count(x, cost)
 			room -= cost
 		} else {
 			a.RetryAfter = l.retryFixed(c, cost, now)
@@ -441,7 +467,7 @@ func (l *Ledger) retryFixed(c *counter, cost, now int64) int64 {
 	}
 	for _, m := range l.fixedBreaks(c, j, last, j, j+1) {
 		t := max(now, m*w+l.cfg.Skew)
-		if t < (m+1)*w-l.cfg.Skew && l.share(c, m)-c.n[m] >= cost {
+		if t < (m+1)*w-l.cfg.Skew && l.share(c, m)-l.used(c, m) >= cost {
 			return t - now
 		}
 	}
@@ -469,6 +495,11 @@ func (l *Ledger) fixedBreaks(c *counter, lo, hi int64, also ...int64) []int64 {
 		add(m)
 		add(m + 1)
 	}
+	for m := range c.band { // counts in windows m-1 and m
+		add(m - 1)
+		add(m)
+		add(m + 1)
+	}
 	for _, o := range c.outs {
 		add(o.first)
 		add(o.last + 1)
@@ -488,7 +519,7 @@ func (l *Ledger) minRoomFixed(c *counter, lo, hi, keep, now int64) int64 {
 	cur := fdiv(now, c.lim.Window)
 	room := int64(math.MaxInt64)
 	for _, j := range l.fixedBreaks(c, lo, hi, lo, cur, cur+1) {
-		room = min(room, l.share(c, j)-c.n[j]-l.keepFixed(c, j, keep, now))
+		room = min(room, l.share(c, j)-l.used(c, j)-l.keepFixed(c, j, keep, now))
 	}
 	return room
 }
@@ -730,7 +761,7 @@ func (l *Ledger) State(_ context.Context, name string, lim Limit, now int64) (Co
 	switch lim.Kind {
 	case FixedWindow:
 		j := fdiv(now, lim.Window)
-		s.Share, s.Used = l.share(c, j), c.n[j]
+		s.Share, s.Used = l.share(c, j), l.used(c, j)
 	case SlidingWindow:
 		s.Share, s.Used = l.eff(c, now), usage(c)
 	case Bucket:
@@ -788,7 +819,7 @@ func (l *Ledger) Inspect(name string, now int64) (Inspection, bool) {
 	switch c.lim.Kind {
 	case FixedWindow:
 		for _, j := range l.charged(c, now) {
-			in.Windows = append(in.Windows, WindowShare{Window: j, Share: l.share(c, j), Used: c.n[j]})
+			in.Windows = append(in.Windows, WindowShare{Window: j, Share: l.share(c, j), Used: l.used(c, j)})
 		}
 	default:
 		in.Share = l.eff(c, now)

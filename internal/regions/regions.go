@@ -95,8 +95,9 @@ func (l Limit) Validate(cfg Config) error {
 		errs = append(errs, fmt.Errorf("%w: units × window %d × %dµs too large", ErrInvalid, l.Units, l.Window))
 	}
 	if l.Kind == FixedWindow && l.Window > 0 && l.Window < 4*cfg.Skew {
-		// Each admission within the skew of a boundary counts in both
-		// windows: a window shorter than four skews would lose half of it.
+		// The skew bands at a window's two ends must not meet, and a
+		// loan is used only from Skew after its start to Skew before its
+		// end: a window shorter than four skews would lose half of it.
 		errs = append(errs, fmt.Errorf("%w: a global fixed window of %dµs is shorter than 4 × the skew bound (%dµs)", ErrInvalid, l.Window, cfg.Skew))
 	}
 	return errors.Join(errs...)
@@ -130,10 +131,10 @@ type Config struct {
 	// until the end of the period after the one it was made in.
 	Period int64
 	// Skew is the clock skew bound in microseconds (default 100 ms):
-	// every region's clock is within Skew of true time. Loans start
-	// Skew late and end Skew early at the receiver, the giver reuses
-	// units Skew after a loan's end, and an admission within Skew of a
-	// fixed window's boundary counts in both windows.
+	// every region's clock is within Skew of true time, at a steady
+	// offset. Loans start Skew late and end Skew early at the receiver,
+	// the giver reuses units Skew after a loan's end, and a fixed window
+	// holds at most its share at every offset within Skew (band.go).
 	Skew int64
 	// HotFraction (default 0.5): a counter is hot in a region when it
 	// rejected in the last period, or its demand in the period exceeds

@@ -11,7 +11,8 @@
 --
 -- An admission is regions.Ledger's Admit, exactly: the share plus the
 -- loans received less the loans given, a fixed window's admission within
--- the skew bound of a boundary counted in both windows, a rejection's
+-- the skew bound of a boundary counted, in its slot of the boundary's band,
+-- in both windows (fixed.lua), a rejection's
 -- wait recorded in the ledger (its field p) so that no give runs before it
 -- ends. A check charging cost plus a lease is an admission of both.
 --
@@ -33,8 +34,8 @@
 -- The state x is a table: st (the ledger as rg_load reads it, pruned to
 -- now), lim, kind, log, add (units charged but not yet written: a peek
 -- never writes them), charged (charge ran), dirty (st differs from Redis: pruned, made, or a
--- promise recorded). Refund tokens: fixed "<units>:<window>[:<window>…]"
--- (the windows the admission counted in), sliding "<time>:<units>" (its
+-- promise recorded). Refund tokens: fixed "<units>:<j>:<q>" (the cell the
+-- admission counted in: fw_cell), sliding "<time>:<units>" (its
 -- entry in the list), bucket "<units>".
 
 local K = tonumber(ARGV[#ARGV - 1])
@@ -129,14 +130,7 @@ local function free(x, t)
   setup(x)
   local st = x.st
   if x.kind == 1 then
-    local r = math.huge
-    for _, j in ipairs(fw_charged(x.W, K, t)) do
-      local v = fw_share(st, st.static, j) - (st.n[j] or 0)
-      if v < r then
-        r = v
-      end
-    end
-    return r - x.add
+    return fw_room(st, st.static, x.W, K, t) - x.add
   elseif x.kind == 3 then
     return rg_tdiv(st.tok - x.add * x.W, x.W)
   end
@@ -157,18 +151,15 @@ end
 local function charge(x, now, n, capped)
   x.add, x.charged = x.add + n, true
   if x.kind == 1 then
-    local tok = rg_fmt(n)
-    for _, j in ipairs(fw_charged(x.W, K, now)) do
-      tok = tok .. ':' .. rg_fmt(j)
-    end
-    return x, tok
+    local j, q = fw_cell(x.W, K, now)
+    return x, rg_fmt(n) .. ':' .. rg_fmt(j) .. ':' .. rg_fmt(q)
   elseif x.kind == 2 then
     return x, rg_fmt(now) .. ':' .. rg_fmt(n)
   end
   return x, rg_fmt(n)
 end
 
--- take gives back up to n units charged at now's windows (fixed), the
+-- take gives back up to n units charged in now's window (fixed), the
 -- newest admissions (sliding), or tokens up to the share (bucket).
 local function sub(x, now, n)
   setup(x)
@@ -177,9 +168,26 @@ local function sub(x, now, n)
     return x
   end
   if x.kind == 1 then
-    for _, j in ipairs(fw_charged(x.W, K, now)) do
-      if st.n[j] then
-        st.n[j] = math.max(st.n[j] - n, 0)
+    -- From now's cell, then from the rest of now's window: its body, the
+    -- band at its start, the band at its end.
+    local j, q = fw_cell(x.W, K, now)
+    local cur = rg_fdiv(now, x.W)
+    local cells = { { j, q }, { cur, -1 } }
+    for _, bj in ipairs({ cur, cur + 1 }) do
+      for k = FW_BAND - 1, 0, -1 do
+        cells[#cells + 1] = { bj, k }
+      end
+    end
+    for _, c in ipairs(cells) do
+      local had
+      if c[2] < 0 then
+        had = st.n[c[1]] or 0
+      else
+        had = st.b[c[1]] and st.b[c[1]][c[2] + 1] or 0
+      end
+      if n > 0 and had > 0 then
+        fw_count(st, c[1], c[2], -math.min(n, had))
+        n = n - math.min(n, had)
       end
     end
   elseif x.kind == 3 then
@@ -213,15 +221,11 @@ local function refund(x, now, token, lim)
     return k
   end
   if x.kind == 1 then
-    local k = false
-    for v in string.gmatch(token, '(%-?%d+)') do
-      if not k then
-        k = cut(v)
-      else
-        local j = tonumber(v)
-        if st.n[j] then
-          st.n[j] = math.max(st.n[j] - k, 0)
-        end
+    local k, j, q = string.match(token, '^(%d+):(%-?%d+):(%-?%d+)$')
+    if k then
+      j, q = tonumber(j), tonumber(q)
+      if q < 0 and st.n[j] or q >= 0 and q < FW_BAND and st.b[j] then
+        fw_count(st, j, q, -cut(k))
       end
     end
   elseif x.kind == 3 then
@@ -267,11 +271,8 @@ local function write(key, g, x, now, now2, margin)
   local set = {}
   if x.add ~= 0 or x.charged and x.kind == 2 then
     if x.kind == 1 then
-      for _, j in ipairs(fw_charged(x.W, K, now)) do
-        st.n[j] = (st.n[j] or 0) + x.add
-        set[#set + 1] = 'n:' .. rg_fmt(j)
-        set[#set + 1] = rg_fmt(st.n[j])
-      end
+      local j, q = fw_cell(x.W, K, now)
+      set[1], set[2] = fw_count(st, j, q, x.add)
     elseif x.kind == 3 then
       st.tok = st.tok - x.add * x.W
       set[1], set[2], set[3], set[4] = 'k', rg_fmt(st.tok), 's', rg_fmt(st.ts)
@@ -326,6 +327,14 @@ local function figures(x, now, now2, cost)
     for j, n in pairs(st.n) do
       if n > 0 and (not last or j > last) then
         last = j
+      end
+    end
+    -- a band counts in the windows either side of its boundary
+    for j, b in pairs(st.b) do
+      for q = 1, #b do
+        if b[q] > 0 and (not last or j > last) then
+          last = j
+        end
       end
     end
     if pending then
@@ -385,7 +394,7 @@ end
 local function clear(key, now, kind, L, W, S)
   local x = read(key, now, false, kind, L, W, S)
   local st = x.st
-  st.n, st.used = {}, 0
+  st.n, st.b, st.used = {}, {}, 0
   redis.call('DEL', x.log)
   if kind == 3 then
     setup(x)

@@ -55,7 +55,20 @@ func TestStoreMatchesLedger(t *testing.T) {
 	client := startRedis(t)
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runLedgerSequence(t, client, seed, 1500, false)
+			runLedgerSequence(t, client, seed, 1500, false, false)
+		})
+	}
+}
+
+// TestStoreMatchesLedgerInTheBands is the same with time moving in steps
+// shorter than a band's slot, and jumping to the bands around the fixed
+// windows' boundaries: where a fixed window counts an admission in its
+// slot of the band.
+func TestStoreMatchesLedgerInTheBands(t *testing.T) {
+	client := startRedis(t)
+	for seed := uint64(21); seed <= 24; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runLedgerSequence(t, client, seed, 1500, false, true)
 		})
 	}
 }
@@ -69,7 +82,7 @@ func TestStoreForgetsLikeNew(t *testing.T) {
 	client := startRedis(t)
 	for seed := uint64(11); seed <= 13; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			runLedgerSequence(t, client, seed, 1000, true)
+			runLedgerSequence(t, client, seed, 1000, true, false)
 		})
 	}
 }
@@ -97,8 +110,10 @@ func randomLimit(rng *rand.Rand, scale int64) regions.Limit {
 // Ledger and compares them. With expire, a counter's keys are deleted once
 // the time of the sequence passes their expiry (read after every step),
 // and the limit changes are left out while a counter is forgotten (the
-// Ledger would refuse them: it never forgets a limit).
-func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int, expire bool) {
+// Ledger would refuse them: it never forgets a limit). With bands, time
+// moves in short steps and jumps into the skew bands of the boundaries
+// of whole seconds.
+func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, steps int, expire, bands bool) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
 	// With expire, windows, periods and the skew are 50 times longer, so
@@ -167,6 +182,13 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 	paths := map[string]int{}
 	for step := range steps {
 		switch r := rng.IntN(10); {
+		case bands && r < 3:
+			now += rng.Int64N(cfg.Skew / 8)
+		case bands && r < 5:
+			// into the band of the next boundary of a whole second
+			now = max(now, (now/1_000_000+1)*1_000_000-cfg.Skew+rng.Int64N(2*cfg.Skew))
+		case bands:
+			now += rng.Int64N(cfg.Skew)
 		case r < 2:
 		case r < 5:
 			now += rng.Int64N(1000)
@@ -315,7 +337,7 @@ func runLedgerSequence(t *testing.T, client redis.UniversalClient, seed uint64, 
 			what = "active"
 			got, gerr = store.Active(ctx, now)
 			want, werr = ledger.Active(ctx, now)
-		case gone[mc] || expire && !held(mc):
+		case gone[mc] || !held(mc):
 			// A limit change on a counter Redis forgot, or on one never
 			// made (which it would make under the new limit, to be
 			// forgotten later), is not comparable: the Ledger never
@@ -420,5 +442,5 @@ func TestStoreMatchesLedgerOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	runLedgerSequence(t, client, 7, 600, false)
+	runLedgerSequence(t, client, 7, 600, false, false)
 }

@@ -14,7 +14,9 @@
 --   p          no give before this time (a Retry-After the region sent)
 --   u          units admitted over the trailing window (sliding window)
 --   k, s       tokens × W, as of time s (bucket)
---   n:<j>      units charged in window j (fixed window)
+--   n:<j>      units charged in the body of window j (fixed window)
+--   b:<j>      units charged in the band of boundary j, per slot: 2 ×
+--              FW_SLOTS counts joined by ':' (fixed window; fixed.lua)
 --   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
 --   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
 -- <id> is "<epoch>/<seq>" in decimal; the script never reads it as a number
@@ -35,10 +37,11 @@ local function rg_fmt(x)
 end
 
 -- rg_load reads the hash into a table: lim (false when the counter is
--- new), promise, n (window -> units), outs and ins (id -> record).
+-- new), promise, n (window -> units in its body), b (boundary -> units per
+-- slot of its band, an array), outs and ins (id -> record).
 local function rg_load(key)
   local raw = redis.call('HGETALL', key)
-  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, outs = {}, ins = {},
+  local st = { lim = false, static = 0, promise = 0, used = 0, tok = false, ts = false, n = {}, b = {}, outs = {}, ins = {},
     raw = {} }
   for i = 1, #raw, 2 do
     local f, v = raw[i], raw[i + 1]
@@ -59,6 +62,12 @@ local function rg_load(key)
       local t, rest = string.sub(f, 1, 2), string.sub(f, 3)
       if t == 'n:' then
         st.n[tonumber(rest)] = tonumber(v)
+      elseif t == 'b:' then
+        local b = {}
+        for c in string.gmatch(v, '(%-?%d+)') do
+          b[#b + 1] = tonumber(c)
+        end
+        st.b[tonumber(rest)] = b
       elseif t == 'o:' or t == 'i:' then
         local who, u, a, b, at = string.match(v, '^([^:]+):(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
         local rec = { who = who, units = tonumber(u), first = tonumber(a), last = tonumber(b), at = tonumber(at) }
@@ -71,6 +80,15 @@ local function rg_load(key)
     end
   end
   return st
+end
+
+-- rg_band is a band's field: its slots' counts joined by ':'.
+local function rg_band(b)
+  local out = {}
+  for q = 1, #b do
+    out[q] = rg_fmt(b[q])
+  end
+  return table.concat(out, ':')
 end
 
 local function rg_rec(r)
@@ -100,6 +118,10 @@ local function rg_save(key, other, st, now, margin, needed)
   for j, c in pairs(st.n) do
     args[#args + 1] = 'n:' .. rg_fmt(j)
     args[#args + 1] = rg_fmt(c)
+  end
+  for j, b in pairs(st.b) do
+    args[#args + 1] = 'b:' .. rg_fmt(j)
+    args[#args + 1] = rg_band(b)
   end
   for id, r in pairs(st.outs) do
     args[#args + 1] = 'o:' .. id

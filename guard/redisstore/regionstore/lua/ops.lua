@@ -98,7 +98,7 @@ if op == 'inspect' then
     for _, j in ipairs(fw_charged(W, K, now)) do
       out[#out + 1] = j
       out[#out + 1] = fw_share(st, st.static, j)
-      out[#out + 1] = st.n[j] or 0
+      out[#out + 1] = fw_used(st, j)
     end
   else
     out[#out + 1] = sw_own(st, now) + sw_borrowed(st, now)
@@ -157,15 +157,8 @@ local cur = rg_fdiv(now, W)
 if op == 'admit' then
   local cost = tonumber(ARGV[8])
   local room, allowed, retry = math.huge, 0, 0
-  local ws
   if kind == 1 then
-    ws = fw_charged(W, K, now)
-    for _, j in ipairs(ws) do
-      local r = fw_share(st, S, j) - (st.n[j] or 0)
-      if r < room then
-        room = r
-      end
-    end
+    room = fw_room(st, S, W, K, now)
   elseif kind == 3 then
     -- tokens, scaled by W
     if st.tok >= cost * W then
@@ -187,9 +180,8 @@ if op == 'admit' then
     allowed = 1
     if kind == 1 then
       if cost > 0 then
-        for _, j in ipairs(ws) do
-          st.n[j] = (st.n[j] or 0) + cost
-        end
+        local cj, q = fw_cell(W, K, now)
+        fw_count(st, cj, q, cost)
       end
     else
       redis.call('RPUSH', log, rg_fmt(now) .. ':' .. rg_fmt(cost))
@@ -341,7 +333,7 @@ end
 if op == 'state' then
   local share, used
   if kind == 1 then
-    share, used = fw_share(st, S, cur), st.n[cur] or 0
+    share, used = fw_share(st, S, cur), fw_used(st, cur)
   elseif kind == 3 then
     share = eff()
     used = rg_tdiv(share * W - st.tok + W - 1, W)
