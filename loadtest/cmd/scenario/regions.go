@@ -434,6 +434,8 @@ func (r *regionsRun) split(ctx context.Context) error {
 		slices.SortFunc(sorted, func(a, b shot) int { return a.sent.Compare(b.sent) })
 		var falseRej, requests int
 		byRegion := make([]int, len(r.f.regions))
+		var at []string // where in its window each false rejection was sent
+		wu := r.ro.window.Microseconds()
 		for _, s := range sorted {
 			if s.err != nil {
 				continue
@@ -442,10 +444,14 @@ func (r *regionsRun) split(ctx context.Context) error {
 			if refOK := ref.Admit(s.sent.UnixMicro(), 1); refOK && !s.allowed {
 				falseRej++
 				byRegion[s.region]++
+				at = append(at, fmt.Sprintf("r%d w%d+%dms", s.region+1, s.sent.UnixMicro()/wu-sorted[0].sent.UnixMicro()/wu, (s.sent.UnixMicro()%wu)/1000))
 			}
 		}
 		v := 100 * float64(falseRej) / float64(max(requests, 1))
 		note := fmt.Sprintf("%d of %d requests rejected that one region with all of L admits (by region %v)", falseRej, requests, byRegion)
+		if len(at) > 0 && len(at) <= 40 {
+			note += "; sent at (region, window of the phase + ms into it) " + strings.Join(at, ", ")
+		}
 		if !r.f.agent {
 			note += "; " + static
 		}
