@@ -181,3 +181,57 @@ func TestGateLimitChangeCarriesOver(t *testing.T) {
 		})
 	}
 }
+
+// TestGateQuotaGrantOnFixedWindow: a quota grant on a global fixed
+// window's counter gives back units of the window it is made in, wherever
+// in the window, or in which of the window's cells (its body, the skew
+// bands at its ends), they were counted.
+func TestGateQuotaGrantOnFixedWindow(t *testing.T) {
+	const sec = 1_000_000
+	client := startRedis(t)
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2")
+	g := newGate(t, client, cfg, fleet, time.Hour)
+	lim := regions.Limit{Kind: regions.FixedWindow, Units: 20, Window: sec} // a share of 10
+	j := int64(1_763_000_000) * sec
+	tests := []struct {
+		name    string
+		admit   []int64 // µs into window j: one admission each
+		grantAt int64
+	}{
+		{"counted in the body, granted in the body", []int64{300_000, 310_000, 320_000, 330_000, 340_000, 350_000, 360_000, 370_000, 380_000, 390_000}, 500_000},
+		{"counted in the band at the start, granted in the body", []int64{10_000, 20_000, 30_000, 40_000, 50_000, 60_000, 70_000, 80_000, 90_000, 95_000}, 500_000},
+		{"counted in the body, granted in the band at the end", []int64{300_000, 310_000, 320_000, 330_000, 340_000, 350_000, 360_000, 370_000, 380_000, 390_000}, 950_000},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := fmt.Sprintf("tg{g:grant%d-%d}r", i, time.Now().UnixNano())
+			for _, at := range tt.admit {
+				if a, _, err := g.check(ctx, name, lim, 1, 0, j+at); err != nil || !a.Allowed {
+					t.Fatalf("admission at %dµs: %+v %v", at, a, err)
+				}
+			}
+			if a, _, err := g.check(ctx, name, lim, 1, 0, j+tt.grantAt); err != nil || a.Allowed {
+				t.Fatalf("the share is used: an admission at %dµs %+v %v", tt.grantAt, a, err)
+			}
+			cs := []guard.Counter{g.counter(name, lim, 3, 0)}
+			if _, err := g.store.Do(ctx, guard.OpAddQuota, j+tt.grantAt, cs, make([]guard.CounterResult, 1)); err != nil {
+				t.Fatal(err)
+			}
+			admitted := 0
+			for range 5 {
+				a, _, err := g.check(ctx, name, lim, 1, 0, j+tt.grantAt+1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 3 {
+				t.Fatalf("%d admitted after a grant of 3, want 3", admitted)
+			}
+		})
+	}
+}
