@@ -613,6 +613,7 @@ func (c *conn) call(st *stream, frame []byte) {
 	msg := b[5:]
 	out, err := st.h(c.localCtx, msg, c.scratch[:0])
 	if !errors.Is(err, ErrWouldBlock) {
+		c.s.inline.Add(1)
 		c.scratch = out[:0]
 		c.answer(st, out, err)
 		return
@@ -635,6 +636,7 @@ func (c *conn) call(st *stream, frame []byte) {
 	st.cancel = cancel
 	c.mu.Unlock()
 	c.calls.Add(1)
+	c.s.async.Add(1)
 	go func() {
 		defer c.calls.Done()
 		defer cancel()

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -96,7 +97,13 @@ type Server struct {
 	draining bool
 	done     chan struct{} // closed when draining starts
 	wg       sync.WaitGroup
+
+	inline, async atomic.Uint64
 }
+
+// Calls returns how many calls were answered on their connection's
+// reading goroutine (inline) and on goroutines of their own (async).
+func (s *Server) Calls() (inline, async uint64) { return s.inline.Load(), s.async.Load() }
 
 // New returns a Server with opts.
 func New(opts Options) *Server {
