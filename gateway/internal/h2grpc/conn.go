@@ -637,15 +637,17 @@ func (c *conn) call(st *stream, frame []byte) {
 	c.mu.Unlock()
 	c.calls.Add(1)
 	c.s.async.Add(1)
+	h, req := st.h, st.buf[5:]
 	go func() {
 		defer c.calls.Done()
 		defer cancel()
-		out, err := st.h(ctx, st.buf[5:], nil)
+		out, err := h(ctx, req, nil)
 		c.answer(st, out, err)
 	}()
 }
 
-// refuse answers st with an error before its handler ran.
+// refuse answers st with an error before its handler ran. Called on the
+// reading goroutine, which alone reads and writes st.h.
 func (c *conn) refuse(st *stream, code codes.Code, msg string) {
 	st.h = nil
 	c.mu.Lock()
@@ -849,7 +851,6 @@ func (c *conn) removeLocked(st *stream) {
 	if st.cancel != nil {
 		st.cancel()
 	}
-	st.h = nil
 }
 
 func (c *conn) flushLocked() {

@@ -181,18 +181,40 @@ func (s *Server) Serve(ln net.Listener) error {
 			_ = nc.Close()
 			return ErrServerClosed
 		}
-		c := newConn(s, nc)
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
+		c := s.track(nc)
 		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			c.serve()
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-		}()
+		go s.run(c)
 	}
+}
+
+// ServeConn serves one connection accepted elsewhere until it ends.
+func (s *Server) ServeConn(nc net.Conn) {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	c := s.track(nc)
+	s.mu.Unlock()
+	s.run(c)
+}
+
+// track registers a new connection; s.mu is held.
+func (s *Server) track(nc net.Conn) *conn {
+	c := newConn(s, nc)
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	return c
+}
+
+// run serves c, then forgets it.
+func (s *Server) run(c *conn) {
+	defer s.wg.Done()
+	c.serve()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
 }
 
 // Shutdown stops accepting connections, tells every connection to take no
