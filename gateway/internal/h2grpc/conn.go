@@ -65,7 +65,8 @@ type stream struct {
 // side; mu guards the write side and the streams.
 type conn struct {
 	s        *Server
-	nc       net.Conn
+	raw      net.Conn // as accepted: closing it ends any read or write
+	nc       net.Conn // raw, or its TLS
 	br       *bufio.Reader
 	fr       *http2.Framer
 	ctx      context.Context // cancelled when the connection ends
@@ -97,7 +98,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancel(s.ctx)
 	c := &conn{
-		s: s, nc: nc, ctx: ctx, cancel: cancel, recv: connWindow,
+		s: s, raw: nc, nc: nc, ctx: ctx, cancel: cancel, recv: connWindow,
 		streams: map[uint32]*stream{}, send: 65535, initWindow: 65535, maxFrame: 16384,
 	}
 	lctx := context.WithValue(ctx, localKey{}, true)
@@ -912,8 +913,10 @@ func (c *conn) closeWriteLocked() {
 	_ = c.nc.Close()
 }
 
-// close cuts the connection.
+// close cuts the connection: first the socket, so that a write holding
+// mu fails at once.
 func (c *conn) close() {
+	_ = c.raw.Close()
 	c.mu.Lock()
 	c.closed = true
 	for _, st := range c.streams {

@@ -445,3 +445,50 @@ func TestFramesShutdown(t *testing.T) {
 	}
 	<-shut
 }
+
+// TestFramesShutdownClientNotReading: a client that stops reading while
+// answers are being written does not hold up Shutdown past its context.
+func TestFramesShutdownClientNotReading(t *testing.T) {
+	t.Parallel()
+	srv := h2grpc.New(h2grpc.Options{})
+	big := bytes.Repeat([]byte{'x'}, 4<<20)
+	srv.Handle(echo, func(_ context.Context, _, resp []byte) ([]byte, error) {
+		return append(resp, big...), nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	c := dialRaw(t, ln.Addr().String(), http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
+	if err := c.fr.WriteWindowUpdate(0, 1<<31-1-65535); err != nil {
+		t.Fatal(err)
+	}
+	for id := uint32(1); id < 16; id += 2 {
+		c.send(id, "x")
+	}
+	// Once the answers are being written, the client reads nothing more:
+	// the server's writes fill the socket.
+	for {
+		if _, ok := c.next().(*http2.DataFrame); ok {
+			break
+		}
+	}
+	// Its GOAWAY cannot be written either; the context's end cuts it.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Shutdown(ctx)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Shutdown still waiting 20 s after its context ended")
+	}
+	if err := <-served; !errors.Is(err, h2grpc.ErrServerClosed) {
+		t.Errorf("Serve: %v", err)
+	}
+}

@@ -231,10 +231,15 @@ func (s *Server) Shutdown(ctx context.Context) {
 		_ = ln.Close()
 	}
 	clear(s.lns)
-	for c := range s.conns {
-		c.goAway()
-	}
+	conns := s.connList()
 	s.mu.Unlock()
+	// Outside s.mu: a GOAWAY to a client that does not read may wait
+	// until the cut below.
+	var told sync.WaitGroup
+	defer told.Wait()
+	for _, c := range conns {
+		told.Go(c.goAway)
+	}
 	finished := make(chan struct{})
 	go func() {
 		s.wg.Wait()
@@ -245,13 +250,23 @@ func (s *Server) Shutdown(ctx context.Context) {
 	case <-ctx.Done():
 		s.cancel()
 		s.mu.Lock()
-		for c := range s.conns {
+		conns := s.connList()
+		s.mu.Unlock()
+		for _, c := range conns {
 			c.close()
 		}
-		s.mu.Unlock()
 		<-finished
 	}
 	s.cancel()
+}
+
+// connList returns the connections served; s.mu is held.
+func (s *Server) connList() []*conn {
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return conns
 }
 
 // statusOf returns the gRPC code and message of a Handler's error.
