@@ -9,61 +9,98 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"time"
+	"sync/atomic"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/gateway/internal/h2grpc"
 	"github.com/tollgate/tollgate/gateway/internal/metrics"
 	"github.com/tollgate/tollgate/gateway/internal/rls"
 	"github.com/tollgate/tollgate/guard"
 )
 
-// grpcStreamWorkers is the number of goroutines serving gRPC streams
-// (parked until a call comes; each keeps its grown stack, a few KiB).
-const grpcStreamWorkers = 256
-
 // maxGRPCMessage bounds one gRPC request: RLS calls are small.
 const maxGRPCMessage = 1 << 20
 
-// grpcServer is the Envoy rate-limit service listener, with the standard
-// gRPC health service (grpc.health.v1) for Envoy's cluster health checks.
+// Full gRPC method names served on grpc_listen.
+const (
+	shouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	healthCheck     = "/grpc.health.v1.Health/Check"
+)
+
+// grpcServer is the Envoy rate-limit service listener, with the gRPC
+// health service's Check (grpc.health.v1) for Envoy's cluster health
+// checks. It is a lean HTTP/2 server (gateway/internal/h2grpc): a call
+// the fast path answers is decided on its connection's reading goroutine
+// and answered with the other calls of the same read in one write; only
+// calls that need Redis go to a goroutine of their own.
 type grpcServer struct {
-	srv    *grpc.Server
-	health *health.Server
-	ln     net.Listener
+	srv      *h2grpc.Server
+	ln       net.Listener
+	stopping atomic.Bool // health answers NOT_SERVING
 }
 
-func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds credentials.TransportCredentials) *grpcServer {
-	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxGRPCMessage),
-		// Serve streams on a pool of goroutines instead of a new one per
-		// call, whose stack grows afresh every time (a quarter of gRPC's
-		// CPU under load, docs/benchmarks.md). A call finding no idle
-		// worker still gets a goroutine of its own, so the pool covers
-		// the calls in flight at a busy gateway, not just the CPUs.
-		grpc.NumStreamWorkers(grpcStreamWorkers),
-		// RateLimitRequest and RateLimitResponse read and written by hand
-		// (other messages, health checks included, by protobuf-go).
-		grpc.ForceServerCodecV2(rls.Codec()),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(rlsInterceptor(m)),
+func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, tc *tls.Config) *grpcServer {
+	gs := &grpcServer{}
+	gs.srv = h2grpc.New(h2grpc.Options{
+		MaxMessage: maxGRPCMessage,
+		TLS:        tc,
+		Context:    guard.LocalOnly,
+		Logger:     log.With(slog.String("component", "grpc")),
+	})
+	srv := rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls"))))
+	gs.srv.Handle(shouldRateLimit, rlsHandler(srv, m))
+	gs.srv.Handle(healthCheck, gs.health)
+	return gs
+}
+
+// rlsHandler decides ShouldRateLimit calls, counted by outcome.
+func rlsHandler(srv *rls.Server, m *metrics.Metrics) h2grpc.Handler {
+	return func(ctx context.Context, msg, out []byte) ([]byte, error) {
+		req, err := rls.DecodeRequest(msg)
+		if err != nil {
+			return out, status.Error(codes.Internal, "tollgate: "+err.Error())
+		}
+		resp, err := srv.ShouldRateLimit(ctx, req)
+		if errors.Is(err, guard.ErrWouldBlock) {
+			return out, h2grpc.ErrWouldBlock
+		}
+		m.RLSCall(resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT, status.Code(err))
+		if err != nil {
+			return out, err
+		}
+		if out, err = rls.AppendResponse(out, resp); err != nil {
+			return out, status.Error(codes.Internal, "tollgate: "+err.Error())
+		}
+		return out, nil
 	}
-	if creds != nil {
-		opts = append(opts, grpc.Creds(creds))
+}
+
+// health answers grpc.health.v1.Health/Check: SERVING for the server as a
+// whole ("") and the rate-limit service until shutdown starts, then
+// NOT_SERVING; NotFound for other services.
+func (g *grpcServer) health(_ context.Context, msg, out []byte) ([]byte, error) {
+	var req healthpb.HealthCheckRequest
+	if err := proto.Unmarshal(msg, &req); err != nil {
+		return out, status.Error(codes.Internal, "tollgate: decode HealthCheckRequest: "+err.Error())
 	}
-	srv := grpc.NewServer(opts...)
-	rls.New(g, rls.WithLogger(log.With(slog.String("component", "rls")))).Register(srv)
-	hs := health.NewServer()
-	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(srv, hs)
-	return &grpcServer{srv: srv, health: hs}
+	if svc := req.GetService(); svc != "" && svc != rlsv3.RateLimitService_ServiceDesc.ServiceName {
+		return out, status.Error(codes.NotFound, "unknown service")
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if g.stopping.Load() {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	b, err := proto.MarshalOptions{}.MarshalAppend(out, &healthpb.HealthCheckResponse{Status: st})
+	if err != nil {
+		return out, status.Error(codes.Internal, "tollgate: "+err.Error())
+	}
+	return b, nil
 }
 
 // grpcCredentials returns the Envoy RLS listener's TLS credentials (nil
@@ -71,7 +108,7 @@ func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, creds 
 // grpc_tls_client_ca_file requires and verifies client certificates
 // (mutual TLS), so that clients without one are refused in the handshake.
 // Files are read once, at start.
-func (c *Config) grpcCredentials() (credentials.TransportCredentials, error) {
+func (c *Config) grpcCredentials() (*tls.Config, error) {
 	if c.GRPCTLSCertFile == "" {
 		return nil, nil
 	}
@@ -94,26 +131,11 @@ func (c *Config) grpcCredentials() (credentials.TransportCredentials, error) {
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return credentials.NewTLS(tc), nil
-}
-
-// shouldRateLimit is the full gRPC method name of the Envoy RLS call.
-const shouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-
-// rlsInterceptor counts RLS calls by outcome.
-func rlsInterceptor(m *metrics.Metrics) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		resp, err := handler(ctx, req)
-		if info.FullMethod == shouldRateLimit {
-			r, _ := resp.(*rlsv3.RateLimitResponse)
-			m.RLSCall(r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT, status.Code(err))
-		}
-		return resp, err
-	}
+	return tc, nil
 }
 
 func (g *grpcServer) serve() error {
-	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, h2grpc.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -122,16 +144,6 @@ func (g *grpcServer) serve() error {
 // shutdown stops accepting calls and waits for those in flight until ctx
 // is done, then cuts them.
 func (g *grpcServer) shutdown(ctx context.Context) {
-	g.health.Shutdown()
-	done := make(chan struct{})
-	go func() {
-		g.srv.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		g.srv.Stop()
-		<-done
-	}
+	g.stopping.Store(true)
+	g.srv.Shutdown(ctx)
 }

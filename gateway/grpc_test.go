@@ -72,3 +72,40 @@ rules:
 		t.Errorf("tollgate_checks_total rejected, rule two = %v, want 1", v)
 	}
 }
+
+// TestEnvoyRLSDecidesLeasedCallsInline: a call the fast path answers is
+// decided on the connection's reading goroutine; only calls that need
+// Redis are handed off, and every call gets its answer either way.
+func TestEnvoyRLSDecidesLeasedCallsInline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{
+		rules: `
+rules:
+  - {id: window, match: {}, algorithm: fixed_window, limit: 100000, window: 1h}
+`,
+		config: func(c *gateway.Config) { c.GRPCListen = "127.0.0.1:0" },
+	})
+	conn, err := grpc.NewClient(e.gw.addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	call := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: "sk_inline"}, {Key: "path", Value: "/i"}},
+	}}}
+	const calls = 200
+	for i := range calls {
+		resp, err := client.ShouldRateLimit(t.Context(), call)
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v %v", i, resp.GetOverallCode(), err)
+		}
+	}
+	inline, async := gateway.RLSCalls(e.gw.srv)
+	if inline+async != calls || async == 0 || inline < calls/2 {
+		t.Errorf("calls answered inline %d, handed off %d; want the first handed off (Redis) and most of %d inline (leases)", inline, async, calls)
+	}
+	if v := e.metric(e.gw, "tollgate_rls_calls_total", `decision="allowed"`); v != calls {
+		t.Errorf("tollgate_rls_calls_total allowed = %v, want %d", v, calls)
+	}
+}

@@ -36,6 +36,9 @@ var (
 	// repeat a call whose effect must not happen twice (lease returns)
 	// repeat it only after this error.
 	ErrNotSent = errors.New("guard: call not sent")
+	// ErrWouldBlock is returned by a decision asked for under LocalOnly
+	// that needs the store: nothing was decided, charged or observed.
+	ErrWouldBlock = errors.New("guard: decision needs the store")
 )
 
 // MaxKeyLen is the longest API key accepted, in bytes.
@@ -393,6 +396,9 @@ func (g *Guard) decide(ctx context.Context, op Op, req *Request, d *Decision) er
 	}
 	start := time.Now()
 	err := g.decideOnce(ctx, op, req, d)
+	if err == ErrWouldBlock {
+		return err
+	}
 	g.observe(ctx, op, req, d, err, time.Since(start))
 	return err
 }
@@ -623,7 +629,10 @@ func (g *Guard) run(ctx context.Context, op Op, apps []applicable, d *Decision) 
 		res = append(res, CounterResult{})
 		at = append(at, i)
 	}
-	now, err := g.store.Do(ctx, op, 0, counters, res)
+	now, err := g.storeDo(ctx, op, counters, res)
+	if err == ErrWouldBlock {
+		return err
+	}
 	degraded := false
 	if err != nil {
 		if op != OpCheck && op != OpPeek {

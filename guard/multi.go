@@ -45,6 +45,9 @@ func (g *Guard) CheckMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 	}
 	start := time.Now()
 	err := g.checkMany(ctx, reqs, ds)
+	if err == ErrWouldBlock {
+		return err
+	}
 	took := time.Since(start)
 	for i := range ds {
 		if i < len(reqs) && reqs[i] != nil && ds[i] != nil {
@@ -145,7 +148,10 @@ func (g *Guard) checkMany(ctx context.Context, reqs []*Request, ds []*Decision) 
 	}
 
 	res := make([]CounterResult, len(counters))
-	now, err := g.store.Do(ctx, OpCheck, 0, counters, res)
+	now, err := g.storeDo(ctx, OpCheck, counters, res)
+	if err == ErrWouldBlock {
+		return err
+	}
 	degraded := false
 	if err != nil {
 		g.degraded(err)

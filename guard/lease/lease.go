@@ -132,6 +132,7 @@ var (
 	_ guard.Namer       = (*Store)(nil)
 	_ guard.Forgetter   = (*Store)(nil)
 	_ guard.Invalidator = (*Store)(nil)
+	_ guard.LocalStore  = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -401,6 +402,16 @@ func (s *Store) Do(ctx context.Context, op guard.Op, now int64, counters []guard
 	}
 	s.bypass.Add(1)
 	return s.inner.Do(ctx, op, now, counters, res)
+}
+
+// DoLocal answers a check or a peek from leases or the negative cache
+// alone (guard.LocalStore); ok is false, nothing charged, when Do would
+// have to call the store.
+func (s *Store) DoLocal(op guard.Op, counters []guard.Counter, res []guard.CounterResult) (int64, bool) {
+	if (op != guard.OpCheck && op != guard.OpPeek) || !s.eligible(counters) {
+		return 0, false
+	}
+	return s.local(op, counters, res)
 }
 
 // eligible reports whether the fast path may answer a call of counters.

@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"fmt"
+	"slices"
 	"unicode/utf8"
 	"unsafe"
 
@@ -10,6 +12,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -374,4 +377,31 @@ func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
 		b = protowire.AppendBytes(b, r.RawBody)
 	}
 	return b
+}
+
+// DecodeRequest reads a RateLimitRequest message, by hand when it has the
+// shape Envoy sends, else with protobuf-go.
+func DecodeRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
+	r := new(rlsv3.RateLimitRequest)
+	if parseRequest(b, r) {
+		return r, nil
+	}
+	*r = rlsv3.RateLimitRequest{}
+	if err := proto.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("rls: decode RateLimitRequest: %w", err)
+	}
+	return r, nil
+}
+
+// AppendResponse appends r, encoded, to b: by hand when it holds only
+// what this package answers, else with protobuf-go.
+func AppendResponse(b []byte, r *rlsv3.RateLimitResponse) ([]byte, error) {
+	if plainResponse(r) {
+		return appendResponse(slices.Grow(b, responseSize(r)), r), nil
+	}
+	out, err := proto.MarshalOptions{}.MarshalAppend(b, r)
+	if err != nil {
+		return b, fmt.Errorf("rls: encode RateLimitResponse: %w", err)
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -124,9 +125,17 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if s.g == nil {
 		return nil, status.Error(codes.Unavailable, "tollgate: no guard")
 	}
+	if guard.IsLocalOnly(ctx) && slices.Contains(c.peek, true) {
+		// Peeks are decided one by one, each told to the observers: a
+		// call that has them is decided where it may wait, all at once.
+		return nil, guard.ErrWouldBlock
+	}
 	// Per-descriptor side effects (metrics, decision events) are the
 	// guard's observers: they see every descriptor decided.
 	ds, err := s.decide(ctx, c)
+	if err == guard.ErrWouldBlock {
+		return nil, err
+	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()
