@@ -142,7 +142,7 @@ func (a *api) getRules(w http.ResponseWriter, r *http.Request) {
 		corruptRules(w, ce)
 		return
 	case err != nil:
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	case e == nil:
 		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no ruleset has been written yet")
@@ -223,12 +223,7 @@ func newestVersion(ctx context.Context, kv *fleetkv.KV) (int64, error) {
 // before it takes effect. Without If-Match a write that another writer
 // beat is retried on the new current version.
 func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV, src, format string, rs *rules.Ruleset, kind, reason string) {
-	pre, err := ifMatch(r)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-		return
-	}
-	unlock, ok := a.lockWrites(w, r)
+	pre, unlock, ok := a.beginConditional(w, r)
 	if !ok {
 		return
 	}
@@ -241,7 +236,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		var ce *fleetkv.CorruptError
 		isCorrupt := errors.As(err, &ce)
 		if err != nil && !isCorrupt {
-			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+			natsFailed(w, err)
 			return errAnswered
 		}
 		var curVersion int64
@@ -249,7 +244,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		switch {
 		case isCorrupt:
 			if curVersion, err = newestVersion(r.Context(), kv); err != nil {
-				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+				natsFailed(w, err)
 				return errAnswered
 			}
 			before = corruptState(ce)
@@ -293,7 +288,7 @@ func (a *api) rulesVersions(w http.ResponseWriter, r *http.Request) {
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	}
 	out := make([]map[string]any, 0, len(hist))
@@ -324,12 +319,12 @@ func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := parseRollbackBody(body)
 	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
+		badRequest(w, err)
 		return
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	}
 	var found *tollgatev1.RulesEntry
