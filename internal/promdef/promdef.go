@@ -23,6 +23,18 @@ func CounterFunc(name, help string, f func() float64) prometheus.CounterFunc {
 	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 }
 
+// CounterFuncs declares one counter per value of label, all named name:
+// the i-th has label=values[i] and reads its value with read(i) at each
+// scrape. It suits a family whose label values are fixed and whose counts
+// live elsewhere.
+func CounterFuncs(name, help, label string, values []string, read func(i int) func() float64) []prometheus.Collector {
+	out := make([]prometheus.Collector, len(values))
+	for i, v := range values {
+		out[i] = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{label: v}}, read(i))
+	}
+	return out
+}
+
 // Gauge declares a gauge.
 func Gauge(name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})

@@ -65,3 +65,26 @@ func descs(c prometheus.Collector) string {
 	}
 	return s
 }
+
+// TestCounterFuncs: one counter a label value, each reading its own value.
+func TestCounterFuncs(t *testing.T) {
+	vals := []float64{3, 5}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(CounterFuncs("x_total", "help x", "reason", []string{"a", "b"},
+		func(i int) func() float64 { return func() float64 { return vals[i] } })...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 1 || mfs[0].GetName() != "x_total" || mfs[0].GetHelp() != "help x" || len(mfs[0].GetMetric()) != 2 {
+		t.Fatalf("gathered %v, want one family x_total of two counters", mfs)
+	}
+	for i, m := range mfs[0].GetMetric() {
+		if l := m.GetLabel(); len(l) != 1 || l[0].GetName() != "reason" || l[0].GetValue() != []string{"a", "b"}[i] {
+			t.Errorf("counter %d: labels %v", i, l)
+		}
+		if got := m.GetCounter().GetValue(); got != vals[i] {
+			t.Errorf("counter %d = %v, want %v", i, got, vals[i])
+		}
+	}
+}

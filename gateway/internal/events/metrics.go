@@ -28,20 +28,12 @@ func newMetrics(p *Producer, reg prometheus.Registerer) (*metrics, error) {
 	add := func(c prometheus.Collector) { m.collectors = append(m.collectors, c) }
 	add(promdef.CounterFunc("tollgate_events_recorded_total", "Decision and report events taken into the producer's memory buffer.", locked(func() float64 { return float64(p.recorded) })))
 	add(promdef.CounterFunc("tollgate_events_produced_total", "Records Kafka acknowledged (events, replays and EpochClosed markers; a record re-sent after a failure counts each time it is acknowledged).", func() float64 { return float64(p.produced.Load()) }))
-	for i, name := range dropReasonNames {
-		add(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "tollgate_events_dropped_total",
-			Help:        "Events lost by the producer, by reason: spool_full (memory full and the spool's disk budget spent), oversized (an event larger than a memory chunk), closed (recorded after the producer stopped). The aggregator counts the gaps they leave.",
-			ConstLabels: prometheus.Labels{"reason": name},
-		}, locked(func() float64 { return float64(p.dropped[i]) })))
-	}
-	for i, name := range fixNames {
-		add(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "tollgate_events_corrected_total",
-			Help:        "Events written with a value corrected to fit the schema's bounds, by field: cost (clamped to 0..1e9), time (a Redis time more than 10 minutes from the gateway's clock, replaced by it), length (a string cut to its bound, ending with \"…\"), retry_after (clamped to 366 days). The event is kept.",
-			ConstLabels: prometheus.Labels{"field": name},
-		}, locked(func() float64 { return float64(p.corrected[i]) })))
-	}
+	m.collectors = append(m.collectors, promdef.CounterFuncs("tollgate_events_dropped_total",
+		"Events lost by the producer, by reason: spool_full (memory full and the spool's disk budget spent), oversized (an event larger than a memory chunk), closed (recorded after the producer stopped). The aggregator counts the gaps they leave.",
+		"reason", dropReasonNames[:], func(i int) func() float64 { return locked(func() float64 { return float64(p.dropped[i]) }) })...)
+	m.collectors = append(m.collectors, promdef.CounterFuncs("tollgate_events_corrected_total",
+		"Events written with a value corrected to fit the schema's bounds, by field: cost (clamped to 0..1e9), time (a Redis time more than 10 minutes from the gateway's clock, replaced by it), length (a string cut to its bound, ending with \"…\"), retry_after (clamped to 366 days). The event is kept.",
+		"field", fixNames[:], func(i int) func() float64 { return locked(func() float64 { return float64(p.corrected[i]) }) })...)
 	add(promdef.GaugeFunc("tollgate_events_buffered", "Events held in memory, waiting for Kafka or the spool.", locked(func() float64 { return float64(p.memEvents) })))
 	add(promdef.GaugeFunc("tollgate_events_buffered_bytes", "Memory taken by buffered events, in whole chunks.", locked(func() float64 { return float64(p.memChunks * p.chunkBytes) })))
 	add(promdef.GaugeFunc("tollgate_events_memory_limit_bytes", "The producer's memory buffer (Config.MemoryBytes, in whole chunks).", func() float64 { return float64(p.nChunks * p.chunkBytes) }))
