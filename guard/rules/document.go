@@ -361,14 +361,20 @@ func (d *decoder) unknown(rule, field string, k *yaml.Node) {
 // str reads a string scalar. Integers and floats are taken as their text
 // (ids such as 404, tenant 12); booleans are refused.
 func (d *decoder) str(n *yaml.Node, rule, field string) (string, bool) {
-	if !d.kind(n, yaml.ScalarNode, rule, field, "a string") {
+	return d.text(n, rule, field, "a string")
+}
+
+// text reads the text of a string or number scalar; anything else is
+// refused, saying the field must be want.
+func (d *decoder) text(n *yaml.Node, rule, field, want string) (string, bool) {
+	if !d.kind(n, yaml.ScalarNode, rule, field, want) {
 		return "", false
 	}
 	switch n.ShortTag() {
 	case "!!str", "!!int", "!!float":
 		return n.Value, true
 	}
-	d.errorf(rule, field, n.Line, "must be a string, not %s", describe(n))
+	d.errorf(rule, field, n.Line, "must be %s, not %s", want, describe(n))
 	return "", false
 }
 
@@ -402,15 +408,7 @@ func (d *decoder) integer(n *yaml.Node, rule, field string) (*int64, bool) {
 // quoted number is accepted too, as a Document marshalled back to YAML or
 // JSON writes it.
 func (d *decoder) number(n *yaml.Node, rule, field string) (string, bool) {
-	if !d.kind(n, yaml.ScalarNode, rule, field, "a number") {
-		return "", false
-	}
-	switch n.ShortTag() {
-	case "!!int", "!!float", "!!str":
-		return n.Value, true
-	}
-	d.errorf(rule, field, n.Line, "must be a number, not %s", describe(n))
-	return "", false
+	return d.text(n, rule, field, "a number")
 }
 
 func (d *decoder) boolean(n *yaml.Node, rule, field string) (bool, bool) {

@@ -402,3 +402,23 @@ func TestSectionFieldsRefuseUnknown(t *testing.T) {
 		})
 	}
 }
+
+// TestScalarTextRefusals: a string field and a number field refuse a
+// boolean, each saying what it wants.
+func TestScalarTextRefusals(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, src, want string
+	}{
+		{"string", "rules:\n  - {id: true, capacity: 1, rate: 1/s}\n", "must be a string, not"},
+		{"number", "regions: [{name: eu, weight: true}]\nrules:\n  - {id: a, capacity: 1, rate: 1/s}\n", "must be a number, not"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Load([]byte(tc.src))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Load: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
