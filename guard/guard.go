@@ -759,12 +759,10 @@ func (g *Guard) degraded(err error) {
 	if g.onDegr != nil {
 		g.onDegr(err)
 	}
-	n, due := g.degrLog.event(degradedLogInterval)
-	if !due {
-		return
+	if n, due := g.degrLog.event(degradedLogInterval); due {
+		g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
+			"error", err, "degraded_decisions", n)
 	}
-	g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
-		"error", err, "degraded_decisions", n)
 }
 
 // tooManyRules records a request refused for matching n rules, more than
@@ -773,12 +771,10 @@ func (g *Guard) tooManyRules(n int, endpoint string) {
 	if g.onTooMany != nil {
 		g.onTooMany(n)
 	}
-	count, due := g.manyLog.event(tooManyLogInterval)
-	if !due {
-		return
+	if count, due := g.manyLog.event(tooManyLogInterval); due {
+		g.log.Error("request matched more rules than max_rules_per_request: answered 500 TOO_MANY_RULES without a store call; narrow the rules' match",
+			"matched_rules", n, "max_rules", g.maxRules, "endpoint", endpoint, "refused_requests", count)
 	}
-	g.log.Error("request matched more rules than max_rules_per_request: answered 500 TOO_MANY_RULES without a store call; narrow the rules' match",
-		"matched_rules", n, "max_rules", g.maxRules, "endpoint", endpoint, "refused_requests", count)
 }
 
 // degrade decides a check while the store is unavailable: `on_failure:
