@@ -177,15 +177,7 @@ func TestAlgorithmsHeaders(t *testing.T) {
 							t.Errorf("request %d: body %q", k, body)
 						}
 						if k == 4 {
-							var eb struct {
-								Error struct {
-									Code    string `json:"code"`
-									Details struct {
-										Rule              string `json:"rule"`
-										RetryAfterSeconds int64  `json:"retry_after_seconds"`
-									} `json:"details"`
-								} `json:"error"`
-							}
+							var eb rejectionBody
 							if err := json.Unmarshal(body, &eb); err != nil || eb.Error.Code != "RATE_LIMIT_EXCEEDED" ||
 								eb.Error.Details.Rule != alg || strconv.FormatInt(eb.Error.Details.RetryAfterSeconds, 10) != h.Get("Retry-After") {
 								t.Errorf("429 body %s (%v)", body, err)
