@@ -170,6 +170,22 @@ func (a *api) validateRules(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rulesAnswer(rs, map[string]any{"valid": true}))
 }
 
+// readRequest reads a small request body and parses it with parse; when
+// ok is false it has answered the request instead (a body too large or
+// unreadable, or one parse refuses: 400 with parse's error).
+func readRequest[T any](w http.ResponseWriter, r *http.Request, parse func([]byte) (T, error)) (req T, ok bool) {
+	body, ok := readBody(w, r, maxSmallBody)
+	if !ok {
+		return req, false
+	}
+	req, err := parse(body)
+	if err != nil {
+		badRequest(w, err)
+		return req, false
+	}
+	return req, true
+}
+
 // readRules reads a ruleset from the request body; ok is false when it
 // has answered the request instead (a body too large or unreadable, a
 // ruleset that does not load).
@@ -313,13 +329,8 @@ func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 	if kv == nil {
 		return
 	}
-	body, ok := readBody(w, r, maxSmallBody)
+	req, ok := readRequest(w, r, parseRollbackBody)
 	if !ok {
-		return
-	}
-	req, err := parseRollbackBody(body)
-	if err != nil {
-		badRequest(w, err)
 		return
 	}
 	hist, err := kv.RulesVersions(r.Context())

@@ -20,8 +20,9 @@ import (
 
 // listBody is the body of PUT blocklist/{key} and allowlist/{key}.
 type listBody struct {
-	TTL    string `json:"ttl"`
-	Reason string `json:"reason"`
+	TTL    string        `json:"ttl"`
+	Reason string        `json:"reason"`
+	ttl    time.Duration // TTL parsed
 }
 
 // parseTTL parses a ttl ("" = none, else a duration of at least 1s and at
@@ -115,13 +116,8 @@ func (a *api) getList(w http.ResponseWriter, r *http.Request, action string, t l
 
 func (a *api) putList(w http.ResponseWriter, r *http.Request, action string, t listTarget) {
 	kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
-	body, ok := readBody(w, r, maxSmallBody)
+	req, ok := readRequest(w, r, parseListBody)
 	if !ok {
-		return
-	}
-	req, ttl, err := parseListBody(body)
-	if err != nil {
-		badRequest(w, err)
 		return
 	}
 	unlock, ok := a.lockWrites(w, r)
@@ -138,8 +134,8 @@ func (a *api) putList(w http.ResponseWriter, r *http.Request, action string, t l
 		}
 		now := time.Now().UTC()
 		e = &tollgatev1.ListEntry{KeyID: id, KeyPrefix: prefix, Action: action, Reason: req.Reason, Actor: actor(r), CreatedAt: now}
-		if ttl > 0 {
-			e.ExpiresAt = now.Add(ttl)
+		if req.ttl > 0 {
+			e.ExpiresAt = now.Add(req.ttl)
 		}
 		return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
 			Before: before, After: mustJSON(e)}, func(ctx context.Context) error {
@@ -188,11 +184,12 @@ func overrideRace(pre precondition) lostRace {
 
 // overrideBody is the body of PUT overrides/{key}.
 type overrideBody struct {
-	Limit  *int64   `json:"limit"`
-	Factor *float64 `json:"factor"`
-	Rule   string   `json:"rule"`
-	TTL    string   `json:"ttl"`
-	Reason string   `json:"reason"`
+	Limit  *int64        `json:"limit"`
+	Factor *float64      `json:"factor"`
+	Rule   string        `json:"rule"`
+	TTL    string        `json:"ttl"`
+	Reason string        `json:"reason"`
+	ttl    time.Duration // TTL parsed
 }
 
 // overrideSubject parses {key} of overrides: tenant:<name>, or a key.
@@ -265,13 +262,8 @@ func (a *api) getOverride(w http.ResponseWriter, r *http.Request, t overrideTarg
 
 func (a *api) putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget) {
 	kv, subject, prefix, name := t.kv, t.subject, t.prefix, t.name
-	body, ok := readBody(w, r, maxSmallBody)
+	req, ok := readRequest(w, r, parseOverrideBody)
 	if !ok {
-		return
-	}
-	req, ttl, err := parseOverrideBody(body)
-	if err != nil {
-		badRequest(w, err)
 		return
 	}
 	pre, unlock, ok := a.beginConditional(w, r)
@@ -300,8 +292,8 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request, t overrideTarg
 		} else {
 			e.Factor = *req.Factor
 		}
-		if ttl > 0 {
-			e.ExpiresAt = now.Add(ttl)
+		if req.ttl > 0 {
+			e.ExpiresAt = now.Add(req.ttl)
 		}
 		audited := &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix, Reason: req.Reason,
 			Before: before, After: mustJSON(e)}
@@ -375,32 +367,34 @@ func subject(h *keyid.Hasher, key string) (string, bool) {
 	return h.ID(key), true
 }
 
-func parseListBody(b []byte) (listBody, time.Duration, error) {
+func parseListBody(b []byte) (listBody, error) {
 	var req listBody
 	if len(strings.TrimSpace(string(b))) > 0 {
 		if err := strictJSON(b, &req); err != nil {
-			return req, 0, fmt.Errorf(`body: {"ttl": "10m", "reason": "…"} (both optional): %w`, err)
+			return req, fmt.Errorf(`body: {"ttl": "10m", "reason": "…"} (both optional): %w`, err)
 		}
 	}
 	if len(req.Reason) > maxReason {
-		return req, 0, fmt.Errorf("reason: at most %d bytes", maxReason)
+		return req, fmt.Errorf("reason: at most %d bytes", maxReason)
 	}
-	ttl, err := parseTTL(req.TTL)
-	return req, ttl, err
+	var err error
+	req.ttl, err = parseTTL(req.TTL)
+	return req, err
 }
 
-func parseOverrideBody(b []byte) (overrideBody, time.Duration, error) {
+func parseOverrideBody(b []byte) (overrideBody, error) {
 	var req overrideBody
 	if err := strictJSON(b, &req); err != nil {
-		return req, 0, fmt.Errorf(`body: {"limit": N} or {"factor": F}, with "ttl", "reason" and "rule" optional: %w`, err)
+		return req, fmt.Errorf(`body: {"limit": N} or {"factor": F}, with "ttl", "reason" and "rule" optional: %w`, err)
 	}
 	if (req.Limit == nil) == (req.Factor == nil) || (req.Limit != nil && (*req.Limit < 1 || *req.Limit > 1<<40)) ||
 		(req.Factor != nil && !(*req.Factor > 0 && *req.Factor <= 1e6)) {
-		return req, 0, errors.New("exactly one of limit (an integer from 1 to 2^40) and factor (a number in (0, 1e6])")
+		return req, errors.New("exactly one of limit (an integer from 1 to 2^40) and factor (a number in (0, 1e6])")
 	}
 	if len(req.Reason) > maxReason || len(req.Rule) > 256 {
-		return req, 0, fmt.Errorf("reason: at most %d bytes; rule: at most 256", maxReason)
+		return req, fmt.Errorf("reason: at most %d bytes; rule: at most 256", maxReason)
 	}
-	ttl, err := parseTTL(req.TTL)
-	return req, ttl, err
+	var err error
+	req.ttl, err = parseTTL(req.TTL)
+	return req, err
 }
