@@ -66,14 +66,8 @@ func startFleetAggregatorOn(t *testing.T, brokers []string, opts ...func(*aggreg
 	cfg.Kafka.Brokers = brokers
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
-	srv, err := aggregator.New(cfg, logtest.Verbose(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
-	go func() { in.done <- srv.Run(ctx) }()
-	t.Cleanup(func() { in.stop(t) })
+	in := runWith(t, cfg, logtest.Verbose(t))
+	srv := in.srv
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"sync"
@@ -71,7 +72,14 @@ func testConfig(brokers []string, id, dir string) aggregator.Config {
 // expects Run to return nil.
 func runAggregator(t testing.TB, cfg aggregator.Config) *instance {
 	t.Helper()
-	srv, err := aggregator.New(cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
+	return runWith(t, cfg, logtest.Verbose(t).With("aggregator", cfg.ID))
+}
+
+// runWith creates an aggregator from cfg logging to log and runs it until
+// the test ends; the cleanup expects Run to return nil.
+func runWith(t testing.TB, cfg aggregator.Config, log *slog.Logger) *instance {
+	t.Helper()
+	srv, err := aggregator.New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +128,22 @@ func partitionOf(tenant string) int32 { return tollgatev1.PartitionOf(tenant, pa
 func (g *gateway) emit(t testing.TB, tenant, key string, allowed bool, at time.Time) {
 	g.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: at.UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
 		KeyId: key, KeyPrefix: "sk_…", Tenant: tenant, Endpoint: "/v1/x", Method: "GET", Cost: 1, RuleId: "r", Allowed: allowed})
+}
+
+// emitCounted emits a decision as emit does and counts it in want, by
+// tenant.
+func (g *gateway) emitCounted(t testing.TB, want map[string]*counts, tenant, key string, allowed bool, at time.Time) {
+	g.emit(t, tenant, key, allowed, at)
+	w := want[tenant]
+	if w == nil {
+		w = &counts{}
+		want[tenant] = w
+	}
+	if allowed {
+		w.allowed++
+	} else {
+		w.rejected++
+	}
 }
 
 // send numbers ev as the gateway's next event of its tenant's partition
@@ -216,15 +240,7 @@ func TestExactlyOnceAcrossRebalances(t *testing.T) {
 		for i := range n {
 			tenant := fmt.Sprint("tenant-", i%7)
 			allowed := i%5 != 0
-			gw.emit(t, tenant, fmt.Sprint("key-", i%13), allowed, now)
-			if want[tenant] == nil {
-				want[tenant] = &counts{}
-			}
-			if allowed {
-				want[tenant].allowed++
-			} else {
-				want[tenant].rejected++
-			}
+			gw.emitCounted(t, want, tenant, fmt.Sprint("key-", i%13), allowed, now)
 		}
 	}
 	send(300)

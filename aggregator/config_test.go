@@ -1,7 +1,6 @@
 package aggregator_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -104,14 +103,8 @@ func TestAdminTokenAtStart(t *testing.T) {
 		t.Fatalf("New without a token: %v, want a refusal naming TOLLGATE_ADMIN_TOKEN", err)
 	}
 	cfg.AdminInsecure = true
-	srv, err := aggregator.New(cfg, logtest.Verbose(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
-	go func() { in.done <- srv.Run(ctx) }()
-	t.Cleanup(func() { in.stop(t) })
+	in := runWith(t, cfg, logtest.Verbose(t))
+	srv := in.srv
 	testwait.Eventually(t, 20*time.Second, func() error {
 		resp, err := http.Get("http://" + srv.Addrs().Metrics + "/readyz")
 		if err != nil {

@@ -76,14 +76,8 @@ func TestViewerAndConsoleSessions(t *testing.T) {
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
 	logs := &testnet.Buffer{}
-	srv, err := aggregator.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
-	go func() { in.done <- srv.Run(ctx) }()
-	t.Cleanup(func() { in.stop(t) })
+	in := runWith(t, cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	srv := in.srv
 	addr := srv.Addrs().API
 	testwait.Eventually(t, 20*time.Second, func() error {
 		if code, _, b := op(t, addr, "PUT", "/admin/v1/rules", validRules); code != 200 {

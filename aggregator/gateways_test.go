@@ -73,17 +73,10 @@ func TestGatewaysEndpoint(t *testing.T) {
 		t.Errorf("gw-b %+v: want behind", bb)
 	}
 
-	req, _ := http.NewRequest("GET", "http://"+addr+"/admin/v1/gateways", nil)
-	req.Header.Set("Authorization", "Bearer "+viewerToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	if code, _, _ := op(t, addr, "GET", "/admin/v1/gateways", "", "Authorization", "Bearer "+viewerToken); code != 200 {
+		t.Errorf("viewer: %d, want 200", code)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("viewer: %d, want 200", resp.StatusCode)
-	}
-	resp, err = http.Get("http://" + addr + "/admin/v1/gateways")
+	resp, err := http.Get("http://" + addr + "/admin/v1/gateways")
 	if err != nil {
 		t.Fatal(err)
 	}

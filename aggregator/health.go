@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/consume"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/internal/promdef"
 )
 
 // Statuses of a dependency in /readyz.
@@ -223,10 +224,7 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyGauge exports readiness as a metric (1 ready, 0 not).
 func (s *Server) readyGauge() prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tollgate_aggregator_ready",
-		Help: "1 while /readyz answers 200 (the instance can count decisions), else 0; /readyz's body says why.",
-	}, func() float64 {
+	return promdef.GaugeFunc("tollgate_aggregator_ready", "1 while /readyz answers 200 (the instance can count decisions), else 0; /readyz's body says why.", func() float64 {
 		if _, ok := s.readiness(time.Now()); ok {
 			return 1
 		}

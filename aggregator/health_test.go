@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -367,15 +368,7 @@ func TestNotReadyWhileTransactionsFail(t *testing.T) {
 
 // refuseEndTxn answers every EndTxn with INVALID_TXN_STATE until release.
 func refuseEndTxn(b *kafkabroker.Broker, release <-chan struct{}) {
-	c := b.Cluster()
-	c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		select {
-		case <-release:
-			c.DropControl()
-			return nil, nil, false
-		default:
-		}
-		c.KeepControl()
+	controlUntil(b, kmsg.EndTxn, release, func(c *kfake.Cluster, req kmsg.Request) (kmsg.Response, error, bool) {
 		r := req.(*kmsg.EndTxnRequest)
 		resp := r.ResponseKind().(*kmsg.EndTxnResponse)
 		resp.ErrorCode = kerr.InvalidTxnState.Code
@@ -386,8 +379,20 @@ func refuseEndTxn(b *kafkabroker.Broker, release <-chan struct{}) {
 // holdTransactionalProduce holds every transactional produce request
 // until release.
 func holdTransactionalProduce(b *kafkabroker.Broker, release <-chan struct{}) {
+	controlUntil(b, kmsg.Produce, release, func(c *kfake.Cluster, req kmsg.Request) (kmsg.Response, error, bool) {
+		if req.(*kmsg.ProduceRequest).TransactionID != nil {
+			c.SleepControl(func() { <-release })
+		}
+		return nil, nil, false
+	})
+}
+
+// controlUntil has the broker's requests of key answered by control until
+// release is closed; from then on the broker answers them itself.
+func controlUntil(b *kafkabroker.Broker, key kmsg.Key, release <-chan struct{},
+	control func(c *kfake.Cluster, req kmsg.Request) (kmsg.Response, error, bool)) {
 	c := b.Cluster()
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+	c.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		select {
 		case <-release:
 			c.DropControl()
@@ -395,10 +400,7 @@ func holdTransactionalProduce(b *kafkabroker.Broker, release <-chan struct{}) {
 		default:
 		}
 		c.KeepControl()
-		if req.(*kmsg.ProduceRequest).TransactionID != nil {
-			c.SleepControl(func() { <-release })
-		}
-		return nil, nil, false
+		return control(c, req)
 	})
 }
 

@@ -45,12 +45,7 @@ func TestLagMetricFollowsOwnership(t *testing.T) {
 	send := func() {
 		// Enough tenants to reach every partition.
 		for i := range 60 {
-			tenant := fmt.Sprint("tenant-", i)
-			gw.emit(t, tenant, "key-1", true, time.Now())
-			if want[tenant] == nil {
-				want[tenant] = &counts{}
-			}
-			want[tenant].allowed++
+			gw.emitCounted(t, want, fmt.Sprint("tenant-", i), "key-1", true, time.Now())
 		}
 	}
 	send()

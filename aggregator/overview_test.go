@@ -3,7 +3,6 @@ package aggregator_test
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -86,14 +85,7 @@ func TestOverview(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 INVALID_REQUEST", q, code, b)
 		}
 	}
-	req, _ := http.NewRequest("GET", "http://"+addr+"/admin/v1/overview", nil)
-	req.Header.Set("Authorization", "Bearer "+viewerToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("viewer: %d", resp.StatusCode)
+	if code, _, _ := op(t, addr, "GET", "/admin/v1/overview", "", "Authorization", "Bearer "+viewerToken); code != 200 {
+		t.Errorf("viewer: %d", code)
 	}
 }

@@ -70,14 +70,8 @@ func startPenaltyStack(t *testing.T, ladder aggregator.PenaltyConfig) *penaltySt
 	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.Partitions = partitions
 	cfg.NATS.URL = ns.ClientURL()
-	srv, err := aggregator.New(cfg, logtest.Verbose(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
-	go func() { in.done <- srv.Run(ctx) }()
-	t.Cleanup(func() { in.stop(t) })
+	in := runWith(t, cfg, logtest.Verbose(t))
+	srv := in.srv
 
 	rs, err := rules.Load([]byte(`
 rules:

@@ -116,6 +116,21 @@ func (c *child) kill() {
 // kill lands mid-stream; it returns what it sent per tenant.
 func sender(t *testing.T, gw *gateway, now time.Time) (stop func() map[string]*counts) {
 	want := map[string]*counts{}
+	stopLoop := inBackground(func(i int) {
+		if i%10 == 0 {
+			<-time.After(time.Millisecond) // a stream, not one burst
+		}
+		gw.emitCounted(t, want, fmt.Sprint("tenant-", i%9), fmt.Sprint("key-", i%11), i%4 != 0, now)
+	})
+	return func() map[string]*counts {
+		stopLoop()
+		return want
+	}
+}
+
+// inBackground calls step(0), step(1), … from a goroutine until stop is
+// called; stop (idempotent) returns once the goroutine has.
+func inBackground(step func(i int)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -126,27 +141,11 @@ func sender(t *testing.T, gw *gateway, now time.Time) (stop func() map[string]*c
 				return
 			default:
 			}
-			if i%10 == 0 {
-				<-time.After(time.Millisecond) // a stream, not one burst
-			}
-			tenant := fmt.Sprint("tenant-", i%9)
-			allowed := i%4 != 0
-			gw.emit(t, tenant, fmt.Sprint("key-", i%11), allowed, now)
-			if want[tenant] == nil {
-				want[tenant] = &counts{}
-			}
-			if allowed {
-				want[tenant].allowed++
-			} else {
-				want[tenant].rejected++
-			}
+			step(i)
 		}
 	}()
-	return func() map[string]*counts {
-		close(quit)
-		<-done
-		return want
-	}
+	var once sync.Once
+	return func() { once.Do(func() { close(quit); <-done }) }
 }
 
 // waitSent waits until the gateway has sent at least n events.
@@ -212,24 +211,13 @@ var penaltyEnv = []string{"TOLLGATE_PENALTY_WINDOW=2s", "TOLLGATE_PENALTY_BACKOF
 // a second of one key that ignores their Retry-After, and normal traffic
 // of other tenants besides.
 func storm(t *testing.T, gw *gateway, keyID string) (stop func()) {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-quit:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
-				KeyId: keyID, KeyPrefix: "sk_…", Tenant: keyID, Endpoint: "/v1/x", Allowed: false, Reason: "rate_limited",
-				Status: 429, RetryAfterSeconds: 5})
-			gw.emit(t, fmt.Sprint("tenant-", i%5), fmt.Sprint("key-", i%7), true, time.Now())
-		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { close(quit); <-done }) }
+	stop = inBackground(func(i int) {
+		<-time.After(10 * time.Millisecond)
+		gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+			KeyId: keyID, KeyPrefix: "sk_…", Tenant: keyID, Endpoint: "/v1/x", Allowed: false, Reason: "rate_limited",
+			Status: 429, RetryAfterSeconds: 5})
+		gw.emit(t, fmt.Sprint("tenant-", i%5), fmt.Sprint("key-", i%7), true, time.Now())
+	})
 	t.Cleanup(stop)
 	return stop
 }

@@ -9,10 +9,9 @@ import (
 	"time"
 )
 
-// algoRules has one rule per algorithm, each 3 units per hour, so that the
-// values of a short test are exact.
-const algoRules = `
-version: 3
+// algoTiers puts a key of prefix <alg>_ in tier <alg>, whose rule uses
+// that algorithm; the rules follow.
+const algoTiers = `
 tiers:
   - {pattern: "tb_*", tier: tb}
   - {pattern: "gcra_*", tier: gcra}
@@ -20,7 +19,12 @@ tiers:
   - {pattern: "swl_*", tier: swl}
   - {pattern: "swc_*", tier: swc}
 rules:
-  - {id: tb, match: {tier: tb}, algorithm: token_bucket, capacity: 3, rate: 3/1h}
+`
+
+// algoRules has one rule per algorithm, each 3 units per hour, so that the
+// values of a short test are exact.
+const algoRules = `
+version: 3` + algoTiers + `  - {id: tb, match: {tier: tb}, algorithm: token_bucket, capacity: 3, rate: 3/1h}
   - {id: gcra, match: {tier: gcra}, algorithm: gcra, limit: 3, window: 1h, burst: 3}
   - {id: fw, match: {tier: fw}, algorithm: fixed_window, limit: 3, window: 1h}
   - {id: swl, match: {tier: swl}, algorithm: sliding_window_log, limit: 3, window: 1h}
@@ -177,15 +181,7 @@ func TestAlgorithmsHeaders(t *testing.T) {
 							t.Errorf("request %d: body %q", k, body)
 						}
 						if k == 4 {
-							var eb struct {
-								Error struct {
-									Code    string `json:"code"`
-									Details struct {
-										Rule              string `json:"rule"`
-										RetryAfterSeconds int64  `json:"retry_after_seconds"`
-									} `json:"details"`
-								} `json:"error"`
-							}
+							var eb rejectionBody
 							if err := json.Unmarshal(body, &eb); err != nil || eb.Error.Code != "RATE_LIMIT_EXCEEDED" ||
 								eb.Error.Details.Rule != alg || strconv.FormatInt(eb.Error.Details.RetryAfterSeconds, 10) != h.Get("Retry-After") {
 								t.Errorf("429 body %s (%v)", body, err)
@@ -208,15 +204,7 @@ func TestAlgorithmsHeaders(t *testing.T) {
 // retries once is admitted, for every algorithm (1 s windows, real time).
 func TestRetryAfterIsNeverEarly(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOptions{rules: `
-tiers:
-  - {pattern: "tb_*", tier: tb}
-  - {pattern: "gcra_*", tier: gcra}
-  - {pattern: "fw_*", tier: fw}
-  - {pattern: "swl_*", tier: swl}
-  - {pattern: "swc_*", tier: swc}
-rules:
-  - {id: tb, match: {tier: tb}, algorithm: token_bucket, capacity: 2, rate: 2/1s}
+	e := newEnv(t, envOptions{rules: algoTiers + `  - {id: tb, match: {tier: tb}, algorithm: token_bucket, capacity: 2, rate: 2/1s}
   - {id: gcra, match: {tier: gcra}, algorithm: gcra, limit: 2, window: 1s, burst: 2}
   - {id: fw, match: {tier: fw}, algorithm: fixed_window, limit: 2, window: 1s}
   - {id: swl, match: {tier: swl}, algorithm: sliding_window_log, limit: 2, window: 1s}

@@ -79,15 +79,7 @@ func TestAuthzDecides(t *testing.T) {
 		}
 	}
 	resp, body := e.authz(e.gw, "GET", "X-Forwarded-Uri", "/v1/users/42", "X-API-Key", key)
-	var eb struct {
-		Error struct {
-			Code    string `json:"code"`
-			Details struct {
-				Rule              string `json:"rule"`
-				RetryAfterSeconds int64  `json:"retry_after_seconds"`
-			} `json:"details"`
-		} `json:"error"`
-	}
+	var eb rejectionBody
 	if err := json.Unmarshal(body, &eb); err != nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("sixth: %d %s (%v)", resp.StatusCode, body, err)
 	}

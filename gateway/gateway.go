@@ -46,6 +46,7 @@ import (
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/internal/promdef"
 	"github.com/tollgate/tollgate/internal/service"
 )
 
@@ -188,10 +189,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	fallback := memstore.New()
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"gateway": cfg.GatewayID}, s.reg)
 	labelled.MustRegister(newBreakerCollector(s.store),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tollgate_fallback_counters",
-			Help: "Counters held by the in-memory limiter that decides on_failure: closed rules while Redis is unavailable (bounded by memstore.DefaultMaxCounters).",
-		}, func() float64 { return float64(fallback.Len()) }))
+		promdef.GaugeFunc("tollgate_fallback_counters", "Counters held by the in-memory limiter that decides on_failure: closed rules while Redis is unavailable (bounded by memstore.DefaultMaxCounters).", func() float64 { return float64(fallback.Len()) }))
 	observers := []guard.Observer{s.m}
 	if len(cfg.Kafka.Brokers) > 0 {
 		if err := s.newEvents(); err != nil {

@@ -84,7 +84,14 @@ func selfSigned(t *testing.T, cn string) (*x509.Certificate, *ecdsa.PrivateKey) 
 	tmpl := template(cn)
 	tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
 	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	return sign(t, tmpl, tmpl, key, key), key
+}
+
+// sign makes the certificate of tmpl for key, signed by parent's key
+// parentKey.
+func sign(t *testing.T, tmpl, parent *x509.Certificate, key, parentKey *ecdsa.PrivateKey) *x509.Certificate {
+	t.Helper()
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +99,7 @@ func selfSigned(t *testing.T, cn string) (*x509.Certificate, *ecdsa.PrivateKey) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cert, key
+	return cert
 }
 
 func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, cn string, usage x509.ExtKeyUsage) (*x509.Certificate, *ecdsa.PrivateKey) {
@@ -105,15 +112,7 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, cn strin
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{usage}
 	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
+	return sign(t, tmpl, ca, key, caKey), key
 }
 
 func pkcs8(t *testing.T, key *ecdsa.PrivateKey) []byte {

@@ -413,3 +413,15 @@ func TestParseSFList(t *testing.T) {
 func redisConfig(addr string) configs.Redis {
 	return configs.Redis{Addrs: []string{addr}, Timeout: 2 * time.Second}
 }
+
+// rejectionBody is the JSON error body of a 429: its code and the deciding
+// rule's details.
+type rejectionBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Details struct {
+			Rule              string `json:"rule"`
+			RetryAfterSeconds int64  `json:"retry_after_seconds"`
+		} `json:"details"`
+	} `json:"error"`
+}

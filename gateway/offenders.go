@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate/tollgate/gateway/internal/tarpit"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/httpguard"
+	"github.com/tollgate/tollgate/internal/promdef"
 )
 
 // The proxy's connection-level answer to repeat offenders (the
@@ -87,14 +88,8 @@ func (s *Server) offenderCollectors() []prometheus.Collector {
 		return nil
 	}
 	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tollgate_accept_throttled_addresses",
-			Help: "Client addresses (IPv6 by /64) throttled at accept now: their connection was closed for a key at the top of the penalty ladder within offenders.throttle_for.",
-		}, func() float64 { return float64(o.table.Len(time.Now())) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tollgate_accept_held_connections",
-			Help: "New proxy connections from throttled addresses held now (at most offenders.max_held).",
-		}, func() float64 {
+		promdef.GaugeFunc("tollgate_accept_throttled_addresses", "Client addresses (IPv6 by /64) throttled at accept now: their connection was closed for a key at the top of the penalty ladder within offenders.throttle_for.", func() float64 { return float64(o.table.Len(time.Now())) }),
+		promdef.GaugeFunc("tollgate_accept_held_connections", "New proxy connections from throttled addresses held now (at most offenders.max_held).", func() float64 {
 			if o.ln == nil {
 				return 0
 			}

@@ -76,13 +76,31 @@ type Guard struct {
 
 	observers []Observer
 
-	// Rate limit of the "deciding degraded" log line: the Unix ns of the
-	// last line, and the degraded decisions since.
-	degrLogged atomic.Int64
-	degrCount  atomic.Int64
-	// The same for requests matching too many rules.
-	manyLogged atomic.Int64
-	manyCount  atomic.Int64
+	// Rate limits of the "deciding degraded" log line and of the one
+	// about requests matching too many rules.
+	degrLog, manyLog sampledLog
+}
+
+// sampledLog rate-limits a log line about an event that may come at every
+// request: it counts the events and lets a line through at most once per
+// interval, with the count since the last line.
+type sampledLog struct {
+	logged atomic.Int64 // Unix ns of the last line
+	count  atomic.Int64 // events since
+}
+
+// event counts one event; when a line is due (every has passed since the
+// last) it reports true with the events since the last line, this one
+// included.
+func (l *sampledLog) event(every time.Duration) (n int64, due bool) {
+	n = l.count.Add(1)
+	now := time.Now().UnixNano()
+	last := l.logged.Load()
+	if now-last < int64(every) || !l.logged.CompareAndSwap(last, now) {
+		return n, false
+	}
+	l.count.Add(-n)
+	return n, true
 }
 
 // tooManyLogInterval is the least time between two log lines about
@@ -750,15 +768,10 @@ func (g *Guard) degraded(err error) {
 	if g.onDegr != nil {
 		g.onDegr(err)
 	}
-	n := g.degrCount.Add(1)
-	now := time.Now().UnixNano()
-	last := g.degrLogged.Load()
-	if now-last < int64(degradedLogInterval) || !g.degrLogged.CompareAndSwap(last, now) {
-		return
+	if n, due := g.degrLog.event(degradedLogInterval); due {
+		g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
+			"error", err, "degraded_decisions", n)
 	}
-	g.degrCount.Add(-n)
-	g.log.Warn("store unavailable: deciding degraded (on_failure open rules allow, closed rules are limited locally)",
-		"error", err, "degraded_decisions", n)
 }
 
 // tooManyRules records a request refused for matching n rules, more than
@@ -767,15 +780,10 @@ func (g *Guard) tooManyRules(n int, endpoint string) {
 	if g.onTooMany != nil {
 		g.onTooMany(n)
 	}
-	count := g.manyCount.Add(1)
-	now := time.Now().UnixNano()
-	last := g.manyLogged.Load()
-	if now-last < int64(tooManyLogInterval) || !g.manyLogged.CompareAndSwap(last, now) {
-		return
+	if count, due := g.manyLog.event(tooManyLogInterval); due {
+		g.log.Error("request matched more rules than max_rules_per_request: answered 500 TOO_MANY_RULES without a store call; narrow the rules' match",
+			"matched_rules", n, "max_rules", g.maxRules, "endpoint", endpoint, "refused_requests", count)
 	}
-	g.manyCount.Add(-count)
-	g.log.Error("request matched more rules than max_rules_per_request: answered 500 TOO_MANY_RULES without a store call; narrow the rules' match",
-		"matched_rules", n, "max_rules", g.maxRules, "endpoint", endpoint, "refused_requests", count)
 }
 
 // degrade decides a check while the store is unavailable: `on_failure:

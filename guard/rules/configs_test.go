@@ -54,14 +54,7 @@ func mappingValue(n *yaml.Node, key string) *yaml.Node {
 // the format, every algorithm, scope and failure mode, so it can never rot.
 func TestExampleConfig(t *testing.T) {
 	t.Parallel()
-	data, err := os.ReadFile(exampleConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := Load(data)
-	if err != nil {
-		t.Fatalf("%s: %v", exampleConfig, err)
-	}
+	rs, data := loadExample(t)
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		t.Fatal(err)
@@ -130,17 +123,25 @@ func TestExampleConfig(t *testing.T) {
 	}
 }
 
-// TestExampleConfigDemoKeys: the README's demo keys behave as documented.
-func TestExampleConfigDemoKeys(t *testing.T) {
-	t.Parallel()
+// loadExample loads the example rules file; it returns the ruleset and
+// the file's bytes.
+func loadExample(t *testing.T) (*Ruleset, []byte) {
+	t.Helper()
 	data, err := os.ReadFile(exampleConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rs, err := Load(data)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", exampleConfig, err)
 	}
+	return rs, data
+}
+
+// TestExampleConfigDemoKeys: the README's demo keys behave as documented.
+func TestExampleConfigDemoKeys(t *testing.T) {
+	t.Parallel()
+	rs, _ := loadExample(t)
 	info, registered := rs.Identify("sk_free_demo")
 	if !registered || info.Tier != "free" {
 		t.Errorf("sk_free_demo: %+v %v", info, registered)

@@ -361,14 +361,20 @@ func (d *decoder) unknown(rule, field string, k *yaml.Node) {
 // str reads a string scalar. Integers and floats are taken as their text
 // (ids such as 404, tenant 12); booleans are refused.
 func (d *decoder) str(n *yaml.Node, rule, field string) (string, bool) {
-	if !d.kind(n, yaml.ScalarNode, rule, field, "a string") {
+	return d.text(n, rule, field, "a string")
+}
+
+// text reads the text of a string or number scalar; anything else is
+// refused, saying the field must be want.
+func (d *decoder) text(n *yaml.Node, rule, field, want string) (string, bool) {
+	if !d.kind(n, yaml.ScalarNode, rule, field, want) {
 		return "", false
 	}
 	switch n.ShortTag() {
 	case "!!str", "!!int", "!!float":
 		return n.Value, true
 	}
-	d.errorf(rule, field, n.Line, "must be a string, not %s", describe(n))
+	d.errorf(rule, field, n.Line, "must be %s, not %s", want, describe(n))
 	return "", false
 }
 
@@ -402,15 +408,7 @@ func (d *decoder) integer(n *yaml.Node, rule, field string) (*int64, bool) {
 // quoted number is accepted too, as a Document marshalled back to YAML or
 // JSON writes it.
 func (d *decoder) number(n *yaml.Node, rule, field string) (string, bool) {
-	if !d.kind(n, yaml.ScalarNode, rule, field, "a number") {
-		return "", false
-	}
-	switch n.ShortTag() {
-	case "!!int", "!!float", "!!str":
-		return n.Value, true
-	}
-	d.errorf(rule, field, n.Line, "must be a number, not %s", describe(n))
-	return "", false
+	return d.text(n, rule, field, "a number")
 }
 
 func (d *decoder) boolean(n *yaml.Node, rule, field string) (bool, bool) {
@@ -522,15 +520,9 @@ func (d *decoder) keys(n *yaml.Node) map[string]KeySpec {
 		field := "keys[" + redactKey(key) + "]"
 		ks := KeySpec{line: k.Line}
 		if !isNull(v) {
-			d.mapping(v, "", field, func(f string, fk, fv *yaml.Node) {
-				switch f {
-				case "tenant":
-					ks.Tenant, _ = d.nonEmpty(fv, "", field+".tenant")
-				case "tier":
-					ks.Tier, _ = d.nonEmpty(fv, "", field+".tier")
-				default:
-					d.unknown("", field+"."+f, fk)
-				}
+			d.fields(v, field, map[string]func(v *yaml.Node, path string){
+				"tenant": func(v *yaml.Node, path string) { ks.Tenant, _ = d.nonEmpty(v, "", path) },
+				"tier":   func(v *yaml.Node, path string) { ks.Tier, _ = d.nonEmpty(v, "", path) },
 			})
 		}
 		out[key] = ks
@@ -541,15 +533,9 @@ func (d *decoder) keys(n *yaml.Node) map[string]KeySpec {
 func (d *decoder) tiers(n *yaml.Node) []TierSpec {
 	return decodeList(d, n, "tiers", "a list of {pattern, tier}", func(field string, item *yaml.Node) TierSpec {
 		ts := TierSpec{line: item.Line}
-		d.mapping(item, "", field, func(f string, fk, fv *yaml.Node) {
-			switch f {
-			case "pattern":
-				ts.Pattern, _ = d.nonEmpty(fv, "", field+".pattern")
-			case "tier":
-				ts.Tier, _ = d.nonEmpty(fv, "", field+".tier")
-			default:
-				d.unknown("", field+"."+f, fk)
-			}
+		d.fields(item, field, map[string]func(v *yaml.Node, path string){
+			"pattern": func(v *yaml.Node, path string) { ts.Pattern, _ = d.nonEmpty(v, "", path) },
+			"tier":    func(v *yaml.Node, path string) { ts.Tier, _ = d.nonEmpty(v, "", path) },
 		})
 		return ts
 	})
@@ -558,17 +544,24 @@ func (d *decoder) tiers(n *yaml.Node) []TierSpec {
 func (d *decoder) regions(n *yaml.Node) []RegionSpec {
 	return decodeList(d, n, "regions", "a list of {name, weight}", func(field string, item *yaml.Node) RegionSpec {
 		rs := RegionSpec{line: item.Line}
-		d.mapping(item, "", field, func(f string, fk, fv *yaml.Node) {
-			switch f {
-			case "name":
-				rs.Name, _ = d.nonEmpty(fv, "", field+".name")
-			case "weight":
-				rs.Weight, _ = d.number(fv, "", field+".weight")
-			default:
-				d.unknown("", field+"."+f, fk)
-			}
+		d.fields(item, field, map[string]func(v *yaml.Node, path string){
+			"name":   func(v *yaml.Node, path string) { rs.Name, _ = d.nonEmpty(v, "", path) },
+			"weight": func(v *yaml.Node, path string) { rs.Weight, _ = d.number(v, "", path) },
 		})
 		return rs
+	})
+}
+
+// fields decodes a mapping of a top-level section (its field path is
+// field) whose keys are known: each key's decode gets its node and field
+// path (field.key); any other key is refused as unknown.
+func (d *decoder) fields(n *yaml.Node, field string, decode map[string]func(v *yaml.Node, path string)) {
+	d.mapping(n, "", field, func(f string, k, v *yaml.Node) {
+		if dec, ok := decode[f]; ok {
+			dec(v, field+"."+f)
+			return
+		}
+		d.unknown("", field+"."+f, k)
 	})
 }
 

@@ -376,3 +376,49 @@ func TestNullNeverWidens(t *testing.T) {
 		})
 	}
 }
+
+// TestSectionFieldsRefuseUnknown: the keys, tiers and regions sections
+// name an unknown field by its path and decode the known ones.
+func TestSectionFieldsRefuseUnknown(t *testing.T) {
+	t.Parallel()
+	rule := "rules:\n  - {id: a, capacity: 1, rate: 1/s}\n"
+	for _, tc := range []struct {
+		name, src, field string
+	}{
+		{"keys", "keys:\n  sk_live_abcdef: {tenant: acme, colour: red}\n", "keys[sk_live…].colour"},
+		{"tiers", "tiers: [{pattern: 'sk_*', tier: gold, colour: red}]\n", "tiers[0].colour"},
+		{"regions", "regions: [{name: eu, weight: 0.5, colour: red}, {name: us, weight: 0.5}]\n", "regions[0].colour"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Load([]byte(tc.src + rule))
+			ves := validationErrors(err)
+			if len(ves) != 1 || ves[0].Field != tc.field || ves[0].Msg != "unknown field" || ves[0].Line == 0 {
+				t.Fatalf("Load: %v, want one unknown field %s", err, tc.field)
+			}
+			if _, err := Load([]byte(strings.ReplaceAll(tc.src, ", colour: red", "") + rule)); err != nil {
+				t.Errorf("without the unknown field: %v", err)
+			}
+		})
+	}
+}
+
+// TestScalarTextRefusals: a string field and a number field refuse a
+// boolean, each saying what it wants.
+func TestScalarTextRefusals(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, src, want string
+	}{
+		{"string", "rules:\n  - {id: true, capacity: 1, rate: 1/s}\n", "must be a string, not"},
+		{"number", "regions: [{name: eu, weight: true}]\nrules:\n  - {id: a, capacity: 1, rate: 1/s}\n", "must be a number, not"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Load([]byte(tc.src))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Load: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

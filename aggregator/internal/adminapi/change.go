@@ -272,3 +272,57 @@ func (p precondition) revision() uint64 {
 	}
 	return uint64(p.version)
 }
+
+// natsFailed answers a failed read or write of the fleet configuration in
+// NATS (502 NATS_UNAVAILABLE).
+func natsFailed(w http.ResponseWriter, err error) {
+	apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+}
+
+// badRequest answers 400 INVALID_REQUEST with err as the message.
+func badRequest(w http.ResponseWriter, err error) {
+	apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
+}
+
+// beginConditional opens a write that honours If-Match: it parses the
+// precondition and takes the write semaphore (call unlock when ok). When
+// ok is false the request is answered.
+func (a *api) beginConditional(w http.ResponseWriter, r *http.Request) (pre precondition, unlock func(), ok bool) {
+	pre, err := ifMatch(r)
+	if err != nil {
+		badRequest(w, err)
+		return pre, nil, false
+	}
+	unlock, ok = a.lockWrites(w, r)
+	return pre, unlock, ok
+}
+
+// replacedState is the audit's before of the entry a write replaces, read
+// as cur with err: its JSON, or what is known of a corrupt one (the write
+// repairs it). When the read failed it answers and returns errAnswered.
+func replacedState(w http.ResponseWriter, cur any, err error) ([]byte, error) {
+	var ce *fleetkv.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		return corruptState(ce), nil
+	case err != nil:
+		natsFailed(w, err)
+		return nil, errAnswered
+	}
+	return mustJSON(cur), nil
+}
+
+// removedState is the audit's before of the entry a delete removes, read
+// as cur with err; present says whether cur is there to delete (a corrupt
+// entry always is). An absent entry is answered 404 with absent as the
+// message; a failed read is answered too; both return errAnswered.
+func removedState(w http.ResponseWriter, cur any, present bool, err error, absent string) ([]byte, error) {
+	if err != nil {
+		return replacedState(w, cur, err)
+	}
+	if !present {
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, absent)
+		return nil, errAnswered
+	}
+	return mustJSON(cur), nil
+}

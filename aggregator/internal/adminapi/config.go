@@ -142,7 +142,7 @@ func (a *api) getRules(w http.ResponseWriter, r *http.Request) {
 		corruptRules(w, ce)
 		return
 	case err != nil:
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	case e == nil:
 		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no ruleset has been written yet")
@@ -168,6 +168,22 @@ func (a *api) validateRules(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rulesAnswer(rs, map[string]any{"valid": true}))
+}
+
+// readRequest reads a small request body and parses it with parse; when
+// ok is false it has answered the request instead (a body too large or
+// unreadable, or one parse refuses: 400 with parse's error).
+func readRequest[T any](w http.ResponseWriter, r *http.Request, parse func([]byte) (T, error)) (req T, ok bool) {
+	body, ok := readBody(w, r, maxSmallBody)
+	if !ok {
+		return req, false
+	}
+	req, err := parse(body)
+	if err != nil {
+		badRequest(w, err)
+		return req, false
+	}
+	return req, true
 }
 
 // readRules reads a ruleset from the request body; ok is false when it
@@ -223,12 +239,7 @@ func newestVersion(ctx context.Context, kv *fleetkv.KV) (int64, error) {
 // before it takes effect. Without If-Match a write that another writer
 // beat is retried on the new current version.
 func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV, src, format string, rs *rules.Ruleset, kind, reason string) {
-	pre, err := ifMatch(r)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-		return
-	}
-	unlock, ok := a.lockWrites(w, r)
+	pre, unlock, ok := a.beginConditional(w, r)
 	if !ok {
 		return
 	}
@@ -241,7 +252,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		var ce *fleetkv.CorruptError
 		isCorrupt := errors.As(err, &ce)
 		if err != nil && !isCorrupt {
-			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+			natsFailed(w, err)
 			return errAnswered
 		}
 		var curVersion int64
@@ -249,7 +260,7 @@ func (a *api) writeRules(w http.ResponseWriter, r *http.Request, kv *fleetkv.KV,
 		switch {
 		case isCorrupt:
 			if curVersion, err = newestVersion(r.Context(), kv); err != nil {
-				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+				natsFailed(w, err)
 				return errAnswered
 			}
 			before = corruptState(ce)
@@ -293,7 +304,7 @@ func (a *api) rulesVersions(w http.ResponseWriter, r *http.Request) {
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	}
 	out := make([]map[string]any, 0, len(hist))
@@ -318,18 +329,13 @@ func (a *api) rollback(w http.ResponseWriter, r *http.Request) {
 	if kv == nil {
 		return
 	}
-	body, ok := readBody(w, r, maxSmallBody)
+	req, ok := readRequest(w, r, parseRollbackBody)
 	if !ok {
-		return
-	}
-	req, err := parseRollbackBody(body)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
 		return
 	}
 	hist, err := kv.RulesVersions(r.Context())
 	if err != nil {
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 		return
 	}
 	var found *tollgatev1.RulesEntry

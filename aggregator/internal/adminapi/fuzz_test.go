@@ -13,12 +13,12 @@ func FuzzBodies(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if req, ttl, err := parseListBody(b); err == nil {
-			if ttl < 0 || ttl > 366*24*time.Hour || len(req.Reason) > maxReason {
-				t.Fatalf("list body accepted out of bounds: %+v %v", req, ttl)
+		if req, err := parseListBody(b); err == nil {
+			if req.ttl < 0 || req.ttl > 366*24*time.Hour || len(req.Reason) > maxReason {
+				t.Fatalf("list body accepted out of bounds: %+v", req)
 			}
 		}
-		if req, _, err := parseOverrideBody(b); err == nil {
+		if req, err := parseOverrideBody(b); err == nil {
 			if (req.Limit == nil) == (req.Factor == nil) || (req.Limit != nil && *req.Limit < 1) || (req.Factor != nil && !(*req.Factor > 0)) {
 				t.Fatalf("override body accepted: %+v", req)
 			}

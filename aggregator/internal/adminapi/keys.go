@@ -177,27 +177,15 @@ func (a *api) resetKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id, prefix, _ := a.key(w, r)
-	before, err := g.State(r.Context(), req)
-	if err != nil {
-		apierror.Write(w, http.StatusServiceUnavailable, apierror.RedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
+	ch := counterChange{kind: audit.KindReset, notice: tollgatev1.CountersReset, op: "reset",
+		after: func(before *guard.Decision) any {
+			return map[string]any{"endpoint": before.Endpoint, "rules": len(before.Rules)}
+		},
+		do: func(ctx context.Context) (*guard.Decision, error) { return g.Reset(ctx, req) }}
+	id, _, _, d, ok := a.changeCounters(w, r, g, req, kr, ch)
+	if !ok {
 		return
 	}
-	var d *guard.Decision
-	err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindReset, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
-		Before: mustJSON(decisionJSON(before, id, prefix)), After: mustJSON(map[string]any{"endpoint": before.Endpoint, "rules": len(before.Rules)})},
-		func(ctx context.Context) error {
-			var err error
-			if d, err = g.Reset(ctx, req); err != nil {
-				return fmt.Errorf("%w: reset: %w", errMaybeApplied, err)
-			}
-			return nil
-		})
-	if err != nil {
-		changeFailed(w, err, apierror.RedisUnavailable)
-		return
-	}
-	a.countersChanged(tollgatev1.CountersReset, id, g.CounterNames(req))
 	writeJSON(w, http.StatusOK, map[string]any{"reset": len(d.Rules), "key_id": id, "endpoint": d.Endpoint})
 }
 
@@ -210,31 +198,59 @@ func (a *api) addQuota(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, `body: {"tokens": N} with N ≥ 1`)
 		return
 	}
-	id, prefix, _ := a.key(w, r)
+	ch := counterChange{kind: audit.KindQuota, notice: tollgatev1.CountersQuota, op: "quota",
+		after: func(before *guard.Decision) any {
+			return map[string]any{"tokens": kr.Tokens, "endpoint": before.Endpoint}
+		},
+		do: func(ctx context.Context) (*guard.Decision, error) { return g.AddQuota(ctx, req, kr.Tokens) }}
+	id, prefix, before, d, ok := a.changeCounters(w, r, g, req, kr, ch)
+	if !ok {
+		return
+	}
+	after := decisionJSON(d, id, prefix)
+	after["tokens"] = kr.Tokens
+	setGranted(after["rules"].([]ruleState), before, kr.Tokens)
+	writeJSON(w, http.StatusOK, after)
+}
+
+// counterChange is a change of a key's counters in Redis (reset, quota).
+type counterChange struct {
+	kind   string // its audit kind
+	notice string // its kind in the gateways' counter notice
+	op     string // what do does, for its error
+	// after is the audit entry's after, given the state before.
+	after func(before *guard.Decision) any
+	// do makes the change and returns the state after it.
+	do func(ctx context.Context) (*guard.Decision, error)
+}
+
+// changeCounters reads the key's state, makes the change (audited before
+// it takes effect) and tells the gateways; it returns the key's key_id
+// and prefix and its state before and after. When ok is false the request
+// is answered.
+func (a *api) changeCounters(w http.ResponseWriter, r *http.Request, g *guard.Guard, req *guard.Request, kr keyRequest,
+	ch counterChange) (id, prefix string, before, d *guard.Decision, ok bool) {
+	id, prefix, _ = a.key(w, r)
 	before, err := g.State(r.Context(), req)
 	if err != nil {
 		apierror.Write(w, http.StatusServiceUnavailable, apierror.RedisUnavailable, "nothing was changed: reading the counters failed: "+err.Error())
-		return
+		return id, prefix, nil, nil, false
 	}
-	var d *guard.Decision
-	err = a.apply(r, &tollgatev1.AuditEntry{Kind: audit.KindQuota, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
-		Before: mustJSON(decisionJSON(before, id, prefix)), After: mustJSON(map[string]any{"tokens": kr.Tokens, "endpoint": before.Endpoint})},
+	err = a.apply(r, &tollgatev1.AuditEntry{Kind: ch.kind, Subject: id, KeyPrefix: prefix, Reason: kr.Reason,
+		Before: mustJSON(decisionJSON(before, id, prefix)), After: mustJSON(ch.after(before))},
 		func(ctx context.Context) error {
 			var err error
-			if d, err = g.AddQuota(ctx, req, kr.Tokens); err != nil {
-				return fmt.Errorf("%w: quota: %w", errMaybeApplied, err)
+			if d, err = ch.do(ctx); err != nil {
+				return fmt.Errorf("%w: %s: %w", errMaybeApplied, ch.op, err)
 			}
 			return nil
 		})
 	if err != nil {
 		changeFailed(w, err, apierror.RedisUnavailable)
-		return
+		return id, prefix, before, nil, false
 	}
-	a.countersChanged(tollgatev1.CountersQuota, id, g.CounterNames(req))
-	after := decisionJSON(d, id, prefix)
-	after["tokens"] = kr.Tokens
-	setGranted(after["rules"].([]ruleState), before, kr.Tokens)
-	writeJSON(w, http.StatusOK, after)
+	a.countersChanged(ch.notice, id, g.CounterNames(req))
+	return id, prefix, before, d, true
 }
 
 // countersChanged tells the gateways that the counters named (of key_id

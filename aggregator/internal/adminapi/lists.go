@@ -20,8 +20,9 @@ import (
 
 // listBody is the body of PUT blocklist/{key} and allowlist/{key}.
 type listBody struct {
-	TTL    string `json:"ttl"`
-	Reason string `json:"reason"`
+	TTL    string        `json:"ttl"`
+	Reason string        `json:"reason"`
+	ttl    time.Duration // TTL parsed
 }
 
 // parseTTL parses a ttl ("" = none, else a duration of at least 1s and at
@@ -84,118 +85,94 @@ func corruptListEffect(kind string) string {
 	return "block the key (403)"
 }
 
-func (a *api) getList(action string) http.HandlerFunc {
+// listRoute is the handler of a list route: it reads the entry the request
+// names, then do serves the request.
+func (a *api) listRoute(action string, do func(w http.ResponseWriter, r *http.Request, action string, t listTarget)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		t, ok := a.listTarget(w, r, action)
 		if !ok {
 			return
 		}
-		kv, name, kind := t.kv, t.name, t.kind
+		do(w, r, action, t)
+	}
+}
+
+func (a *api) getList(w http.ResponseWriter, r *http.Request, action string, t listTarget) {
+	kv, name, kind := t.kv, t.name, t.kind
+	cur, rev, err := kv.List(r.Context(), name)
+	var ce *fleetkv.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		corruptList(w, kind, ce)
+	case err != nil:
+		natsFailed(w, err)
+	case cur == nil:
+		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
+	default:
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+		writeJSON(w, http.StatusOK, cur)
+	}
+}
+
+func (a *api) putList(w http.ResponseWriter, r *http.Request, action string, t listTarget) {
+	kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
+	req, ok := readRequest(w, r, parseListBody)
+	if !ok {
+		return
+	}
+	unlock, ok := a.lockWrites(w, r)
+	if !ok {
+		return
+	}
+	defer unlock()
+	var e *tollgatev1.ListEntry
+	if !retryWrite(w, listRace, func() error {
 		cur, rev, err := kv.List(r.Context(), name)
-		var ce *fleetkv.CorruptError
-		switch {
-		case errors.As(err, &ce):
-			corruptList(w, kind, ce)
-		case err != nil:
-			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-		case cur == nil:
-			apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
-		default:
-			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
-			writeJSON(w, http.StatusOK, cur)
-		}
-	}
-}
-
-func (a *api) putList(action string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		t, ok := a.listTarget(w, r, action)
-		if !ok {
-			return
-		}
-		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
-		body, ok := readBody(w, r, maxSmallBody)
-		if !ok {
-			return
-		}
-		req, ttl, err := parseListBody(body)
+		before, err := replacedState(w, cur, err)
 		if err != nil {
-			apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-			return
+			return err
 		}
-		unlock, ok := a.lockWrites(w, r)
-		if !ok {
-			return
+		now := time.Now().UTC()
+		e = &tollgatev1.ListEntry{KeyID: id, KeyPrefix: prefix, Action: action, Reason: req.Reason, Actor: actor(r), CreatedAt: now}
+		if req.ttl > 0 {
+			e.ExpiresAt = now.Add(req.ttl)
 		}
-		defer unlock()
-		var e *tollgatev1.ListEntry
-		if !retryWrite(w, listRace, func() error {
-			cur, rev, err := kv.List(r.Context(), name)
-			before := mustJSON(cur)
-			var ce *fleetkv.CorruptError
-			if errors.As(err, &ce) {
-				before = corruptState(ce) // replaced: the PUT repairs it
-			} else if err != nil {
-				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-				return errAnswered
-			}
-			now := time.Now().UTC()
-			e = &tollgatev1.ListEntry{KeyID: id, KeyPrefix: prefix, Action: action, Reason: req.Reason, Actor: actor(r), CreatedAt: now}
-			if ttl > 0 {
-				e.ExpiresAt = now.Add(ttl)
-			}
-			return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
-				Before: before, After: mustJSON(e)}, func(ctx context.Context) error {
-				_, err := kv.PutList(ctx, name, e, rev)
-				return err
-			})
-		}) {
-			return
-		}
-		if action == tollgatev1.ActionAllow {
-			a.liftAllowlisted(r.Context(), id, actor(r))
-		}
-		writeJSON(w, http.StatusOK, e)
+		return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: req.Reason,
+			Before: before, After: mustJSON(e)}, func(ctx context.Context) error {
+			_, err := kv.PutList(ctx, name, e, rev)
+			return err
+		})
+	}) {
+		return
 	}
+	if action == tollgatev1.ActionAllow {
+		a.liftAllowlisted(r.Context(), id, actor(r))
+	}
+	writeJSON(w, http.StatusOK, e)
 }
 
-func (a *api) deleteList(action string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		t, ok := a.listTarget(w, r, action)
-		if !ok {
-			return
-		}
-		kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
-		unlock, ok := a.lockWrites(w, r)
-		if !ok {
-			return
-		}
-		defer unlock()
-		if !retryWrite(w, listRace, func() error {
-			cur, rev, err := kv.List(r.Context(), name)
-			var ce *fleetkv.CorruptError
-			var before []byte
-			switch {
-			case errors.As(err, &ce):
-				before = corruptState(ce) // a corrupt entry can always be deleted
-			case err != nil:
-				apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-				return errAnswered
-			case cur == nil || (action != tollgatev1.ActionAllow && cur.Action != action):
-				apierror.Write(w, http.StatusNotFound, apierror.NotFound, "the key is not on the "+kind)
-				return errAnswered
-			default:
-				before = mustJSON(cur)
-			}
-			return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
-				Before: before, After: []byte("null")}, func(ctx context.Context) error {
-				return fleetkv.Delete(ctx, kv.Lists, name, rev)
-			})
-		}) {
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
+func (a *api) deleteList(w http.ResponseWriter, r *http.Request, action string, t listTarget) {
+	kv, id, prefix, name, kind := t.kv, t.id, t.prefix, t.name, t.kind
+	unlock, ok := a.lockWrites(w, r)
+	if !ok {
+		return
 	}
+	defer unlock()
+	if !retryWrite(w, listRace, func() error {
+		cur, rev, err := kv.List(r.Context(), name)
+		present := cur != nil && (action == tollgatev1.ActionAllow || cur.Action == action)
+		before, err := removedState(w, cur, present, err, "the key is not on the "+kind)
+		if err != nil {
+			return err
+		}
+		return a.apply(r, &tollgatev1.AuditEntry{Kind: kind, Subject: id, KeyPrefix: prefix, Reason: r.URL.Query().Get("reason"),
+			Before: before, After: []byte("null")}, func(ctx context.Context) error {
+			return fleetkv.Delete(ctx, kv.Lists, name, rev)
+		})
+	}) {
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // overrideRace answers an override write that lost to another writer:
@@ -207,11 +184,12 @@ func overrideRace(pre precondition) lostRace {
 
 // overrideBody is the body of PUT overrides/{key}.
 type overrideBody struct {
-	Limit  *int64   `json:"limit"`
-	Factor *float64 `json:"factor"`
-	Rule   string   `json:"rule"`
-	TTL    string   `json:"ttl"`
-	Reason string   `json:"reason"`
+	Limit  *int64        `json:"limit"`
+	Factor *float64      `json:"factor"`
+	Rule   string        `json:"rule"`
+	TTL    string        `json:"ttl"`
+	Reason string        `json:"reason"`
+	ttl    time.Duration // TTL parsed
 }
 
 // overrideSubject parses {key} of overrides: tenant:<name>, or a key.
@@ -227,6 +205,26 @@ func (a *api) overrideSubject(w http.ResponseWriter, r *http.Request) (scope, su
 	return tollgatev1.ScopeKey, id, prefix, ok
 }
 
+// overrideTarget is the entry an override route's request names.
+type overrideTarget struct {
+	kv                     *fleetkv.KV
+	scope, subject, prefix string // see overrideSubject
+	name                   string // the entry's KV key
+}
+
+// overrideTarget reads the entry an override route's request names; when
+// ok is false the request is answered.
+func (a *api) overrideTarget(w http.ResponseWriter, r *http.Request) (t overrideTarget, ok bool) {
+	if t.kv = a.kv(w); t.kv == nil {
+		return t, false
+	}
+	if t.scope, t.subject, t.prefix, ok = a.overrideSubject(w, r); !ok {
+		return t, false
+	}
+	t.name = tollgatev1.OverrideKey(t.scope, t.subject)
+	return t, true
+}
+
 // corruptOverride answers a corrupt overrides bucket entry.
 func corruptOverride(w http.ResponseWriter, ce *fleetkv.CorruptError) {
 	corruptAnswer(w, apierror.EntryCorrupt, strconv.FormatUint(ce.Revision, 10), ce, fmt.Sprintf(
@@ -234,22 +232,26 @@ func corruptOverride(w http.ResponseWriter, ce *fleetkv.CorruptError) {
 		ce.Revision))
 }
 
-func (a *api) getOverride(w http.ResponseWriter, r *http.Request) {
-	kv := a.kv(w)
-	if kv == nil {
-		return
+// overrideRoute is the handler of an override route: it reads the entry
+// the request names, then do serves the request.
+func (a *api) overrideRoute(do func(w http.ResponseWriter, r *http.Request, t overrideTarget)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		t, ok := a.overrideTarget(w, r)
+		if !ok {
+			return
+		}
+		do(w, r, t)
 	}
-	scope, subject, _, ok := a.overrideSubject(w, r)
-	if !ok {
-		return
-	}
-	cur, rev, err := kv.Override(r.Context(), tollgatev1.OverrideKey(scope, subject))
+}
+
+func (a *api) getOverride(w http.ResponseWriter, r *http.Request, t overrideTarget) {
+	cur, rev, err := t.kv.Override(r.Context(), t.name)
 	var ce *fleetkv.CorruptError
 	switch {
 	case errors.As(err, &ce):
 		corruptOverride(w, ce)
 	case err != nil:
-		apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
+		natsFailed(w, err)
 	case cur == nil:
 		apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no override")
 	default:
@@ -258,31 +260,13 @@ func (a *api) getOverride(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
-	kv := a.kv(w)
-	if kv == nil {
-		return
-	}
-	scope, subject, prefix, ok := a.overrideSubject(w, r)
+func (a *api) putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget) {
+	kv, subject, prefix, name := t.kv, t.subject, t.prefix, t.name
+	req, ok := readRequest(w, r, parseOverrideBody)
 	if !ok {
 		return
 	}
-	body, ok := readBody(w, r, maxSmallBody)
-	if !ok {
-		return
-	}
-	req, ttl, err := parseOverrideBody(body)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-		return
-	}
-	pre, err := ifMatch(r)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-		return
-	}
-	name := tollgatev1.OverrideKey(scope, subject)
-	unlock, ok := a.lockWrites(w, r)
+	pre, unlock, ok := a.beginConditional(w, r)
 	if !ok {
 		return
 	}
@@ -291,13 +275,9 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 	var nrev uint64
 	if !retryWrite(w, overrideRace(pre), func() error {
 		cur, rev, err := kv.Override(r.Context(), name)
-		before := mustJSON(cur)
-		var ce *fleetkv.CorruptError
-		if errors.As(err, &ce) {
-			before = corruptState(ce)
-		} else if err != nil {
-			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-			return errAnswered
+		before, err := replacedState(w, cur, err)
+		if err != nil {
+			return err
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
@@ -305,15 +285,15 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 			return errAnswered
 		}
 		now := time.Now().UTC()
-		e = &tollgatev1.OverrideEntry{Scope: scope, Subject: subject, KeyPrefix: prefix, Rule: req.Rule, Reason: req.Reason,
+		e = &tollgatev1.OverrideEntry{Scope: t.scope, Subject: subject, KeyPrefix: prefix, Rule: req.Rule, Reason: req.Reason,
 			Actor: actor(r), CreatedAt: now}
 		if req.Limit != nil {
 			e.Limit = *req.Limit
 		} else {
 			e.Factor = *req.Factor
 		}
-		if ttl > 0 {
-			e.ExpiresAt = now.Add(ttl)
+		if req.ttl > 0 {
+			e.ExpiresAt = now.Add(req.ttl)
 		}
 		audited := &tollgatev1.AuditEntry{Kind: audit.KindOverride, Subject: subject, KeyPrefix: prefix, Reason: req.Reason,
 			Before: before, After: mustJSON(e)}
@@ -329,41 +309,18 @@ func (a *api) putOverride(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"version": nrev, "override": e})
 }
 
-func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request) {
-	kv := a.kv(w)
-	if kv == nil {
-		return
-	}
-	scope, subject, prefix, ok := a.overrideSubject(w, r)
-	if !ok {
-		return
-	}
-	pre, err := ifMatch(r)
-	if err != nil {
-		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, err.Error())
-		return
-	}
-	name := tollgatev1.OverrideKey(scope, subject)
-	unlock, ok := a.lockWrites(w, r)
+func (a *api) deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget) {
+	kv, subject, prefix, name := t.kv, t.subject, t.prefix, t.name
+	pre, unlock, ok := a.beginConditional(w, r)
 	if !ok {
 		return
 	}
 	defer unlock()
 	if !retryWrite(w, overrideRace(pre), func() error {
 		cur, rev, err := kv.Override(r.Context(), name)
-		var ce *fleetkv.CorruptError
-		var before []byte
-		switch {
-		case errors.As(err, &ce):
-			before = corruptState(ce)
-		case err != nil:
-			apierror.Write(w, http.StatusBadGateway, apierror.NATSUnavailable, err.Error())
-			return errAnswered
-		case cur == nil:
-			apierror.Write(w, http.StatusNotFound, apierror.NotFound, "no override")
-			return errAnswered
-		default:
-			before = mustJSON(cur)
+		before, err := removedState(w, cur, cur != nil, err, "no override")
+		if err != nil {
+			return err
 		}
 		if pre.set && pre.revision() != rev {
 			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
@@ -410,32 +367,34 @@ func subject(h *keyid.Hasher, key string) (string, bool) {
 	return h.ID(key), true
 }
 
-func parseListBody(b []byte) (listBody, time.Duration, error) {
+func parseListBody(b []byte) (listBody, error) {
 	var req listBody
 	if len(strings.TrimSpace(string(b))) > 0 {
 		if err := strictJSON(b, &req); err != nil {
-			return req, 0, fmt.Errorf(`body: {"ttl": "10m", "reason": "…"} (both optional): %w`, err)
+			return req, fmt.Errorf(`body: {"ttl": "10m", "reason": "…"} (both optional): %w`, err)
 		}
 	}
 	if len(req.Reason) > maxReason {
-		return req, 0, fmt.Errorf("reason: at most %d bytes", maxReason)
+		return req, fmt.Errorf("reason: at most %d bytes", maxReason)
 	}
-	ttl, err := parseTTL(req.TTL)
-	return req, ttl, err
+	var err error
+	req.ttl, err = parseTTL(req.TTL)
+	return req, err
 }
 
-func parseOverrideBody(b []byte) (overrideBody, time.Duration, error) {
+func parseOverrideBody(b []byte) (overrideBody, error) {
 	var req overrideBody
 	if err := strictJSON(b, &req); err != nil {
-		return req, 0, fmt.Errorf(`body: {"limit": N} or {"factor": F}, with "ttl", "reason" and "rule" optional: %w`, err)
+		return req, fmt.Errorf(`body: {"limit": N} or {"factor": F}, with "ttl", "reason" and "rule" optional: %w`, err)
 	}
 	if (req.Limit == nil) == (req.Factor == nil) || (req.Limit != nil && (*req.Limit < 1 || *req.Limit > 1<<40)) ||
 		(req.Factor != nil && !(*req.Factor > 0 && *req.Factor <= 1e6)) {
-		return req, 0, errors.New("exactly one of limit (an integer from 1 to 2^40) and factor (a number in (0, 1e6])")
+		return req, errors.New("exactly one of limit (an integer from 1 to 2^40) and factor (a number in (0, 1e6])")
 	}
 	if len(req.Reason) > maxReason || len(req.Rule) > 256 {
-		return req, 0, fmt.Errorf("reason: at most %d bytes; rule: at most 256", maxReason)
+		return req, fmt.Errorf("reason: at most %d bytes; rule: at most 256", maxReason)
 	}
-	ttl, err := parseTTL(req.TTL)
-	return req, ttl, err
+	var err error
+	req.ttl, err = parseTTL(req.TTL)
+	return req, err
 }

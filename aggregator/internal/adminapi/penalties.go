@@ -124,11 +124,26 @@ func (a *api) getPenalty(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusServiceUnavailable, apierror.Unavailable, "penalty state is not served by this instance")
 		return
 	}
+	states, ok := a.penaltyStates(w, id)
+	if !ok {
+		return
+	}
+	a.writePenaltyView(w, id, prefix, states)
+}
+
+// penaltyStates reads the key's penalty states; when ok is false the
+// request is answered.
+func (a *api) penaltyStates(w http.ResponseWriter, id string) ([]state.PenaltyState, bool) {
 	states, err := a.cfg.Penalties.Penalties(id)
 	if err != nil {
 		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the penalty state failed")
-		return
+		return nil, false
 	}
+	return states, true
+}
+
+// writePenaltyView answers 200 with the key's penalty view.
+func (a *api) writePenaltyView(w http.ResponseWriter, id, prefix string, states []state.PenaltyState) {
 	v, err := a.penaltyView(id, prefix, states, time.Now())
 	if err != nil {
 		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the audit log failed")
@@ -156,9 +171,8 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "reason: too long")
 		return
 	}
-	states, err := a.cfg.Penalties.Penalties(id)
-	if err != nil {
-		apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the penalty state failed")
+	states, ok := a.penaltyStates(w, id)
+	if !ok {
 		return
 	}
 	if len(states) == 0 {
@@ -174,12 +188,7 @@ func (a *api) deletePenalty(w http.ResponseWriter, r *http.Request) {
 	for {
 		states, err = a.cfg.Penalties.Penalties(id)
 		if err == nil && lifted(states, at) {
-			v, err := a.penaltyView(id, prefix, states, time.Now())
-			if err != nil {
-				apierror.Write(w, http.StatusInternalServerError, apierror.Internal, "reading the audit log failed")
-				return
-			}
-			writeJSON(w, http.StatusOK, v)
+			a.writePenaltyView(w, id, prefix, states)
 			return
 		}
 		if time.Now().After(deadline) {

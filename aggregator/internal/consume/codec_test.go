@@ -19,14 +19,7 @@ func TestDecodeEventMatchesSchema(t *testing.T) {
 		Endpoint: "/v1/x", Method: "GET", Cost: 7, RuleId: "r1", Algorithm: "gcra", Allowed: true, Reason: "allowed",
 		Status: 200, Remaining: 3, ShadowWouldReject: []string{"s"}, ClientIp: "10.0.0.1", LastSeq: 12, RetryAfterSeconds: 9,
 		PenaltyLevel: 2}
-	b, err := proto.Marshal(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ev event
-	if err := decodeEvent(b, &ev); err != nil {
-		t.Fatal(err)
-	}
+	ev := decodeProto(t, in)
 	want := windows.Event{Source: windows.Source{Gateway: "gw", Epoch: 1 << 60, Partition: 5}, Seq: 99,
 		TimeMicros: 1_700_000_000_123_456, Kind: windows.KindReport, Tenant: "acme", KeyID: "kid", KeyPrefix: "sk_…",
 		Endpoint: "/v1/x", Rule: "r1", Allowed: true, Cost: 7, LastSeq: 12}
@@ -34,6 +27,7 @@ func TestDecodeEventMatchesSchema(t *testing.T) {
 		ev.TooLong || ev.BadPartition {
 		t.Fatalf("decoded %+v\nwant    %+v, RetryAfter 9", ev, want)
 	}
+	b, _ := proto.Marshal(in)
 	if err := decodeEvent(b[:len(b)-1], &ev); err == nil {
 		t.Fatal("truncated event decoded")
 	}
@@ -190,14 +184,7 @@ func TestCheckRefusesFieldsOutOfBounds(t *testing.T) {
 			t.Parallel()
 			in := valid()
 			tc.change(in)
-			b, err := proto.Marshal(in)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ev event
-			if err := decodeEvent(b, &ev); err != nil {
-				t.Fatal(err)
-			}
+			ev := decodeProto(t, in)
 			ts := tc.ts
 			if ts.IsZero() {
 				ts = now
@@ -297,4 +284,19 @@ func FuzzFitRollup(f *testing.F) {
 			t.Fatalf("a record of %d bytes for a limit of %d", len(key)+len(v)+recordOverhead, limit)
 		}
 	})
+}
+
+// decodeProto decodes in, encoded by the generated code, as the consumer
+// does.
+func decodeProto(t *testing.T, in *tollgatev1.DecisionEvent) event {
+	t.Helper()
+	b, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev event
+	if err := decodeEvent(b, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tollgate/tollgate/internal/promdef"
 )
 
 // Errors of the processor's lifecycle.
@@ -137,10 +139,7 @@ type lifeMetrics struct {
 }
 
 func newLifeMetrics(reg prometheus.Registerer) *lifeMetrics {
-	m := &lifeMetrics{rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_aggregator_session_rebuilds_total",
-		Help: "Transactional sessions closed and replaced, by reason: fenced (another producer took the transactional id over), transaction_failed (a transaction could not begin or commit).",
-	}, []string{"reason"})}
+	m := &lifeMetrics{rebuilds: promdef.CounterVec("tollgate_aggregator_session_rebuilds_total", "Transactional sessions closed and replaced, by reason: fenced (another producer took the transactional id over), transaction_failed (a transaction could not begin or commit).", "reason")}
 	for _, r := range []string{ReasonFenced, ReasonTransactionFailed} {
 		m.rebuilds.WithLabelValues(r)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/internal/promdef"
 )
 
 // Records that are not what a gateway writes (poison): each is counted,
@@ -97,18 +98,9 @@ const (
 
 func newPoisonMetrics() *poisonMetrics {
 	m := &poisonMetrics{
-		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_aggregator_events_invalid_total",
-			Help: "Decision events refused and never applied, by reason: identity (no gateway id, epoch or seq, or a partition field that is not the record's), marker (an EpochClosed marker whose seq is not last_seq + 1), cost, time, length, retry_after (a field outside its documented bound).",
-		}, []string{"reason"}),
-		anomalies: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_aggregator_sequence_anomalies_total",
-			Help: "Sequence numbers that no gateway's own records produce, by kind: held_discarded (events that jumped beyond the bound, held, then dropped because their source went on from below), jump_accepted (held runs confirmed: their gap counts as missing), gap_filled (events applied in a gap already counted missing), after_close (events applied above the mark of a closed epoch).",
-		}, []string{"kind"}),
-		oversized: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_aggregator_rollups_oversized_total",
-			Help: "Closed windows whose usage record would exceed the usage topic's message size, by action: truncated (published with the endpoint cut and truncated set), skipped (not published even cut; the report rows are whole).",
-		}, []string{"action"}),
+		invalid:   promdef.CounterVec("tollgate_aggregator_events_invalid_total", "Decision events refused and never applied, by reason: identity (no gateway id, epoch or seq, or a partition field that is not the record's), marker (an EpochClosed marker whose seq is not last_seq + 1), cost, time, length, retry_after (a field outside its documented bound).", "reason"),
+		anomalies: promdef.CounterVec("tollgate_aggregator_sequence_anomalies_total", "Sequence numbers that no gateway's own records produce, by kind: held_discarded (events that jumped beyond the bound, held, then dropped because their source went on from below), jump_accepted (held runs confirmed: their gap counts as missing), gap_filled (events applied in a gap already counted missing), after_close (events applied above the mark of a closed epoch).", "kind"),
+		oversized: promdef.CounterVec("tollgate_aggregator_rollups_oversized_total", "Closed windows whose usage record would exceed the usage topic's message size, by action: truncated (published with the endpoint cut and truncated set), skipped (not published even cut; the report rows are whole).", "action"),
 	}
 	for _, r := range invalidReasons {
 		m.invalid.WithLabelValues(r)

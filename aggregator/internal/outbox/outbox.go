@@ -39,6 +39,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/internal/promdef"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -334,14 +335,8 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_aggregator_outbox_events_total",
-			Help: "Penalty events the KV reconciler handled, by result: applied (KV changed), unchanged (KV held it already: a replay), stale (a newer step exists), operator (an operator's entry holds the key), allowlisted, malformed.",
-		}, []string{"result"}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_aggregator_outbox_errors_total",
-			Help: "Failed attempts to apply a penalty event to NATS KV (retried until they succeed).",
-		}),
+		events: promdef.CounterVec("tollgate_aggregator_outbox_events_total", "Penalty events the KV reconciler handled, by result: applied (KV changed), unchanged (KV held it already: a replay), stale (a newer step exists), operator (an operator's entry holds the key), allowlisted, malformed.", "result"),
+		errors: promdef.Counter("tollgate_aggregator_outbox_errors_total", "Failed attempts to apply a penalty event to NATS KV (retried until they succeed)."),
 	}
 	for _, r := range []string{ResultApplied, ResultUnchanged, ResultStale, ResultOperator, ResultAllowlisted, "malformed"} {
 		m.events.WithLabelValues(r)

@@ -189,15 +189,7 @@ func (g *global) serve(w http.ResponseWriter, r *http.Request) {
 	if len(ans.MissingRegions) > 0 {
 		w.Header().Set(MissingRegionsHeader, strings.Join(ans.MissingRegions, ","))
 	}
-	if format == "csv" {
-		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		_ = writeCSV(w, ans.Rows)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(ans)
+	writeAnswer(w, format, ans, ans.Rows)
 }
 
 // ask asks one other region for its report.

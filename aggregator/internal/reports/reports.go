@@ -193,15 +193,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 	if next != "" {
 		w.Header().Set("X-Next-Cursor", next)
 	}
-	if format == "csv" {
-		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		_ = writeCSV(w, ans.Rows)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(ans)
+	writeAnswer(w, format, ans, ans.Rows)
 }
 
 func parseTime(s string, def time.Time) (time.Time, error) {
@@ -217,6 +209,20 @@ func parseTime(s string, def time.Time) (time.Time, error) {
 
 // csvHeader is the first line of a CSV report.
 var csvHeader = []string{"window_start", "key_id", "key_prefix", "endpoint", "allowed", "rejected", "cost"}
+
+// writeAnswer writes a report's answer: its rows as CSV when format is
+// csv, else the whole answer as indented JSON.
+func writeAnswer(w http.ResponseWriter, format string, ans any, rows []Row) {
+	if format == "csv" {
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		_ = writeCSV(w, rows)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(ans)
+}
 
 // writeCSV writes rows as CSV (RFC 4180 quoting, one line per row ending
 // in LF, as encoding/csv writes), the header first. Every cell is safe to open in a spreadsheet: one that starts with

@@ -62,35 +62,16 @@ func auditSubjectKey(r *AuditRecord) []byte {
 // harmless, and an entry's key is its time and id, so a duplicate
 // overwrites itself).
 func (d *DB) MaterializeAudit(recs []AuditRecord) error {
-	if len(recs) == 0 {
-		return nil
-	}
-	b := d.db.NewBatch()
-	defer b.Close()
-	next := cursor{d: d, topic: TopicAudit}
-	for i := range recs {
-		r := &recs[i]
-		fresh, err := next.take(r.Partition, r.Offset)
-		if err != nil {
-			return err
-		}
-		if !fresh || !r.Entry {
-			continue
-		}
-		if err := b.Set(auditTimeKey(r), r.Value, nil); err != nil {
-			return err
-		}
-		if err := b.Set(auditSubjectKey(r), nil, nil); err != nil {
-			return err
-		}
-	}
-	if err := next.write(b); err != nil {
-		return err
-	}
-	if err := d.db.Apply(b, pebble.NoSync); err != nil {
-		return fmt.Errorf("state: materialize audit: %w", err)
-	}
-	return nil
+	return materialize(d, TopicAudit, "materialize audit", recs, func(r *AuditRecord) (int32, int64) { return r.Partition, r.Offset },
+		func(b *pebble.Batch, r *AuditRecord) error {
+			if !r.Entry {
+				return nil
+			}
+			if err := b.Set(auditTimeKey(r), r.Value, nil); err != nil {
+				return err
+			}
+			return b.Set(auditSubjectKey(r), nil, nil)
+		})
 }
 
 // AuditEntries calls fn with each encoded audit entry of subject (any

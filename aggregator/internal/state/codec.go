@@ -142,14 +142,24 @@ func RowValue(r windows.Row) []byte {
 	return b
 }
 
+// versioned strips the version byte of an encoded value of the kind what,
+// which must be version; any other is corrupt (or a format this build
+// does not read).
+func versioned(b []byte, version byte, what string) ([]byte, error) {
+	if len(b) < 1 || b[0] != version {
+		return nil, fmt.Errorf("%w: %s version", errCorrupt, what)
+	}
+	return b[1:], nil
+}
+
 // DecodeRowValue is the inverse of RowValue.
 func DecodeRowValue(b []byte) (windows.Row, error) {
 	var r windows.Row
-	if len(b) < 1 || b[0] != rowVersion {
-		return r, fmt.Errorf("%w: row version", errCorrupt)
+	b, err := versioned(b, rowVersion, "row")
+	if err != nil {
+		return r, err
 	}
-	var err error
-	if r.KeyPrefix, b, err = readString(b[1:]); err != nil {
+	if r.KeyPrefix, b, err = readString(b); err != nil {
 		return r, err
 	}
 	for _, p := range []*int64{&r.Allowed, &r.Rejected, &r.Cost} {
@@ -382,11 +392,11 @@ func PenaltyValue(s abuse.State) []byte {
 // DecodePenaltyValue is the inverse of PenaltyValue.
 func DecodePenaltyValue(b []byte) (abuse.State, error) {
 	var s abuse.State
-	if len(b) < 1 || b[0] != penaltyVersion {
-		return s, fmt.Errorf("%w: penalty version", errCorrupt)
+	b, err := versioned(b, penaltyVersion, "penalty")
+	if err != nil {
+		return s, err
 	}
-	var err error
-	if s.Tenant, b, err = readString(b[1:]); err != nil {
+	if s.Tenant, b, err = readString(b); err != nil {
 		return s, err
 	}
 	if s.KeyPrefix, b, err = readString(b); err != nil {

@@ -157,31 +157,50 @@ type Record struct {
 // one batch together with the next offset of each partition. Records below
 // a partition's recorded offset are skipped, so replaying is harmless.
 func (d *DB) Materialize(recs []Record) error {
+	return materialize(d, TopicChangelog, "materialize", recs, func(r *Record) (int32, int64) { return r.Partition, r.Offset },
+		func(b *pebble.Batch, r *Record) error {
+			if r.Control || len(r.Key) == 0 {
+				return nil
+			}
+			if err := applyRecord(b, r); err != nil {
+				d.log.Warn("changelog record skipped", slog.Int("partition", int(r.Partition)),
+					slog.Int64("offset", r.Offset), slog.String("error", err.Error()))
+			}
+			return nil
+		})
+}
+
+// materialize applies the records of a materialized topic (op names the
+// step in errors) in one batch together with the next offset of each
+// partition: put adds each record at or past its partition's recorded
+// offset to the batch (at gives a record's partition and offset); records
+// below it are skipped, so replaying is harmless. An error of put aborts
+// the batch.
+func materialize[R any](d *DB, topic byte, op string, recs []R, at func(r *R) (int32, int64), put func(b *pebble.Batch, r *R) error) error {
 	if len(recs) == 0 {
 		return nil
 	}
 	b := d.db.NewBatch()
 	defer b.Close()
-	next := cursor{d: d, topic: TopicChangelog}
+	next := cursor{d: d, topic: topic}
 	for i := range recs {
 		r := &recs[i]
-		fresh, err := next.take(r.Partition, r.Offset)
+		fresh, err := next.take(at(r))
 		if err != nil {
 			return err
 		}
-		if !fresh || r.Control || len(r.Key) == 0 {
+		if !fresh {
 			continue
 		}
-		if err := applyRecord(b, r); err != nil {
-			d.log.Warn("changelog record skipped", slog.Int("partition", int(r.Partition)),
-				slog.Int64("offset", r.Offset), slog.String("error", err.Error()))
+		if err := put(b, r); err != nil {
+			return err
 		}
 	}
 	if err := next.write(b); err != nil {
 		return err
 	}
 	if err := d.db.Apply(b, pebble.NoSync); err != nil {
-		return fmt.Errorf("state: materialize: %w", err)
+		return fmt.Errorf("state: %s: %w", op, err)
 	}
 	return nil
 }

@@ -172,6 +172,22 @@ func appendField(b []byte, name string) []byte {
 	return append(b, '"', ':')
 }
 
+// appendNext appends the name of a field after the first: ,"name":
+func appendNext(b []byte, name string) []byte {
+	return appendField(append(b, ','), name)
+}
+
+// appendIntField appends a field after the first with an integer value.
+func appendIntField(b []byte, name string, v int64) []byte {
+	return strconv.AppendInt(appendNext(b, name), v, 10)
+}
+
+// appendStringField appends a field after the first with a string value,
+// escaped for HTML as every JSON answer of the check API is.
+func appendStringField(b []byte, name, v string) []byte {
+	return apierror.AppendString(appendNext(b, name), v, apierror.EscapeHTML)
+}
+
 func appendBool(b []byte, v bool) []byte {
 	if v {
 		return append(b, "true"...)
@@ -183,8 +199,7 @@ func appendBool(b []byte, v bool) []byte {
 // ladder (penaltyDetailsJSON's layout), as the proxy's error body has
 // them; expires is Unix seconds, 0 for none.
 func appendPenaltyDetails(b []byte, d *guard.Decision, code string, expires int64) []byte {
-	b = append(b, ',')
-	b = appendField(b, "details")
+	b = appendNext(b, "details")
 	b = append(b, '{')
 	if code == apierror.Penalty {
 		b = appendField(b, "retry_after_seconds")
@@ -194,13 +209,10 @@ func appendPenaltyDetails(b []byte, d *guard.Decision, code string, expires int6
 	b = appendField(b, "penalty_level")
 	b = strconv.AppendInt(b, int64(d.PenaltyLevel), 10)
 	if d.PenaltyReason != "" {
-		b = append(b, ',')
-		b = appendField(b, "penalty_reason")
-		b = apierror.AppendString(b, d.PenaltyReason, apierror.EscapeHTML)
+		b = appendStringField(b, "penalty_reason", d.PenaltyReason)
 	}
 	if expires > 0 {
-		b = append(b, ',')
-		b = appendField(b, "expires_at")
+		b = appendNext(b, "expires_at")
 		b = append(b, '"')
 		b = time.Unix(expires, 0).UTC().AppendFormat(b, time.RFC3339)
 		b = append(b, '"')
@@ -236,33 +248,16 @@ func appendDecisionHead(b []byte, d *guard.Decision, status int) []byte {
 	b = append(b, '{')
 	b = appendField(b, "allowed")
 	b = appendBool(b, d.Allowed)
-	b = append(b, ',')
-	b = appendField(b, "status")
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ',')
-	b = appendField(b, "limit")
-	b = strconv.AppendInt(b, limit, 10)
-	b = append(b, ',')
-	b = appendField(b, "remaining")
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ',')
-	b = appendField(b, "reset")
-	b = strconv.AppendInt(b, reset, 10)
-	b = append(b, ',')
-	b = appendField(b, "retry_after")
-	b = strconv.AppendInt(b, d.RetryAfter, 10)
-	b = append(b, ',')
-	b = appendField(b, "rule")
-	b = apierror.AppendString(b, rule, apierror.EscapeHTML)
-	b = append(b, ',')
-	b = appendField(b, "algorithm")
-	b = apierror.AppendString(b, alg, apierror.EscapeHTML)
-	b = append(b, ',')
-	b = appendField(b, "degraded")
+	b = appendIntField(b, "status", int64(status))
+	b = appendIntField(b, "limit", limit)
+	b = appendIntField(b, "remaining", remaining)
+	b = appendIntField(b, "reset", reset)
+	b = appendIntField(b, "retry_after", d.RetryAfter)
+	b = appendStringField(b, "rule", rule)
+	b = appendStringField(b, "algorithm", alg)
+	b = appendNext(b, "degraded")
 	b = appendBool(b, d.Degraded)
-	b = append(b, ',')
-	b = appendField(b, "reason")
-	b = apierror.AppendString(b, string(d.Reason), apierror.EscapeHTML)
+	b = appendStringField(b, "reason", string(d.Reason))
 	return b
 }
 
@@ -274,30 +269,20 @@ func appendDecisionError(b []byte, d *guard.Decision, status int) []byte {
 	if code == "" {
 		code = apierror.RateLimitExceeded
 	}
-	b = append(b, ',')
-	b = appendField(b, "error")
+	b = appendNext(b, "error")
 	b = append(b, '{')
 	b = apierror.AppendFields(b, code, httpguard.Message(d), apierror.EscapeHTML)
 	if status == http.StatusTooManyRequests && dr != nil {
-		b = append(b, ',')
-		b = appendField(b, "details")
+		b = appendNext(b, "details")
 		b = append(b, '{')
 		b = appendField(b, "rule")
 		b = apierror.AppendString(b, dr.ID, apierror.EscapeHTML)
-		b = append(b, ',')
-		b = appendField(b, "limit")
-		b = strconv.AppendInt(b, dr.Limit, 10)
-		b = append(b, ',')
-		b = appendField(b, "remaining")
+		b = appendIntField(b, "limit", dr.Limit)
+		b = appendNext(b, "remaining")
 		b = append(b, '0')
-		b = append(b, ',')
-		b = appendField(b, "window_seconds")
-		b = strconv.AppendInt(b, dr.Window, 10)
-		b = append(b, ',')
-		b = appendField(b, "retry_after_seconds")
-		b = strconv.AppendInt(b, d.RetryAfter, 10)
-		b = append(b, ',')
-		b = appendField(b, "reset_at")
+		b = appendIntField(b, "window_seconds", dr.Window)
+		b = appendIntField(b, "retry_after_seconds", d.RetryAfter)
+		b = appendNext(b, "reset_at")
 		b = append(b, '"')
 		b = time.Unix(dr.Reset, 0).UTC().AppendFormat(b, time.RFC3339)
 		b = append(b, '"', '}')

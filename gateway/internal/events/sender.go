@@ -945,32 +945,34 @@ func (s *sender) logErr(now time.Time, msg string, err error) {
 // logFixes logs the corrections made to events since the last log, at
 // most once per dropLogEvery.
 func (s *sender) logFixes(now time.Time) {
-	if now.Sub(s.lastFixLog) < dropLogEvery {
-		return
-	}
-	p := s.p
-	p.mu.Lock()
-	f := p.corrected
-	p.mu.Unlock()
-	if logGrowth(p.log, slog.LevelWarn, "events: decisions with values beyond the schema's bounds were corrected (see tollgate_events_corrected_total)",
-		fixNames[:], f[:], s.loggedFixes[:]) {
-		s.lastFixLog, s.loggedFixes = now, f
-	}
+	s.logCounts(now, &s.lastFixLog, s.loggedFixes[:], slog.LevelWarn,
+		"events: decisions with values beyond the schema's bounds were corrected (see tollgate_events_corrected_total)",
+		fixNames[:], func(p *Producer) []uint64 { f := p.corrected; return f[:] })
 }
 
 // logDrops logs the drops since the last log, at most once per
 // dropLogEvery.
 func (s *sender) logDrops(now time.Time) {
-	if now.Sub(s.lastDropLog) < dropLogEvery {
+	s.logCounts(now, &s.lastDropLog, s.loggedDrops[:], slog.LevelError,
+		"events: decisions dropped (see tollgate_events_dropped_total)",
+		dropReasonNames[:], func(p *Producer) []uint64 { d := p.dropped; return d[:] })
+}
+
+// logCounts logs, at most once per dropLogEvery since *last, how much the
+// producer's counters (a copy read under its lock) grew since logged, and
+// then remembers them as logged at now.
+func (s *sender) logCounts(now time.Time, last *time.Time, logged []uint64, level slog.Level, msg string, names []string,
+	read func(p *Producer) []uint64) {
+	if now.Sub(*last) < dropLogEvery {
 		return
 	}
 	p := s.p
 	p.mu.Lock()
-	d := p.dropped
+	cur := read(p)
 	p.mu.Unlock()
-	if logGrowth(p.log, slog.LevelError, "events: decisions dropped (see tollgate_events_dropped_total)",
-		dropReasonNames[:], d[:], s.loggedDrops[:]) {
-		s.lastDropLog, s.loggedDrops = now, d
+	if logGrowth(p.log, level, msg, names, cur, logged) {
+		*last = now
+		copy(logged, cur)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/promdef"
 )
 
 // Label values.
@@ -71,75 +72,25 @@ type Metrics struct {
 func New(reg prometheus.Registerer) *Metrics {
 	latency := []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1}
 	m := &Metrics{
-		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_checks_total",
-			Help: "Decisions made by the proxy and the check API (peeks included; Envoy RLS calls are in tollgate_rls_calls_total), by decision (allowed, rejected, blocked, invalid, error), reason, deciding rule (none without one) and route template (other when the endpoint is not one).",
-		}, []string{"decision", "reason", "rule", "route"}),
-		checkDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tollgate_check_duration_seconds",
-			Help:    "Time to decide one request, Redis round trip included.",
-			Buckets: latency,
-		}),
-		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_shadow_would_reject_total",
-			Help: "Requests a shadow rule would have rejected, by rule.",
-		}, []string{"rule"}),
-		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_reports_total",
-			Help: "Costs charged after the fact (POST /v1/report, cost_response_header), by decision: allowed (charged), invalid (refused: a bad key, or a cost above max_cost) or error (Redis unavailable: not charged).",
-		}, []string{"decision"}),
-		redisCalls: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_redis_calls_total",
-			Help: "Calls to the Redis store (one per decision that reaches Redis).",
-		}),
-		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_redis_errors_total",
-			Help: "Redis store calls that failed or timed out (the decision then followed the rules' on_failure).",
-		}),
-		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tollgate_redis_call_duration_seconds",
-			Help:    "Duration of Redis store calls, failed ones included.",
-			Buckets: latency,
-		}),
-		rulesVersion: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tollgate_rules_version",
-			Help: "Version of the ruleset in force: the rules file's `version` field, or in fleet mode the version the operator API assigned (the content hash and the source are in /readyz and the reload log).",
-		}),
-		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tollgate_rules_loaded_timestamp_seconds",
-			Help: "Unix time the ruleset in force was applied.",
-		}),
-		reloads: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_rules_reloads_total",
-			Help: "Rulesets applied after a change of the rules file, or in fleet mode of the tollgate_rules KV bucket.",
-		}),
-		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_rules_reload_errors_total",
-			Help: "Changes of the rules file (invalid or unreadable), or in fleet mode rulesets from the tollgate_rules KV bucket, refused; the running rules stayed.",
-		}),
-		costsDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_cost_reports_dropped_total",
-			Help: "Costs from cost_response_header not charged because the report queue was full.",
-		}),
-		rlsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_rls_calls_total",
-			Help: "Envoy rate-limit calls, by decision: allowed (OK), rejected (OVER_LIMIT), invalid (malformed call) or error (no decision).",
-		}, []string{"decision"}),
+		checks:        promdef.CounterVec("tollgate_checks_total", "Decisions made by the proxy and the check API (peeks included; Envoy RLS calls are in tollgate_rls_calls_total), by decision (allowed, rejected, blocked, invalid, error), reason, deciding rule (none without one) and route template (other when the endpoint is not one).", "decision", "reason", "rule", "route"),
+		checkDuration: promdef.Histogram("tollgate_check_duration_seconds", "Time to decide one request, Redis round trip included.", latency),
+		shadow:        promdef.CounterVec("tollgate_shadow_would_reject_total", "Requests a shadow rule would have rejected, by rule.", "rule"),
+		reports:       promdef.CounterVec("tollgate_reports_total", "Costs charged after the fact (POST /v1/report, cost_response_header), by decision: allowed (charged), invalid (refused: a bad key, or a cost above max_cost) or error (Redis unavailable: not charged).", "decision"),
+		redisCalls:    promdef.Counter("tollgate_redis_calls_total", "Calls to the Redis store (one per decision that reaches Redis)."),
+		redisErrors:   promdef.Counter("tollgate_redis_errors_total", "Redis store calls that failed or timed out (the decision then followed the rules' on_failure)."),
+		redisDuration: promdef.Histogram("tollgate_redis_call_duration_seconds", "Duration of Redis store calls, failed ones included.", latency),
+		rulesVersion:  promdef.Gauge("tollgate_rules_version", "Version of the ruleset in force: the rules file's `version` field, or in fleet mode the version the operator API assigned (the content hash and the source are in /readyz and the reload log)."),
+		rulesLoaded:   promdef.Gauge("tollgate_rules_loaded_timestamp_seconds", "Unix time the ruleset in force was applied."),
+		reloads:       promdef.Counter("tollgate_rules_reloads_total", "Rulesets applied after a change of the rules file, or in fleet mode of the tollgate_rules KV bucket."),
+		reloadErrors:  promdef.Counter("tollgate_rules_reload_errors_total", "Changes of the rules file (invalid or unreadable), or in fleet mode rulesets from the tollgate_rules KV bucket, refused; the running rules stayed."),
+		costsDropped:  promdef.Counter("tollgate_cost_reports_dropped_total", "Costs from cost_response_header not charged because the report queue was full."),
+		rlsCalls:      promdef.CounterVec("tollgate_rls_calls_total", "Envoy rate-limit calls, by decision: allowed (OK), rejected (OVER_LIMIT), invalid (malformed call) or error (no decision).", "decision"),
 	}
-	m.tooManyRules = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tollgate_too_many_rules_total",
-		Help: "Requests answered 500 TOO_MANY_RULES without a Redis call: they matched more rules than max_rules_per_request (the guard logs them, at most every 10 s).",
-	})
-	m.connsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_penalty_connections_closed_total",
-		Help: "Client connections the proxy answered with Connection: close after offenders.close_after rejections, by reason: penalty (a key at the top of the penalty ladder; its address is then throttled at accept) or blocklist (an operator's block). Never for trusted proxies.",
-	}, []string{"reason"})
+	m.tooManyRules = promdef.Counter("tollgate_too_many_rules_total", "Requests answered 500 TOO_MANY_RULES without a Redis call: they matched more rules than max_rules_per_request (the guard logs them, at most every 10 s).")
+	m.connsClosed = promdef.CounterVec("tollgate_penalty_connections_closed_total", "Client connections the proxy answered with Connection: close after offenders.close_after rejections, by reason: penalty (a key at the top of the penalty ladder; its address is then throttled at accept) or blocklist (an operator's block). Never for trusted proxies.", "reason")
 	m.closedPenalty = m.connsClosed.WithLabelValues(ClosePenalty)
 	m.closedBlocklist = m.connsClosed.WithLabelValues(CloseBlocklist)
-	accept := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tollgate_accept_throttled_total",
-		Help: "New proxy connections from client addresses throttled at accept (offenders.throttle), by outcome: delayed (held for offenders.throttle_delay, then served) or refused (closed at once: offenders.max_held were held).",
-	}, []string{"outcome"})
+	accept := promdef.CounterVec("tollgate_accept_throttled_total", "New proxy connections from client addresses throttled at accept (offenders.throttle), by outcome: delayed (held for offenders.throttle_delay, then served) or refused (closed at once: offenders.max_held were held).", "outcome")
 	m.acceptDelayed = accept.WithLabelValues("delayed")
 	m.acceptRefused = accept.WithLabelValues("refused")
 	m.costsReported = m.reports.WithLabelValues(DecisionAllowed)

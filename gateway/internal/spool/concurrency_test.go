@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -21,11 +20,7 @@ func TestConcurrentAppendAndReplay(t *testing.T) {
 	for _, fsName := range []string{"mem", "disk"} {
 		t.Run(fsName, func(t *testing.T) {
 			t.Parallel()
-			var fsys spool.FS = spooltest.New()
-			d := dir
-			if fsName == "disk" {
-				fsys, d = spool.OSFS{}, filepath.Join(t.TempDir(), "spool")
-			}
+			fsys, d := testFS(t, fsName, "spool")
 			s, err := spool.Open(fsys, d, spool.Options{NoSync: fsName == "disk"})
 			if err != nil {
 				t.Fatal(err)

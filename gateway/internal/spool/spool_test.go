@@ -22,6 +22,16 @@ import (
 
 const dir = "/data/spool/gw-1"
 
+// testFS is the file system of a test run on fsName and the spool's
+// directory in it: spooltest's in memory at dir, or for "disk" the real
+// one at sub below a fresh temporary directory.
+func testFS(t *testing.T, fsName string, sub ...string) (spool.FS, string) {
+	if fsName == "disk" {
+		return spool.OSFS{}, filepath.Join(append([]string{t.TempDir()}, sub...)...)
+	}
+	return spooltest.New(), dir
+}
+
 // batch returns n records of about size bytes named after tag, so that a
 // failed comparison says which batch and record went astray.
 func batch(tag string, n, size int) []spool.Record {
@@ -168,11 +178,7 @@ func TestRoundTripInOrder(t *testing.T) {
 		for _, noSync := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/NoSync=%v", fsName, noSync), func(t *testing.T) {
 				t.Parallel()
-				var fsys spool.FS = spooltest.New()
-				d := dir
-				if fsName == "disk" {
-					fsys, d = spool.OSFS{}, filepath.Join(t.TempDir(), "spool", "gw-1")
-				}
+				fsys, d := testFS(t, fsName, "spool", "gw-1")
 				s, err := spool.Open(fsys, d, spool.Options{NoSync: noSync})
 				if err != nil {
 					t.Fatal(err)
@@ -330,11 +336,7 @@ func TestLockedInProcess(t *testing.T) {
 	for _, fsName := range []string{"mem", "disk"} {
 		t.Run(fsName, func(t *testing.T) {
 			t.Parallel()
-			var fsys spool.FS = spooltest.New()
-			d := dir
-			if fsName == "disk" {
-				fsys, d = spool.OSFS{}, t.TempDir()
-			}
+			fsys, d := testFS(t, fsName)
 			s, err := spool.Open(fsys, d, spool.Options{})
 			if err != nil {
 				t.Fatal(err)
