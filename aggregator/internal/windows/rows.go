@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"slices"
 	"unsafe"
+
+	"github.com/tollgate/tollgate/aggregator/internal/intern"
 )
 
 // rowID is a row's key inside a table: the interned (partition, tenant,
@@ -37,10 +39,10 @@ type slot struct {
 // slots are chained newest first: a series holds the few windows that are
 // open or not yet evicted, and the current ones lead.
 type rowStore struct {
-	series   *interner
+	series   *intern.Table
 	heads    []uint32 // by series id: its first slot (plus one)
-	prefixes *interner
-	sets     *interner
+	prefixes *intern.Table
+	sets     *intern.Table
 	decoded  map[uint32][]string // rule lists by id: few distinct ones
 	slots    []slot
 	free     []uint32
@@ -52,7 +54,7 @@ type rowStore struct {
 }
 
 func newRowStore(n int) *rowStore {
-	return &rowStore{series: newInterner(), prefixes: newInterner(), sets: newInterner(), decoded: map[uint32][]string{},
+	return &rowStore{series: intern.New(), prefixes: intern.New(), sets: intern.New(), decoded: map[uint32][]string{},
 		slots: make([]slot, 0, n)}
 }
 
@@ -70,7 +72,7 @@ func (s *rowStore) seriesBytes(k *RowKey) []byte {
 }
 
 // seriesOf is the interned series of k, 0 when no row of it is held.
-func (s *rowStore) seriesOf(k *RowKey) uint32 { return s.series.find(s.seriesBytes(k)) }
+func (s *rowStore) seriesOf(k *RowKey) uint32 { return s.series.Find(s.seriesBytes(k)) }
 
 // find is the slot of k, given its series (seriesOf).
 func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
@@ -92,14 +94,14 @@ func (s *rowStore) lookup(k *RowKey) (uint32, bool) { return s.find(s.seriesOf(k
 // row copies slot i's row into r.
 func (s *rowStore) row(i uint32, r *Row) {
 	e := &s.slots[i]
-	*r = Row{KeyPrefix: s.prefixes.str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
+	*r = Row{KeyPrefix: s.prefixes.Str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
 		Rules: slices.Clone(s.decoded[e.rules]), Closed: e.closed, Revision: e.revision}
 }
 
 // key is slot i's key; its strings alias the series arena.
 func (s *rowStore) key(i uint32) RowKey {
 	e := &s.slots[i]
-	b := s.series.bytes(e.id.series)
+	b := s.series.Bytes(e.id.series)
 	p, n := binary.Varint(b)
 	b = b[n:]
 	k := RowKey{Partition: int32(p), Gran: e.id.gran, Start: e.id.start}
@@ -129,7 +131,7 @@ func (s *rowStore) put(k *RowKey, r *Row, written int64) {
 	series := s.seriesOf(k)
 	i, ok := s.find(series, k)
 	if !ok {
-		i = s.add(s.series.ref(s.seriesBytes(k)), k)
+		i = s.add(s.series.Ref(s.seriesBytes(k)), k)
 	}
 	s.set(i, r, written)
 }
@@ -141,9 +143,9 @@ func (s *rowStore) putKnown(k *RowKey, r *Row, slot uint32, series *uint32, writ
 	i := slot - 1
 	if slot == 0 {
 		if *series == 0 {
-			*series = s.series.ref(s.seriesBytes(k))
+			*series = s.series.Ref(s.seriesBytes(k))
 		} else {
-			s.series.ents[*series].refs++
+			s.series.AddRef(*series)
 		}
 		i = s.add(*series, k)
 	}
@@ -173,13 +175,13 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 // set writes r into slot i.
 func (s *rowStore) set(i uint32, r *Row, written int64) {
 	e := &s.slots[i]
-	if s.prefixes.str(e.prefix) != r.KeyPrefix {
+	if s.prefixes.Str(e.prefix) != r.KeyPrefix {
 		old := e.prefix
 		e.prefix = 0
 		if r.KeyPrefix != "" {
-			e.prefix = s.prefixes.ref(append(s.scratch[:0], r.KeyPrefix...))
+			e.prefix = s.prefixes.Ref(append(s.scratch[:0], r.KeyPrefix...))
 		}
-		s.prefixes.unref(old)
+		s.prefixes.Unref(old)
 	}
 	if !slices.Equal(s.decoded[e.rules], r.Rules) {
 		old := e.rules
@@ -201,7 +203,7 @@ func (s *rowStore) refRules(rules []string) uint32 {
 		b = append(b, r...)
 	}
 	s.scratch = b
-	id := s.sets.ref(b)
+	id := s.sets.Ref(b)
 	if _, ok := s.decoded[id]; !ok {
 		s.decoded[id] = slices.Clone(rules)
 	}
@@ -212,7 +214,7 @@ func (s *rowStore) unrefRules(id uint32) {
 	if id == 0 {
 		return
 	}
-	if s.sets.unref(id) {
+	if s.sets.Unref(id) {
 		delete(s.decoded, id)
 	}
 }
@@ -229,8 +231,8 @@ func (s *rowStore) remove(i uint32) {
 		}
 		s.slots[p].next = e.next
 	}
-	s.series.unref(e.id.series)
-	s.prefixes.unref(e.prefix)
+	s.series.Unref(e.id.series)
+	s.prefixes.Unref(e.prefix)
 	s.unrefRules(e.rules)
 	*e = slot{}
 	s.free = append(s.free, i)
