@@ -296,6 +296,43 @@ func TestExpire(t *testing.T) {
 	}
 }
 
+// TestExpiredRowCountedAfresh: an event for a window its transaction read
+// and then expired starts the row again (its old counts are gone), and
+// the row is written, not deleted.
+func TestExpiredRowCountedAfresh(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Retention: map[Granularity]time.Duration{Minute: time.Hour}}
+	tab := NewTable(cfg, 0, nil, nil, nil)
+	x := tab.Begin()
+	ev := Event{Source: Source{Gateway: "g"}, Seq: 1, Kind: KindDecision, Tenant: "t", KeyID: "k", Allowed: true, Cost: 1}
+	for range 3 {
+		if _, err := x.Apply(&ev, 0); err != nil {
+			t.Fatal(err)
+		}
+		ev.Seq++
+	}
+	x.Commit(1)
+	x = tab.Begin()
+	for i := range 2 { // read and expired, then counted again
+		if _, err := x.Apply(&ev, 60+3601); err != nil {
+			t.Fatal(err)
+		}
+		ev.Seq++
+		if i == 0 {
+			x.Expire(60 + 3601)
+		}
+	}
+	var got []Change
+	for _, c := range x.Changes() {
+		if c.Row != nil && c.Row.Gran == Minute {
+			got = append(got, c)
+		}
+	}
+	if len(got) != 1 || got[0].Deleted || got[0].Value.Allowed != 1 {
+		t.Fatalf("minute row read, expired, then counted: %+v, want one write of 1 allowed", got)
+	}
+}
+
 // TestSequencesCannotBeForgedIntoSilence feeds sources whose records are
 // not all the gateway's, or whose gateway dropped many decisions in a row,
 // and checks what is counted: a forged jump never makes the gateway's own
