@@ -343,26 +343,6 @@ type slot struct {
 	ring           [Buckets]Bucket
 }
 
-// pageSlots is how many slots a page of a Table holds.
-const pageSlots = 1024
-
-// pages holds a Table's slots in pages of pageSlots, indexed by key id: a
-// growing table adds pages and never copies the slots it holds.
-type pages struct {
-	p []*[pageSlots]slot
-	n int // slots addressable: len(p) × pageSlots
-}
-
-func (s *pages) at(id uint32) *slot { return &s.p[id/pageSlots][id%pageSlots] }
-
-// grow makes ids below n addressable.
-func (s *pages) grow(n int) {
-	for s.n < n {
-		s.p = append(s.p, new([pageSlots]slot))
-		s.n += pageSlots
-	}
-}
-
 // Table is the abuse state of one decisions partition. Its keys' states
 // are pages of pointer-free slots indexed by the key's interned id, so
 // however many keys it holds the collector scans none of them, and a key
@@ -380,7 +360,7 @@ type Table struct {
 	partition int32
 	keys      *intern.Table // key_ids; a key's id indexes slots
 	strs      *intern.Table // tenants and key prefixes
-	slots     pages
+	slots     intern.Pages[slot]
 	n         int // keys held
 	// gen counts commits: an id a transaction found at one gen still
 	// names its key while gen has not moved.
@@ -405,15 +385,15 @@ func NewTable(cfg Config, p int32, states map[string]State) *Table {
 // add holds s as key's state, a key the table does not hold.
 func (t *Table) add(key string, s *State) {
 	id := t.keys.RefString(key)
-	t.slots.grow(int(id) + 1)
-	*t.slots.at(id) = slot{live: true}
+	t.slots.Grow(int(id) + 1)
+	*t.slots.At(id) = slot{live: true}
 	t.n++
 	t.set(id, s)
 }
 
 // set writes s into slot id.
 func (t *Table) set(id uint32, s *State) {
-	e := t.slots.at(id)
+	e := t.slots.At(id)
 	e.tenant = t.restr(e.tenant, s.Tenant)
 	e.prefix = t.restr(e.prefix, s.KeyPrefix)
 	e.level, e.step, e.since, e.until = int32(s.Level), s.Step, s.Since, s.Until
@@ -437,7 +417,7 @@ func (t *Table) restr(old uint32, str string) uint32 {
 // get copies slot id into s; its strings alias the interner's arena,
 // which never changes.
 func (t *Table) get(id uint32, s *State) {
-	e := t.slots.at(id)
+	e := t.slots.At(id)
 	*s = State{Tenant: t.strs.Str(e.tenant), KeyPrefix: t.strs.Str(e.prefix), Level: int(e.level), Step: e.step,
 		Since: e.since, Until: e.until, LastFiring: e.lastFiring, VolumeAt: e.volumeAt, Floor: e.floor,
 		LiftedAt: e.liftedAt, RetryFrom: e.retryFrom, RetryUntil: e.retryUntil, Touched: e.touched, Ring: e.ring}
@@ -445,7 +425,7 @@ func (t *Table) get(id uint32, s *State) {
 
 // remove drops slot id and its key.
 func (t *Table) remove(id uint32) {
-	e := t.slots.at(id)
+	e := t.slots.At(id)
 	t.strs.Unref(e.tenant)
 	t.strs.Unref(e.prefix)
 	t.keys.Unref(id)
@@ -471,8 +451,8 @@ func (t *Table) Get(keyID string) (State, bool) {
 func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 	var n [MaxLevel + 1]int
 	us := now.UnixMicro()
-	for i := range t.slots.n {
-		if e := t.slots.at(uint32(i)); e.live && e.level > LevelNone && e.until > us {
+	for i := range t.slots.Len() {
+		if e := t.slots.At(uint32(i)); e.live && e.level > LevelNone && e.until > us {
 			n[e.level]++
 		}
 	}
@@ -484,8 +464,8 @@ func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 func (t *Table) VolumeKeys(now time.Time) int {
 	cut := now.Add(-t.cfg.Window).UnixMicro()
 	n := 0
-	for i := range t.slots.n {
-		if e := t.slots.at(uint32(i)); e.live && e.volumeAt > cut {
+	for i := range t.slots.Len() {
+		if e := t.slots.At(uint32(i)); e.live && e.volumeAt > cut {
 			n++
 		}
 	}
@@ -854,8 +834,8 @@ func (x *Txn) Tick(now time.Time) {
 			over[e.id] = int32(i)
 		}
 	}
-	for id := range x.t.slots.n {
-		e := x.t.slots.at(uint32(id))
+	for id := range x.t.slots.Len() {
+		e := x.t.slots.At(uint32(id))
 		if !e.live {
 			continue
 		}

@@ -585,8 +585,8 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 // states is every key's state the table holds.
 func (t *Table) states() map[string]State {
 	out := make(map[string]State, t.n)
-	for id := range t.slots.n {
-		if t.slots.at(uint32(id)).live {
+	for id := range t.slots.Len() {
+		if t.slots.At(uint32(id)).live {
 			var s State
 			t.get(uint32(id), &s)
 			out[t.keys.Str(uint32(id))] = s

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/tollgate/tollgate/aggregator/internal/intern"
 )
 
 // TestTableMatchesMapReference drives the flat table and the map-based
@@ -178,7 +180,7 @@ func TestTableDropsAndReusesSlots(t *testing.T) {
 		}
 		x.Evaluate(now)
 		x.Commit()
-		maxSlots = max(maxSlots, tab.slots.n)
+		maxSlots = max(maxSlots, tab.slots.Len())
 		if tab.Len() != perRound {
 			t.Fatalf("round %d: %d keys held, want %d", round, tab.Len(), perRound)
 		}
@@ -192,7 +194,7 @@ func TestTableDropsAndReusesSlots(t *testing.T) {
 		}
 	}
 	// One round's keys and the unused slot 0, in whole pages.
-	if want := (perRound + pageSlots) / pageSlots * pageSlots; maxSlots != want {
+	if want := (perRound + intern.PageLen) / intern.PageLen * intern.PageLen; maxSlots != want {
 		t.Errorf("the table grew to %d slots, want the %d of one round (slots are reused)", maxSlots, want)
 	}
 }

@@ -33,8 +33,9 @@ type slot struct {
 	written  int64
 }
 
-// rowStore is a table's rows: a slice of pointer-free slots, so that the
-// collector does not scan them however many rows there are. A row is
+// rowStore is a table's rows: pages of pointer-free slots, so that the
+// collector does not scan them however many rows there are, and a growing
+// table never copies the slots it holds. A row is
 // found through its interned series (one hash of its strings), whose
 // slots are chained newest first: a series holds the few windows that are
 // open or not yet evicted, and the current ones lead.
@@ -44,7 +45,8 @@ type rowStore struct {
 	prefixes *intern.Table
 	sets     *intern.Table
 	decoded  map[uint32][]string // rule lists by id: few distinct ones
-	slots    []slot
+	slots    intern.Pages[slot]
+	used     uint32 // slots below it have been used; the others never
 	free     []uint32
 	n        int // slots held
 	scratch  []byte
@@ -54,8 +56,9 @@ type rowStore struct {
 }
 
 func newRowStore(n int) *rowStore {
-	return &rowStore{series: intern.New(), prefixes: intern.New(), sets: intern.New(), decoded: map[uint32][]string{},
-		slots: make([]slot, 0, n)}
+	s := &rowStore{series: intern.New(), prefixes: intern.New(), sets: intern.New(), decoded: map[uint32][]string{}}
+	s.slots.Grow(n)
+	return s
 }
 
 // seriesBytes encodes k's (partition, tenant, key_id, endpoint) into the
@@ -80,8 +83,8 @@ func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
 		return 0, false
 	}
 	id := rowID{series: series, gran: k.Gran, start: k.Start}
-	for n := s.heads[series]; n != 0; n = s.slots[n-1].next {
-		if s.slots[n-1].id == id {
+	for n := s.heads[series]; n != 0; n = s.slots.At(n - 1).next {
+		if s.slots.At(n-1).id == id {
 			return n - 1, true
 		}
 	}
@@ -93,14 +96,14 @@ func (s *rowStore) lookup(k *RowKey) (uint32, bool) { return s.find(s.seriesOf(k
 
 // row copies slot i's row into r.
 func (s *rowStore) row(i uint32, r *Row) {
-	e := &s.slots[i]
+	e := s.slots.At(i)
 	*r = Row{KeyPrefix: s.prefixes.Str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
 		Rules: slices.Clone(s.decoded[e.rules]), Closed: e.closed, Revision: e.revision}
 }
 
 // key is slot i's key; its strings alias the series arena.
 func (s *rowStore) key(i uint32) RowKey {
-	e := &s.slots[i]
+	e := s.slots.At(i)
 	b := s.series.Bytes(e.id.series)
 	p, n := binary.Varint(b)
 	b = b[n:]
@@ -159,13 +162,14 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 	if n := len(s.free); n > 0 {
 		i, s.free = s.free[n-1], s.free[:n-1]
 	} else {
-		i = uint32(len(s.slots))
-		s.slots = append(s.slots, slot{})
+		i = s.used
+		s.used++
+		s.slots.Grow(int(s.used))
 	}
 	for int(series) >= len(s.heads) {
 		s.heads = append(s.heads, 0)
 	}
-	s.slots[i] = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true, next: s.heads[series]}
+	*s.slots.At(i) = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true, next: s.heads[series]}
 	s.heads[series] = i + 1
 	s.n++
 	s.gen++
@@ -174,7 +178,7 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 
 // set writes r into slot i.
 func (s *rowStore) set(i uint32, r *Row, written int64) {
-	e := &s.slots[i]
+	e := s.slots.At(i)
 	if s.prefixes.Str(e.prefix) != r.KeyPrefix {
 		old := e.prefix
 		e.prefix = 0
@@ -221,15 +225,15 @@ func (s *rowStore) unrefRules(id uint32) {
 
 // remove drops slot i.
 func (s *rowStore) remove(i uint32) {
-	e := &s.slots[i]
+	e := s.slots.At(i)
 	if h := &s.heads[e.id.series]; *h == i+1 {
 		*h = e.next
 	} else {
 		p := *h - 1
-		for s.slots[p].next != i+1 {
-			p = s.slots[p].next - 1
+		for s.slots.At(p).next != i+1 {
+			p = s.slots.At(p).next - 1
 		}
-		s.slots[p].next = e.next
+		s.slots.At(p).next = e.next
 	}
 	s.series.Unref(e.id.series)
 	s.prefixes.Unref(e.prefix)

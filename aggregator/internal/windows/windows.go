@@ -294,9 +294,9 @@ func (t *Table) Marks() map[Source]Mark {
 // recent writes; the Loader serves them from then on.
 func (t *Table) Evict(materialized int64) int {
 	n := 0
-	for i := range t.rows.slots {
-		if e := &t.rows.slots[i]; e.live && e.closed && e.written > 0 && e.written <= materialized {
-			t.rows.remove(uint32(i))
+	for i := range t.rows.used {
+		if e := t.rows.slots.At(i); e.live && e.closed && e.written > 0 && e.written <= materialized {
+			t.rows.remove(i)
 			n++
 		}
 	}
@@ -648,12 +648,12 @@ func (x *Txn) markPublish(k RowKey) {
 // that took late events in this transaction are republished too.
 func (x *Txn) CloseDue(nowSec int64) error {
 	lateness := int64(x.t.cfg.Lateness / time.Second)
-	for i := range x.t.rows.slots {
-		e := &x.t.rows.slots[i]
+	for i := range x.t.rows.used {
+		e := x.t.rows.slots.At(i)
 		if !e.live || e.closed || e.id.start+e.id.gran.Seconds()+lateness > nowSec {
 			continue
 		}
-		k := x.t.rows.key(uint32(i))
+		k := x.t.rows.key(i)
 		if x.deleted[k] {
 			continue
 		}
@@ -677,9 +677,9 @@ func (x *Txn) CloseDue(nowSec int64) error {
 // marks of closed epochs unchanged for MarkRetention. Rows only on disk are
 // expired by ExpireRow, which the processor calls while scanning them.
 func (x *Txn) Expire(nowSec int64) {
-	for i := range x.t.rows.slots {
-		if e := &x.t.rows.slots[i]; e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
-			x.ExpireRow(x.t.rows.key(uint32(i)), nowSec)
+	for i := range x.t.rows.used {
+		if e := x.t.rows.slots.At(i); e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
+			x.ExpireRow(x.t.rows.key(i), nowSec)
 		}
 	}
 	for s, m := range x.t.marks {

@@ -465,8 +465,8 @@ func TestSequencesCannotBeForgedIntoSilence(t *testing.T) {
 			}
 			m := tab.Marks()[src]
 			var allowed int64
-			for _, e := range tab.rows.slots {
-				if e.live && e.id.gran == Minute {
+			for i := range tab.rows.used {
+				if e := tab.rows.slots.At(i); e.live && e.id.gran == Minute {
 					allowed += e.allowed
 				}
 			}
@@ -603,7 +603,7 @@ func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
 			}
 		}
 		x.Commit(int64(round + 1))
-		maxSlots = max(maxSlots, len(tab.rows.slots))
+		maxSlots = max(maxSlots, int(tab.rows.used))
 		if n := tab.Evict(int64(round + 1)); n != 3*keysPerRound {
 			t.Fatalf("round %d: evicted %d rows, want %d", round, n, 3*keysPerRound)
 		}
