@@ -358,7 +358,7 @@ type slot struct {
 type Table struct {
 	cfg       Config
 	partition int32
-	keys      *intern.Table // key_ids; a key's id indexes slots
+	keys      *intern.Table // key_ids; a key's id indexes slots, all below keys.IDs()
 	strs      *intern.Table // tenants and key prefixes
 	slots     intern.Pages[slot]
 	n         int // keys held
@@ -451,7 +451,7 @@ func (t *Table) Get(keyID string) (State, bool) {
 func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 	var n [MaxLevel + 1]int
 	us := now.UnixMicro()
-	for i := range t.slots.Len() {
+	for i := 1; i < t.keys.IDs(); i++ { // id 0 is none
 		if e := t.slots.At(uint32(i)); e.live && e.level > LevelNone && e.until > us {
 			n[e.level]++
 		}
@@ -464,7 +464,7 @@ func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 func (t *Table) VolumeKeys(now time.Time) int {
 	cut := now.Add(-t.cfg.Window).UnixMicro()
 	n := 0
-	for i := range t.slots.Len() {
+	for i := 1; i < t.keys.IDs(); i++ { // id 0 is none
 		if e := t.slots.At(uint32(i)); e.live && e.volumeAt > cut {
 			n++
 		}
@@ -834,7 +834,7 @@ func (x *Txn) Tick(now time.Time) {
 			over[e.id] = int32(i)
 		}
 	}
-	for id := range x.t.slots.Len() {
+	for id := 1; id < x.t.keys.IDs(); id++ { // id 0 is none
 		e := x.t.slots.At(uint32(id))
 		if !e.live {
 			continue

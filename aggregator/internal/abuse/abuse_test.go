@@ -585,7 +585,7 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 // states is every key's state the table holds.
 func (t *Table) states() map[string]State {
 	out := make(map[string]State, t.n)
-	for id := range t.slots.Len() {
+	for id := 1; id < t.keys.IDs(); id++ {
 		if t.slots.At(uint32(id)).live {
 			var s State
 			t.get(uint32(id), &s)
