@@ -34,13 +34,13 @@ type Table struct {
 	arena []byte
 	ents  []entry // ents[0] unused: id 0 is "none"
 	free  []uint32
-	index map[uint64]uint32 // hash → first id with it
-	dead  int               // arena bytes of released strings
+	index index // hash → first id with it
+	dead  int   // arena bytes of released strings
 }
 
 // New returns an empty table.
 func New() *Table {
-	return &Table{seed: maphash.MakeSeed(), ents: make([]entry, 1), index: map[uint64]uint32{}}
+	return &Table{seed: maphash.MakeSeed(), ents: make([]entry, 1)}
 }
 
 // Bytes is id's string, aliasing the arena.
@@ -61,7 +61,7 @@ func (in *Table) Str(id uint32) string {
 // Find is the id of b, or 0.
 func (in *Table) Find(b []byte) uint32 {
 	h := maphash.Bytes(in.seed, b)
-	for id := in.index[h]; id != 0; id = in.ents[id].next {
+	for id := in.index.get(h); id != 0; id = in.ents[id].next {
 		if e := &in.ents[id]; e.hash == h && string(in.Bytes(id)) == string(b) {
 			return id
 		}
@@ -72,7 +72,8 @@ func (in *Table) Find(b []byte) uint32 {
 // Ref is the id of b, added if new, with one more reference.
 func (in *Table) Ref(b []byte) uint32 {
 	h := maphash.Bytes(in.seed, b)
-	for id := in.index[h]; id != 0; id = in.ents[id].next {
+	first := in.index.get(h)
+	for id := first; id != 0; id = in.ents[id].next {
 		if e := &in.ents[id]; e.hash == h && string(in.Bytes(id)) == string(b) {
 			e.refs++
 			return id
@@ -87,8 +88,8 @@ func (in *Table) Ref(b []byte) uint32 {
 	}
 	off := uint64(len(in.arena))
 	in.arena = append(in.arena, b...)
-	in.ents[id] = entry{hash: h, off: off, n: uint32(len(b)), refs: 1, next: in.index[h]}
-	in.index[h] = id
+	in.ents[id] = entry{hash: h, off: off, n: uint32(len(b)), refs: 1, next: first}
+	in.index.set(h, id)
 	return id
 }
 
@@ -102,11 +103,11 @@ func (in *Table) Unref(id uint32) bool {
 	if e.refs--; e.refs > 0 {
 		return false
 	}
-	if first := in.index[e.hash]; first == id {
+	if first := in.index.get(e.hash); first == id {
 		if e.next == 0 {
-			delete(in.index, e.hash)
+			in.index.del(e.hash)
 		} else {
-			in.index[e.hash] = e.next
+			in.index.set(e.hash, e.next)
 		}
 	} else {
 		p := first
