@@ -32,8 +32,9 @@
 // before it never count again.
 //
 // A Table holds the state of one decisions partition: every key seen
-// within Idle, penalised, or that took a step within Remember. Changes are made in a Txn, invisible to the
-// Table until Commit, which is what the aggregator's Kafka transaction
+// within Idle, penalised, or that took a step within Remember, in a flat
+// table of pointer-free slots that the Go collector does not scan.
+// Changes are made in a Txn, invisible to the Table until Commit, which is what the aggregator's Kafka transaction
 // needs (package windows does the same for usage rows). Nothing here starts
 // goroutines or is safe for concurrent use: one partition's table is owned
 // by one processing loop.
@@ -45,6 +46,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate/tollgate/aggregator/internal/intern"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -323,15 +325,49 @@ type Step struct {
 	Reason    string
 }
 
-// Table is the abuse state of one decisions partition.
+// slot is one key's State as a Table holds it: its strings interned, so
+// that it holds no pointer and the collector never scans the table.
+type slot struct {
+	tenant, prefix uint32 // interned in Table.strs; 0 for ""
+	level          int32
+	live           bool
+	step           uint64
+	since, until   int64
+	lastFiring     int64
+	volumeAt       int64
+	floor          int64
+	liftedAt       int64
+	retryFrom      int64
+	retryUntil     int64
+	touched        int64
+	ring           [Buckets]Bucket
+}
+
+// Table is the abuse state of one decisions partition. Its keys' states
+// are pages of pointer-free slots indexed by the key's interned id, so
+// however many keys it holds the collector scans none of them, and a key
+// new to the table costs one insert (its key_id into the interner) at
+// commit.
+//
+// The table holds every key whose state a committed transaction wrote and
+// Tick has not dropped since: a key at level 0 is dropped once it was
+// unseen for Idle, or, if it ever took a step, Remember after its last
+// step; a key above level 0 is never dropped (it steps down first). Ids
+// and slots of dropped keys are reused, so what it holds is bounded by the
+// keys seen within Idle plus those penalised within Remember.
 type Table struct {
 	cfg       Config
 	partition int32
-	keys      map[string]*State
+	keys      *intern.Table // key_ids; a key's id indexes slots, all below keys.IDs()
+	strs      *intern.Table // tenants and key prefixes
+	slots     intern.Pages[slot]
+	n         int // keys held
+	// gen counts commits: an id a transaction found at one gen still
+	// names its key while gen has not moved.
+	gen uint64
 	// lastKeys is how many keys the last committed transaction changed:
-	// the next one's maps start at that size instead of growing to it by
-	// rehashing, which a backlog of new keys would pay on every
-	// transaction.
+	// the next one's map and slices start at that size instead of growing
+	// to it, which a backlog of new keys would pay on every transaction.
 	lastKeys int
 }
 
@@ -339,33 +375,85 @@ type Table struct {
 // the changelog).
 func NewTable(cfg Config, p int32, states map[string]State) *Table {
 	cfg.SetDefaults()
-	t := &Table{cfg: cfg, partition: p, keys: make(map[string]*State, len(states))}
+	t := &Table{cfg: cfg, partition: p, keys: intern.New(), strs: intern.New()}
 	for id, s := range states {
-		s := s
-		t.keys[id] = &s
+		t.add(id, &s)
 	}
 	return t
 }
 
+// add holds s as key's state, a key the table does not hold.
+func (t *Table) add(key string, s *State) {
+	id := t.keys.RefString(key)
+	t.slots.Grow(int(id) + 1)
+	*t.slots.At(id) = slot{live: true}
+	t.n++
+	t.set(id, s)
+}
+
+// set writes s into slot id.
+func (t *Table) set(id uint32, s *State) {
+	e := t.slots.At(id)
+	e.tenant = t.restr(e.tenant, s.Tenant)
+	e.prefix = t.restr(e.prefix, s.KeyPrefix)
+	e.level, e.step, e.since, e.until = int32(s.Level), s.Step, s.Since, s.Until
+	e.lastFiring, e.volumeAt, e.floor, e.liftedAt = s.LastFiring, s.VolumeAt, s.Floor, s.LiftedAt
+	e.retryFrom, e.retryUntil, e.touched, e.ring = s.RetryFrom, s.RetryUntil, s.Touched, s.Ring
+}
+
+// restr is the interned id of str, given old, the id it replaces.
+func (t *Table) restr(old uint32, str string) uint32 {
+	if t.strs.Str(old) == str {
+		return old
+	}
+	var id uint32
+	if str != "" {
+		id = t.strs.RefString(str)
+	}
+	t.strs.Unref(old)
+	return id
+}
+
+// get copies slot id into s; its strings alias the interner's arena,
+// which never changes.
+func (t *Table) get(id uint32, s *State) {
+	e := t.slots.At(id)
+	*s = State{Tenant: t.strs.Str(e.tenant), KeyPrefix: t.strs.Str(e.prefix), Level: int(e.level), Step: e.step,
+		Since: e.since, Until: e.until, LastFiring: e.lastFiring, VolumeAt: e.volumeAt, Floor: e.floor,
+		LiftedAt: e.liftedAt, RetryFrom: e.retryFrom, RetryUntil: e.retryUntil, Touched: e.touched, Ring: e.ring}
+}
+
+// remove drops slot id and its key.
+func (t *Table) remove(id uint32) {
+	e := t.slots.At(id)
+	t.strs.Unref(e.tenant)
+	t.strs.Unref(e.prefix)
+	t.keys.Unref(id)
+	*e = slot{}
+	t.n--
+}
+
 // Len is the number of keys held.
-func (t *Table) Len() int { return len(t.keys) }
+func (t *Table) Len() int { return t.n }
 
 // Get returns a key's state.
 func (t *Table) Get(keyID string) (State, bool) {
-	s, ok := t.keys[keyID]
-	if !ok {
+	id := t.keys.FindString(keyID)
+	if id == 0 {
 		return State{}, false
 	}
-	return *s, true
+	var s State
+	t.get(id, &s)
+	return s, true
 }
 
 // Levels counts the keys at each level whose level is enforced at now.
 func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 	var n [MaxLevel + 1]int
 	us := now.UnixMicro()
-	for _, s := range t.keys {
-		if s.Enforced(us) {
-			n[s.Level]++
+	for i := 1; i < t.keys.IDs(); i++ { // id 0 is none
+		if e := t.slots.At(uint32(i)); e.live && e.level > LevelNone && e.until > us {
+			n[e.level]++
 		}
 	}
 	return n
@@ -376,8 +464,8 @@ func (t *Table) Levels(now time.Time) [MaxLevel + 1]int {
 func (t *Table) VolumeKeys(now time.Time) int {
 	cut := now.Add(-t.cfg.Window).UnixMicro()
 	n := 0
-	for _, s := range t.keys {
-		if s.VolumeAt > cut {
+	for i := 1; i < t.keys.IDs(); i++ { // id 0 is none
+		if e := t.slots.At(uint32(i)); e.live && e.volumeAt > cut {
 			n++
 		}
 	}
@@ -386,37 +474,73 @@ func (t *Table) VolumeKeys(now time.Time) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, keys: make(map[string]*State, t.lastKeys), touched: make(map[string]bool, t.lastKeys), firings: map[string]int{}}
+	return &Txn{t: t, gen: t.gen, list: make([]entry, 0, t.lastKeys), byKey: make(map[string]int32, t.lastKeys),
+		touched: make([]int32, 0, t.lastKeys), firings: map[string]int{}}
+}
+
+// entry is a key's state as a transaction sees it.
+type entry struct {
+	State
+	key string
+	// id is the table's id of the key when the transaction read it (0:
+	// the table did not hold it).
+	id uint32
+	// present: the key has a state; false once Tick dropped it.
+	present bool
+	// touched: observed since the last Evaluate (listed in Txn.touched).
+	touched bool
 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
 type Txn struct {
-	t       *Table
-	keys    map[string]*State
-	deleted map[string]bool
-	touched map[string]bool
+	t   *Table
+	gen uint64 // the table's gen at Begin
+	// list holds, by value, every key whose state the transaction read,
+	// wrote or dropped; byKey finds them.
+	list    []entry
+	byKey   map[string]int32
+	touched []int32 // indexes in list
 	steps   []Step
 	firings map[string]int
 }
 
-// state returns the transaction's copy of a key's state; nil when the key
-// has none and create is false.
-func (x *Txn) state(keyID string, create bool) *State {
-	if s, ok := x.keys[keyID]; ok {
-		return s
+// entry is the index in x.list of key's state; -1 when the key has none
+// and create is false. A *State into the list is good until the next key
+// is added.
+func (x *Txn) entry(key string, create bool) int32 {
+	if i, ok := x.byKey[key]; ok {
+		e := &x.list[i]
+		if !e.present {
+			if !create {
+				return -1
+			}
+			e.present, e.State = true, State{}
+		}
+		return i
 	}
-	if b, ok := x.t.keys[keyID]; ok && !x.deleted[keyID] {
-		c := *b
-		x.keys[keyID] = &c
-		return &c
+	e := entry{key: key, present: true}
+	if e.id = x.t.keys.FindString(key); e.id != 0 {
+		e.key = x.t.keys.Str(e.id)
+		x.t.get(e.id, &e.State)
+	} else if !create {
+		return -1
 	}
-	if !create {
-		return nil
+	i := int32(len(x.list))
+	x.list = append(x.list, e)
+	x.byKey[e.key] = i
+	return i
+}
+
+// drop deletes key's state in the transaction.
+func (x *Txn) drop(key string) {
+	i, ok := x.byKey[key]
+	if !ok {
+		i = int32(len(x.list))
+		x.list = append(x.list, entry{key: key, id: x.t.keys.FindString(key)})
+		x.byKey[key] = i
 	}
-	delete(x.deleted, keyID)
-	c := &State{}
-	x.keys[keyID] = c
-	return c
+	e := &x.list[i]
+	e.present, e.touched, e.State = false, false, State{}
 }
 
 // Observe counts a decision observed at now (wall clock). Call it only for
@@ -429,8 +553,8 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 	if d.Reason == ReasonAllowlisted {
 		// Allowlisted keys are never penalised: one penalised since
 		// (gateways answer allowlisted before a penalty) is lifted.
-		if s := x.state(d.KeyID, false); s != nil && s.Level > LevelNone && d.TimeMicros > s.LiftedAt {
-			x.lift(d.KeyID, s, Lift{KeyID: d.KeyID, TimeMicros: d.TimeMicros, Actor: "allowlist",
+		if i := x.entry(d.KeyID, false); i >= 0 && x.list[i].Level > LevelNone && d.TimeMicros > x.list[i].LiftedAt {
+			x.lift(i, Lift{KeyID: d.KeyID, TimeMicros: d.TimeMicros, Actor: "allowlist",
 				Reason: "the key is allowlisted: allowlisted keys are never penalised"}, now)
 		}
 		return
@@ -438,7 +562,9 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 	if x.t.cfg.Off {
 		return
 	}
-	s := x.state(d.KeyID, true)
+	i := x.entry(d.KeyID, true)
+	e := &x.list[i]
+	s := &e.State
 	s.Touched = us
 	if d.Tenant != "" {
 		s.Tenant = d.Tenant
@@ -461,7 +587,15 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 		}
 	}
 	if s.add(x.t.cfg.width(), t, !d.Allowed, ignored) {
-		x.touched[d.KeyID] = true
+		x.touch(i)
+	}
+}
+
+// touch lists entry i for the next Evaluate.
+func (x *Txn) touch(i int32) {
+	if e := &x.list[i]; !e.touched {
+		e.touched = true
+		x.touched = append(x.touched, i)
 	}
 }
 
@@ -552,18 +686,22 @@ func (x *Txn) Evaluate(now time.Time) {
 	if len(x.touched) == 0 {
 		return
 	}
-	ids := make([]string, 0, len(x.touched))
-	for id := range x.touched {
-		ids = append(ids, id)
+	ids := make([]int32, 0, len(x.touched))
+	for _, i := range x.touched {
+		if e := &x.list[i]; e.touched {
+			e.touched = false
+			ids = append(ids, i)
+		}
 	}
-	slices.Sort(ids)
-	clear(x.touched)
+	x.touched = x.touched[:0]
+	slices.SortFunc(ids, func(a, b int32) int { return strings.Compare(x.list[a].key, x.list[b].key) })
 	us := now.UnixMicro()
-	for _, id := range ids {
-		s := x.state(id, false)
-		if s == nil {
+	for _, i := range ids {
+		e := &x.list[i]
+		if !e.present {
 			continue
 		}
+		s := &e.State
 		fired, newest := x.t.cfg.detect(s)
 		if len(fired) == 0 {
 			continue
@@ -577,7 +715,7 @@ func (x *Txn) Evaluate(now time.Time) {
 		// The evidence is spent: the next firing needs new decisions.
 		s.Ring = [Buckets]Bucket{}
 		s.LastFiring = us
-		x.climb(id, s, fired, newest, now)
+		x.climb(e.key, s, fired, newest, now)
 	}
 }
 
@@ -642,7 +780,8 @@ func (x *Txn) Lift(l Lift, now time.Time) bool {
 	if l.KeyID == "" {
 		return false
 	}
-	s := x.state(l.KeyID, true)
+	i := x.entry(l.KeyID, true)
+	s := &x.list[i].State
 	if l.TimeMicros <= s.LiftedAt {
 		return false
 	}
@@ -650,11 +789,13 @@ func (x *Txn) Lift(l Lift, now time.Time) bool {
 		s.Tenant = l.Tenant
 	}
 	s.Touched = max(s.Touched, now.UnixMicro())
-	x.lift(l.KeyID, s, l, now)
+	x.lift(i, l, now)
 	return true
 }
 
-func (x *Txn) lift(id string, s *State, l Lift, now time.Time) {
+func (x *Txn) lift(i int32, l Lift, now time.Time) {
+	e := &x.list[i]
+	s := &e.State
 	us := now.UnixMicro()
 	prev := s.Level
 	s.LiftedAt = l.TimeMicros
@@ -662,8 +803,8 @@ func (x *Txn) lift(id string, s *State, l Lift, now time.Time) {
 	s.Floor = max(s.Floor, l.TimeMicros+1) // at or before the lift: never again
 	s.RetryFrom, s.RetryUntil = 0, 0
 	s.Ring = [Buckets]Bucket{}
-	delete(x.touched, id)
-	st := x.newStep(id, s, prev, ActionLifted, us)
+	e.touched = false
+	st := x.newStep(e.key, s, prev, ActionLifted, us)
 	st.IssuedBy, st.Reason = l.Actor, l.Reason
 	x.steps = append(x.steps, st)
 }
@@ -675,31 +816,45 @@ func (x *Txn) Tick(now time.Time) {
 	cfg := &x.t.cfg
 	quiet, idle, remember := cfg.QuietPeriod.Microseconds(), cfg.Idle.Microseconds(), cfg.Remember.Microseconds()
 	var down, evict []string
-	check := func(id string, s *State) {
+	check := func(id string, level int, step uint64, since, lastFiring, touched, floor, retryUntil int64) {
 		switch {
-		case s.Level > LevelNone && us-max(s.Since, s.LastFiring) >= quiet:
+		case level > LevelNone && us-max(since, lastFiring) >= quiet:
 			down = append(down, id)
-		case s.Level == LevelNone && us-s.Touched >= idle && us-s.Floor >= idle && us >= s.RetryUntil &&
-			(s.Step == 0 || us-s.Since >= remember):
+		case level == LevelNone && us-touched >= idle && us-floor >= idle && us >= retryUntil &&
+			(step == 0 || us-since >= remember):
 			evict = append(evict, id)
 		}
 	}
-	for id, s := range x.t.keys {
-		if c, ok := x.keys[id]; ok {
-			s = c
-		} else if x.deleted[id] {
+	// The table's keys, as the transaction sees them, then the keys new
+	// in the transaction.
+	x.sync()
+	over := make(map[uint32]int32, len(x.list))
+	for i := range x.list {
+		if e := &x.list[i]; e.id != 0 {
+			over[e.id] = int32(i)
+		}
+	}
+	for id := 1; id < x.t.keys.IDs(); id++ { // id 0 is none
+		e := x.t.slots.At(uint32(id))
+		if !e.live {
 			continue
 		}
-		check(id, s)
+		if i, ok := over[uint32(id)]; ok {
+			if s := &x.list[i]; s.present {
+				check(s.key, s.Level, s.Step, s.Since, s.LastFiring, s.Touched, s.Floor, s.RetryUntil)
+			}
+			continue
+		}
+		check(x.t.keys.Str(uint32(id)), int(e.level), e.step, e.since, e.lastFiring, e.touched, e.floor, e.retryUntil)
 	}
-	for id, s := range x.keys {
-		if _, ok := x.t.keys[id]; !ok {
-			check(id, s)
+	for i := range x.list {
+		if s := &x.list[i]; s.present && s.id == 0 {
+			check(s.key, s.Level, s.Step, s.Since, s.LastFiring, s.Touched, s.Floor, s.RetryUntil)
 		}
 	}
 	slices.Sort(down)
 	for _, id := range down {
-		s := x.state(id, false)
+		s := &x.list[x.entry(id, false)].State
 		prev := s.Level
 		s.Level, s.Step, s.Since = s.Level-1, s.Step+1, us
 		if s.Level == LevelNone {
@@ -713,12 +868,7 @@ func (x *Txn) Tick(now time.Time) {
 		x.steps = append(x.steps, st)
 	}
 	for _, id := range evict {
-		if x.deleted == nil {
-			x.deleted = map[string]bool{}
-		}
-		x.deleted[id] = true
-		delete(x.keys, id)
-		delete(x.touched, id)
+		x.drop(id)
 	}
 }
 
@@ -731,20 +881,17 @@ type Change struct {
 
 // Changes returns the transaction's writes, ordered by key_id.
 func (x *Txn) Changes() []Change {
-	ids := make([]string, 0, len(x.keys)+len(x.deleted))
-	for id := range x.keys {
-		ids = append(ids, id)
+	idx := make([]int32, len(x.list))
+	for i := range idx {
+		idx[i] = int32(i)
 	}
-	for id := range x.deleted {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids) // the ids, not the states: a State is a few hundred bytes
-	out := make([]Change, len(ids))
-	for i, id := range ids {
-		if s, ok := x.keys[id]; ok {
-			out[i] = Change{KeyID: id, State: *s}
+	slices.SortFunc(idx, func(a, b int32) int { return strings.Compare(x.list[a].key, x.list[b].key) })
+	out := make([]Change, len(idx))
+	for j, i := range idx {
+		if e := &x.list[i]; e.present {
+			out[j] = Change{KeyID: e.key, State: e.State}
 		} else {
-			out[i] = Change{KeyID: id, Deleted: true}
+			out[j] = Change{KeyID: e.key, Deleted: true}
 		}
 	}
 	return out
@@ -757,18 +904,38 @@ func (x *Txn) Steps() []Step { return x.steps }
 func (x *Txn) Firings() map[string]int { return x.firings }
 
 // Empty reports whether the transaction changes nothing.
-func (x *Txn) Empty() bool { return len(x.keys) == 0 && len(x.deleted) == 0 }
+func (x *Txn) Empty() bool { return len(x.list) == 0 }
+
+// sync finds the table's ids of the transaction's keys again when another
+// transaction committed since they were read.
+func (x *Txn) sync() {
+	if x.gen == x.t.gen {
+		return
+	}
+	for i := range x.list {
+		x.list[i].id = x.t.keys.FindString(x.list[i].key)
+	}
+	x.gen = x.t.gen
+}
 
 // Commit applies the transaction to the table. Call it only once the
 // Kafka transaction carrying Changes() and Steps() committed; the Txn is
 // spent afterwards.
 func (x *Txn) Commit() {
-	x.t.lastKeys = len(x.keys)
-	for id, s := range x.keys {
-		x.t.keys[id] = s
+	x.sync()
+	t := x.t
+	t.lastKeys = len(x.list)
+	for i := range x.list {
+		e := &x.list[i]
+		switch id := e.id; {
+		case e.present && id != 0:
+			t.set(id, &e.State)
+		case e.present:
+			t.add(e.key, &e.State)
+		case id != 0:
+			t.remove(id)
+		}
 	}
-	for id := range x.deleted {
-		delete(x.t.keys, id)
-	}
+	t.gen++
 	*x = Txn{}
 }

@@ -410,11 +410,7 @@ func TestOffDetectsNothingButDrains(t *testing.T) {
 	}
 	cfg := s.tab.cfg
 	cfg.Off = true
-	states := map[string]State{}
-	for id, st := range s.tab.keys {
-		states[id] = *st
-	}
-	s.tab = NewTable(cfg, 0, states)
+	s.tab = NewTable(cfg, 0, s.tab.states())
 	s.run(s.now.Add(10*time.Second), &client{key: "storm2", interval: time.Millisecond, next: s.now})
 	if len(s.steps) != n {
 		t.Fatalf("detection off, yet steps %+v", s.steps[n:])
@@ -521,10 +517,7 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 				x.Commit()
 				if i%37 == 36 {
 					// A new owner rebuilds the table from the changelog.
-					states := map[string]State{}
-					for id, s := range tab.keys {
-						states[id] = *s
-					}
+					states := tab.states()
 					for _, c := range changes {
 						if c.Deleted {
 							if _, ok := states[c.KeyID]; ok {
@@ -543,9 +536,9 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 			if len(refSteps) == 0 {
 				t.Fatal("the random run took no step: the test tests nothing")
 			}
-			for id, s := range ref.keys {
-				if got, ok := tab.Get(id); !ok || got != *s {
-					t.Fatalf("state of %s differs: %+v, want %+v", id, got, *s)
+			for id, s := range ref.states() {
+				if got, ok := tab.Get(id); !ok || got != s {
+					t.Fatalf("state of %s differs: %+v, want %+v", id, got, s)
 				}
 			}
 		})
@@ -553,10 +546,10 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 }
 
 // TestTxnSizedFromTheLast (not parallel: it counts the process's
-// allocations) checks that a transaction's maps start at the size of the
-// last committed one: observing new keys allocates their states and no
-// more, where maps grown by rehashing would allocate their tables again
-// at every doubling.
+// allocations) checks that a transaction's map and slices start at the
+// size of the last committed one: observing new keys allocates nothing
+// (a key's state is a value in the transaction's slice), where a map and
+// slices grown by doubling would allocate again at every doubling.
 func TestTxnSizedFromTheLast(t *testing.T) {
 	const keys = 4096
 	tab := NewTable(Config{}, 0, nil)
@@ -581,8 +574,23 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 	}
 	first := run(0) // the maps grow from empty
 	second := run(keys)
-	// One state per new key; growing two maps to 4096 keys is dozens more.
-	if want := uint64(keys + 8); second > want {
+	// A new key's state is a value in the transaction's slice: no
+	// allocation of its own; growing the map and slice to 4096 keys is
+	// dozens.
+	if want := uint64(8); second > want {
 		t.Errorf("second transaction of %d new keys: %d allocations, want at most %d (the first, unsized: %d)", keys, second, want, first)
 	}
+}
+
+// states is every key's state the table holds.
+func (t *Table) states() map[string]State {
+	out := make(map[string]State, t.n)
+	for id := 1; id < t.keys.IDs(); id++ {
+		if t.slots.At(uint32(id)).live {
+			var s State
+			t.get(uint32(id), &s)
+			out[t.keys.Str(uint32(id))] = s
+		}
+	}
+	return out
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"slices"
 	"unsafe"
+
+	"github.com/tollgate/tollgate/aggregator/internal/intern"
 )
 
 // rowID is a row's key inside a table: the interned (partition, tenant,
@@ -31,18 +33,20 @@ type slot struct {
 	written  int64
 }
 
-// rowStore is a table's rows: a slice of pointer-free slots, so that the
-// collector does not scan them however many rows there are. A row is
+// rowStore is a table's rows: pages of pointer-free slots, so that the
+// collector does not scan them however many rows there are, and a growing
+// table never copies the slots it holds. A row is
 // found through its interned series (one hash of its strings), whose
 // slots are chained newest first: a series holds the few windows that are
 // open or not yet evicted, and the current ones lead.
 type rowStore struct {
-	series   *interner
+	series   *intern.Table
 	heads    []uint32 // by series id: its first slot (plus one)
-	prefixes *interner
-	sets     *interner
+	prefixes *intern.Table
+	sets     *intern.Table
 	decoded  map[uint32][]string // rule lists by id: few distinct ones
-	slots    []slot
+	slots    intern.Pages[slot]
+	used     uint32 // slots below it have been used; the others never
 	free     []uint32
 	n        int // slots held
 	scratch  []byte
@@ -52,8 +56,9 @@ type rowStore struct {
 }
 
 func newRowStore(n int) *rowStore {
-	return &rowStore{series: newInterner(), prefixes: newInterner(), sets: newInterner(), decoded: map[uint32][]string{},
-		slots: make([]slot, 0, n)}
+	s := &rowStore{series: intern.New(), prefixes: intern.New(), sets: intern.New(), decoded: map[uint32][]string{}}
+	s.slots.Grow(n)
+	return s
 }
 
 // seriesBytes encodes k's (partition, tenant, key_id, endpoint) into the
@@ -70,7 +75,7 @@ func (s *rowStore) seriesBytes(k *RowKey) []byte {
 }
 
 // seriesOf is the interned series of k, 0 when no row of it is held.
-func (s *rowStore) seriesOf(k *RowKey) uint32 { return s.series.find(s.seriesBytes(k)) }
+func (s *rowStore) seriesOf(k *RowKey) uint32 { return s.series.Find(s.seriesBytes(k)) }
 
 // find is the slot of k, given its series (seriesOf).
 func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
@@ -78,8 +83,8 @@ func (s *rowStore) find(series uint32, k *RowKey) (uint32, bool) {
 		return 0, false
 	}
 	id := rowID{series: series, gran: k.Gran, start: k.Start}
-	for n := s.heads[series]; n != 0; n = s.slots[n-1].next {
-		if s.slots[n-1].id == id {
+	for n := s.heads[series]; n != 0; n = s.slots.At(n - 1).next {
+		if s.slots.At(n-1).id == id {
 			return n - 1, true
 		}
 	}
@@ -91,15 +96,15 @@ func (s *rowStore) lookup(k *RowKey) (uint32, bool) { return s.find(s.seriesOf(k
 
 // row copies slot i's row into r.
 func (s *rowStore) row(i uint32, r *Row) {
-	e := &s.slots[i]
-	*r = Row{KeyPrefix: s.prefixes.str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
+	e := s.slots.At(i)
+	*r = Row{KeyPrefix: s.prefixes.Str(e.prefix), Allowed: e.allowed, Rejected: e.rejected, Cost: e.cost,
 		Rules: slices.Clone(s.decoded[e.rules]), Closed: e.closed, Revision: e.revision}
 }
 
 // key is slot i's key; its strings alias the series arena.
 func (s *rowStore) key(i uint32) RowKey {
-	e := &s.slots[i]
-	b := s.series.bytes(e.id.series)
+	e := s.slots.At(i)
+	b := s.series.Bytes(e.id.series)
 	p, n := binary.Varint(b)
 	b = b[n:]
 	k := RowKey{Partition: int32(p), Gran: e.id.gran, Start: e.id.start}
@@ -129,7 +134,7 @@ func (s *rowStore) put(k *RowKey, r *Row, written int64) {
 	series := s.seriesOf(k)
 	i, ok := s.find(series, k)
 	if !ok {
-		i = s.add(s.series.ref(s.seriesBytes(k)), k)
+		i = s.add(s.series.Ref(s.seriesBytes(k)), k)
 	}
 	s.set(i, r, written)
 }
@@ -141,9 +146,9 @@ func (s *rowStore) putKnown(k *RowKey, r *Row, slot uint32, series *uint32, writ
 	i := slot - 1
 	if slot == 0 {
 		if *series == 0 {
-			*series = s.series.ref(s.seriesBytes(k))
+			*series = s.series.Ref(s.seriesBytes(k))
 		} else {
-			s.series.ents[*series].refs++
+			s.series.AddRef(*series)
 		}
 		i = s.add(*series, k)
 	}
@@ -157,13 +162,14 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 	if n := len(s.free); n > 0 {
 		i, s.free = s.free[n-1], s.free[:n-1]
 	} else {
-		i = uint32(len(s.slots))
-		s.slots = append(s.slots, slot{})
+		i = s.used
+		s.used++
+		s.slots.Grow(int(s.used))
 	}
 	for int(series) >= len(s.heads) {
 		s.heads = append(s.heads, 0)
 	}
-	s.slots[i] = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true, next: s.heads[series]}
+	*s.slots.At(i) = slot{id: rowID{series: series, gran: k.Gran, start: k.Start}, live: true, next: s.heads[series]}
 	s.heads[series] = i + 1
 	s.n++
 	s.gen++
@@ -172,14 +178,14 @@ func (s *rowStore) add(series uint32, k *RowKey) uint32 {
 
 // set writes r into slot i.
 func (s *rowStore) set(i uint32, r *Row, written int64) {
-	e := &s.slots[i]
-	if s.prefixes.str(e.prefix) != r.KeyPrefix {
+	e := s.slots.At(i)
+	if s.prefixes.Str(e.prefix) != r.KeyPrefix {
 		old := e.prefix
 		e.prefix = 0
 		if r.KeyPrefix != "" {
-			e.prefix = s.prefixes.ref(append(s.scratch[:0], r.KeyPrefix...))
+			e.prefix = s.prefixes.Ref(append(s.scratch[:0], r.KeyPrefix...))
 		}
-		s.prefixes.unref(old)
+		s.prefixes.Unref(old)
 	}
 	if !slices.Equal(s.decoded[e.rules], r.Rules) {
 		old := e.rules
@@ -201,7 +207,7 @@ func (s *rowStore) refRules(rules []string) uint32 {
 		b = append(b, r...)
 	}
 	s.scratch = b
-	id := s.sets.ref(b)
+	id := s.sets.Ref(b)
 	if _, ok := s.decoded[id]; !ok {
 		s.decoded[id] = slices.Clone(rules)
 	}
@@ -212,25 +218,25 @@ func (s *rowStore) unrefRules(id uint32) {
 	if id == 0 {
 		return
 	}
-	if s.sets.unref(id) {
+	if s.sets.Unref(id) {
 		delete(s.decoded, id)
 	}
 }
 
 // remove drops slot i.
 func (s *rowStore) remove(i uint32) {
-	e := &s.slots[i]
+	e := s.slots.At(i)
 	if h := &s.heads[e.id.series]; *h == i+1 {
 		*h = e.next
 	} else {
 		p := *h - 1
-		for s.slots[p].next != i+1 {
-			p = s.slots[p].next - 1
+		for s.slots.At(p).next != i+1 {
+			p = s.slots.At(p).next - 1
 		}
-		s.slots[p].next = e.next
+		s.slots.At(p).next = e.next
 	}
-	s.series.unref(e.id.series)
-	s.prefixes.unref(e.prefix)
+	s.series.Unref(e.id.series)
+	s.prefixes.Unref(e.prefix)
 	s.unrefRules(e.rules)
 	*e = slot{}
 	s.free = append(s.free, i)

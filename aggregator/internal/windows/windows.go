@@ -294,9 +294,9 @@ func (t *Table) Marks() map[Source]Mark {
 // recent writes; the Loader serves them from then on.
 func (t *Table) Evict(materialized int64) int {
 	n := 0
-	for i := range t.rows.slots {
-		if e := &t.rows.slots[i]; e.live && e.closed && e.written > 0 && e.written <= materialized {
-			t.rows.remove(uint32(i))
+	for i := range t.rows.used {
+		if e := t.rows.slots.At(i); e.live && e.closed && e.written > 0 && e.written <= materialized {
+			t.rows.remove(i)
 			n++
 		}
 	}
@@ -305,8 +305,8 @@ func (t *Table) Evict(materialized int64) int {
 
 // Begin starts a transaction on the table.
 func (t *Table) Begin() *Txn {
-	return &Txn{t: t, gen: t.rows.gen, rows: make(map[txnKey]int32, t.lastRows), list: make([]txnRow, 0, t.lastRows),
-		bySeries: make(map[seriesKey]int32, t.lastSeries), series: make([]uint32, 0, t.lastSeries), marks: map[Source]*Mark{}}
+	return &Txn{t: t, gen: t.rows.gen, list: make([]txnRow, 0, t.lastRows), bySeries: make(map[seriesKey]int32, t.lastSeries),
+		series: make([]uint32, 0, t.lastSeries), heads: make([]int32, 0, t.lastSeries), marks: map[Source]*Mark{}}
 }
 
 // seriesKey is what the rows of one key on one endpoint share.
@@ -317,14 +317,6 @@ type seriesKey struct {
 	Endpoint  string
 }
 
-// txnKey is a row's key inside a transaction: its series (an index in
-// Txn.series) and its window, hashed without its strings.
-type txnKey struct {
-	series int32
-	gran   Granularity
-	start  int64
-}
-
 // txnRow is a row a transaction changes, with where the table holds it:
 // its slot (plus one; 0: none) and its series, found when the row was
 // read, so that Commit does not look them up again while the table has not
@@ -333,22 +325,29 @@ type txnRow struct {
 	Row
 	key    RowKey
 	series int32 // index in Txn.series
+	next   int32 // the series' next row in Txn.list; -1: none
 	slot   uint32
-	gone   bool // expired in the transaction: no longer in Txn.rows
+	gone   bool // expired in the transaction: found no more
 }
 
 // Txn is a set of changes to a Table, invisible to it until Commit.
 type Txn struct {
-	t    *Table
-	gen  uint64           // the table's rows.gen at Begin
-	rows map[txnKey]int32 // index in list
+	t   *Table
+	gen uint64 // the table's rows.gen at Begin
 	// list holds the rows in the order read, by value: a *Row into it
-	// is good until the next row is read.
-	list []txnRow
+	// is good until the next row is read. A series' rows are chained
+	// from heads, newest first, so that a row is found by its series
+	// (one lookup per event) and a walk of the few windows the
+	// transaction read of it: a new key costs one insert here, not one
+	// per window.
+	list  []txnRow
+	nrows int // rows in list not gone
 	// series holds the table's id of each series the transaction read
 	// (0: not held when read, or not interned yet), so that Commit interns
-	// a new series once; bySeries finds it.
+	// a new series once; bySeries finds it, and heads holds its first row
+	// in list (-1: none).
 	series   []uint32
+	heads    []int32
 	bySeries map[seriesKey]int32
 	marks    map[Source]*Mark
 	deleted  map[RowKey]bool
@@ -386,10 +385,21 @@ func (x *Txn) Stats() Stats { return x.stats }
 
 func (x *Txn) row(k RowKey) (*Row, error) {
 	ser := x.seriesIn(&k)
-	if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
+	if i := x.find(ser, k.Gran, k.Start); i >= 0 {
 		return &x.list[i].Row, nil
 	}
 	return x.rowFrom(k, ser)
+}
+
+// find is the index in list of series ser's row of window (g, start);
+// -1 when the transaction has not read it.
+func (x *Txn) find(ser int32, g Granularity, start int64) int32 {
+	for i := x.heads[ser]; i >= 0; i = x.list[i].next {
+		if r := &x.list[i]; r.key.Gran == g && r.key.Start == start && !r.gone {
+			return i
+		}
+	}
+	return -1
 }
 
 // seriesIn is k's series in the transaction, added with the table's id of
@@ -400,6 +410,7 @@ func (x *Txn) seriesIn(k *RowKey) int32 {
 		return i
 	}
 	x.series = append(x.series, x.t.rows.seriesOf(k))
+	x.heads = append(x.heads, -1)
 	i := int32(len(x.series) - 1)
 	x.bySeries[sk] = i
 	return i
@@ -408,7 +419,7 @@ func (x *Txn) seriesIn(k *RowKey) int32 {
 // rowFrom is row for a k not in the transaction yet, whose series is
 // x.series[ser].
 func (x *Txn) rowFrom(k RowKey, ser int32) (*Row, error) {
-	r := txnRow{key: k, series: ser}
+	r := txnRow{key: k, series: ser, next: x.heads[ser]}
 	i, held := x.t.rows.find(x.series[ser], &k)
 	if held && !x.deleted[k] {
 		x.t.rows.row(i, &r.Row)
@@ -426,7 +437,8 @@ func (x *Txn) rowFrom(k RowKey, ser int32) (*Row, error) {
 	if held {
 		r.slot = i + 1
 	}
-	x.rows[txnKey{ser, k.Gran, k.Start}] = int32(len(x.list))
+	x.heads[ser] = int32(len(x.list))
+	x.nrows++
 	x.list = append(x.list, r)
 	return &x.list[len(x.list)-1].Row, nil
 }
@@ -591,7 +603,7 @@ func (x *Txn) Apply(ev *Event, nowSec int64) (bool, error) {
 			ser = x.seriesIn(&k)
 		}
 		var r *Row
-		if i, ok := x.rows[txnKey{ser, g, k.Start}]; ok {
+		if i := x.find(ser, g, k.Start); i >= 0 {
 			r = &x.list[i].Row
 		} else {
 			var err error
@@ -636,12 +648,12 @@ func (x *Txn) markPublish(k RowKey) {
 // that took late events in this transaction are republished too.
 func (x *Txn) CloseDue(nowSec int64) error {
 	lateness := int64(x.t.cfg.Lateness / time.Second)
-	for i := range x.t.rows.slots {
-		e := &x.t.rows.slots[i]
+	for i := range x.t.rows.used {
+		e := x.t.rows.slots.At(i)
 		if !e.live || e.closed || e.id.start+e.id.gran.Seconds()+lateness > nowSec {
 			continue
 		}
-		k := x.t.rows.key(uint32(i))
+		k := x.t.rows.key(i)
 		if x.deleted[k] {
 			continue
 		}
@@ -665,9 +677,9 @@ func (x *Txn) CloseDue(nowSec int64) error {
 // marks of closed epochs unchanged for MarkRetention. Rows only on disk are
 // expired by ExpireRow, which the processor calls while scanning them.
 func (x *Txn) Expire(nowSec int64) {
-	for i := range x.t.rows.slots {
-		if e := &x.t.rows.slots[i]; e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
-			x.ExpireRow(x.t.rows.key(uint32(i)), nowSec)
+	for i := range x.t.rows.used {
+		if e := x.t.rows.slots.At(i); e.live && x.t.expired(e.id.gran, e.id.start+e.id.gran.Seconds(), nowSec) {
+			x.ExpireRow(x.t.rows.key(i), nowSec)
 		}
 	}
 	for s, m := range x.t.marks {
@@ -699,9 +711,9 @@ func (x *Txn) ExpireRow(k RowKey, nowSec int64) bool {
 	}
 	x.deleted[k] = true
 	if ser, ok := x.bySeries[seriesKey{k.Partition, k.Tenant, k.KeyID, k.Endpoint}]; ok {
-		if i, ok := x.rows[txnKey{ser, k.Gran, k.Start}]; ok {
+		if i := x.find(ser, k.Gran, k.Start); i >= 0 {
 			x.list[i].gone = true
-			delete(x.rows, txnKey{ser, k.Gran, k.Start})
+			x.nrows--
 		}
 	}
 	delete(x.publish, k)
@@ -727,13 +739,13 @@ type Change struct {
 // transaction makes them visible together).
 func (x *Txn) Changes() []Change {
 	for k := range x.publish {
-		r, _ := x.row(k) // in x.rows already: publish is set only for rows read
+		r, _ := x.row(k) // read already: publish is set only for rows read
 		if r != nil {
 			r.Closed = true
 			r.Revision++
 		}
 	}
-	out := make([]Change, 0, len(x.rows)+len(x.marks)+len(x.deleted)+len(x.dmarks))
+	out := make([]Change, 0, x.nrows+len(x.marks)+len(x.deleted)+len(x.dmarks))
 	for i := range x.list {
 		if r := &x.list[i]; !r.gone {
 			out = append(out, Change{Row: &r.key, Value: r.Row, Publish: x.publish[r.key]})
@@ -786,7 +798,7 @@ func (x *Txn) Commit(written int64) {
 
 // Empty reports whether the transaction changes nothing.
 func (x *Txn) Empty() bool {
-	return len(x.rows) == 0 && len(x.marks) == 0 && len(x.deleted) == 0 && len(x.dmarks) == 0 && len(x.publish) == 0
+	return x.nrows == 0 && len(x.marks) == 0 && len(x.deleted) == 0 && len(x.dmarks) == 0 && len(x.publish) == 0
 }
 
 // AddSat returns a+b, saturating at the bounds of int64 instead of

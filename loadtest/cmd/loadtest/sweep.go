@@ -29,6 +29,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		what, keys, dists, out, redisBin, commit string
 		quiet                                    bool
 		allAlgs, pebbleUpTo                      string
+		earlier                                  []string
 	)
 	cfg := def
 	fs.StringVar(&what, "what", "all", "comma-separated parts: gateway, redis, aggregator, pebble, or all")
@@ -46,6 +47,10 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&redisBin, "redis-server", "", "the redis-server `binary` to start (default: redis-server on $PATH)")
 	fs.StringVar(&commit, "commit", "", "the commit to name in the tables (default: the binary's VCS revision)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
+	fs.Func("aggregator-earlier", "an earlier aggregator series to draw beside this sweep's, `NAME=V,V,…`: events per CPU second per key count, - for none (repeatable)", func(v string) error {
+		earlier = append(earlier, v)
+		return nil
+	})
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -65,6 +70,14 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if cfg.PebbleUpTo, err = sweep.ParseCount(pebbleUpTo); err != nil {
 		errs = append(errs, fmt.Errorf("-pebble-up-to: %w", err))
+	}
+	for _, v := range earlier {
+		e, err := sweep.ParseEarlier(v)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cfg.AggregatorEarlier = append(cfg.AggregatorEarlier, e)
 	}
 	if len(errs) == 0 {
 		if err := cfg.Validate(); err != nil {

@@ -29,6 +29,8 @@ func TestSweepUsageErrors(t *testing.T) {
 		{"two at once", []string{"-dist", "pareto", "-keys", "x"}, []string{`-dist "pareto"`, `count "x"`}},
 		{"zero point", []string{"-point", "0s"}, []string{"-point 0s"}},
 		{"bad bound", []string{"-pebble-up-to", "lots"}, []string{"-pebble-up-to", `count "lots"`}},
+		{"bad earlier", []string{"-aggregator-earlier", "old=1,x"}, []string{`value "x"`}},
+		{"earlier too short", []string{"-aggregator-earlier", "old=1,2"}, []string{"2 values for 4 key counts"}},
 		{"out not a directory", []string{"-out", file}, []string{"not an existing directory"}},
 		{"out missing", []string{"-out", filepath.Join(file, "x")}, []string{"not an existing directory"}},
 		{"unknown flag", []string{"-frobnicate"}, []string{"flag provided but not defined"}},

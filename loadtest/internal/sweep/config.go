@@ -63,6 +63,17 @@ type Config struct {
 	AllAlgorithmsUpTo, PebbleUpTo int
 	// Seed fixes the key draws.
 	Seed uint64
+	// AggregatorEarlier holds aggregator figures measured before (an
+	// earlier build's), drawn in the aggregator's chart beside this
+	// sweep's, so that the chart keeps what it is compared with.
+	AggregatorEarlier []Earlier
+}
+
+// Earlier is a series measured before: Values holds one figure per key
+// count of the sweep, NaN where none was measured.
+type Earlier struct {
+	Name   string
+	Values []float64
 }
 
 // DefaultConfig is the sweep `make sweep` runs.
@@ -131,6 +142,11 @@ func (c Config) Validate() error {
 	}
 	if c.Runs(Aggregator) && (c.Events < 1 || c.Events > 100_000_000) {
 		bad("-events %d: want 1 to 100000000", c.Events)
+	}
+	for _, e := range c.AggregatorEarlier {
+		if len(e.Values) != len(c.Keys) {
+			bad("-aggregator-earlier %q: %d values for %d key counts", e.Name, len(e.Values), len(c.Keys))
+		}
 	}
 	if c.Runs(Pebble) && (c.Reports < 1 || c.Reports > 10_000) {
 		bad("-reports %d: want 1 to 10000", c.Reports)
@@ -204,6 +220,32 @@ func ParseCount(s string) (int, error) {
 		return 0, fmt.Errorf("%w: count %q: want a whole number from 1 to %d, with an optional k or m (1k, 100k, 1m, 10m)", ErrConfig, s, MaxKeys)
 	}
 	return int(n) * mult, nil
+}
+
+// ParseEarlier parses one -aggregator-earlier: NAME=V,V,… with a figure
+// (events per CPU second) per key count of the sweep, "-" for a count not
+// measured.
+func ParseEarlier(s string) (Earlier, error) {
+	name, list, ok := strings.Cut(s, "=")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.TrimSpace(list) == "" {
+		return Earlier{}, fmt.Errorf("%w: -aggregator-earlier %q: want NAME=V,V,… (one figure per key count, - for none)", ErrConfig, s)
+	}
+	var e Earlier
+	e.Name = name
+	for part := range strings.SplitSeq(list, ",") {
+		part = strings.TrimSpace(part)
+		if part == "-" {
+			e.Values = append(e.Values, nan)
+			continue
+		}
+		v, err := strconv.ParseFloat(part, 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return Earlier{}, fmt.Errorf("%w: -aggregator-earlier %q: value %q: want a number ≥ 0 or -", ErrConfig, name, part)
+		}
+		e.Values = append(e.Values, v)
+	}
+	return e, nil
 }
 
 // KeyName labels a key count: 1k, 100k, 1M, 10M, 2500.

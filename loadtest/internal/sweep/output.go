@@ -95,8 +95,16 @@ func (r *Result) Figures() []Figure {
 		figs = append(figs, Figure{"sweep-redis-bytes.svg", chart("Redis memory per counter (used_memory growth / counters)", "bytes per counter", s...)})
 	}
 	if len(r.Aggregator) > 0 {
-		figs = append(figs, Figure{"sweep-aggregator.svg", chart("Aggregator events per CPU second (decode, windows, detectors; no Kafka)", "thousand events per CPU second",
-			report.Series{Name: "events/s per core", Values: series(keys, r.Aggregator, func(p AggregatorPoint) int { return p.Keys }, func(p AggregatorPoint) float64 { return p.EventsPerCPU / 1000 })})})
+		var s []report.Series
+		for _, e := range r.Config.AggregatorEarlier {
+			v := make([]float64, len(e.Values))
+			for i, x := range e.Values {
+				v[i] = x / 1000
+			}
+			s = append(s, report.Series{Name: e.Name, Values: v})
+		}
+		s = append(s, report.Series{Name: "events/s per core", Values: series(keys, r.Aggregator, func(p AggregatorPoint) int { return p.Keys }, func(p AggregatorPoint) float64 { return p.EventsPerCPU / 1000 })})
+		figs = append(figs, Figure{"sweep-aggregator.svg", chart("Aggregator events per CPU second (decode, windows, detectors; no Kafka)", "thousand events per CPU second", s...)})
 	}
 	if len(r.Pebble) > 0 {
 		figs = append(figs,

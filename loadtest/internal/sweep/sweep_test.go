@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,89 @@ func TestParseKeys(t *testing.T) {
 			t.Errorf("KeyName(%d) = %q, want %q", k, got, name)
 		}
 	}
+}
+
+func TestParseEarlier(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		in   string
+		want Earlier
+		err  string
+	}{
+		{"abb8edd=193223, 35666,-,34974", Earlier{"abb8edd", []float64{193223, 35666, nan, 34974}}, ""},
+		{" before the rework =1.5e5", Earlier{"before the rework", []float64{150000}}, ""},
+		{"=1,2", Earlier{}, "want NAME=V"},
+		{"name", Earlier{}, "want NAME=V"},
+		{"name=", Earlier{}, "want NAME=V"},
+		{"name=1,x", Earlier{}, `value "x"`},
+		{"name=1,,2", Earlier{}, `value ""`},
+		{"name=-3", Earlier{}, `value "-3"`},
+		{"name=NaN", Earlier{}, `value "NaN"`},
+		{"name=+Inf", Earlier{}, `value "+Inf"`},
+	}
+	for _, tc := range cases {
+		got, err := ParseEarlier(tc.in)
+		if tc.err != "" {
+			if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseEarlier(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		same := got.Name == tc.want.Name && slices.EqualFunc(got.Values, tc.want.Values, func(a, b float64) bool { return a == b || math.IsNaN(a) && math.IsNaN(b) })
+		if err != nil || !same {
+			t.Errorf("ParseEarlier(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	c := DefaultConfig()
+	c.AggregatorEarlier = []Earlier{{"short", []float64{1, 2}}}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "2 values for 4 key counts") {
+		t.Errorf("Validate with 2 earlier values for 4 key counts = %v, want an error", err)
+	}
+}
+
+// FuzzParseEarlier: any input gives a series or an ErrConfig error, never
+// a panic, and a series has a name and only figures ≥ 0 or gaps.
+func FuzzParseEarlier(f *testing.F) {
+	for _, s := range []string{"a=1,2,-", "=", "x=1e400", "n=,", "a=b=c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		e, err := ParseEarlier(s)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("ParseEarlier(%q): error %v is not ErrConfig", s, err)
+			}
+			return
+		}
+		if e.Name == "" || len(e.Values) == 0 {
+			t.Fatalf("ParseEarlier(%q) = %+v: no name or no values", s, e)
+		}
+		for _, v := range e.Values {
+			if v < 0 || math.IsInf(v, 0) {
+				t.Fatalf("ParseEarlier(%q) = %+v: a value out of bounds", s, e)
+			}
+		}
+	})
+}
+
+// TestAggregatorChartKeepsEarlier: the aggregator's chart draws the
+// earlier series first, in thousands, then this sweep's.
+func TestAggregatorChartKeepsEarlier(t *testing.T) {
+	t.Parallel()
+	r := &Result{Config: DefaultConfig(), Aggregator: []AggregatorPoint{{Keys: 1_000, EventsPerCPU: 400_000}}}
+	r.Config.Keys = []int{1_000, 100_000}
+	r.Config.AggregatorEarlier = []Earlier{{"before", []float64{200_000, nan}}}
+	for _, f := range r.Figures() {
+		if f.File != "sweep-aggregator.svg" {
+			continue
+		}
+		s := f.Chart.Series
+		if len(s) != 2 || s[0].Name != "before" || s[0].Values[0] != 200 || !math.IsNaN(s[0].Values[1]) || s[1].Values[0] != 400 {
+			t.Fatalf("aggregator chart series %+v, want the earlier one (200, gap) then this sweep's (400)", s)
+		}
+		return
+	}
+	t.Fatal("no aggregator chart")
 }
 
 func TestParseWhatAndDists(t *testing.T) {
