@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/redisserver"
@@ -277,11 +275,9 @@ func (f *fleet) startRedis(ctx context.Context) error {
 	}
 	return pollUntil(ctx, 30*time.Second, func() error {
 		for _, s := range f.sentinels {
-			sc := redis.NewSentinelClient(s.srv.ClientOptions())
-			m, err := sc.Master(ctx, masterName).Result()
-			sc.Close()
+			m, err := s.sentinelMaster(ctx)
 			if err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
+				return err
 			}
 			if m["num-slaves"] != "1" || m["num-other-sentinels"] != strconv.Itoa(sentinels-1) || m["flags"] != "master" {
 				return fmt.Errorf("%s sees flags=%s replicas=%s other sentinels=%s", s.name, m["flags"], m["num-slaves"], m["num-other-sentinels"])

@@ -115,6 +115,18 @@ func (f *fleet) liveSentinel() (*redis.SentinelClient, error) {
 	return nil, errors.New("no sentinel running")
 }
 
+// sentinelMaster asks sentinel n what it knows of the primary (SENTINEL
+// MASTER: its flags, port, replicas, the other sentinels).
+func (n *redisNode) sentinelMaster(ctx context.Context) (map[string]string, error) {
+	sc := redis.NewSentinelClient(n.srv.ClientOptions())
+	defer sc.Close()
+	m, err := sc.Master(ctx, masterName).Result()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", n.name, err)
+	}
+	return m, nil
+}
+
 // primary returns the data node the sentinels name as primary.
 func (f *fleet) primary(ctx context.Context) (*redisNode, error) {
 	sc, err := f.liveSentinel()
@@ -180,11 +192,9 @@ func (f *fleet) redisHealthy(ctx context.Context) error {
 		return fmt.Errorf("%s is not a replica of %s with its link up", f.other(p).name, p.name)
 	}
 	for _, s := range f.sentinels {
-		sc := redis.NewSentinelClient(s.srv.ClientOptions())
-		m, err := sc.Master(ctx, masterName).Result()
-		sc.Close()
+		m, err := s.sentinelMaster(ctx)
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return err
 		}
 		if m["flags"] != "master" || m["num-other-sentinels"] != strconv.Itoa(sentinels-1) || m["port"] != strconv.Itoa(p.proxy.Port()) {
 			return fmt.Errorf("%s sees flags=%s port=%s other sentinels=%s", s.name, m["flags"], m["port"], m["num-other-sentinels"])
