@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/cmdstats"
 	"github.com/tollgate/tollgate/loadtest/internal/procstat"
 	"github.com/tollgate/tollgate/loadtest/internal/promtext"
@@ -566,12 +567,7 @@ func (r *stormRun) stormClient(ctx context.Context, src netip.Addr, offset, peri
 	next := r.start.Add(offset)
 	timer := time.NewTimer(time.Until(next))
 	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
+	for service.Wait(ctx, timer.C) {
 		for {
 			status, closed, penalty, err := r.send(ctx, client, u, r.cfg.Key)
 			if ctx.Err() != nil {
@@ -659,12 +655,7 @@ func (r *stormRun) politeClient(ctx context.Context) {
 	p := &r.polite
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
+	for service.Wait(ctx, timer.C) {
 		wait := period
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 		req.Header.Set("X-API-Key", r.cfg.PoliteKey)
@@ -730,10 +721,8 @@ func (r *stormRun) sample(ctx context.Context, stopStorm context.CancelFunc, cpu
 			stopStorm()
 			return
 		}
-		select {
-		case <-ctx.Done():
+		if !service.Wait(ctx, t.C) {
 			return
-		case <-t.C:
 		}
 	}
 }

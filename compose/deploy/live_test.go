@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -195,7 +194,7 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
-	runUntilCleanup(t, name, srv.Run)
+	testnet.RunUntilCleanup(t, name, srv.Run)
 	return srv
 }
 
@@ -224,7 +223,7 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
-	runUntilCleanup(t, name, srv.Run)
+	testnet.RunUntilCleanup(t, name, srv.Run)
 	return srv
 }
 
@@ -280,25 +279,6 @@ func checkHealthchecks(t *testing.T, c *compose, listeners map[string]map[string
 			t.Logf("service %s: healthcheck GET %s on %s (%s): 200", name, m[2], variable, addr)
 		}
 	}
-}
-
-// runUntilCleanup calls run in a goroutine and, when the test ends, cancels
-// its context and checks it returned nil within 30 s.
-func runUntilCleanup(t testing.TB, name string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s: Run: %v", name, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("%s: Run did not return within 30s of its context's end", name)
-		}
-	})
 }
 
 // mustf fails the test at once when err is not nil.

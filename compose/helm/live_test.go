@@ -1,7 +1,6 @@
 package helm_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +20,7 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -77,7 +77,7 @@ func TestChartProbesAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "aggregator", aggSrv.Run)
+	testnet.RunUntilCleanup(t, "aggregator", aggSrv.Run)
 
 	gwDeps := with(deps, map[string]string{
 		"TOLLGATE_UPSTREAM":       "http://127.0.0.1:1", // the proxy starts; nothing is proxied
@@ -94,7 +94,7 @@ func TestChartProbesAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "gateway", gwSrv.Run)
+	testnet.RunUntilCleanup(t, "gateway", gwSrv.Run)
 
 	// The listener behind each container port name.
 	listeners := map[string]map[string]string{
@@ -145,23 +145,4 @@ func must(v string, ok bool) string {
 		return ""
 	}
 	return v
-}
-
-// run calls fn in a goroutine until the test ends, then cancels it and
-// waits for it to return.
-func run(t *testing.T, name string, fn func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s: Run: %v", name, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("%s: Run did not return within 30 s of its context's end", name)
-		}
-	})
 }

@@ -563,6 +563,21 @@ type transactor struct {
 	lastError atomic.Pointer[error]
 }
 
+// copyInput is how many records startCopy produces to "in".
+const copyInput = 200
+
+// startCopy starts a broker for transactors to copy on: topics "in" and
+// "out" of four partitions each, and copyInput records in "in".
+func startCopy(t *testing.T) (*kafkabroker.Broker, *kadm.Client) {
+	t.Helper()
+	b := kafkatest.StartTB(t)
+	adm := newAdmin(t, b)
+	createTopic(t, adm, "in", 4, nil)
+	createTopic(t, adm, "out", 4, nil)
+	produce(t, newClient(t, b), "in", seq("e", copyInput)...)
+	return b, adm
+}
+
 func newTransactor(t *testing.T, b *kafkabroker.Broker, id string) *transactor {
 	t.Helper()
 	tr := &transactor{}
@@ -640,12 +655,8 @@ func (tr *transactor) loop(ctx context.Context) {
 
 func TestGroupTransactSession(t *testing.T) {
 	t.Parallel()
-	b := kafkatest.StartTB(t)
-	adm := newAdmin(t, b)
-	createTopic(t, adm, "in", 4, nil)
-	createTopic(t, adm, "out", 4, nil)
-	const n = 200
-	produce(t, newClient(t, b), "in", seq("e", n)...)
+	b, adm := startCopy(t)
+	const n = copyInput
 
 	// Member A copies a first batch but holds its transaction open until
 	// member B has joined and taken partitions: the rebalance must abort
@@ -724,12 +735,8 @@ func TestGroupTransactSession(t *testing.T) {
 
 func TestGroupTransactSessionAcrossRestart(t *testing.T) {
 	t.Parallel()
-	b := kafkatest.StartTB(t)
-	adm := newAdmin(t, b)
-	createTopic(t, adm, "in", 4, nil)
-	createTopic(t, adm, "out", 4, nil)
-	const n = 200
-	produce(t, newClient(t, b), "in", seq("e", n)...)
+	b, adm := startCopy(t)
+	const n = copyInput
 
 	tr := newTransactor(t, b, "agg-r")
 	ctx, cancel := context.WithCancel(t.Context())

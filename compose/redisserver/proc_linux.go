@@ -6,14 +6,7 @@ import (
 	"bytes"
 	"os"
 	"strconv"
-	"syscall"
 	"time"
-)
-
-var (
-	sigStop os.Signal = syscall.SIGSTOP
-	sigCont os.Signal = syscall.SIGCONT
-	sigTerm os.Signal = syscall.SIGTERM
 )
 
 // waitStopped waits, for at most one second, until /proc shows the process

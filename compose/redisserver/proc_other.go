@@ -16,5 +16,3 @@ var (
 	sigCont os.Signal = unsupportedSignal("SIGCONT")
 	sigTerm os.Signal = os.Kill
 )
-
-func waitStopped(int, <-chan struct{}) {}

@@ -1,4 +1,4 @@
-//go:build unix && !linux
+//go:build unix
 
 package redisserver
 
@@ -12,6 +12,3 @@ var (
 	sigCont os.Signal = syscall.SIGCONT
 	sigTerm os.Signal = syscall.SIGTERM
 )
-
-// waitStopped returns at once: only Linux lets us observe the stopped state.
-func waitStopped(int, <-chan struct{}) {}

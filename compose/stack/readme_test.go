@@ -645,14 +645,20 @@ func TestREADMEWalkthrough(t *testing.T) {
 		}},
 	}
 
-	// The README's statements and the steps match one to one, in order.
+	runSteps(t, "README.md's local-stack sections", stmts, steps)
+}
+
+// runSteps checks that the README's statements (of where) and the steps
+// match one to one, in order, then runs each step on its statement.
+func runSteps(t *testing.T, where string, stmts []statement, steps []step) {
+	t.Helper()
 	if len(stmts) != len(steps) {
 		var ks []string
 		for _, s := range stmts {
 			ks = append(ks, "  "+s.key())
 		}
-		t.Fatalf("README.md has %d commands in its local-stack sections, the test expects %d: write down what each new one answers:\n%s",
-			len(stmts), len(steps), strings.Join(ks, "\n"))
+		t.Fatalf("%s: %d commands, the test expects %d: write down what each new one answers:\n%s",
+			where, len(stmts), len(steps), strings.Join(ks, "\n"))
 	}
 	for i, st := range stmts {
 		if !strings.Contains(st.key(), steps[i].match) {

@@ -1,8 +1,6 @@
 package stack_test
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -19,41 +17,15 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
-	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
 // startRegions starts a stack of n regions and waits until it is ready,
-// allowing more time than one region's start.
+// allowing more time than one region's start; only warnings of its log
+// go to the test's output.
 func startRegions(t *testing.T, cfg stack.Config) *running {
 	t.Helper()
-	r := &running{logs: &testnet.Buffer{}, banner: &bytes.Buffer{}, errc: make(chan error, 1)}
-	log := slog.New(slog.NewMultiHandler(
-		slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}),
-		slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	var err error
-	r.st, err = stack.New(cfg, log, r.banner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go func() { r.errc <- r.st.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-r.errc
-	})
-	select {
-	case <-r.st.Ready():
-	case err := <-r.errc:
-		r.errc <- err
-		t.Fatalf("Run returned before Ready: %v", err)
-	case <-time.After(90 * time.Second):
-		t.Fatal("stack not ready within 90s")
-	}
-	r.addrs = r.st.Addrs()
-	r.startLog = r.logs.String()
-	return r
+	return startWithin(t, cfg, slog.LevelWarn, 90*time.Second)
 }
 
 // responder answers "ping" on subject from a region's NATS, for as long
@@ -368,22 +340,6 @@ func TestREADMERegions(t *testing.T) {
 			t.Logf("r2 linked again %v after the heal", took)
 		}},
 	}
-	if len(stmts) != len(steps) {
-		var ks []string
-		for _, s := range stmts {
-			ks = append(ks, "  "+s.key())
-		}
-		t.Fatalf("README.md's \"Several regions\" has %d commands, the test expects %d: write down what each new one answers:\n%s",
-			len(stmts), len(steps), strings.Join(ks, "\n"))
-	}
-	for i, st := range stmts {
-		if !strings.Contains(st.key(), steps[i].match) {
-			t.Fatalf("README command %d is\n  %s\nthe test expects one with %q there", i+1, st.key(), steps[i].match)
-		}
-	}
-	for i, st := range stmts {
-		t.Logf("README command %d: %s", i+1, st.key())
-		steps[i].do(t, st)
-	}
+	runSteps(t, `README.md's "Several regions"`, stmts, steps)
 	r.stop(t)
 }

@@ -75,9 +75,16 @@ type running struct {
 // with stop; a cleanup does it too if the test fails first.
 func start(t *testing.T, cfg stack.Config) *running {
 	t.Helper()
+	return startWithin(t, cfg, slog.LevelInfo, 30*time.Second)
+}
+
+// startWithin is start with the level of the log lines the test's output
+// shows and how long the stack may take to be ready.
+func startWithin(t *testing.T, cfg stack.Config, level slog.Level, ready time.Duration) *running {
+	t.Helper()
 	r := &running{logs: &testnet.Buffer{}, banner: &bytes.Buffer{}, errc: make(chan error, 1)}
 	log := slog.New(slog.NewMultiHandler(
-		slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
+		slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}),
 		slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	var err error
 	r.st, err = stack.New(cfg, log, r.banner)
@@ -96,8 +103,8 @@ func start(t *testing.T, cfg stack.Config) *running {
 	case err := <-r.errc:
 		r.errc <- err
 		t.Fatalf("Run returned before Ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("stack not ready within 30s")
+	case <-time.After(ready):
+		t.Fatalf("stack not ready within %v", ready)
 	}
 	r.addrs = r.st.Addrs()
 	r.startLog = r.logs.String()

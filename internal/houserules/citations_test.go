@@ -117,20 +117,7 @@ func TestNoOutsideCitations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := map[string]bool{}
-	for _, v := range violations {
-		file, _, _ := strings.Cut(v.Pos, ":")
-		if _, ok := citationAllowlist[file]; ok {
-			allowed[file] = true
-			continue
-		}
-		t.Error(v)
-	}
-	for file, why := range citationAllowlist {
-		if !allowed[file] {
-			t.Errorf("citationAllowlist names %s (%s), which holds no citation or is gone: remove the entry", file, why)
-		}
-	}
+	applyFileAllowlist(t, violations, "citationAllowlist", citationAllowlist, "holds no citation")
 	t.Logf("checked %d files from %s", len(files), how)
 }
 

@@ -102,6 +102,28 @@ type violation struct {
 
 func (v violation) String() string { return fmt.Sprintf("%s: [%s] %s", v.Pos, v.Rule, v.Msg) }
 
+// applyFileAllowlist fails the test for each violation in a file (the
+// part of its Pos before ":") that allowlist, called name, does not name,
+// and for each entry no violation needed, saying its file now stale (what
+// changed: "holds no citation") or is gone.
+func applyFileAllowlist(t *testing.T, violations []violation, name string, allowlist map[string]string, stale string) {
+	t.Helper()
+	used := map[string]bool{}
+	for _, v := range violations {
+		file, _, _ := strings.Cut(v.Pos, ":")
+		if _, ok := allowlist[file]; ok {
+			used[file] = true
+			continue
+		}
+		t.Error(v)
+	}
+	for file, why := range allowlist {
+		if !used[file] {
+			t.Errorf("%s names %s (%s), which %s or is gone: remove the entry", name, file, why, stale)
+		}
+	}
+}
+
 // goFile is one parsed file of a package directory.
 type goFile struct {
 	path string // slash path from the root

@@ -3,7 +3,8 @@
 // Lifecycle that lets Run be called once and Close any number of times,
 // from any goroutine, returning only when everything Run started has
 // stopped (STYLE: every goroutine has an owner that waits for it); and
-// Every, the loop of a goroutine that works at an interval.
+// Every, the loop of a goroutine that works at an interval, with Wait for
+// the loops that pace themselves with a timer.
 package service
 
 import (
@@ -163,5 +164,19 @@ func Every(ctx context.Context, interval time.Duration, fn func(now time.Time)) 
 		case now := <-t.C:
 			fn(now)
 		}
+	}
+}
+
+// Wait waits for c (a timer's or a ticker's channel) to deliver, or for
+// ctx to be done; it reports whether c delivered. It is the head of a loop
+// that paces itself, resetting its timer for the next round:
+//
+//	for service.Wait(ctx, t.C) { …; t.Reset(next) }
+func Wait(ctx context.Context, c <-chan time.Time) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-c:
+		return true
 	}
 }

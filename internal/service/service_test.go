@@ -92,3 +92,29 @@ func TestEvery(t *testing.T) {
 		t.Fatal("Every still running 10s after its context ended")
 	}
 }
+
+func TestWait(t *testing.T) {
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name string
+		ctx  context.Context
+		c    func() <-chan time.Time
+		want bool
+	}{
+		{"c delivers", context.Background(), func() <-chan time.Time {
+			c := make(chan time.Time, 1)
+			c <- time.Now()
+			return c
+		}, true},
+		{"ctx done", canceled, func() <-chan time.Time { return make(chan time.Time) }, false},
+		{"timer fires", context.Background(), func() <-chan time.Time { return time.NewTimer(time.Millisecond).C }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Wait(tt.ctx, tt.c()); got != tt.want {
+				t.Fatalf("Wait = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

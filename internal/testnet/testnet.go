@@ -1,12 +1,13 @@
 // Package testnet holds what tests need around processes and servers:
 // loopback addresses nothing listens on, a buffer several goroutines
 // (a process's stdout and stderr, a logger) may write to while the test
-// reads it, and the module's root directory for tests that read the
-// source tree.
+// reads it, a server's Run kept going until the test ends, and the
+// module's root directory for tests that read the source tree.
 package testnet
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io/fs"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 // FreeAddr returns a loopback address ("127.0.0.1:port") nothing listens
@@ -68,6 +70,31 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// stopTimeout is how long RunUntilCleanup waits for run to return once
+// its context is canceled.
+const stopTimeout = 30 * time.Second
+
+// RunUntilCleanup calls run (a server's Run) on a goroutine, with a
+// context the test's cleanup cancels; the cleanup then waits for run to
+// return and fails the test, naming the server name, when it returns an
+// error or has not returned within 30 s.
+func RunUntilCleanup(t testing.TB, name string, run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: Run: %v", name, err)
+			}
+		case <-time.After(stopTimeout):
+			t.Errorf("%s: Run did not return within %v of its context's end", name, stopTimeout)
+		}
+	})
 }
 
 // ModuleRoot returns the directory holding go.mod, looked for from the

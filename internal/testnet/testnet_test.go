@@ -1,6 +1,8 @@
 package testnet_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -51,5 +53,56 @@ func TestBufferConcurrentWriters(t *testing.T) {
 	wg.Wait()
 	if got := strings.Count(b.String(), "\n"); got != writers*lines {
 		t.Fatalf("%d lines, want %d", got, writers*lines)
+	}
+}
+
+// cleanupTB records what RunUntilCleanup asks of a test: its cleanups and
+// its failures.
+type cleanupTB struct {
+	testing.TB
+	cleanups []func()
+	errs     []string
+}
+
+func (c *cleanupTB) Cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
+
+func (c *cleanupTB) Errorf(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
+}
+
+func TestRunUntilCleanup(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		err     error // what run returns once its context ends
+		wantErr string
+	}{
+		{"clean stop", nil, ""},
+		{"failed stop", errors.New("boom"), "srv: Run: boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := &cleanupTB{TB: t}
+			started := make(chan context.Context, 1)
+			testnet.RunUntilCleanup(tb, "srv", func(ctx context.Context) error {
+				started <- ctx
+				<-ctx.Done()
+				return tt.err
+			})
+			ctx := <-started
+			if ctx.Err() != nil {
+				t.Fatal("run's context ended before the test did")
+			}
+			if len(tb.cleanups) != 1 {
+				t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+			}
+			tb.cleanups[0]()
+			if ctx.Err() == nil {
+				t.Fatal("the cleanup did not cancel run's context")
+			}
+			if got := strings.Join(tb.errs, "; "); got != tt.wantErr {
+				t.Fatalf("failures %q, want %q", got, tt.wantErr)
+			}
+		})
 	}
 }

@@ -12,12 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/loadtest"
 )
 
@@ -383,8 +383,8 @@ func startRecipeStack(t *testing.T, env, paths map[string]string) *recipeStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	st, err := stack.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), &syncBuffer{})
+	logs := &testnet.Buffer{}
+	st, err := stack.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), &testnet.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func startRecipeGateway(t *testing.T, env map[string]string, st *recipeStack, di
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testnet.Buffer{}
 	gw, err := gateway.New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
@@ -483,24 +483,6 @@ func startRecipeGateway(t *testing.T, env map[string]string, st *recipeStack, di
 		}
 	}
 	return out
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Headline checks.

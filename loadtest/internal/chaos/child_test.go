@@ -1,41 +1,22 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestRunChild(t *testing.T) {
 	for _, kind := range []string{"kafka", "nats"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithCancel(t.Context())
-			var out syncBuffer
+			var out testnet.Buffer
 			code := make(chan int, 1)
 			go func() { code <- RunChild(ctx, []string{kind, "-dir", t.TempDir()}, &out, io.Discard) }()
 			testwait.Eventually(t, 15*time.Second, func() error {

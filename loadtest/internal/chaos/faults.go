@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/compose/linkproxy"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -49,10 +50,8 @@ func (e *executor) run(ctx context.Context, phaseStart time.Time, plan []Planned
 	defer t.Stop()
 	for _, p := range plan {
 		t.Reset(time.Until(phaseStart.Add(p.At)))
-		select {
-		case <-ctx.Done():
+		if !service.Wait(ctx, t.C) {
 			return
-		case <-t.C:
 		}
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.start(ctx, p) }()

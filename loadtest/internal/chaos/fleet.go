@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/redisserver"
@@ -277,11 +275,9 @@ func (f *fleet) startRedis(ctx context.Context) error {
 	}
 	return pollUntil(ctx, 30*time.Second, func() error {
 		for _, s := range f.sentinels {
-			sc := redis.NewSentinelClient(s.srv.ClientOptions())
-			m, err := sc.Master(ctx, masterName).Result()
-			sc.Close()
+			m, err := s.sentinelMaster(ctx)
 			if err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
+				return err
 			}
 			if m["num-slaves"] != "1" || m["num-other-sentinels"] != strconv.Itoa(sentinels-1) || m["flags"] != "master" {
 				return fmt.Errorf("%s sees flags=%s replicas=%s other sentinels=%s", s.name, m["flags"], m["num-slaves"], m["num-other-sentinels"])
@@ -427,8 +423,8 @@ func (f *fleet) startAggregators(ctx context.Context) error {
 		f.aggs = append(f.aggs, a)
 	}
 	for _, a := range f.aggs {
-		if err := pollUntil(ctx, f.cfg.Startup, func() error { return alive(a.proc, f.aggReady(ctx, a)) }); err != nil {
-			return fmt.Errorf("%s: %w (log %s)", a.name, err, a.proc.logPath)
+		if err := f.awaitReady(ctx, a.proc, func() error { return f.aggReady(ctx, a) }); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -473,8 +469,8 @@ func (f *fleet) startGateways(ctx context.Context) error {
 		f.gws = append(f.gws, g)
 	}
 	for _, g := range f.gws {
-		if err := pollUntil(ctx, f.cfg.Startup, func() error { return alive(g.proc, f.gatewayReady(ctx, g)) }); err != nil {
-			return fmt.Errorf("%s: %w (log %s)", g.name, err, g.proc.logPath)
+		if err := f.awaitReady(ctx, g.proc, func() error { return f.gatewayReady(ctx, g) }); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -566,13 +562,21 @@ type errGone struct{ err error }
 
 func (e errGone) Error() string { return e.err.Error() }
 
-// alive returns err, marked as final when p has exited: waiting longer
-// for it to become ready is pointless.
-func alive(p *proc, err error) error {
-	if err != nil && !p.running() {
-		return errGone{fmt.Errorf("%s exited: %w", p.name, err)}
+// awaitReady polls ready until it returns nil, for at most the start-up
+// bound; it stops at once when p has exited, as waiting longer for it to
+// become ready is pointless. Its error names p and its log.
+func (f *fleet) awaitReady(ctx context.Context, p *proc, ready func() error) error {
+	err := pollUntil(ctx, f.cfg.Startup, func() error {
+		err := ready()
+		if err != nil && !p.running() {
+			return errGone{fmt.Errorf("%s exited: %w", p.name, err)}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w (log %s)", p.name, err, p.logPath)
 	}
-	return err
+	return nil
 }
 
 // pollUntil calls cond every 50 ms until it returns nil, ctx ends or d

@@ -115,6 +115,30 @@ func (f *fleet) liveSentinel() (*redis.SentinelClient, error) {
 	return nil, errors.New("no sentinel running")
 }
 
+// sentinelMaster asks sentinel n what it knows of the primary (SENTINEL
+// MASTER: its flags, port, replicas, the other sentinels).
+func (n *redisNode) sentinelMaster(ctx context.Context) (map[string]string, error) {
+	sc := redis.NewSentinelClient(n.srv.ClientOptions())
+	defer sc.Close()
+	m, err := sc.Master(ctx, masterName).Result()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", n.name, err)
+	}
+	return m, nil
+}
+
+// replication returns what data node n says of its replication (INFO
+// replication: its role, its link to the primary).
+func (n *redisNode) replication(ctx context.Context) (string, error) {
+	cl := n.srv.Client()
+	defer cl.Close()
+	info, err := cl.Info(ctx, "replication").Result()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", n.name, err)
+	}
+	return info, nil
+}
+
 // primary returns the data node the sentinels name as primary.
 func (f *fleet) primary(ctx context.Context) (*redisNode, error) {
 	sc, err := f.liveSentinel()
@@ -170,21 +194,17 @@ func (f *fleet) redisHealthy(ctx context.Context) error {
 	if len(role) == 0 || role[0] != "master" {
 		return fmt.Errorf("%s named primary is a %v", p.name, role[0])
 	}
-	rc := f.other(p).srv.Client()
-	defer rc.Close()
-	info, err := rc.Info(ctx, "replication").Result()
+	info, err := f.other(p).replication(ctx)
 	if err != nil {
-		return fmt.Errorf("%s: %w", f.other(p).name, err)
+		return err
 	}
 	if !strings.Contains(info, "master_link_status:up") || !strings.Contains(info, "master_port:"+strconv.Itoa(p.proxy.Port())) {
 		return fmt.Errorf("%s is not a replica of %s with its link up", f.other(p).name, p.name)
 	}
 	for _, s := range f.sentinels {
-		sc := redis.NewSentinelClient(s.srv.ClientOptions())
-		m, err := sc.Master(ctx, masterName).Result()
-		sc.Close()
+		m, err := s.sentinelMaster(ctx)
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return err
 		}
 		if m["flags"] != "master" || m["num-other-sentinels"] != strconv.Itoa(sentinels-1) || m["port"] != strconv.Itoa(p.proxy.Port()) {
 			return fmt.Errorf("%s sees flags=%s port=%s other sentinels=%s", s.name, m["flags"], m["port"], m["num-other-sentinels"])
@@ -212,11 +232,9 @@ func (f *fleet) nodeHealthy(ctx context.Context, n *redisNode) error {
 		}
 		return nil
 	}
-	cl := n.srv.Client()
-	defer cl.Close()
-	info, err := cl.Info(ctx, "replication").Result()
+	info, err := n.replication(ctx)
 	if err != nil {
-		return fmt.Errorf("%s: %w", n.name, err)
+		return err
 	}
 	if strings.Contains(info, "role:slave") {
 		if !strings.Contains(info, "master_link_status:up") {

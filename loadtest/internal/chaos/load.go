@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -89,11 +90,9 @@ func (l *load) run(ctx context.Context) {
 	for i := int64(0); ; i++ {
 		due := time.Duration(float64(i) / l.rate * float64(time.Second))
 		t.Reset(time.Until(start.Add(due)))
-		select {
-		case <-ctx.Done():
+		if !service.Wait(ctx, t.C) {
 			l.wg.Wait()
 			return
-		case <-t.C:
 		}
 		// Draw everything first, so the sequence of choices depends on
 		// the seed alone.
@@ -146,12 +145,7 @@ func (l *load) polite(ctx context.Context, k *history.Key, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x901e))
 	t := time.NewTimer(politeGap)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for service.Wait(ctx, t.C) {
 		g := l.f.gws[rng.IntN(len(l.f.gws))]
 		a := l.c.do(context.WithoutCancel(ctx), g, surfaces[rng.IntN(len(surfaces))], k, politeEndpoints[rng.IntN(len(politeEndpoints))], 1)
 		l.rec.answer(a)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -21,54 +22,51 @@ const monitorEvery = 2 * time.Second
 // harness killing it (recorded as an unplanned exit, then restarted, so
 // the run goes on), until ctx is done.
 func (e *executor) monitor(ctx context.Context) {
-	t := time.NewTicker(monitorEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	service.Every(ctx, monitorEvery, func(time.Time) { e.look(ctx) })
+}
+
+// look is one round of the monitor: it scrapes the loss counters and
+// restarts what died with no fault in force.
+func (e *executor) look(ctx context.Context) {
+	e.scrapeAll(ctx)
+	for _, n := range append(append([]*redisNode(nil), e.f.redisNodes...), e.f.sentinels...) {
+		key := n.name
+		if !strings.HasPrefix(key, "sentinel-") {
+			key = "redis"
 		}
-		e.scrapeAll(ctx)
-		for _, n := range append(append([]*redisNode(nil), e.f.redisNodes...), e.f.sentinels...) {
-			key := n.name
-			if !strings.HasPrefix(key, "sentinel-") {
-				key = "redis"
-			}
+		n.mu.Lock()
+		killed := n.killed
+		n.mu.Unlock()
+		if n.srv.Pid() != 0 || (killed && e.isBusy(key)) {
+			continue
+		}
+		if killed {
+			e.rec.logf("%s is down with no fault in force: restarting it", n.name)
+		} else {
+			e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcExit, Detail: "died (log " + n.srv.LogPath() + ")"})
+		}
+		if err := n.srv.Restart(ctx); err == nil {
 			n.mu.Lock()
-			killed := n.killed
+			n.killed = false
 			n.mu.Unlock()
-			if n.srv.Pid() != 0 || (killed && e.isBusy(key)) {
-				continue
-			}
-			if killed {
-				e.rec.logf("%s is down with no fault in force: restarting it", n.name)
-			} else {
-				e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcExit, Detail: "died (log " + n.srv.LogPath() + ")"})
-			}
-			if err := n.srv.Restart(ctx); err == nil {
-				n.mu.Lock()
-				n.killed = false
-				n.mu.Unlock()
-				e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcStart, Detail: "restarted by the monitor"})
-			}
+			e.rec.proc(history.Proc{Name: n.name, Kind: history.ProcStart, Detail: "restarted by the monitor"})
 		}
-		for _, p := range e.f.procs() {
-			p.mu.Lock()
-			l, planned, starting := p.life, p.planned, p.starting
-			p.mu.Unlock()
-			if l == nil || !l.exited() || starting || (planned && e.isBusy(p.name)) {
-				continue
-			}
-			// Died on its own (recorded when it exited), or left down
-			// with no fault in force: start it again so that the run
-			// goes on.
-			if planned {
-				e.rec.logf("%s is down with no fault in force: starting it", p.name)
-			}
-			if err := p.start(ctx); err != nil {
-				e.rec.logf("%s: start by the monitor failed: %v", p.name, err)
-			}
+	}
+	for _, p := range e.f.procs() {
+		p.mu.Lock()
+		l, planned, starting := p.life, p.planned, p.starting
+		p.mu.Unlock()
+		if l == nil || !l.exited() || starting || (planned && e.isBusy(p.name)) {
+			continue
+		}
+		// Died on its own (recorded when it exited), or left down
+		// with no fault in force: start it again so that the run
+		// goes on.
+		if planned {
+			e.rec.logf("%s is down with no fault in force: starting it", p.name)
+		}
+		if err := p.start(ctx); err != nil {
+			e.rec.logf("%s: start by the monitor failed: %v", p.name, err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -106,12 +107,7 @@ func (o *operator) run(ctx context.Context) {
 	}
 	t := time.NewTimer(3 * time.Second)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for service.Wait(ctx, t.C) {
 		t.Reset(6*time.Second + time.Duration(rng.Int64N(int64(6*time.Second))))
 		k := hot[rng.IntN(len(hot))]
 		eps := hot1Endpoints

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -181,6 +182,38 @@ func Plan(seed uint64, d time.Duration, n int, kinds []string, shape Shape) []Pl
 	return out
 }
 
+// Actions of the faults on a process: a kill keeps it down, a stop
+// keeps it paused, for a while; a restart takes no time.
+const (
+	faultRestart = iota
+	faultKill
+	faultStop
+)
+
+// processFaults are the faults that kill, stop or restart a process: the
+// process ("gw" and "agg": a gateway or an aggregator drawn at random)
+// and the action.
+var processFaults = map[string]struct {
+	target string
+	action int
+}{
+	KindGatewayKill:    {"gw", faultKill},
+	KindGatewayStop:    {"gw", faultStop},
+	KindGatewayRestart: {"gw", faultRestart},
+	KindAggKill:        {"agg", faultKill},
+	KindAggStop:        {"agg", faultStop},
+	KindAggRestart:     {"agg", faultRestart},
+	KindBrokerKill:     {"broker", faultKill},
+	KindBrokerStop:     {"broker", faultStop},
+	KindBrokerRestart:  {"broker", faultRestart},
+	KindNATSKill:       {"nats", faultKill},
+	KindNATSStop:       {"nats", faultStop},
+	KindNATSRestart:    {"nats", faultRestart},
+	KindRedisKill:      {"redis-primary", faultKill},
+	KindRedisStop:      {"redis-primary", faultStop},
+	KindReplicaKill:    {"redis-replica", faultKill},
+}
+
 // draw picks one fault.
 func draw(rng *rand.Rand, kinds []string, shape Shape, between func(lo, hi time.Duration) time.Duration) Planned {
 	kind := kinds[rng.IntN(len(kinds))]
@@ -189,37 +222,17 @@ func draw(rng *rand.Rand, kinds []string, shape Shape, between func(lo, hi time.
 	down := between(500*time.Millisecond, 5*time.Second)
 	pause := between(500*time.Millisecond, 6*time.Second)
 	p := Planned{Kind: kind}
+	if f, ok := processFaults[kind]; ok {
+		p.Target = cmp.Or(map[string]string{"gw": gw, "agg": agg}[f.target], f.target)
+		switch f.action {
+		case faultKill:
+			p.For = down
+		case faultStop:
+			p.For = pause
+		}
+		return p
+	}
 	switch kind {
-	case KindGatewayKill:
-		p.Target, p.For = gw, down
-	case KindGatewayStop:
-		p.Target, p.For = gw, pause
-	case KindGatewayRestart:
-		p.Target = gw
-	case KindAggKill:
-		p.Target, p.For = agg, down
-	case KindAggStop:
-		p.Target, p.For = agg, pause
-	case KindAggRestart:
-		p.Target = agg
-	case KindBrokerKill:
-		p.Target, p.For = "broker", down
-	case KindBrokerStop:
-		p.Target, p.For = "broker", pause
-	case KindBrokerRestart:
-		p.Target = "broker"
-	case KindNATSKill:
-		p.Target, p.For = "nats", down
-	case KindNATSStop:
-		p.Target, p.For = "nats", pause
-	case KindNATSRestart:
-		p.Target = "nats"
-	case KindRedisKill:
-		p.Target, p.For = "redis-primary", down
-	case KindRedisStop:
-		p.Target, p.For = "redis-primary", pause
-	case KindReplicaKill:
-		p.Target, p.For = "redis-replica", down
 	case KindSentinelKill:
 		p.Target, p.For = fmt.Sprintf("sentinel-%d", 1+rng.IntN(shape.Sentinels)), down
 	case KindSpoolFull:

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -23,21 +24,16 @@ const (
 
 // detectStalls records the machine's stalls until ctx is done.
 func (r *recorder) detectStalls(ctx context.Context) {
-	t := time.NewTicker(stallTick)
-	defer t.Stop()
 	last := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	// The time the goroutine runs, not the tick's: a stall delays the
+	// former.
+	service.Every(ctx, stallTick, func(time.Time) {
 		n := time.Now()
 		if late := n.Sub(last) - stallTick; late > stallLate {
 			r.stall(history.Stall{Start: last.Add(stallTick).UnixMicro(), End: n.UnixMicro()})
 		}
 		last = n
-	}
+	})
 }
 
 func (r *recorder) stall(s history.Stall) {

@@ -186,10 +186,29 @@ func Finish(resp *http.Response) (int, error) {
 	return o, nil
 }
 
+// httpClient is what the HTTP targets share: the client, sending a
+// request and classifying its answer, and Close.
+type httpClient struct{ client *http.Client }
+
+// send sends hr and returns its HTTPOutcomes index (Finish).
+func (h httpClient) send(hr *http.Request) (int, error) {
+	resp, err := h.client.Do(hr)
+	if err != nil {
+		return 0, err
+	}
+	return Finish(resp)
+}
+
+// Close closes idle connections.
+func (h httpClient) Close() error {
+	h.client.CloseIdleConnections()
+	return nil
+}
+
 // Proxy sends requests through the gateway's proxy: Method to URL + path,
 // with the key in X-API-Key.
 type Proxy struct {
-	client *http.Client
+	httpClient
 	base   string
 	method string
 	body   []byte
@@ -200,10 +219,10 @@ var _ gen.Target = (*Proxy)(nil)
 // NewProxy returns a Proxy target for cfg (URL, Method, Body, Conns).
 func NewProxy(cfg HTTPConfig) *Proxy {
 	return &Proxy{
-		client: newClient(cfg.Conns),
-		base:   strings.TrimSuffix(cfg.URL, "/"),
-		method: cfg.Method,
-		body:   cfg.Body,
+		httpClient: httpClient{newClient(cfg.Conns)},
+		base:       strings.TrimSuffix(cfg.URL, "/"),
+		method:     cfg.Method,
+		body:       cfg.Body,
 	}
 }
 
@@ -226,22 +245,12 @@ func (p *Proxy) Do(ctx context.Context, req gen.Request) (int, error) {
 		return 0, err
 	}
 	hr.Header.Set("X-API-Key", req.Key)
-	resp, err := p.client.Do(hr)
-	if err != nil {
-		return 0, err
-	}
-	return Finish(resp)
-}
-
-// Close closes idle connections.
-func (p *Proxy) Close() error {
-	p.client.CloseIdleConnections()
-	return nil
+	return p.send(hr)
 }
 
 // Check sends POST /v1/check requests to the gateway's check API.
 type Check struct {
-	client *http.Client
+	httpClient
 	url    string
 	auth   string // Authorization header value, or ""
 	method string
@@ -252,7 +261,7 @@ var _ gen.Target = (*Check)(nil)
 
 // NewCheck returns a Check target for cfg (URL, Method, Token, Cost, Conns).
 func NewCheck(cfg HTTPConfig) *Check {
-	c := &Check{client: newClient(cfg.Conns), url: cfg.URL, method: cfg.Method, cost: cfg.Cost}
+	c := &Check{httpClient: httpClient{newClient(cfg.Conns)}, url: cfg.URL, method: cfg.Method, cost: cfg.Cost}
 	if cfg.Token != "" {
 		c.auth = "Bearer " + cfg.Token
 	}
@@ -284,15 +293,5 @@ func (c *Check) Do(ctx context.Context, req gen.Request) (int, error) {
 	if c.auth != "" {
 		hr.Header.Set("Authorization", c.auth)
 	}
-	resp, err := c.client.Do(hr)
-	if err != nil {
-		return 0, err
-	}
-	return Finish(resp)
-}
-
-// Close closes idle connections.
-func (c *Check) Close() error {
-	c.client.CloseIdleConnections()
-	return nil
+	return c.send(hr)
 }

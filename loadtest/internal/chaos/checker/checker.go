@@ -18,6 +18,7 @@
 package checker
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -333,19 +334,9 @@ func (c *run) model(ct *counter, local bool, gw int) *model {
 			mod.grants = append(mod.grants, g)
 		}
 	}
-	slices.SortFunc(mod.params, func(a, b param) int { return cmpInt(a.iv.From, b.iv.From) })
-	slices.SortFunc(mod.grants, func(a, b grant) int { return cmpInt(a.iv.From, b.iv.From) })
+	slices.SortFunc(mod.params, func(a, b param) int { return cmp.Compare(a.iv.From, b.iv.From) })
+	slices.SortFunc(mod.grants, func(a, b grant) int { return cmp.Compare(a.iv.From, b.iv.From) })
 	return mod
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // refused reports whether the operator API surely did not make change o:

@@ -1,6 +1,7 @@
 package checker
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strconv"
@@ -154,15 +155,7 @@ func (e *effects) inStall(lo, hi history.Micros) bool {
 }
 
 func sortIntervals(ivs []interval) {
-	slices.SortFunc(ivs, func(a, b interval) int {
-		switch {
-		case a.From < b.From:
-			return -1
-		case a.From > b.From:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ivs, func(a, b interval) int { return cmp.Compare(a.From, b.From) })
 }
 
 // inFailOpen reports whether an admission between lo and hi on gw lies in

@@ -1,6 +1,7 @@
 package checker
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -133,15 +134,7 @@ func (m *model) check(adms []admission, max int) (out []violation, total int) {
 	if len(adms) == 0 {
 		return nil, 0
 	}
-	slices.SortFunc(adms, func(a, b admission) int {
-		switch {
-		case a.lo < b.lo:
-			return -1
-		case a.lo > b.lo:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(adms, func(a, b admission) int { return cmp.Compare(a.lo, b.lo) })
 	add := func(v violation) {
 		total++
 		if len(out) < max {
