@@ -164,11 +164,12 @@ type inLoan struct {
 	received    int64 // the region's clock when first applied
 }
 
-// lookup returns the counter, creating it with lim, or ErrLimitMismatch.
+// lookup returns the counter, creating it with lim, or a
+// *LimitMismatchError.
 func (l *Ledger) lookup(name string, lim Limit, now int64) (*counter, error) {
 	if c, ok := l.counters[name]; ok {
 		if c.lim != lim {
-			return nil, fmt.Errorf("%w: counter %q holds %+v, asked %+v", ErrLimitMismatch, name, c.lim, lim)
+			return nil, &LimitMismatchError{Counter: name, Held: c.lim, Asked: lim}
 		}
 		l.prune(c, now)
 		return c, nil

@@ -189,7 +189,13 @@ func (s *Store) run(ctx context.Context, counter string, track bool, args []any)
 		if len(r) > 1 {
 			stored, _ = r[1].(string)
 		}
-		return nil, fmt.Errorf("%w: counter %q holds %s", regions.ErrLimitMismatch, counter, stored)
+		held, err := parseLimit(stored)
+		ls, _ := args[3].(string)
+		asked, _ := parseLimit(ls)
+		if err != nil {
+			return nil, fmt.Errorf("%w: counter %q holds %s", regions.ErrLimitMismatch, counter, stored)
+		}
+		return nil, &regions.LimitMismatchError{Counter: counter, Held: held, Asked: asked}
 	case "invalid":
 		msg := ""
 		if len(r) > 1 {
