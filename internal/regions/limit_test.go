@@ -128,3 +128,109 @@ func TestRegionLendsUnderTheLimitItsLedgerHolds(t *testing.T) {
 		})
 	}
 }
+
+// TestLedgerLimitChangeVoidsLoans: a limit changed under a counter while
+// units are lent (a penalty applied, then lifted) leaves the loans made
+// under the old limit void in both regions: the receiver stops counting
+// them at once, the giver keeps their units out until they come back, and
+// neither extends nor applies them again. So the shares sum to at most
+// the limit both regions decide under, whatever was lent under another.
+func TestLedgerLimitChangeVoidsLoans(t *testing.T) {
+	for _, kind := range []Kind{FixedWindow, SlidingWindow, Bucket} {
+		t.Run(kind.String(), func(t *testing.T) {
+			ctx := context.Background()
+			cfg := Config{}.WithDefaults()
+			fleet := EqualFleet("r1", "r2")
+			full := Limit{Kind: kind, Units: 100, Window: 10 * sec}
+			cut := full
+			cut.Units = 20
+			giver, err := NewLedger(cfg, fleet, "r1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			receiver, err := NewLedger(cfg, fleet, "r2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := int64(1000 * sec)
+			slot := now / full.slotLen(cfg)
+			e := NewEpoch(1, 0)
+			lend := func(seq uint64, lim Limit, units int64, at int64) Loan {
+				t.Helper()
+				o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: seq}, Counter: "k", Limit: lim,
+					From: "r1", To: "r2", Units: units, First: slot, Last: slot + 1}}
+				loan, refused, err := giver.Give(ctx, o, 0, at)
+				if err != nil || refused != "" {
+					t.Fatalf("give %d: %+v %q %v", seq, loan, refused, err)
+				}
+				if ok, why, err := receiver.Receive(ctx, &Transfer{Loan: loan}, at+1000); !ok || err != nil {
+					t.Fatalf("receive %d: %q %v", seq, why, err)
+				}
+				return loan
+			}
+			shares := func(at int64) (g, r int64) {
+				t.Helper()
+				share := func(l *Ledger) int64 {
+					in, ok := l.Inspect("k", at)
+					if !ok {
+						t.Fatal("no ledger")
+					}
+					if kind == FixedWindow {
+						return in.Windows[0].Share
+					}
+					return in.Share
+				}
+				return share(giver), share(receiver)
+			}
+			decideUnder := func(lim Limit, at int64) {
+				t.Helper()
+				for _, l := range []*Ledger{giver, receiver} {
+					if _, err := l.Admit("k", lim, 0, at); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			loan := lend(1, full, 40, now)
+			at := now + cfg.Skew + 2000
+			if g, r := shares(at); g != 10 || r != 90 {
+				t.Fatalf("before the penalty: shares %d and %d, want 10 and 90", g, r)
+			}
+			// The penalty reaches both regions' gateways.
+			decideUnder(cut, at)
+			g, r := shares(at)
+			if r != 10 || max(g, 0)+r > cut.Units {
+				t.Fatalf("under the penalty: shares %d and %d, want the receiver at its static 10 and at most %d in all", g, r, cut.Units)
+			}
+			// The void loan is neither extended nor applied again.
+			ext := &Order{Epoch: e, Extend: true, Loan: loan}
+			ext.Loan.Limit, ext.Loan.Units, ext.Loan.Last = cut, 10, slot+2
+			if _, refused, err := giver.Give(ctx, ext, 0, at); err != nil || refused != RefusedLimit {
+				t.Fatalf("extension of a void loan: refused %q, %v; want %q", refused, err, RefusedLimit)
+			}
+			again := loan
+			again.Limit, again.Units = cut, 10
+			if ok, why, err := receiver.Receive(ctx, &Transfer{Loan: again}, at); ok || err != nil || why != RefusedLimit {
+				t.Fatalf("a void loan's transfer again: applied %v %q %v, want refused %q", ok, why, err, RefusedLimit)
+			}
+			// Under the penalty the other way: r2 lends r1 5 of its 10.
+			o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: 2}, Counter: "k", Limit: cut,
+				From: "r2", To: "r1", Units: 5, First: slot, Last: slot + 1}}
+			back, refused, err := receiver.Give(ctx, o, 0, at)
+			if err != nil || refused != "" || back.Units != 5 {
+				t.Fatalf("give under the penalty: %+v %q %v", back, refused, err)
+			}
+			if ok, why, err := giver.Receive(ctx, &Transfer{Loan: back}, at+1000); !ok || err != nil {
+				t.Fatalf("receive under the penalty: %q %v", why, err)
+			}
+			if g, r := shares(at + 2000); g != -25 || r != 5 {
+				t.Fatalf("under the penalty, r2 having lent 5: shares %d and %d, want -25 (nothing) and 5", g, r)
+			}
+			// Lifted: the loan made under the penalty is void in turn, and
+			// what each lent stays out.
+			decideUnder(full, at+3000)
+			if g, r := shares(at + 3000); g != 10 || r != 45 {
+				t.Fatalf("lifted: shares %d and %d, want 50-40 and 50-5", g, r)
+			}
+		})
+	}
+}

@@ -461,7 +461,7 @@ func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions
 	if err != nil {
 		return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 	}
-	in := regions.Inspection{Kind: lim.Kind}
+	in := regions.Inspection{Kind: lim.Kind, Limit: lim}
 	if lim.Kind != regions.FixedWindow {
 		v, err := ints(r, 2, 1)
 		if err != nil {
