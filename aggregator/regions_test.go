@@ -308,6 +308,20 @@ func TestRegionsLoanUnderAnOverriddenLimit(t *testing.T) {
 	if _, err := us.store.State(t.Context(), f.counter, cut, redisNow(t, us)); err != nil {
 		t.Fatalf("us's ledger no longer holds the cut limit: %v", err)
 	}
+	// A penalty cuts it again while us holds the loan: the loan, made
+	// under the override's limit, no longer counts there at once.
+	penalty := cut
+	penalty.Units = 10
+	if _, err := us.store.Admit(t.Context(), f.counter, penalty, 0, redisNow(t, us)); err != nil {
+		t.Fatal(err)
+	}
+	in, _, err := us.store.Inspect(t.Context(), f.counter, redisNow(t, us))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := regions.EqualFleet("eu", "us").Static(penalty.Units)[1]; in.Share > want {
+		t.Fatalf("under the penalty us holds %d, above its static share %d of the penalty's limit: the loan made under the override still counts", in.Share, want)
+	}
 }
 
 // TestRegionsCoordinatorFailover: three regions; the first coordinates.
