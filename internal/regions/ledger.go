@@ -33,8 +33,9 @@ import (
 //     skew bound.
 //   - Nothing else raises a share.
 //   - An admission under a limit of other units (an override, a penalty,
-//     the rule's limit changed; the same kind and window) carries the
-//     counter over to it and voids the loans made under the old limit: a
+//     the rule's limit changed; the same kind and window), or a give under
+//     one to a counter holding no loans, carries the counter over to it
+//     and voids the loans made under the old limit: a
 //     void loan received counts nothing and is never applied again, a
 //     void loan given keeps its units out until they come back and is
 //     never extended or reported (refused: RefusedLimit).
@@ -227,6 +228,23 @@ func (l *Ledger) relimit(c *counter, lim Limit, now int64) {
 	for _, in := range c.ins {
 		in.units, in.void = 0, true
 	}
+}
+
+// holdsLoans reports whether a loan the counter gave or received still
+// counts or its record is still needed (what prune keeps), changing
+// nothing.
+func (l *Ledger) holdsLoans(c *counter, now int64) bool {
+	for _, o := range c.outs {
+		if now < l.regain(c, o) {
+			return true
+		}
+	}
+	for _, in := range c.ins {
+		if now < l.forgetIn(c, in) {
+			return true
+		}
+	}
+	return false
 }
 
 // Slot arithmetic, in the region's clock.
@@ -611,6 +629,13 @@ func (l *Ledger) Give(_ context.Context, o *Order, keep int64, now int64) (Loan,
 	}
 	if l.fleet.Index(o.Loan.To) < 0 {
 		return Loan{}, "", fmt.Errorf("regions: give: %w: loan to %q, not in the fleet", ErrInvalid, o.Loan.To)
+	}
+	if c, ok := l.counters[o.Loan.Counter]; ok && c.lim != o.Loan.Limit && c.lim.Kind == o.Loan.Limit.Kind &&
+		c.lim.Window == o.Loan.Limit.Window && !l.holdsLoans(c, now) {
+		// A region whose gateways have not decided the counter since its
+		// limit changed (an override or a penalty elsewhere): holding no
+		// loans, its ledger is carried over as they would carry it.
+		l.relimit(c, o.Loan.Limit, now)
 	}
 	c, err := l.lookup(o.Loan.Counter, o.Loan.Limit, now)
 	if err != nil {

@@ -48,7 +48,8 @@ func (q *queue) deliver(t *testing.T, regs map[string]*Region, coord *Coordinato
 // override or a penalty cut is decided in its region under the cut limit,
 // while the aggregator counts its demand under the rule's: the region
 // reports it under the limit its ledger holds, and units of that limit
-// move to it like any other counter's.
+// move to it like any other counter's, from a region whose ledger still
+// holds the rule's limit (its gateways have not decided the key since).
 func TestRegionLendsUnderTheLimitItsLedgerHolds(t *testing.T) {
 	for _, kind := range []Kind{FixedWindow, SlidingWindow, Bucket} {
 		t.Run(kind.String(), func(t *testing.T) {
@@ -93,6 +94,12 @@ func TestRegionLendsUnderTheLimitItsLedgerHolds(t *testing.T) {
 					regs["r2"].Observe("k", rule, 1, a.Allowed)
 				}
 				return n
+			}
+			// r1 decided the key once under the rule's limit before the
+			// override reached it, and not since: its ledger holds the
+			// rule's limit and no loans, and is carried over by the order.
+			if _, err := ledgers["r1"].Admit("k", rule, 1, start-sec); err != nil {
+				t.Fatal(err)
 			}
 			if n := admitted(start); n != 50 {
 				t.Fatalf("r2 admitted %d under the cut limit before any loan, want its static share 50", n)

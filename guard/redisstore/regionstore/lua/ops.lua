@@ -40,10 +40,11 @@
 -- Errors are replies too: {'mismatch', stored limit} when the counter
 -- holds another limit (nothing changed), {'invalid', message} for a loan
 -- that contradicts the one recorded under its id. An admit under a limit
--- of other units (the same kind and window) carries the counter over to
--- it instead, as the gateways' script does (rg_relimit): the loans made
--- under the old limit become void, and a give or a receive of a void
--- loan is refused with the reason 'limit'.
+-- of other units (the same kind and window), or a give under one to a
+-- counter holding no loans, carries the counter over to it instead, as
+-- the gateways' script does (rg_relimit): the loans made under the old
+-- limit become void, and a give or a receive of a void loan is refused
+-- with the reason 'limit'.
 -- Every op but inspect and active creates the counter with ARGV[4] when
 -- it is new (as the Ledger does), and prunes what can no longer count.
 
@@ -125,22 +126,42 @@ if op == 'active' then
   return { 'ok', holds, st.lim }
 end
 
+-- holds_loans: whether a loan given or received still counts, or its
+-- record is still needed (what prune keeps), without changing anything.
+local function holds_loans()
+  for _, o in pairs(st.outs) do
+    if kind == 1 and now < (o.last + 1) * W + K or kind ~= 1 and now < sw_regain(o) then
+      return true
+    end
+  end
+  for _, r in pairs(st.ins) do
+    if kind == 1 and now < (r.last + 1) * W + K or kind ~= 1 and now < sw_forget(r) then
+      return true
+    end
+  end
+  return false
+end
+
 -- An admission under a limit of other units (an override, a penalty,
 -- the rule's limit changed) carries the ledger over to it, as the
--- gateways' script does; every other op answers a mismatch.
+-- gateways' script does; so does a give, when the ledger holds no loans
+-- (a region whose gateways have not decided the counter since the
+-- change). Every other op answers a mismatch.
 local relimited = false
-if op == 'admit' and st.lim and st.lim ~= lim then
+if (op == 'admit' or op == 'give') and st.lim and st.lim ~= lim then
   local k0, _, w0 = parse_limit(st.lim)
   local k1, _, w1 = parse_limit(lim)
   if k0 == k1 and w0 == w1 then
-    if k0 == 3 then
-      -- the tokens up to now under the old limit: the new one counts
-      -- from now on
-      sw.S, sw.W, sw.P, sw.K, sw.R, sw.F = st.static, w0, P, K, 0, 0
-      bk_settle(st, now)
+    setup(st.lim, st.static)
+    if op == 'admit' or not holds_loans() then
+      if k0 == 3 then
+        -- the tokens up to now under the old limit: the new one counts
+        -- from now on
+        bk_settle(st, now)
+      end
+      rg_relimit(st, lim, S)
+      relimited = true
     end
-    rg_relimit(st, lim, S)
-    relimited = true
   end
 end
 if st.lim and st.lim ~= lim then
