@@ -273,7 +273,10 @@ func TestRegionsLoanFollowsDemand(t *testing.T) {
 // override (or a penalty) in the busy region: its gateways decide it
 // under the cut limit, so its ledger in Redis holds that limit, while the
 // aggregator counts its demand under the rule's. The region reports it
-// under the cut limit and a loan of that limit lands in its ledger.
+// under the cut limit and a loan of that limit lands in its ledger. A
+// penalty then cuts the key again while it holds the loan: the loan stops
+// counting at once, and, once the idle region's loan made under the
+// override has ended, a loan of the penalty's limit lands.
 func TestRegionsLoanUnderAnOverriddenLimit(t *testing.T) {
 	t.Parallel()
 	f := startRegionFleet(t, "eu", "us")
@@ -319,9 +322,25 @@ func TestRegionsLoanUnderAnOverriddenLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := regions.EqualFleet("eu", "us").Static(penalty.Units)[1]; in.Share > want {
-		t.Fatalf("under the penalty us holds %d, above its static share %d of the penalty's limit: the loan made under the override still counts", in.Share, want)
+	penaltyStatic := regions.EqualFleet("eu", "us").Static(penalty.Units)[1]
+	if in.Share > penaltyStatic {
+		t.Fatalf("under the penalty us holds %d, above its static share %d of the penalty's limit: the loan made under the override still counts", in.Share, penaltyStatic)
 	}
+	// eu's loan, made under the override, ends unextended (the regions
+	// report different limits); then eu, whose gateways never decided the
+	// key, lends under the penalty's limit.
+	took = testwait.Eventually(t, 30*time.Second, func() error {
+		f.demand(t, us, 5)
+		in, _, err := us.store.Inspect(t.Context(), f.counter, redisNow(t, us))
+		if err != nil {
+			return err
+		}
+		if in.Limit != penalty || in.Share <= penaltyStatic {
+			return fmt.Errorf("us holds %+v under the penalty, static %d: no loan yet", in, penaltyStatic)
+		}
+		return nil
+	})
+	t.Logf("us borrowed under the penalty within %v (%.1f periods)", took, float64(took)/float64(regionsPeriod))
 }
 
 // TestRegionsCoordinatorFailover: three regions; the first coordinates.
