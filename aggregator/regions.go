@@ -397,7 +397,7 @@ func (a *regionAgent) handle(ctx context.Context, b []byte) {
 	}
 	typ := regions.TypeName(m)
 	a.messages.WithLabelValues("received", typ).Inc()
-	a.seen = max(a.seen, epochOf(m))
+	a.seen = max(a.seen, regions.EpochOf(m))
 	now := a.now()
 	switch m := m.(type) {
 	case *regions.Report, *regions.GiveResult, *regions.Fenced:
@@ -538,26 +538,6 @@ func (a *regionAgent) send(to regions.Node, m regions.Message) {
 		return
 	}
 	a.messages.WithLabelValues("sent", typ).Inc()
-}
-
-// epochOf is the epoch a message names: its coordinator's, or the highest
-// its region has seen.
-func epochOf(m regions.Message) regions.Epoch {
-	switch m := m.(type) {
-	case *regions.Report:
-		return m.Epoch
-	case *regions.Order:
-		return m.Epoch
-	case *regions.GiveResult:
-		return m.Epoch
-	case *regions.Transfer:
-		return m.Loan.ID.Epoch
-	case *regions.Heartbeat:
-		return m.Epoch
-	case *regions.Fenced:
-		return m.Epoch
-	}
-	return 0
 }
 
 // coordinatorState is the JSON of a coordinator audit entry.

@@ -269,6 +269,80 @@ func TestRegionsLoanFollowsDemand(t *testing.T) {
 	f.waitLoan(t, us, 30*time.Second)
 }
 
+// TestRegionsLoanUnderAnOverriddenLimit: the test key's limit cut by an
+// override (or a penalty) in the busy region: its gateways decide it
+// under the cut limit, so its ledger in Redis holds that limit, while the
+// aggregator counts its demand under the rule's. The region reports it
+// under the cut limit and a loan of that limit lands in its ledger. A
+// penalty then cuts the key again while it holds the loan: the loan stops
+// counting at once, and, once the idle region's loan made under the
+// override has ended, a loan of the penalty's limit lands.
+func TestRegionsLoanUnderAnOverriddenLimit(t *testing.T) {
+	t.Parallel()
+	f := startRegionFleet(t, "eu", "us")
+	us := f.regions[1]
+	cut := f.lim
+	cut.Units = 40 // the override: 40 a minute
+	static := regions.EqualFleet("eu", "us").Static(cut.Units)[1]
+	// The gateways of us decide the key under the cut limit (the
+	// ledger's admission, as their script runs it) until it is spent.
+	for {
+		a, err := us.store.Admit(t.Context(), f.counter, cut, 1, redisNow(t, us))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !a.Allowed {
+			break
+		}
+	}
+	took := testwait.Eventually(t, 30*time.Second, func() error {
+		f.demand(t, us, 5)
+		in, ok, err := us.store.Inspect(t.Context(), f.counter, redisNow(t, us))
+		if err != nil {
+			return err
+		}
+		if !ok || in.Share <= static {
+			return fmt.Errorf("us holds %+v of the cut limit, static %d: no loan yet", in, static)
+		}
+		return nil
+	})
+	t.Logf("us borrowed under the cut limit within %v (%.1f periods)", took, float64(took)/float64(regionsPeriod))
+	// The loan is of the cut limit: the ledger still holds it.
+	if _, err := us.store.State(t.Context(), f.counter, cut, redisNow(t, us)); err != nil {
+		t.Fatalf("us's ledger no longer holds the cut limit: %v", err)
+	}
+	// A penalty cuts it again while us holds the loan: the loan, made
+	// under the override's limit, no longer counts there at once.
+	penalty := cut
+	penalty.Units = 10
+	if _, err := us.store.Admit(t.Context(), f.counter, penalty, 0, redisNow(t, us)); err != nil {
+		t.Fatal(err)
+	}
+	in, _, err := us.store.Inspect(t.Context(), f.counter, redisNow(t, us))
+	if err != nil {
+		t.Fatal(err)
+	}
+	penaltyStatic := regions.EqualFleet("eu", "us").Static(penalty.Units)[1]
+	if in.Share > penaltyStatic {
+		t.Fatalf("under the penalty us holds %d, above its static share %d of the penalty's limit: the loan made under the override still counts", in.Share, penaltyStatic)
+	}
+	// eu's loan, made under the override, ends unextended (the regions
+	// report different limits); then eu, whose gateways never decided the
+	// key, lends under the penalty's limit.
+	took = testwait.Eventually(t, 30*time.Second, func() error {
+		f.demand(t, us, 5)
+		in, _, err := us.store.Inspect(t.Context(), f.counter, redisNow(t, us))
+		if err != nil {
+			return err
+		}
+		if in.Limit != penalty || in.Share <= penaltyStatic {
+			return fmt.Errorf("us holds %+v under the penalty, static %d: no loan yet", in, penaltyStatic)
+		}
+		return nil
+	})
+	t.Logf("us borrowed under the penalty within %v (%.1f periods)", took, float64(took)/float64(regionsPeriod))
+}
+
 // TestRegionsCoordinatorFailover: three regions; the first coordinates.
 // Its aggregator stops: another region takes over with a higher epoch and
 // loans go on.

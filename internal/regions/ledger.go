@@ -32,6 +32,13 @@ import (
 //     first slot plus the skew bound to the end of its last slot minus the
 //     skew bound.
 //   - Nothing else raises a share.
+//   - An admission under a limit of other units (an override, a penalty,
+//     the rule's limit changed; the same kind and window), or a give under
+//     one to a counter holding no loans, carries the counter over to it
+//     and voids the loans made under the old limit: a
+//     void loan received counts nothing and is never applied again, a
+//     void loan given keeps its units out until they come back and is
+//     never extended or reported (refused: RefusedLimit).
 type Store interface {
 	// Give carries out an order: a new loan of up to o.Loan.Units, or
 	// (o.Extend) the extension of loan o.Loan.ID to o.Loan.Last. keep is
@@ -94,6 +101,7 @@ const (
 	RefusedUnknown  = "unknown"  // an extension of a loan the giver does not hold
 	RefusedLapsed   = "lapsed"   // the loan lapsed at the receiver
 	RefusedExpired  = "expired"  // a loan arriving after its end
+	RefusedLimit    = "limit"    // the loan was made under another limit than the counter's now
 )
 
 // Ledger is a region's shares in memory, exactly: the reference model of
@@ -156,6 +164,10 @@ type outLoan struct {
 	units       int64
 	first, last int64
 	given       int64 // the region's clock at the give
+	// void: made under another limit than the counter's now. Its units
+	// stay out until they come back as any loan's do, but it is never
+	// extended or raised, nor reported.
+	void bool
 }
 
 // inLoan is a loan the region received.
@@ -164,13 +176,18 @@ type inLoan struct {
 	units       int64
 	first, last int64 // fixed window: the windows applied
 	received    int64 // the region's clock when first applied
+	// void: made under another limit than the counter's now. Its units
+	// are 0 and it is never applied again; the record stays, as a lapsed
+	// one's does, so that no copy of the transfer is applied.
+	void bool
 }
 
-// lookup returns the counter, creating it with lim, or ErrLimitMismatch.
+// lookup returns the counter, creating it with lim, or a
+// *LimitMismatchError.
 func (l *Ledger) lookup(name string, lim Limit, now int64) (*counter, error) {
 	if c, ok := l.counters[name]; ok {
 		if c.lim != lim {
-			return nil, fmt.Errorf("%w: counter %q holds %+v, asked %+v", ErrLimitMismatch, name, c.lim, lim)
+			return nil, &LimitMismatchError{Counter: name, Held: c.lim, Asked: lim}
 		}
 		l.prune(c, now)
 		return c, nil
@@ -187,6 +204,49 @@ func (l *Ledger) lookup(name string, lim Limit, now int64) (*counter, error) {
 	}
 	l.counters[name] = c
 	return c, nil
+}
+
+// relimit carries a counter over to a limit of other units (the rule's
+// limit changed, or an override or a penalty applies to the counter), as
+// the gateways' script does: what the region counted stays, its static
+// share becomes the new limit's, and every loan made under the old limit
+// becomes void. A void loan received stops counting at once (as if its
+// transfer had been lost); a void loan given keeps its units out until
+// they come back as any loan's do (so the giver may hold less than its
+// new static share for a while). So once every region decides the counter
+// under the new limit, the shares sum to at most the new limit, whatever
+// was lent under the old one.
+//
+// A bucket's tokens are first brought to now under the old limit: the
+// new one counts from now on.
+func (l *Ledger) relimit(c *counter, lim Limit, now int64) {
+	if c.lim.Kind == Bucket {
+		l.settle(c, now)
+	}
+	c.lim, c.static = lim, l.fleet.Static(lim.Units)[l.index]
+	for _, o := range c.outs {
+		o.void = true
+	}
+	for _, in := range c.ins {
+		in.units, in.void = 0, true
+	}
+}
+
+// holdsLoans reports whether a loan the counter gave or received still
+// counts or its record is still needed (what prune keeps), changing
+// nothing.
+func (l *Ledger) holdsLoans(c *counter, now int64) bool {
+	for _, o := range c.outs {
+		if now < l.regain(c, o) {
+			return true
+		}
+	}
+	for _, in := range c.ins {
+		if now < l.forgetIn(c, in) {
+			return true
+		}
+	}
+	return false
 }
 
 // Slot arithmetic, in the region's clock.
@@ -369,13 +429,16 @@ func (l *Ledger) breaks(c *counter, from, to int64) []int64 {
 // never above its capacity, through every change of the share since the
 // last settle.
 func (l *Ledger) settle(c *counter, now int64) {
+	w := c.lim.Window
 	if now <= c.ts {
+		// The tokens above the capacity go (it fell at this instant: a
+		// limit cut).
+		c.tok = min(c.tok, l.capacity(c, now)*w)
 		return
 	}
-	w := c.lim.Window
 	t := c.ts
 	for _, b := range append(l.breaks(c, c.ts, now), now) {
-		e := l.eff(c, t)
+		e := l.capacity(c, t)
 		c.tok = min(c.tok, e*w)
 		if b-t >= w {
 			c.tok = e * w
@@ -384,9 +447,14 @@ func (l *Ledger) settle(c *counter, now int64) {
 		}
 		t = b
 	}
-	c.tok = min(c.tok, l.eff(c, now)*w)
+	c.tok = min(c.tok, l.capacity(c, now)*w)
 	c.ts = now
 }
+
+// capacity is a bucket's capacity at t: its share, or 0 while loans made
+// under another limit hold more of the region's units than its share
+// (relimit), so that its tokens never fall below 0.
+func (l *Ledger) capacity(c *counter, t int64) int64 { return max(l.eff(c, t), 0) }
 
 // Admit decides an admission of cost against the region's share at now
 // and charges it when admitted: what the gateways' scripts do for a
@@ -394,6 +462,12 @@ func (l *Ledger) settle(c *counter, now int64) {
 func (l *Ledger) Admit(name string, lim Limit, cost, now int64) (Admission, error) {
 	if cost < 0 {
 		return Admission{}, fmt.Errorf("regions: admit: %w: cost %d", ErrInvalid, cost)
+	}
+	if c, ok := l.counters[name]; ok && c.lim != lim && c.lim.Kind == lim.Kind && c.lim.Window == lim.Window {
+		if err := lim.Validate(l.cfg); err != nil {
+			return Admission{}, fmt.Errorf("regions: admit: %w", err)
+		}
+		l.relimit(c, lim, now)
 	}
 	c, err := l.lookup(name, lim, now)
 	if err != nil {
@@ -431,7 +505,7 @@ func (l *Ledger) Admit(name string, lim Limit, cost, now int64) (Admission, erro
 		} else {
 			a.RetryAfter = l.retryBucket(c, cost, now)
 		}
-		a.Remaining = c.tok / w
+		a.Remaining = max(c.tok/w, 0)
 	}
 	if !a.Allowed {
 		c.promise = max(c.promise, now+a.RetryAfter)
@@ -587,6 +661,13 @@ func (l *Ledger) Give(_ context.Context, o *Order, keep int64, now int64) (Loan,
 	if l.fleet.Index(o.Loan.To) < 0 {
 		return Loan{}, "", fmt.Errorf("regions: give: %w: loan to %q, not in the fleet", ErrInvalid, o.Loan.To)
 	}
+	if c, ok := l.counters[o.Loan.Counter]; ok && c.lim != o.Loan.Limit && c.lim.Kind == o.Loan.Limit.Kind &&
+		c.lim.Window == o.Loan.Limit.Window && !l.holdsLoans(c, now) {
+		// A region whose gateways have not decided the counter since its
+		// limit changed (an override or a penalty elsewhere): holding no
+		// loans, its ledger is carried over as they would carry it.
+		l.relimit(c, o.Loan.Limit, now)
+	}
 	c, err := l.lookup(o.Loan.Counter, o.Loan.Limit, now)
 	if err != nil {
 		return Loan{}, "", fmt.Errorf("regions: give: %w", err)
@@ -649,6 +730,9 @@ func (l *Ledger) spare(c *counter, first, last, keep, now int64) int64 {
 // units (its units belong to its windows): the coordinator lends more
 // with a new loan.
 func (l *Ledger) grow(c *counter, rec *outLoan, units, last, keep, now int64) string {
+	if rec.void {
+		return RefusedLimit
+	}
 	if last <= rec.last && units <= rec.units {
 		return "" // a duplicate: the loan as it is
 	}
@@ -727,6 +811,9 @@ func (l *Ledger) Receive(_ context.Context, t *Transfer, now int64) (bool, strin
 		l.settle(c, now)
 	}
 	if rec, ok := c.ins[loan.ID]; ok {
+		if rec.void {
+			return false, RefusedLimit, nil
+		}
 		if rec.from != loan.From || rec.first != loan.First || c.lim.Kind == FixedWindow && rec.units != loan.Units {
 			return false, "", fmt.Errorf("regions: receive: %w: loan %s was %d units from %q from slot %d", ErrInvalid, loan.ID, rec.units, rec.from, rec.first)
 		}
@@ -771,6 +858,9 @@ func (l *Ledger) State(_ context.Context, name string, lim Limit, now int64) (Co
 	s.Share, s.Used = max(s.Share, 0), max(s.Used, 0)
 	for _, id := range slices.SortedFunc(maps.Keys(c.outs), LoanID.Compare) {
 		o := c.outs[id]
+		if o.void {
+			continue
+		}
 		s.Out = append(s.Out, LoanState{ID: id, To: o.to, Units: o.units, First: o.first, Last: o.last})
 	}
 	return s, nil
@@ -795,6 +885,8 @@ func (l *Ledger) Active(_ context.Context, now int64) ([]Named, error) {
 // Inspection is a counter's shares as the ledger holds them, for checks.
 type Inspection struct {
 	Kind Kind
+	// Limit is the limit the ledger holds for the counter.
+	Limit Limit
 	// Share is a sliding window's or a bucket's share now.
 	Share int64
 	// Windows are a fixed window's windows the region counts in now, and
@@ -815,7 +907,7 @@ func (l *Ledger) Inspect(name string, now int64) (Inspection, bool) {
 	if !ok {
 		return Inspection{}, false
 	}
-	in := Inspection{Kind: c.lim.Kind}
+	in := Inspection{Kind: c.lim.Kind, Limit: c.lim}
 	switch c.lim.Kind {
 	case FixedWindow:
 		for _, j := range l.charged(c, now) {

@@ -99,6 +99,28 @@ func TypeName(m Message) string {
 	return "unknown"
 }
 
+// EpochOf is the epoch a message names: its coordinator's, or, for a
+// report, the highest its region has seen. A process that starts
+// coordinators keeps the highest it has seen in any message, so that it
+// never stands with an epoch already used.
+func EpochOf(m Message) Epoch {
+	switch m := m.(type) {
+	case *Report:
+		return m.Epoch
+	case *Order:
+		return m.Epoch
+	case *GiveResult:
+		return m.Epoch
+	case *Transfer:
+		return m.Loan.ID.Epoch
+	case *Heartbeat:
+		return m.Epoch
+	case *Fenced:
+		return m.Epoch
+	}
+	return 0
+}
+
 // Report is a region's state of its hot counters and of every counter
 // holding a loan, sent to the coordinator at each period boundary.
 type Report struct {

@@ -34,10 +34,22 @@ type Region struct {
 }
 
 // demand is a counter's decisions in the current and the last period.
+// lim is the limit the decisions were counted under (the rule's); held,
+// once a report found it, the limit the region's ledger holds for the
+// counter, which an override or a penalty may have cut or raised.
 type demand struct {
-	lim                Limit
+	lim, held          Limit
 	cur, curRejected   int64
 	last, lastRejected int64
+}
+
+// limit is the limit the counter is decided under in the region, as far
+// as the agent knows.
+func (d *demand) limit() Limit {
+	if d.held != (Limit{}) {
+		return d.held
+	}
+	return d.lim
 }
 
 // NewRegion is the agent of region name, its Store, sending through tr.
@@ -105,7 +117,8 @@ func (r *Region) hot(d *demand) bool {
 	if d.lastRejected > 0 {
 		return true
 	}
-	per := float64(r.staticOf(d.lim)) * float64(r.cfg.Period) / float64(d.lim.Window)
+	lim := d.limit()
+	per := float64(r.staticOf(lim)) * float64(r.cfg.Period) / float64(lim.Window)
 	return float64(d.last) > r.cfg.HotFraction*per
 }
 
@@ -147,7 +160,7 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	report := map[string]Limit{}
 	for name, d := range r.demand {
 		if r.hot(d) {
-			report[name] = d.lim
+			report[name] = d.limit()
 		}
 	}
 	active, err := r.store.Active(ctx, now)
@@ -162,12 +175,22 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	for _, name := range slices.Sorted(maps.Keys(report)) {
 		lim := report[name]
 		st, err := r.store.State(ctx, name, lim, now)
+		if mm, ok := errors.AsType[*LimitMismatchError](err); ok {
+			// The region decides the counter under another limit than
+			// the rule's (an override or a penalty, or the rule changed):
+			// its shares are of that limit, so it reports and lends under
+			// it.
+			lim = mm.Held
+			st, err = r.store.State(ctx, name, lim, now)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		cr := CounterReport{Counter: name, Limit: lim, Share: st.Share, Used: st.Used, Out: st.Out}
-		if d := r.demand[name]; d != nil && d.lim == lim {
+		if d := r.demand[name]; d != nil {
+			// Demand is in the units requests cost, whatever the limit.
+			d.held = lim
 			cr.Demand, cr.Rejected = d.last, d.lastRejected
 		}
 		rep.Counters = append(rep.Counters, cr)
@@ -215,8 +238,8 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 			return nil
 		}
 		var keep int64
-		if d := r.demand[m.Loan.Counter]; d != nil && d.lim == m.Loan.Limit {
-			keep = need(r.cfg, d.lim, max(d.last, d.cur))
+		if d := r.demand[m.Loan.Counter]; d != nil {
+			keep = need(r.cfg, m.Loan.Limit, max(d.last, d.cur))
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {

@@ -21,6 +21,22 @@ var (
 	ErrNotMine = errors.New("regions: not addressed to this region")
 )
 
+// LimitMismatchError is ErrLimitMismatch with the limit the ledger holds
+// for the counter: the limit its region's gateways last decided it with
+// (the rule's, or one an override or a penalty cut or raised). The
+// region's agent reports the counter under that limit.
+type LimitMismatchError struct {
+	Counter     string
+	Held, Asked Limit
+}
+
+func (e *LimitMismatchError) Error() string {
+	return fmt.Sprintf("%v: counter %q holds %+v, asked %+v", ErrLimitMismatch, e.Counter, e.Held, e.Asked)
+}
+
+// Unwrap makes errors.Is(err, ErrLimitMismatch) hold.
+func (e *LimitMismatchError) Unwrap() error { return ErrLimitMismatch }
+
 // Kind is how a counter's units are shared, which follows from its
 // algorithm (KindOf).
 type Kind uint8

@@ -25,11 +25,13 @@
 -- (the same key and ":log"). The call's last two ARGV are the skew bound K
 -- and the period P of loans, µs, after every counter's ten values.
 --
--- A ledger holding another limit keeps what it counted, lent and borrowed
--- when only the units changed (the rule's limit, an override, a penalty),
--- at the new limit's static share, as the guard's own scripts carry a
--- counter over a limit change; with another kind or window it is started
--- afresh. Either is the carve-out of a limit changed mid-window.
+-- A ledger holding another limit keeps what it counted when only the
+-- units changed (the rule's limit, an override, a penalty), at the new
+-- limit's static share, as the guard's own scripts carry a counter over a
+-- limit change, and voids the loans made under the old limit (what it
+-- lent stays out until it comes back, what it borrowed no longer counts);
+-- with another kind or window it is started afresh. Either is the
+-- carve-out of a limit changed mid-window.
 --
 -- The state x is a table: st (the ledger as rg_load reads it, pruned to
 -- now), lim, kind, log, add (units charged but not yet written: a peek
@@ -77,9 +79,16 @@ local function read(key, now, g, kind, L, W, S)
     local k0, _, w0 = string.match(st.lim, '^(%d+):(%d+):(%d+)$')
     if tonumber(k0) == kind and tonumber(w0) == W then
       -- Only the units changed (the rule's limit, an override, a
-      -- penalty): what the region admitted, lent and borrowed stays, at
-      -- the new limit's static share.
-      st.lim, st.static = lim, S
+      -- penalty): what the region admitted stays, at the new limit's
+      -- static share; the loans made under the old limit become void
+      -- (rg_relimit: what it lent stays out, what it borrowed no longer
+      -- counts). A bucket's tokens are first brought to now under the
+      -- old limit: the new one counts from now on.
+      if kind == 3 then
+        sw.S, sw.W, sw.P, sw.K, sw.R, sw.F = st.static, W, P, K, 0, 0
+        bk_settle(st, now)
+      end
+      rg_relimit(st, lim, S)
       x.dirty = true
     else
       redis.call('DEL', key, x.log)

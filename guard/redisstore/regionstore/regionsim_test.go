@@ -33,43 +33,55 @@ func (c counted) Receive(ctx context.Context, t *regions.Transfer, now int64) (b
 // shares in a real Redis (the others in memory): the fleet's invariant is
 // checked after every step as in the simulation's own runs, with every
 // kind of limit, loss, duplication, reordering, partitions, crashes and
-// skewed clocks.
+// skewed clocks; and again with limits cut and restored (overrides and
+// penalties) while units are lent.
 func TestRegionsimWithRedis(t *testing.T) {
-	client := startRedis(t)
-	var admits, applied int64
-	s, err := regionsim.New(regionsim.Options{
-		Seed: 3, Regions: 3,
-		Net: regionsim.Net{
-			MinDelay: 20 * time.Millisecond, MaxDelay: 150 * time.Millisecond, Jitter: 40 * time.Millisecond,
-			Loss: 0.1, Dup: 0.05, Stale: 0.02, StaleMax: 20 * time.Second,
-		},
-		Ledger: func(cfg regions.Config, fleet regions.Fleet, region string) (regionsim.Ledger, error) {
-			if region != "r2" {
-				return nil, nil
-			}
-			st, err := regionstore.New(client, cfg, fleet, region, regionstore.WithExpiryMargin(time.Hour))
+	tests := []struct {
+		name  string
+		seed  uint64
+		chaos regionsim.Chaos
+	}{
+		{"chaos", 3, regionsim.Chaos{Duration: 2 * time.Minute, Hot: 6, Cold: 20}},
+		{"limit changes", 5, regionsim.Chaos{Duration: time.Minute, Hot: 6, LimitChanges: 20}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := startRedis(t) // the runs name their counters alike
+			var admits, applied int64
+			s, err := regionsim.New(regionsim.Options{
+				Seed: tt.seed, Regions: 3,
+				Net: regionsim.Net{
+					MinDelay: 20 * time.Millisecond, MaxDelay: 150 * time.Millisecond, Jitter: 40 * time.Millisecond,
+					Loss: 0.1, Dup: 0.05, Stale: 0.02, StaleMax: 20 * time.Second,
+				},
+				Ledger: func(cfg regions.Config, fleet regions.Fleet, region string) (regionsim.Ledger, error) {
+					if region != "r2" {
+						return nil, nil
+					}
+					st, err := regionstore.New(client, cfg, fleet, region, regionstore.WithExpiryMargin(time.Hour))
+					if err != nil {
+						return nil, err
+					}
+					return counted{st, &admits, &applied}, nil
+				},
+			})
 			if err != nil {
-				return nil, err
+				t.Fatal(err)
 			}
-			return counted{st, &admits, &applied}, nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
+			if err := s.Chaos(tt.chaos); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.RunFor(tt.chaos.Duration); err != nil {
+				t.Fatal(err)
+			}
+			st := s.Stats()
+			if admits == 0 || applied == 0 || st.Checks == 0 {
+				t.Fatalf("the region in Redis admitted %d times and applied %d loans; %d checks: the run tested nothing", admits, applied, st.Checks)
+			}
+			t.Logf("steps=%d requests=%d admitted=%d checks=%d transfers=%d applied=%d mismatches=%d (in Redis: %d admissions, %d loans applied)",
+				st.Steps, st.Requests, st.Admitted, st.Checks, st.Transfers, st.Applied, st.Mismatches, admits, applied)
+		})
 	}
-	const d = 2 * time.Minute
-	if err := s.Chaos(regionsim.Chaos{Duration: d, Hot: 6, Cold: 20}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RunFor(d); err != nil {
-		t.Fatal(err)
-	}
-	st := s.Stats()
-	if admits == 0 || applied == 0 || st.Checks == 0 {
-		t.Fatalf("the region in Redis admitted %d times and applied %d loans; %d checks: the run tested nothing", admits, applied, st.Checks)
-	}
-	t.Logf("steps=%d requests=%d admitted=%d checks=%d transfers=%d applied=%d (in Redis: %d admissions, %d loans applied)",
-		st.Steps, st.Requests, st.Admitted, st.Checks, st.Transfers, st.Applied, admits, applied)
 }
 
 var _ regionsim.Ledger = (*regionstore.Store)(nil)

@@ -189,7 +189,13 @@ func (s *Store) run(ctx context.Context, counter string, track bool, args []any)
 		if len(r) > 1 {
 			stored, _ = r[1].(string)
 		}
-		return nil, fmt.Errorf("%w: counter %q holds %s", regions.ErrLimitMismatch, counter, stored)
+		held, err := parseLimit(stored)
+		ls, _ := args[3].(string)
+		asked, _ := parseLimit(ls)
+		if err != nil {
+			return nil, fmt.Errorf("%w: counter %q holds %s", regions.ErrLimitMismatch, counter, stored)
+		}
+		return nil, &regions.LimitMismatchError{Counter: counter, Held: held, Asked: asked}
 	case "invalid":
 		msg := ""
 		if len(r) > 1 {
@@ -455,7 +461,7 @@ func (s *Store) Inspect(ctx context.Context, counter string, now int64) (regions
 	if err != nil {
 		return regions.Inspection{}, false, fmt.Errorf("regionstore: inspect: %w", err)
 	}
-	in := regions.Inspection{Kind: lim.Kind}
+	in := regions.Inspection{Kind: lim.Kind, Limit: lim}
 	if lim.Kind != regions.FixedWindow {
 		v, err := ints(r, 2, 1)
 		if err != nil {

@@ -26,6 +26,12 @@ type Chaos struct {
 	Partitions, CoordinatorCrashes, Restarts, Outages float64
 	// MaxPartition is the longest partition (default 60 s).
 	MaxPartition time.Duration
+	// LimitChanges per minute (default none): a hot counter's limit is
+	// cut (an override or a penalty) or set back to the rule's, reaching
+	// each region at its own moment within MaxLimitSpread (default 3 s),
+	// as controls reach each region's gateways.
+	LimitChanges   float64
+	MaxLimitSpread time.Duration
 }
 
 // Chaos schedules c's counters, clients and faults from now on.
@@ -50,6 +56,9 @@ func (s *Sim) Chaos(c Chaos) error {
 	}
 	if c.MaxPartition == 0 {
 		c.MaxPartition = 60 * time.Second
+	}
+	if c.MaxLimitSpread == 0 {
+		c.MaxLimitSpread = 3 * time.Second
 	}
 	end := s.now + c.Duration.Microseconds()
 	for i := range c.Hot {
@@ -88,6 +97,23 @@ func (s *Sim) Chaos(c Chaos) error {
 				s.CrashCoordinator(r.idx)
 				return
 			}
+		}
+	})
+	s.poisson(c.LimitChanges, end, func() {
+		if len(s.order) == 0 {
+			return
+		}
+		ctr := s.order[s.rng.IntN(len(s.order))]
+		units := ctr.Limit.Units
+		if s.rng.IntN(3) > 0 {
+			units = s.rng.Int64N(ctr.Limit.Units + 1)
+		}
+		for i := range s.regs {
+			s.schedule(s.now+s.rng.Int64N(c.MaxLimitSpread.Microseconds()+1), func() {
+				if err := s.SetLimit(ctr, i, units); err != nil {
+					s.fail(err)
+				}
+			})
 		}
 	})
 	s.poisson(c.Restarts, end, func() { s.RestartAgent(s.rng.IntN(len(s.regs))) })

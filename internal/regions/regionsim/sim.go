@@ -3,6 +3,7 @@ package regionsim
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -106,6 +107,11 @@ type region struct {
 	agent  *regions.Region
 	coord  *regions.Coordinator
 	up     bool
+	// seen is the highest epoch any message delivered to the region
+	// named, kept across its agent's restarts as the aggregator keeps it:
+	// a coordinator it starts never reuses an epoch (a restarted agent
+	// forgets the highest it had seen).
+	seen regions.Epoch
 }
 
 // Stats counts a run.
@@ -119,6 +125,9 @@ type Stats struct {
 	Coordinators                                int // started, the first included
 	Checks                                      int64
 	Orders, Gives, Transfers, Applied, Refusals int64
+	// Mismatches are orders and transfers a region refused because they
+	// name another limit than the one it decides the counter under.
+	Mismatches int64
 }
 
 // New builds a fleet of opts.Regions regions (equal weights), region r1
@@ -353,6 +362,9 @@ func (s *Sim) scheduleTicks(r *region) {
 			}
 			if r.coord == nil {
 				if e, ok := r.agent.Candidate(s.local(r)); ok {
+					if e <= r.seen {
+						e = regions.NewEpoch(r.seen.Term()+1, e.Index())
+					}
 					if err := s.startCoordinator(r, e); err != nil {
 						s.fail(err)
 					}
@@ -456,6 +468,7 @@ func (s *Sim) deliver(i, j int, toCoord bool, m regions.Message) {
 		s.stats.Dropped++
 		return
 	}
+	r.seen = max(r.seen, regions.EpochOf(m))
 	if toCoord {
 		if r.coord == nil {
 			return
@@ -468,7 +481,11 @@ func (s *Sim) deliver(i, j int, toCoord bool, m regions.Message) {
 		}
 		return
 	}
-	if err := r.agent.Handle(s.ctx, m, s.local(r)); err != nil {
+	if err := r.agent.Handle(s.ctx, m, s.local(r)); errors.Is(err, regions.ErrLimitMismatch) {
+		// An order or a transfer made under another limit than the
+		// region decides the counter under now: refused, nothing changed.
+		s.stats.Mismatches++
+	} else if err != nil {
 		s.fail(fmt.Errorf("region %s: %w", r.name, err))
 		return
 	}
@@ -507,40 +524,68 @@ func (s *Sim) sweep() {
 }
 
 // checkShares asserts that the shares the regions hold now, each on its
-// own clock, sum to at most the limit.
+// own clock, sum to at most the limit. When the regions decide the
+// counter under different limits (an override or a penalty reaching them
+// at different times), the bound is the largest limit a region holds;
+// once they all hold the same one, it is that one, whatever was lent
+// under another.
 func (s *Sim) checkShares(c *Counter) {
 	s.stats.Checks++
-	lim := c.Limit
-	static := s.fleet.Static(lim.Units)
-	if lim.Kind != regions.FixedWindow {
+	type held struct {
+		in    regions.Inspection
+		ok    bool
+		lim   regions.Limit
+		share int64 // the static share of lim, for a region without a ledger
+	}
+	hs := make([]held, len(s.regs))
+	var bound int64
+	same := true
+	for i, r := range s.regs {
+		h := held{lim: c.limitIn(i)}
+		if h.in, h.ok = s.inspect(r, c); h.ok {
+			h.lim = h.in.Limit
+		} else {
+			h.share = s.fleet.Static(h.lim.Units)[i]
+		}
+		if i > 0 && h.lim != hs[0].lim {
+			same = false
+		}
+		bound = max(bound, h.lim.Units)
+		hs[i] = h
+	}
+	desc := fmt.Sprintf("%d (the largest limit a region holds)", bound)
+	if same {
+		desc = fmt.Sprintf("%d (every region's limit)", bound)
+	}
+	if c.Limit.Kind != regions.FixedWindow {
 		var sum int64
-		for i, r := range s.regs {
-			if in, ok := s.inspect(r, c); ok {
-				sum += in.Share
+		for _, h := range hs {
+			if h.ok {
+				sum += max(h.in.Share, 0)
 			} else {
-				sum += static[i]
+				sum += h.share
 			}
 		}
-		if sum > lim.Units {
-			s.fail(fmt.Errorf("counter %s: shares sum to %d > %d%s", c.Name, sum, lim.Units, s.describe(c)))
+		if sum > bound {
+			s.fail(fmt.Errorf("counter %s: shares sum to %d > %s%s", c.Name, sum, desc, s.describe(c)))
 		}
 		return
 	}
 	sums := map[int64]int64{}
-	for i, r := range s.regs {
-		if in, ok := s.inspect(r, c); ok {
-			for _, w := range in.Windows {
-				sums[w.Window] += w.Share
+	for i, h := range hs {
+		if h.ok {
+			for _, w := range h.in.Windows {
+				sums[w.Window] += max(w.Share, 0)
 			}
 			continue
 		}
-		for _, w := range windowsAt(s.local(r), lim.Window, s.cfg.Skew) {
-			sums[w] += static[i]
+		for _, w := range windowsAt(s.local(s.regs[i]), c.Limit.Window, s.cfg.Skew) {
+			sums[w] += h.share
 		}
 	}
 	for w, sum := range sums {
-		if sum > lim.Units {
-			s.fail(fmt.Errorf("counter %s: shares of window %d sum to %d > %d%s", c.Name, w, sum, lim.Units, s.describe(c)))
+		if sum > bound {
+			s.fail(fmt.Errorf("counter %s: shares of window %d sum to %d > %s%s", c.Name, w, sum, desc, s.describe(c)))
 		}
 	}
 }

@@ -15,7 +15,11 @@ type Counter struct {
 	next    int // the region a rotating client uses next
 	judge   *regions.Judge
 	ref     *regions.Judge
-	Stats   CounterStats
+	// views is the limit each region's gateways decide the counter
+	// under (an override or a penalty cut it there), by region; a zero
+	// Limit is the rule's.
+	views []regions.Limit
+	Stats CounterStats
 	// OnDecision, when set, sees every decision the fleet makes for the
 	// counter: the region, and whether the fleet and the reference (one
 	// region alone with the whole limit) admitted it.
@@ -35,6 +39,31 @@ type Traffic struct {
 	Rate   float64
 	Split  []float64
 	Rotate bool
+}
+
+// limitIn is the limit region i decides c under.
+func (c *Counter) limitIn(i int) regions.Limit {
+	if i < len(c.views) && c.views[i] != (regions.Limit{}) {
+		return c.views[i]
+	}
+	return c.Limit
+}
+
+// SetLimit makes region i decide c under units instead of the rule's
+// limit (an override or a penalty reaching that region's gateways), or
+// under the rule's again with units equal to it. Units must be at most
+// the rule's: the judges hold the rule's limit.
+func (s *Sim) SetLimit(c *Counter, i int, units int64) error {
+	if units < 0 || units > c.Limit.Units {
+		return fmt.Errorf("regionsim: counter %q: limit %d not in [0, %d]", c.Name, units, c.Limit.Units)
+	}
+	if c.views == nil {
+		c.views = make([]regions.Limit, len(s.regs))
+	}
+	lim := c.Limit
+	lim.Units = units
+	c.views[i] = lim
+	return nil
 }
 
 // RateOf is the rate, in requests per second, at which a counter's limit
@@ -148,7 +177,7 @@ func (s *Sim) request(c *Counter, i int) {
 	}
 	const cost = 1
 	refOK := c.ref.Admit(s.now, cost)
-	a, err := r.ledger.Admit(s.ctx, c.Name, c.Limit, cost, s.local(r))
+	a, err := r.ledger.Admit(s.ctx, c.Name, c.limitIn(i), cost, s.local(r))
 	if err != nil {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
 		return

@@ -21,8 +21,10 @@ local function rg_tdiv(x, y)
   return -rg_fdiv(-x, y)
 end
 
+-- bk_eff is the capacity at t: the share, or 0 while loans made under
+-- another limit hold more of the region's units than its share.
 local function bk_eff(st, t)
-  return sw_own(st, t) + sw_borrowed(st, t)
+  return math.max(sw_own(st, t) + sw_borrowed(st, t), 0)
 end
 
 -- the times in (from, to) at which the share may change by itself.
@@ -49,6 +51,9 @@ end
 
 local function bk_settle(st, now)
   if now <= st.ts then
+    -- the tokens above the capacity go (it fell at this instant: a
+    -- limit cut)
+    st.tok = math.min(st.tok, bk_eff(st, now) * sw.W)
     return false
   end
   local W = sw.W

@@ -19,6 +19,8 @@
 --              FW_SLOTS counts joined by ':' (fixed window; fixed.lua)
 --   o:<id>     a loan given:    "<to>:<units>:<first>:<last>:<given at>"
 --   i:<id>     a loan received: "<from>:<units>:<first>:<last>:<received at>"
+--              either followed by ":v" when the loan is void: made under
+--              another limit than lim (rg_relimit)
 -- <id> is "<epoch>/<seq>" in decimal; the script never reads it as a number
 -- (an epoch does not fit a double).
 
@@ -69,8 +71,9 @@ local function rg_load(key)
         end
         st.b[tonumber(rest)] = b
       elseif t == 'o:' or t == 'i:' then
-        local who, u, a, b, at = string.match(v, '^([^:]+):(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
-        local rec = { who = who, units = tonumber(u), first = tonumber(a), last = tonumber(b), at = tonumber(at) }
+        local who, u, a, b, at, void = string.match(v, '^([^:]+):(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)(:?v?)$')
+        local rec = { who = who, units = tonumber(u), first = tonumber(a), last = tonumber(b), at = tonumber(at),
+          void = void == ':v' }
         if t == 'o:' then
           st.outs[rest] = rec
         else
@@ -92,7 +95,27 @@ local function rg_band(b)
 end
 
 local function rg_rec(r)
-  return r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
+  local v = r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
+  if r.void then
+    v = v .. ':v'
+  end
+  return v
+end
+
+-- rg_relimit carries the ledger over to the limit l of other units (the
+-- same kind and window), static share S (regions.Ledger's relimit): what
+-- it counted stays, and every loan made under the old limit becomes void.
+-- A void loan received counts nothing from now on and is never applied
+-- again; a void loan given keeps its units out until they come back, and
+-- is never extended, raised or reported.
+local function rg_relimit(st, l, S)
+  st.lim, st.static = l, S
+  for _, o in pairs(st.outs) do
+    o.void = true
+  end
+  for _, r in pairs(st.ins) do
+    r.units, r.void = 0, true
+  end
 end
 
 -- rg_save writes back the fields that changed since rg_load (st.raw),

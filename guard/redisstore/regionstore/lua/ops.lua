@@ -39,7 +39,12 @@
 --   active   -> {'ok', holds loans 1/0, limit ('' for no counter)}
 -- Errors are replies too: {'mismatch', stored limit} when the counter
 -- holds another limit (nothing changed), {'invalid', message} for a loan
--- that contradicts the one recorded under its id.
+-- that contradicts the one recorded under its id. An admit under a limit
+-- of other units (the same kind and window), or a give under one to a
+-- counter holding no loans, carries the counter over to it instead, as
+-- the gateways' script does (rg_relimit): the loans made under the old
+-- limit become void, and a give or a receive of a void loan is refused
+-- with the reason 'limit'.
 -- Every op but inspect and active creates the counter with ARGV[4] when
 -- it is new (as the Ledger does), and prunes what can no longer count.
 
@@ -121,6 +126,44 @@ if op == 'active' then
   return { 'ok', holds, st.lim }
 end
 
+-- holds_loans: whether a loan given or received still counts, or its
+-- record is still needed (what prune keeps), without changing anything.
+local function holds_loans()
+  for _, o in pairs(st.outs) do
+    if kind == 1 and now < (o.last + 1) * W + K or kind ~= 1 and now < sw_regain(o) then
+      return true
+    end
+  end
+  for _, r in pairs(st.ins) do
+    if kind == 1 and now < (r.last + 1) * W + K or kind ~= 1 and now < sw_forget(r) then
+      return true
+    end
+  end
+  return false
+end
+
+-- An admission under a limit of other units (an override, a penalty,
+-- the rule's limit changed) carries the ledger over to it, as the
+-- gateways' script does; so does a give, when the ledger holds no loans
+-- (a region whose gateways have not decided the counter since the
+-- change). Every other op answers a mismatch.
+local relimited = false
+if (op == 'admit' or op == 'give') and st.lim and st.lim ~= lim then
+  local k0, _, w0 = parse_limit(st.lim)
+  local k1, _, w1 = parse_limit(lim)
+  if k0 == k1 and w0 == w1 then
+    setup(st.lim, st.static)
+    if op == 'admit' or not holds_loans() then
+      if k0 == 3 then
+        -- the tokens up to now under the old limit: the new one counts
+        -- from now on
+        bk_settle(st, now)
+      end
+      rg_relimit(st, lim, S)
+      relimited = true
+    end
+  end
+end
 if st.lim and st.lim ~= lim then
   return { 'mismatch', st.lim }
 end
@@ -129,7 +172,7 @@ if not st.lim then
 end
 S = st.static
 setup(lim, S)
-local dirty = false
+local dirty = relimited
 if not st.lim then
   st.lim = lim
   if kind == 3 then
@@ -172,7 +215,7 @@ if op == 'admit' then
         dirty = true
       end
     end
-    return done({ 'ok', allowed, rg_tdiv(st.tok, W), retry })
+    return done({ 'ok', allowed, math.max(rg_tdiv(st.tok, W), 0), retry })
   else
     room = eff() - st.used
   end
@@ -213,6 +256,9 @@ if op == 'give' then
   local keep, kcur = tonumber(ARGV[14]), tonumber(ARGV[15])
   local rec = st.outs[id]
   if rec then
+    if rec.void then
+      return done({ 'ok', rec.units, rec.first, rec.last, 'limit' })
+    end
     if rec.who ~= to then
       return done({ 'invalid', 'loan ' .. id .. ' went to "' .. rec.who .. '", not "' .. to .. '"' })
     end
@@ -304,6 +350,9 @@ if op == 'receive' then
   end
   local rec = st.ins[id]
   if rec then
+    if rec.void then
+      return done({ 'ok', 0, 'limit' })
+    end
     if rec.who ~= from or rec.first ~= first or kind == 1 and rec.units ~= units then
       return done({ 'invalid', 'loan ' .. id .. ' was ' .. rg_fmt(rec.units) .. ' units from "' .. rec.who ..
         '" from slot ' .. rg_fmt(rec.first) })
@@ -348,11 +397,13 @@ if op == 'state' then
   end
   local out = { 'ok', share, used }
   for id, o in pairs(st.outs) do
-    out[#out + 1] = id
+    if not o.void then
+      out[#out + 1] = id
     out[#out + 1] = o.who
     out[#out + 1] = o.units
     out[#out + 1] = o.first
-    out[#out + 1] = o.last
+      out[#out + 1] = o.last
+    end
   end
   return done(out)
 end
