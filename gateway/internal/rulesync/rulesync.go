@@ -4,9 +4,9 @@
 // active: the ruleset), tollgate_blocklist (blocked, penalised and
 // allowlisted keys) and tollgate_overrides — through package fleetkv, and
 // applies every change at once: a ruleset is swapped whole, a control
-// change is one guard.Controls update — the control changes of a burst
-// (those the watchers held together) one update for them all, so that a
-// burst costs one copy of the controls, not one per entry. After every applied change it
+// change is one guard.Controls edit — the control changes of a burst
+// (those the watchers held together) one edit for them all — which costs
+// what it changes, not a copy of the lists. After every applied change it
 // writes a last-known-good copy to disk (lkg.json, written to a temporary
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
@@ -183,7 +183,7 @@ type Syncer struct {
 	corruptLogged map[string]bool
 	// edits are the controls' changes of the burst being read, published
 	// together by flush.
-	edits  []func(*guard.ControlSet)
+	edits  []func(guard.ControlWriter)
 	toSave chan []byte // to the saver: the newest copy not written yet
 	dirty  bool        // a change is not in the copy handed to the saver
 	handed time.Time   // when the last copy was handed to the saver
@@ -513,16 +513,16 @@ func (s *Syncer) change(c fleetkv.Change) {
 }
 
 // flush publishes the controls' changes of a burst (fleetkv.Handler's
-// Flush) with one Controls.Update: one copy of the controls for the burst,
-// not one per entry.
+// Flush) with one Controls.Edit: one publication for the burst, costing
+// what the burst changes, not a copy of the lists.
 func (s *Syncer) flush() {
 	if len(s.edits) == 0 {
 		return
 	}
 	edits := s.edits
-	s.cfg.Controls.Update(func(cs *guard.ControlSet) {
+	s.cfg.Controls.Edit(func(w guard.ControlWriter) {
 		for _, edit := range edits {
-			edit(cs)
+			edit(w)
 		}
 	})
 	clear(s.edits)
