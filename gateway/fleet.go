@@ -31,6 +31,13 @@ const natsStartWait = time.Second
 // last of 200 gateways.
 const presencePokeSpread = 500 * time.Millisecond
 
+// presencePokeEvery is the least time between two presence writes after
+// new rulesets (fleetkv.AnnouncerConfig.PokeEvery): rulesets put in force
+// in quick succession (a rollout script's) made each of 200 gateways write
+// its entry two to four times a second, competing with the changes'
+// delivery.
+const presencePokeEvery = 2 * time.Second
+
 var _ rulesSource = (*rulesync.Syncer)(nil)
 
 // startRules loads the rules the gateway starts with. Static mode:
@@ -43,7 +50,7 @@ func (s *Server) startRules() error {
 	source := sourceFile
 	if cfg.NATS.URL != "" {
 		announcer, err := fleetkv.NewAnnouncer(fleetkv.AnnouncerConfig{ID: cfg.GatewayID, Entry: s.presence,
-			PokeSpread: presencePokeSpread, Log: s.log.With(slog.String("component", "presence"))})
+			PokeSpread: presencePokeSpread, PokeEvery: presencePokeEvery, Log: s.log.With(slog.String("component", "presence"))})
 		if err != nil {
 			return err
 		}

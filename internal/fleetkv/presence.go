@@ -86,6 +86,13 @@ type AnnouncerConfig struct {
 	// compete with the change's delivery to the gateways that do not have
 	// it yet. 0: at once.
 	PokeSpread time.Duration
+	// PokeEvery, when positive, is the least time between two writes
+	// that pokes ask for: a poke sooner after the last one's write waits
+	// for it (and is served by one write with the pokes that follow), so
+	// that rulesets put in force in quick succession cost a fleet one
+	// presence write per gateway per PokeEvery, not one per ruleset.
+	// 0: no bound.
+	PokeEvery time.Duration
 }
 
 // Announcer keeps a gateway's entry in tollgate_gateways: Run writes it at
@@ -151,30 +158,40 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 	poked.Stop()
 	defer poked.Stop()
 	pending := false
+	var served time.Time // when a write last served a poke
 	h.put(ctx)
 	for {
+		poke := false
 		select {
 		case <-ctx.Done():
 			h.remove(ctx)
 			return
 		case <-t.C:
 		case <-a.poke:
-			if d := a.delay(); d > 0 {
+			d := a.delay()
+			if wait := a.cfg.PokeEvery - time.Since(served); wait > d {
+				d = wait
+			}
+			if d > 0 {
 				if !pending {
 					pending = true
 					poked.Reset(d)
 				}
 				continue
 			}
+			poke = true
 		case <-poked.C:
 		}
 		// Any write carries what the gateway runs now: a pending poke is
 		// served by it.
 		if pending {
-			pending = false
+			pending, poke = false, true
 			poked.Stop()
 		}
 		h.put(ctx)
+		if poke {
+			served = time.Now()
+		}
 	}
 }
 

@@ -158,6 +158,67 @@ func TestAnnouncerPokeSpread(t *testing.T) {
 	}
 }
 
+// TestAnnouncerPokeEvery: with PokeEvery, a poke soon after another's
+// write waits until PokeEvery after it, and the pokes that arrive
+// meanwhile are served by one write; a poke after a quiet spell writes at
+// once.
+func TestAnnouncerPokeEvery(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	var mu sync.Mutex
+	version := int64(1)
+	const every = time.Second
+	a, err := NewAnnouncer(AnnouncerConfig{ID: "gw-e", Interval: time.Hour, PokeEvery: every, Entry: func() tollgatev1.GatewayEntry {
+		mu.Lock()
+		defer mu.Unlock()
+		return tollgatev1.GatewayEntry{RulesVersion: version}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(ctx, kv.c) })
+	defer func() { cancel(); wg.Wait() }()
+	entry := func(v int64) GatewaySeen {
+		t.Helper()
+		var g GatewaySeen
+		testwait.Eventually(t, 5*time.Second, func() error {
+			gs, _ := seen(t, kv)
+			var ok bool
+			if g, ok = gs["gw-e"]; !ok || g.Entry.RulesVersion != v {
+				return fmt.Errorf("gateways %+v, want gw-e on version %d", gs, v)
+			}
+			return nil
+		})
+		return g
+	}
+	set := func(v int64) {
+		mu.Lock()
+		version = v
+		mu.Unlock()
+	}
+	start := entry(1)
+	set(2)
+	a.Poke() // the first: at once
+	first := entry(2)
+	if first.Revision != start.Revision+1 {
+		t.Fatalf("revision %d after %d", first.Revision, start.Revision)
+	}
+	set(3)
+	a.Poke()
+	set(4)
+	a.Poke()
+	a.Poke()
+	g := entry(4)
+	if g.Entry.Time.Before(first.Entry.Time.Add(every)) {
+		t.Errorf("written %v after the last poke's write, want PokeEvery (%v) or more", g.Entry.Time.Sub(first.Entry.Time), every)
+	}
+	if g.Revision != first.Revision+1 {
+		t.Errorf("revision %d after %d: pokes within PokeEvery wrote more than once", g.Revision, first.Revision)
+	}
+}
+
 // TestAnnouncerTTL: a gateway that stops without deleting its entry (its
 // connection gone, as when it is killed) leaves the bucket by itself
 // after the bucket's MaxAge.
