@@ -283,6 +283,11 @@ func (c *Controls) Snapshot() *ControlSet {
 	return cur
 }
 
+// BlockEntry returns a key_id's blocklist entry, expired or not, as a
+// decision reads it now: from the current set, its overlay first, without
+// folding it (Snapshot would).
+func (c *Controls) BlockEntry(keyID string) (Entry, bool) { return c.current().blocked(keyID) }
+
 // current is the state a decision reads: maybe with an overlay.
 func (c *Controls) current() *ControlSet { return c.cur.Load() }
 

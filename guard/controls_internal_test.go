@@ -101,8 +101,8 @@ func BenchmarkControlsRead(b *testing.B) {
 // TestControlsEditMatchesModel makes random single-entry changes, alone
 // and in batches, through Edit (and the single-entry methods), and the
 // same changes to plain maps: after each, what a decision reads (the
-// current set, its overlay first) and what Snapshot returns agree with the
-// maps, whether the overlay was folded (past its bound, at Sweep, at
+// current set, its overlay first; BlockEntry) and what Snapshot returns
+// agree with the maps, whether the overlay was folded (past its bound, at Sweep, at
 // Snapshot) or not, and each change is one generation.
 func TestControlsEditMatchesModel(t *testing.T) {
 	t.Parallel()
@@ -183,6 +183,11 @@ func TestControlsEditMatchesModel(t *testing.T) {
 			overlays++
 		}
 		for _, k := range keys {
+			ge, gok := c.BlockEntry(k)
+			we, wok := model.Blocked[k]
+			if ge != we || gok != wok || c.current() != cur {
+				t.Fatalf("step %d: BlockEntry(%s) %+v %v, want %+v %v, without a fold", step, k, ge, gok, we, wok)
+			}
 			for _, now := range []int64{0, 2} {
 				if got, want := cur.status(k, now), model.status(k, now); got != want {
 					t.Fatalf("step %d: status(%s, %d) %v, want %v", step, k, now, got, want)
