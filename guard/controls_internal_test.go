@@ -102,8 +102,8 @@ func BenchmarkControlsRead(b *testing.B) {
 // and in batches, through Edit (and the single-entry methods), and the
 // same changes to plain maps: after each, what a decision reads (the
 // current set, its overlay first; BlockEntry) and what Snapshot returns
-// agree with the maps, whether the overlay was folded (past its bound, at Sweep, at
-// Snapshot) or not, and each change is one generation.
+// agree with the maps, whether the overlay was folded (past its bound,
+// at Sweep, at Snapshot) or not, and each change is one generation.
 func TestControlsEditMatchesModel(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(22, 99))
