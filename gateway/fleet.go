@@ -31,12 +31,14 @@ const natsStartWait = time.Second
 // last of 200 gateways.
 const presencePokeSpread = 500 * time.Millisecond
 
-// presencePokeEvery is the least time between two presence writes after
-// new rulesets (fleetkv.AnnouncerConfig.PokeEvery): rulesets put in force
-// in quick succession (a rollout script's) made each of 200 gateways write
-// its entry two to four times a second, competing with the changes'
-// delivery.
-const presencePokeEvery = 2 * time.Second
+// presencePokeEvery quiets the presence writes after new rulesets
+// (fleetkv.AnnouncerConfig.PokeEvery): after two within 5 s, the
+// rulesets of the next 5 to 10 s are reported by the 5 s heartbeat.
+// Rulesets put in force in quick succession (a rollout script's) made the
+// 200 gateways of a fleet write together after each, and those bursts of
+// writes delayed the next change's delivery to the last gateways several
+// times over.
+const presencePokeEvery = fleetkv.DefaultHeartbeat
 
 var _ rulesSource = (*rulesync.Syncer)(nil)
 

@@ -86,12 +86,16 @@ type AnnouncerConfig struct {
 	// compete with the change's delivery to the gateways that do not have
 	// it yet. 0: at once.
 	PokeSpread time.Duration
-	// PokeEvery, when positive, is the least time between two writes
-	// that pokes ask for: a poke sooner after the last one's write waits
-	// for it (and is served by one write with the pokes that follow), so
-	// that rulesets put in force in quick succession cost a fleet one
-	// presence write per gateway per PokeEvery, not one per ruleset.
-	// 0: no bound.
+	// PokeEvery, when positive, quiets pokes that come in quick
+	// succession: after two writes that pokes asked for within PokeEvery
+	// of each other, pokes are left to the next Interval's write (which
+	// carries what the gateway runs then) for a random time between
+	// PokeEvery and twice it. Rulesets put in force one at a time are
+	// written as before; a rollout of many in a row costs each gateway
+	// two writes, not one per ruleset: the gateways, which all get a
+	// ruleset at the same instant, would otherwise write together again
+	// and again, and their bursts of writes delayed the delivery of the
+	// next change. 0: every poke writes.
 	PokeEvery time.Duration
 }
 
@@ -107,6 +111,9 @@ type Announcer struct {
 	// delay is how long a poke waits before its write (a random time
 	// below PokeSpread).
 	delay func() time.Duration
+	// quiet is how long pokes are left to the heartbeat once they come
+	// in quick succession (a random time from PokeEvery to twice it).
+	quiet func() time.Duration
 }
 
 // NewAnnouncer returns an Announcer for cfg. It does no I/O.
@@ -127,9 +134,13 @@ func NewAnnouncer(cfg AnnouncerConfig) (*Announcer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1), delay: func() time.Duration { return 0 }}
+	a := &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1), delay: func() time.Duration { return 0 },
+		quiet: func() time.Duration { return 0 }}
 	if cfg.PokeSpread > 0 {
 		a.delay = func() time.Duration { return rand.N(cfg.PokeSpread) }
+	}
+	if cfg.PokeEvery > 0 {
+		a.quiet = func() time.Duration { return cfg.PokeEvery + rand.N(cfg.PokeEvery) }
 	}
 	return a, nil
 }
@@ -158,7 +169,8 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 	poked.Stop()
 	defer poked.Stop()
 	pending := false
-	var served time.Time // when a write last served a poke
+	var quietUntil time.Time // pokes before it are left to the heartbeat
+	var served time.Time     // when a write last served a poke
 	h.put(ctx)
 	for {
 		poke := false
@@ -168,11 +180,10 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 			return
 		case <-t.C:
 		case <-a.poke:
-			d := a.delay()
-			if wait := a.cfg.PokeEvery - time.Since(served); wait > d {
-				d = wait
+			if time.Now().Before(quietUntil) {
+				continue // the next heartbeat reports it
 			}
-			if d > 0 {
+			if d := a.delay(); d > 0 {
 				if !pending {
 					pending = true
 					poked.Reset(d)
@@ -181,16 +192,21 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 			}
 			poke = true
 		case <-poked.C:
+			poke = true
 		}
 		// Any write carries what the gateway runs now: a pending poke is
 		// served by it.
 		if pending {
-			pending, poke = false, true
+			pending = false
 			poked.Stop()
 		}
 		h.put(ctx)
 		if poke {
-			served = time.Now()
+			now := time.Now()
+			if q := a.quiet(); q > 0 && now.Sub(served) < a.cfg.PokeEvery {
+				quietUntil = now.Add(q)
+			}
+			served = now
 		}
 	}
 }
