@@ -32,13 +32,13 @@ const natsStartWait = time.Second
 const presencePokeSpread = 500 * time.Millisecond
 
 // presencePokeEvery quiets the presence writes after new rulesets
-// (fleetkv.AnnouncerConfig.PokeEvery): after two within 5 s, the
-// rulesets of the next 5 to 10 s are reported by the 5 s heartbeat.
+// (fleetkv.AnnouncerConfig.PokeEvery): after two within 15 s, the
+// rulesets of the next 15 to 30 s are reported by the 5 s heartbeat.
 // Rulesets put in force in quick succession (a rollout script's) made the
 // 200 gateways of a fleet write together after each, and those bursts of
 // writes delayed the next change's delivery to the last gateways several
 // times over.
-const presencePokeEvery = fleetkv.DefaultHeartbeat
+const presencePokeEvery = 3 * fleetkv.DefaultHeartbeat
 
 var _ rulesSource = (*rulesync.Syncer)(nil)
 
