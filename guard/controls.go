@@ -22,12 +22,11 @@ import (
 // change or the state after it, never half of one (a key moved from a
 // penalty to the blocklist is never seen in neither). Writers serialize on
 // a mutex. Single-entry changes (Block, SetPenalty, …, and batches of them
-// through Edit) cost what they change, not a copy of the lists: the set
-// they publish shares the maps of the one before and carries the entries
-// changed since in a small overlay of its own, which a decision reads
-// first. The overlay is folded into new maps when it grows past a
-// sixteenth of the entries (at least 64), at Sweep, and when Snapshot is
-// asked for the maps. Replace and Update publish whole sets (Update
+// through Edit) do not copy the lists: the set they publish shares the
+// maps of the one before and carries the entries changed since in a small
+// overlay of its own, which a decision reads first. The overlay is folded into new maps when it grows past the
+// square root of the entries (at least 64), at Sweep, and when Snapshot
+// is asked for the maps. Replace and Update publish whole sets (Update
 // copies every map). Controls is safe for concurrent use.
 //
 // Every change increments Generation, which caches of anything derived
@@ -294,10 +293,30 @@ func (c *Controls) current() *ControlSet { return c.cur.Load() }
 // folded returns cur with its overlay folded into new maps (none nil),
 // at cur's generation.
 func (c *Controls) folded(cur *ControlSet) *ControlSet {
-	next := cur.Clone()
+	var r overlay
+	if cur.recent != nil {
+		r = *cur.recent
+	}
+	// A kind without changes keeps its map: published maps are never
+	// written.
+	next := &ControlSet{
+		Blocked:         foldShared(cur.Blocked, r.blocked),
+		Allowed:         foldShared(cur.Allowed, r.allowed),
+		Penalties:       foldShared(cur.Penalties, r.penalties),
+		KeyOverrides:    foldShared(cur.KeyOverrides, r.keyOverrides),
+		TenantOverrides: foldShared(cur.TenantOverrides, r.tenantOverrides),
+		gen:             cur.gen,
+	}
 	next.init()
-	next.gen = cur.gen
 	return next
+}
+
+// foldShared is fold that returns base itself when r is empty.
+func foldShared[V any](base map[string]V, r map[string]pending[V]) map[string]V {
+	if len(r) == 0 {
+		return base
+	}
+	return fold(base, r)
 }
 
 // Replace makes s the whole state at once, as after an initial load or a
@@ -449,10 +468,10 @@ type ControlWriter interface {
 	DeleteTenantOverride(tenant string)
 }
 
-// Edit applies a batch of single-entry changes atomically, at a cost that
-// follows the changes rather than the size of the lists: fn's calls are
-// recorded in the overlay of a new set that shares the current set's maps
-// (see Controls), published once fn returns. fn runs with writers
+// Edit applies a batch of single-entry changes atomically, without a copy
+// of the lists: fn's calls are recorded in the overlay of a new set that
+// shares the current set's maps (see Controls), published once fn
+// returns. fn runs with writers
 // excluded, must not call back into c, and must not keep w.
 func (c *Controls) Edit(fn func(w ControlWriter)) {
 	c.mu.Lock()
@@ -477,17 +496,16 @@ func (c *Controls) Edit(fn func(w ControlWriter)) {
 	c.publish(next)
 }
 
-// minFold is the fewest overlay entries that are folded into new maps
-// when they outgrow a sixteenth of a set.
+// minFold is the fewest overlay entries that are folded into new maps.
 const minFold = 64
 
-// foldAt is the size of overlay past which Edit folds it into new maps: a
-// sixteenth of the entries, so that the copies of folding cost a change
-// at most sixteen entries on average, and a change's copy of the overlay
-// stays small beside the lists.
+// foldAt is the size of overlay past which Edit folds it into new maps:
+// the square root of the entries (at least minFold), which balances a
+// change's copy of the overlay against its share of the next fold's copy
+// of the lists — each about the square root of the entries.
 func foldAt(s *ControlSet) int {
 	n := len(s.Blocked) + len(s.Allowed) + len(s.Penalties) + len(s.KeyOverrides) + len(s.TenantOverrides)
-	return max(minFold, n/16)
+	return max(minFold, int(math.Sqrt(float64(n))))
 }
 
 // editor is Edit's ControlWriter: it writes a copy of the current set's

@@ -52,7 +52,7 @@ func NewEntries() Entries {
 // Apply records a change of the blocklist or overrides bucket (a change
 // of another bucket changes nothing) and returns the edit that brings
 // controls of the entries before it up to date (for guard.Controls.Edit,
-// which costs what the edit changes, or a guard.ControlSet).
+// which does not copy the lists, or a guard.ControlSet).
 func (es *Entries) Apply(c Change) func(guard.ControlWriter) {
 	switch c.Bucket {
 	case tollgatev1.BucketBlocklist:

@@ -5,8 +5,8 @@
 // allowlisted keys) and tollgate_overrides — through package fleetkv, and
 // applies every change at once: a ruleset is swapped whole, a control
 // change is one guard.Controls edit — the control changes of a burst
-// (those the watchers held together) one edit for them all — which costs
-// what it changes, not a copy of the lists. After every applied change it
+// (those the watchers held together) one edit for them all — which does
+// not copy the lists (guard.Controls). After every applied change it
 // writes a last-known-good copy to disk (lkg.json, written to a temporary
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
@@ -533,8 +533,8 @@ func (s *Syncer) change(c fleetkv.Change) {
 }
 
 // flush publishes the controls' changes of a burst (fleetkv.Handler's
-// Flush) with one Controls.Edit: one publication for the burst, costing
-// what the burst changes, not a copy of the lists.
+// Flush) with one Controls.Edit: one publication for the burst, without
+// a copy of the lists.
 func (s *Syncer) flush() {
 	if len(s.edits) == 0 {
 		return
