@@ -31,6 +31,15 @@ const natsStartWait = time.Second
 // last of 200 gateways.
 const presencePokeSpread = 500 * time.Millisecond
 
+// presencePokeEvery quiets the presence writes after new rulesets
+// (fleetkv.AnnouncerConfig.PokeEvery): after two within 15 s, the
+// rulesets of the next 15 to 30 s are reported by the 5 s heartbeat.
+// Rulesets put in force in quick succession (a rollout script's) made the
+// 200 gateways of a fleet write together after each, and those bursts of
+// writes delayed the next change's delivery to the last gateways several
+// times over.
+const presencePokeEvery = 3 * fleetkv.DefaultHeartbeat
+
 var _ rulesSource = (*rulesync.Syncer)(nil)
 
 // startRules loads the rules the gateway starts with. Static mode:
@@ -43,7 +52,7 @@ func (s *Server) startRules() error {
 	source := sourceFile
 	if cfg.NATS.URL != "" {
 		announcer, err := fleetkv.NewAnnouncer(fleetkv.AnnouncerConfig{ID: cfg.GatewayID, Entry: s.presence,
-			PokeSpread: presencePokeSpread, Log: s.log.With(slog.String("component", "presence"))})
+			PokeSpread: presencePokeSpread, PokeEvery: presencePokeEvery, Log: s.log.With(slog.String("component", "presence"))})
 		if err != nil {
 			return err
 		}

@@ -55,7 +55,9 @@ const (
 // NATS or Kafka. A NATS client call can wait for a reconnection's dial
 // and handshake (seconds, to a host that does not answer), and a Redis
 // PING for redis.timeout: each has its own monitor, so neither delays
-// /readyz nor the other.
+// /readyz nor the other. The Redis monitor pings only when the gateway's
+// own calls since its last check do not show Redis answering
+// (redisMonitor.check).
 const (
 	redisHealthInterval = 500 * time.Millisecond
 	natsHealthInterval  = 100 * time.Millisecond
@@ -101,9 +103,41 @@ func (s *Server) checkRedis(ctx context.Context, timeout time.Duration) bool {
 	if err != nil {
 		msg = err.Error()
 	}
-	st := s.redisHealth.Load().next(err == nil, msg, time.Now())
-	s.redisHealth.Store(&st)
+	s.setRedisHealth(err == nil, msg)
 	return true
+}
+
+func (s *Server) setRedisHealth(up bool, msg string) {
+	st := s.redisHealth.Load().next(up, msg, time.Now())
+	s.redisHealth.Store(&st)
+}
+
+// redisMonitor is the Redis health monitor's state, owned by its
+// goroutine: the store's call outcomes at its last check.
+type redisMonitor struct {
+	answered, failed uint64
+}
+
+// passive reports whether the calls the gateway made since the last
+// check show Redis answering — some were answered and none failed — and
+// notes the outcomes for the next check. A deciding gateway then knows
+// Redis is up without a PING of its own; an idle one, one whose calls
+// fail, or one whose calls all wait behind an open breaker pings.
+func (m *redisMonitor) passive(answered, failed uint64) bool {
+	ok := answered > m.answered && failed == m.failed
+	m.answered, m.failed = answered, failed
+	return ok
+}
+
+// check stores Redis's state: up without a PING when the gateway's own
+// calls since the last check show it answering, else what a PING within
+// timeout says.
+func (m *redisMonitor) check(ctx context.Context, s *Server, timeout time.Duration) {
+	if m.passive(s.store.Outcomes()) {
+		s.setRedisHealth(true, "")
+		return
+	}
+	s.checkRedis(ctx, timeout)
 }
 
 // checkNATS stores the NATS connection's state (fleet mode).
@@ -118,14 +152,16 @@ func (s *Server) checkNATS() {
 
 // startHealth checks Redis once, waiting at most minPingTimeout (a Redis
 // that has not answered by then counts as down until the monitor's next
-// PING), and starts the monitors in g, so that /readyz has a state from
+// check), and starts the monitors in g, so that /readyz has a state from
 // the first request on. The monitor pings within redis.timeout (at least
 // minPingTimeout), as a decision's call waits.
 func (s *Server) startHealth(ctx context.Context, g *service.Group) {
 	s.checkRedis(ctx, minPingTimeout)
 	g.Go(func() error {
 		timeout := max(s.cfg.Redis.Timeout, minPingTimeout)
-		service.Every(ctx, redisHealthInterval, func(time.Time) { s.checkRedis(ctx, timeout) })
+		var m redisMonitor
+		m.passive(s.store.Outcomes())
+		service.Every(ctx, redisHealthInterval, func(time.Time) { m.check(ctx, s, timeout) })
 		return nil
 	})
 	if s.sync != nil {

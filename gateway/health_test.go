@@ -295,3 +295,114 @@ func sendChecks(t testing.TB, g *runningGateway, n int) {
 		_ = resp.Body.Close()
 	}
 }
+
+// TestRedisHealthFromTraffic: while its decisions' calls to Redis are
+// answered, a gateway sends Redis no PING of its own (they show Redis
+// answering); idle, it pings again; and a Redis that dies under traffic is
+// named missing in /readyz within the monitor's period and redis.timeout.
+func TestRedisHealthFromTraffic(t *testing.T) {
+	t.Parallel()
+	rs := redistest.StartTB(t)
+	const timeout = 200 * time.Millisecond
+	e := newEnv(t, envOptions{redisAddr: rs.Addr(), rules: proxyRules,
+		config: func(c *gateway.Config) { c.Redis.Timeout = timeout }})
+	waitPresent(t, e.gw.addrs.Metrics)
+	rc := rs.Client()
+	t.Cleanup(func() { _ = rc.Close() })
+	pings := func() int {
+		t.Helper()
+		info, err := rc.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
+				n, _, _ := strings.Cut(rest, ",")
+				var calls int
+				if _, err := fmt.Sscan(n, &calls); err != nil {
+					t.Fatalf("commandstats %q: %v", line, err)
+				}
+				return calls
+			}
+		}
+		return 0
+	}
+	// traffic sends checks of distinct keys (each one a Redis call) from
+	// two clients until stop is closed.
+	traffic := func(stop <-chan struct{}) *sync.WaitGroup {
+		var wg sync.WaitGroup
+		for c := range 2 {
+			wg.Go(func() {
+				client := &http.Client{Timeout: 10 * time.Second}
+				defer client.CloseIdleConnections()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					body := fmt.Sprintf(`{"api_key":"sk_traffic_%d_%d","endpoint":"/x"}`, c, i)
+					resp, err := client.Post("http://"+e.gw.addrs.API+"/v1/check", "application/json", strings.NewReader(body))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+			})
+		}
+		return &wg
+	}
+
+	// Idle: the monitor pings (twice a second).
+	before := pings()
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if n := pings() - before; n < 2 {
+			return fmt.Errorf("%d PINGs from an idle gateway", n)
+		}
+		return nil
+	})
+
+	// Deciding: three seconds (six checks of the monitor), six PINGs
+	// without traffic. Two are allowed, for checks that find no call
+	// answered since the last because the loaded machine stalled the
+	// traffic (TestRedisMonitorPassive checks the rule itself).
+	stop := make(chan struct{})
+	wg := traffic(stop)
+	sendChecks(t, e.gw, 5)
+	before = pings()
+	for start := time.Now(); time.Since(start) < 3*time.Second; {
+		sendChecks(t, e.gw, 1)
+	}
+	during := pings() - before
+	close(stop)
+	wg.Wait()
+	t.Logf("PINGs in 3 s of traffic: %d", during)
+	if during > 2 {
+		t.Errorf("%d PINGs in 3 s while the gateway's calls to Redis were answered, want none", during)
+	}
+	if code, r := probe(t, e.gw.addrs.Metrics); code != 200 || len(r.Missing) != 0 || r.Redis.Status != "ok" {
+		t.Fatalf("readyz after traffic: %d %+v", code, r)
+	}
+
+	// Redis dies under traffic: the failed calls make the monitor ping,
+	// and the PING fails.
+	stop = make(chan struct{})
+	wg = traffic(stop)
+	defer wg.Wait()
+	defer close(stop)
+	sendChecks(t, e.gw, 5)
+	killed := time.Now()
+	if err := rs.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	r := waitMissing(t, e.gw.addrs.Metrics, "redis")
+	seen := time.Since(killed)
+	t.Logf("Redis killed under traffic: /readyz says degraded after %v (since %v): %+v", seen, r.Redis.Since.Sub(killed), r.Redis)
+	// The bound is the monitor's period and the PING's timeout; the
+	// loaded machine gets a generous margin.
+	if seen > 5*time.Second {
+		t.Errorf("a dead Redis named missing after %v", seen)
+	}
+}

@@ -470,7 +470,7 @@ func (g *Guard) resolve(rs *rules.Ruleset, op Op, req *Request, d *Decision, app
 	endpoint := rs.Normalize(path)
 	// One state of the controls for the whole decision: a change made
 	// meanwhile is seen entirely or not at all.
-	ctl := g.controls.Snapshot()
+	ctl := g.controls.current()
 	st := g.shares.Load()
 	ip := cacheIP(rs, req)
 
@@ -522,7 +522,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 		switch r.status {
 		case rules.Blocklisted:
 			d.reject(403, apierror.KeyBlocked, ReasonBlocklisted)
-			if e, ok := g.controls.Snapshot().blockEntry(d.KeyID, now); ok {
+			if e, ok := g.controls.current().blockEntry(d.KeyID, now); ok {
 				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
 				if e.Level > 0 {
 					d.PenaltyUntil, d.PenaltyReason = e.Expiry, e.Reason

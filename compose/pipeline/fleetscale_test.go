@@ -209,7 +209,7 @@ func (f *scaleFleet) measure(n int) scaleTimes {
 		}
 		answered = time.Now()
 		at = enforced(func(g *guard.Guard) bool {
-			_, blocked := g.Controls().Snapshot().Blocked[g.KeyID(key)]
+			_, blocked := g.Controls().BlockEntry(g.KeyID(key))
 			return blocked
 		})
 		out.block = append(out.block, max(0, at.Sub(answered)))

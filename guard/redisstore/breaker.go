@@ -19,6 +19,11 @@ import (
 type node struct {
 	name string
 	b    *breaker.Breaker
+	// answered and failed count the calls the node answered (a reply, an
+	// error reply included) and those that failed for want of the node,
+	// since the start (Store.Outcomes).
+	answered atomic.Uint64
+	failed   atomic.Uint64
 }
 
 // BreakerState is a snapshot of one node's circuit breaker.
@@ -127,6 +132,18 @@ func (ns *nodes) forKey(ctx context.Context, cc *redis.ClusterClient, key string
 	return n
 }
 
+// outcomes sums the nodes' answered and failed calls.
+func (ns *nodes) outcomes() (answered, failed uint64) {
+	if ns.single != nil {
+		return ns.single.answered.Load(), ns.single.failed.Load()
+	}
+	for _, n := range *ns.byAddr.Load() {
+		answered += n.answered.Load()
+		failed += n.failed.Load()
+	}
+	return answered + ns.unknown.answered.Load(), failed + ns.unknown.failed.Load()
+}
+
 func (ns *nodes) states() []BreakerState {
 	var out []BreakerState
 	if ns.single != nil {
@@ -150,9 +167,14 @@ func (n *node) record(err error) {
 	switch {
 	case err == nil:
 		n.b.Record(true)
+		n.answered.Add(1)
 	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
+	case nodeFailure(err):
+		n.b.Record(false)
+		n.failed.Add(1)
 	default:
-		n.b.Record(!nodeFailure(err))
+		n.b.Record(true)
+		n.answered.Add(1)
 	}
 }
 

@@ -28,7 +28,8 @@ func fixedWindow(name string) []guard.Counter {
 // until the breaker opens; then calls fail at once with ErrBreakerOpen and
 // send nothing; after OpenFor one probe goes out, fails while Redis is
 // down, and closes the breaker once Redis is back (empty: every counter
-// starts full).
+// starts full). Outcomes counts the answered calls and the failed ones,
+// and neither the calls the open breaker refused.
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
@@ -54,11 +55,18 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		_, err := store.Do(ctx, guard.OpCheck, 0, fixedWindow("tg{t}x"), res)
 		return err
 	}
+	outcomes := func(wantAnswered, wantFailed uint64) {
+		t.Helper()
+		if a, f := store.Outcomes(); a != wantAnswered || f != wantFailed {
+			t.Fatalf("outcomes: %d answered, %d failed; want %d, %d", a, f, wantAnswered, wantFailed)
+		}
+	}
 	for range 3 {
 		if err := do(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	outcomes(3, 0)
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +83,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	if failures != breaker.DefaultConsecutiveFailures {
 		t.Fatalf("breaker opened after %d failures, want %d", failures, breaker.DefaultConsecutiveFailures)
 	}
+	outcomes(3, breaker.DefaultConsecutiveFailures)
 	calls := store.Calls()
 	for range 1000 {
 		if err := do(); !errors.Is(err, redisstore.ErrBreakerOpen) || !errors.Is(err, guard.ErrUnavailable) {
@@ -94,6 +103,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	if n := store.Calls() - calls; n != 1 {
 		t.Fatalf("%d scripts sent for one probe", n)
 	}
+	outcomes(3, breaker.DefaultConsecutiveFailures+1)
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +111,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	if err := do(); err != nil {
 		t.Fatalf("probe with Redis back: %v", err)
 	}
+	outcomes(4, breaker.DefaultConsecutiveFailures+1)
 	// Restarted empty: the counter is full again (limit 1000, 1 used).
 	if res[0].Remaining != 999 {
 		t.Fatalf("remaining %d after an empty restart, want 999", res[0].Remaining)
@@ -122,7 +133,8 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 }
 
 // TestScriptErrorsKeepBreakerClosed: error replies to the script itself
-// (here an unknown algorithm) show a live node and never open its breaker.
+// (here an unknown algorithm) show a live node and never open its breaker;
+// Outcomes counts them answered.
 func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
@@ -147,6 +159,9 @@ func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 	}
 	if st := store.BreakerStates(); st[0].State != breaker.Closed {
 		t.Fatalf("breaker %v after script errors", st[0].State)
+	}
+	if a, f := store.Outcomes(); a != 51 || f != 0 {
+		t.Fatalf("outcomes: %d answered, %d failed; want 51, 0", a, f)
 	}
 }
 

@@ -378,6 +378,16 @@ func (s *Store) enqueuePipe(ctx context.Context, c *pcall) error {
 // EVAL after NOSCRIPT counts once on standalone and Sentinel.
 func (s *Store) Calls() int64 { return s.calls.Load() }
 
+// Outcomes returns how many calls the store's nodes answered (a reply,
+// an error reply to the script included) and how many failed because a
+// node could not answer (a timeout, a refused or broken connection, a
+// loading or read-only node) since New, summed over every node (on
+// Cluster, the primaries called so far). Calls refused by an open breaker
+// and calls whose caller went away count in neither. A health check
+// compares two readings: calls answered and none failed in between show
+// the nodes answering without a PING of its own.
+func (s *Store) Outcomes() (answered, failed uint64) { return s.nodes.outcomes() }
+
 // BreakerStates returns the state of every node's circuit breaker, sorted
 // by node (on Cluster, the primaries called so far), for metrics and
 // health endpoints.

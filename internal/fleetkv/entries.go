@@ -50,14 +50,14 @@ func NewEntries() Entries {
 }
 
 // Apply records a change of the blocklist or overrides bucket (a change
-// of another bucket changes nothing) and returns the edit that brings a
-// ControlSet of the entries before it up to date (for
-// guard.Controls.Update).
-func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
+// of another bucket changes nothing) and returns the edit that brings
+// controls of the entries before it up to date (for guard.Controls.Edit,
+// which does not copy the lists, or a guard.ControlSet).
+func (es *Entries) Apply(c Change) func(guard.ControlWriter) {
 	switch c.Bucket {
 	case tollgatev1.BucketBlocklist:
 		old, oldCorrupt := replace(es.Lists, es.CorruptLists, c.Key, c.List, c.Corrupt)
-		return func(cs *guard.ControlSet) {
+		return func(cs guard.ControlWriter) {
 			if old != nil {
 				removeList(cs, old)
 			}
@@ -73,7 +73,7 @@ func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
 		}
 	case tollgatev1.BucketOverrides:
 		old, _ := replace(es.Overrides, es.CorruptOverrides, c.Key, c.Override, c.Corrupt)
-		return func(cs *guard.ControlSet) {
+		return func(cs guard.ControlWriter) {
 			if old != nil {
 				removeOverride(cs, old)
 			}
@@ -82,7 +82,7 @@ func (es *Entries) Apply(c Change) func(*guard.ControlSet) {
 			}
 		}
 	}
-	return func(*guard.ControlSet) {}
+	return func(guard.ControlWriter) {}
 }
 
 // replace puts a bucket's entry under key — decoded (v), corrupt (ce) or
@@ -140,50 +140,51 @@ func penaltyUntil(t time.Time) int64 {
 }
 
 // addList puts a blocklist bucket entry's control into cs.
-func addList(cs *guard.ControlSet, e *tollgatev1.ListEntry) {
+func addList(cs guard.ControlWriter, e *tollgatev1.ListEntry) {
 	closes := e.Close && tollgatev1.LadderRung(e.Level).Close
 	switch e.Action {
 	case tollgatev1.ActionBlock:
-		cs.Blocked[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason, Level: e.Level, Close: closes}
+		cs.Block(e.KeyID, guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason, Level: e.Level, Close: closes})
 	case tollgatev1.ActionAllow:
-		cs.Allowed[e.KeyID] = guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason}
+		cs.Allow(e.KeyID, guard.Entry{Expiry: micros(e.ExpiresAt), Reason: e.Reason})
 	case tollgatev1.ActionPenalty:
-		cs.Penalties[e.KeyID] = guard.Penalty{Level: e.Level, Until: penaltyUntil(e.ExpiresAt), Reason: e.Reason, Close: closes}
+		cs.SetPenalty(e.KeyID, guard.Penalty{Level: e.Level, Until: penaltyUntil(e.ExpiresAt), Reason: e.Reason, Close: closes})
 	}
 }
 
 // removeList takes a blocklist bucket entry's control out of cs.
-func removeList(cs *guard.ControlSet, e *tollgatev1.ListEntry) {
+func removeList(cs guard.ControlWriter, e *tollgatev1.ListEntry) {
 	switch e.Action {
 	case tollgatev1.ActionBlock:
-		delete(cs.Blocked, e.KeyID)
+		cs.Unblock(e.KeyID)
 	case tollgatev1.ActionAllow:
-		delete(cs.Allowed, e.KeyID)
+		cs.Disallow(e.KeyID)
 	case tollgatev1.ActionPenalty:
-		delete(cs.Penalties, e.KeyID)
+		cs.LiftPenalty(e.KeyID)
 	}
-}
-
-// overrides returns the map of cs an override entry goes to.
-func overrides(cs *guard.ControlSet, e *tollgatev1.OverrideEntry) map[string]guard.Override {
-	if e.Scope == tollgatev1.ScopeTenant {
-		return cs.TenantOverrides
-	}
-	return cs.KeyOverrides
 }
 
 // addOverride puts an override entry into cs.
-func addOverride(cs *guard.ControlSet, e *tollgatev1.OverrideEntry) {
-	overrides(cs, e)[e.Subject] = guard.Override{
+func addOverride(cs guard.ControlWriter, e *tollgatev1.OverrideEntry) {
+	o := guard.Override{
 		Override: rules.Override{Limit: e.Limit, Factor: e.Factor, Expiry: micros(e.ExpiresAt), Reason: e.Reason},
 		Rule:     e.Rule,
 		Level:    e.Level,
 	}
+	if e.Scope == tollgatev1.ScopeTenant {
+		cs.SetTenantOverride(e.Subject, o)
+	} else {
+		cs.SetKeyOverride(e.Subject, o)
+	}
 }
 
 // removeOverride takes an override entry out of cs.
-func removeOverride(cs *guard.ControlSet, e *tollgatev1.OverrideEntry) {
-	delete(overrides(cs, e), e.Subject)
+func removeOverride(cs guard.ControlWriter, e *tollgatev1.OverrideEntry) {
+	if e.Scope == tollgatev1.ScopeTenant {
+		cs.DeleteTenantOverride(e.Subject)
+	} else {
+		cs.DeleteKeyOverride(e.Subject)
+	}
 }
 
 // CorruptBlock returns the key_id a corrupt blocklist entry under kvKey
@@ -199,16 +200,16 @@ func CorruptBlock(kvKey string) (keyID string, ok bool) {
 }
 
 // addCorruptList puts a corrupt blocklist bucket entry's control into cs.
-func addCorruptList(cs *guard.ControlSet, ce *CorruptError) {
+func addCorruptList(cs guard.ControlWriter, ce *CorruptError) {
 	if id, ok := CorruptBlock(ce.Key); ok {
-		cs.Blocked[id] = guard.Entry{Reason: fmt.Sprintf("corrupt blocklist entry (revision %d)", ce.Revision)}
+		cs.Block(id, guard.Entry{Reason: fmt.Sprintf("corrupt blocklist entry (revision %d)", ce.Revision)})
 	}
 }
 
 // removeCorruptList takes a corrupt blocklist bucket entry's control out
 // of cs.
-func removeCorruptList(cs *guard.ControlSet, kvKey string) {
+func removeCorruptList(cs guard.ControlWriter, kvKey string) {
 	if id, ok := CorruptBlock(kvKey); ok {
-		delete(cs.Blocked, id)
+		cs.Unblock(id)
 	}
 }

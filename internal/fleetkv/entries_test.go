@@ -122,10 +122,12 @@ func TestEntriesControlSet(t *testing.T) {
 }
 
 // TestEntriesApplyKeepsControlsWhole: applying changes one by one to
-// guard.Controls (Apply's edits) gives what a whole read of the same
-// entries gives (ControlSet), through every kind of move: a good entry
-// replaced by a corrupt one and back, a block turned into a penalty, an
-// allowlisting deleted, an override moved to another level.
+// guard.Controls (Apply's edits, through Edit and through Update) gives
+// what a whole read of the same entries gives (ControlSet), through every
+// kind of move: a good entry replaced by a corrupt one and back, a block
+// turned into a penalty, an allowlisting deleted, an override moved to
+// another level. Decisions read the edited controls as they read the
+// whole set.
 func TestEntriesApplyKeepsControlsWhole(t *testing.T) {
 	t.Parallel()
 	list := func(action string, level int) []byte {
@@ -145,15 +147,25 @@ func TestEntriesApplyKeepsControlsWhole(t *testing.T) {
 		Decode(tollgatev1.BucketRules, tollgatev1.RulesKey, 11, []byte("garbage")), // not a control
 	}
 	es := NewEntries()
-	controls := guard.NewControls()
+	edited, updated := guard.NewControls(), guard.NewControls()
 	for i, c := range steps {
-		controls.Update(es.Apply(c))
-		got, want := controls.Snapshot().Clone(), es.ControlSet()
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("after step %d (%s %s r%d): applied one by one\n %+v\nread whole\n %+v", i, c.Bucket, c.Key, c.Revision, got, want)
+		edit := es.Apply(c)
+		edited.Edit(edit)
+		updated.Update(func(cs *guard.ControlSet) { edit(cs) })
+		want := es.ControlSet()
+		for _, got := range []struct {
+			how string
+			c   *guard.Controls
+		}{{"Edit", edited}, {"Update", updated}} {
+			if n := got.c.Snapshot().Len(); n != want.Len() {
+				t.Fatalf("after step %d, through %s: Len %d, want %d", i, got.how, n, want.Len())
+			}
+			if cs := got.c.Snapshot().Clone(); !reflect.DeepEqual(cs, want) {
+				t.Fatalf("after step %d (%s %s r%d): applied one by one through %s\n %+v\nread whole\n %+v", i, c.Bucket, c.Key, c.Revision, got.how, cs, want)
+			}
 		}
 	}
-	if n := controls.Snapshot().Len(); n != 1 {
+	if n := edited.Snapshot().Len(); n != 1 {
 		t.Errorf("%d controls left, want the one override", n)
 	}
 }

@@ -86,6 +86,17 @@ type AnnouncerConfig struct {
 	// compete with the change's delivery to the gateways that do not have
 	// it yet. 0: at once.
 	PokeSpread time.Duration
+	// PokeEvery, when positive, quiets pokes that come in quick
+	// succession: after two writes that pokes asked for within PokeEvery
+	// of each other, pokes are left to the next Interval's write (which
+	// carries what the gateway runs then) for a random time between
+	// PokeEvery and twice it. Rulesets put in force one at a time are
+	// written as before; a rollout of many in a row costs each gateway
+	// two writes, not one per ruleset: the gateways, which all get a
+	// ruleset at the same instant, would otherwise write together again
+	// and again, and their bursts of writes delayed the delivery of the
+	// next change. 0: every poke writes.
+	PokeEvery time.Duration
 }
 
 // Announcer keeps a gateway's entry in tollgate_gateways: Run writes it at
@@ -100,6 +111,9 @@ type Announcer struct {
 	// delay is how long a poke waits before its write (a random time
 	// below PokeSpread).
 	delay func() time.Duration
+	// quiet is how long pokes are left to the heartbeat once they come
+	// in quick succession (a random time from PokeEvery to twice it).
+	quiet func() time.Duration
 }
 
 // NewAnnouncer returns an Announcer for cfg. It does no I/O.
@@ -120,9 +134,13 @@ func NewAnnouncer(cfg AnnouncerConfig) (*Announcer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1), delay: func() time.Duration { return 0 }}
+	a := &Announcer{cfg: cfg, log: log, poke: make(chan struct{}, 1), delay: func() time.Duration { return 0 },
+		quiet: func() time.Duration { return 0 }}
 	if cfg.PokeSpread > 0 {
 		a.delay = func() time.Duration { return rand.N(cfg.PokeSpread) }
+	}
+	if cfg.PokeEvery > 0 {
+		a.quiet = func() time.Duration { return cfg.PokeEvery + rand.N(cfg.PokeEvery) }
 	}
 	return a, nil
 }
@@ -151,14 +169,20 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 	poked.Stop()
 	defer poked.Stop()
 	pending := false
+	var quietUntil time.Time // pokes before it are left to the heartbeat
+	var served time.Time     // when a write last served a poke
 	h.put(ctx)
 	for {
+		poke := false
 		select {
 		case <-ctx.Done():
 			h.remove(ctx)
 			return
 		case <-t.C:
 		case <-a.poke:
+			if time.Now().Before(quietUntil) {
+				continue // the next heartbeat reports it
+			}
 			if d := a.delay(); d > 0 {
 				if !pending {
 					pending = true
@@ -166,7 +190,9 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 				}
 				continue
 			}
+			poke = true
 		case <-poked.C:
+			poke = true
 		}
 		// Any write carries what the gateway runs now: a pending poke is
 		// served by it.
@@ -175,6 +201,13 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 			poked.Stop()
 		}
 		h.put(ctx)
+		if poke {
+			now := time.Now()
+			if q := a.quiet(); q > 0 && now.Sub(served) < a.cfg.PokeEvery {
+				quietUntil = now.Add(q)
+			}
+			served = now
+		}
 	}
 }
 

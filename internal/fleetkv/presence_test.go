@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -155,6 +157,68 @@ func TestAnnouncerPokeSpread(t *testing.T) {
 	}
 	if g.Revision != first.Revision+1 {
 		t.Errorf("revision %d after %d: two pokes while one was pending wrote more than once", g.Revision, first.Revision)
+	}
+}
+
+// TestAnnouncerPokeEvery: with PokeEvery, pokes write at once until two
+// writes they asked for come within PokeEvery of each other; the pokes
+// after that are left to the heartbeat (an hour here) for PokeEvery or
+// more: they write nothing.
+func TestAnnouncerPokeEvery(t *testing.T) {
+	t.Parallel()
+	kv := openKV(t)
+	var mu sync.Mutex
+	version := int64(1)
+	a, err := NewAnnouncer(AnnouncerConfig{ID: "gw-e", Interval: time.Hour, PokeEvery: time.Hour, Entry: func() tollgatev1.GatewayEntry {
+		mu.Lock()
+		defer mu.Unlock()
+		return tollgatev1.GatewayEntry{RulesVersion: version}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := a.quiet(); q < time.Hour || q >= 2*time.Hour {
+		t.Fatalf("quiet %v, want in [PokeEvery, 2 PokeEvery)", q)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { a.Run(ctx, kv.c) })
+	defer func() { cancel(); wg.Wait() }()
+	entry := func(v int64) {
+		t.Helper()
+		testwait.Eventually(t, 5*time.Second, func() error {
+			gs, _ := seen(t, kv)
+			if g, ok := gs["gw-e"]; !ok || g.Entry.RulesVersion != v {
+				return fmt.Errorf("gateways %+v, want gw-e on version %d", gs, v)
+			}
+			return nil
+		})
+	}
+	set := func(v int64) {
+		mu.Lock()
+		version = v
+		mu.Unlock()
+	}
+	entry(1) // written at start
+	set(2)
+	a.Poke() // written at once
+	entry(2)
+	set(3)
+	a.Poke() // written at once too: one poke after another is no burst yet
+	entry(3)
+	w, err := kv.Presence.Watch(t.Context(), tollgatev1.GatewayKey("gw-e"), jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	set(4)
+	a.Poke()
+	set(5)
+	a.Poke()
+	select {
+	case e := <-w.Updates():
+		t.Fatalf("a poke within PokeEvery of the last poke's write wrote (revision %d)", e.Revision())
+	case <-time.After(time.Second):
 	}
 }
 

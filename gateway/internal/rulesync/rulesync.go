@@ -4,15 +4,16 @@
 // active: the ruleset), tollgate_blocklist (blocked, penalised and
 // allowlisted keys) and tollgate_overrides — through package fleetkv, and
 // applies every change at once: a ruleset is swapped whole, a control
-// change is one guard.Controls update — the control changes of a burst
-// (those the watchers held together) one update for them all, so that a
-// burst costs one copy of the controls, not one per entry. After every applied change it
+// change is one guard.Controls edit — the control changes of a burst
+// (those the watchers held together) one edit for them all — which does
+// not copy the lists (guard.Controls). After every applied change it
 // writes a last-known-good copy to disk (lkg.json, written to a temporary
 // file, fsynced and renamed), from which a gateway starts when NATS is
 // unreachable. The copy is written after the change is in force, by a
 // goroutine of its own, so a slow disk never delays the next change; of a
 // burst of changes, the newest state is written, at most once per
-// Config.SaveInterval and at the watch loop's next tick rather than on
+// Config.SaveInterval, once the changes pause (or every ten intervals
+// while they keep coming), and at the watch loop's tick rather than on
 // the change's own path.
 //
 // It also listens on tollgatev1.SubjectCounters, where the operator API
@@ -153,9 +154,10 @@ type Config struct {
 	// SaveInterval is the least time between two encodings and writes of
 	// the last-known-good copy (default DefaultSaveInterval): the changes
 	// of a burst are in force at once and reach the disk as one write, of
-	// the newest state, at the first tick (every second) after the
-	// interval or when Run returns (a whole read of the buckets, at start
-	// or after a reconnect, is written at once when the interval is
+	// the newest state, at the first tick (every second) once the changes
+	// have paused for the interval — or have kept coming for ten
+	// intervals — or when Run returns (a whole read of the buckets, at
+	// start or after a reconnect, is written at once when the interval is
 	// over). A fleet of gateways sharing a disk otherwise encodes and
 	// fsyncs once per gateway per change.
 	SaveInterval time.Duration
@@ -183,9 +185,10 @@ type Syncer struct {
 	corruptLogged map[string]bool
 	// edits are the controls' changes of the burst being read, published
 	// together by flush.
-	edits  []func(*guard.ControlSet)
+	edits  []func(guard.ControlWriter)
 	toSave chan []byte // to the saver: the newest copy not written yet
 	dirty  bool        // a change is not in the copy handed to the saver
+	since  time.Time   // when the copy fell behind (dirty)
 	handed time.Time   // when the last copy was handed to the saver
 }
 
@@ -424,15 +427,18 @@ func (s *Syncer) newestGoodRules(ctx context.Context, snap *fleetkv.Snapshot, be
 
 // changed records an applied change: the time, and that the
 // last-known-good copy is behind. The copy is encoded and handed to the
-// saver at the first tick (every second) once the last one was handed
-// SaveInterval ago or more, or when Run returns — never on the change's
+// saver at the first tick (every second) that saveDue allows, or when Run
+// returns — never on the change's
 // own path: a burst of changes costs one encoding and one write, and the
 // gateways of a fleet, which all receive a change at the same instant,
 // do not all encode and write their copies at that instant while the
 // next change is arriving (each writes at its own tick).
 func (s *Syncer) changed() {
-	s.lastApplied.Store(time.Now().UnixNano())
-	s.dirty = true
+	now := time.Now()
+	s.lastApplied.Store(now.UnixNano())
+	if !s.dirty {
+		s.dirty, s.since = true, now
+	}
 }
 
 // resynced is changed for a whole (re)read of the buckets: the copy is
@@ -463,9 +469,23 @@ func (s *Syncer) handOff() {
 	s.toSave <- b
 }
 
-// saveDue hands off the copy when it is behind and the interval is over.
+// maxSaveDelay, in SaveIntervals, bounds how long changes that keep
+// coming hold the copy back.
+const maxSaveDelay = 10
+
+// saveDue hands off the copy when it is behind, the interval since the
+// last one is over, and the changes have paused for an interval — or
+// have kept coming for maxSaveDelay intervals. A stream of changes (a
+// script's, the penalty ladder's, an operator's) then costs one copy at
+// its end, or one per maxSaveDelay intervals, not one a second on every
+// gateway: 200 gateways wrote and fsynced 200 copies a second while
+// changes kept arriving, a fifth of the CPU that reached them.
 func (s *Syncer) saveDue(now time.Time) {
-	if s.dirty && now.Sub(s.handed) >= s.cfg.SaveInterval {
+	if !s.dirty || now.Sub(s.handed) < s.cfg.SaveInterval {
+		return
+	}
+	quiet := now.Sub(time.Unix(0, s.lastApplied.Load())) >= s.cfg.SaveInterval
+	if quiet || now.Sub(s.since) >= maxSaveDelay*s.cfg.SaveInterval {
 		s.handOff()
 	}
 }
@@ -513,16 +533,16 @@ func (s *Syncer) change(c fleetkv.Change) {
 }
 
 // flush publishes the controls' changes of a burst (fleetkv.Handler's
-// Flush) with one Controls.Update: one copy of the controls for the burst,
-// not one per entry.
+// Flush) with one Controls.Edit: one publication for the burst, without
+// a copy of the lists.
 func (s *Syncer) flush() {
 	if len(s.edits) == 0 {
 		return
 	}
 	edits := s.edits
-	s.cfg.Controls.Update(func(cs *guard.ControlSet) {
+	s.cfg.Controls.Edit(func(w guard.ControlWriter) {
 		for _, edit := range edits {
-			edit(cs)
+			edit(w)
 		}
 	})
 	clear(s.edits)

@@ -68,10 +68,8 @@ func TestChangeDefersTheCopyToTheTick(t *testing.T) {
 }
 
 // TestBurstPublishesOnce: the controls' changes of a burst (what the
-// watchers held together) are published with one Controls.Update — one
-// copy of the controls, one generation — however many entries it holds;
-// published one by one, a burst of n entries over a list of N copied the
-// list n times.
+// watchers held together) are published with one Controls.Edit — one
+// generation — however many entries it holds.
 func TestBurstPublishesOnce(t *testing.T) {
 	t.Parallel()
 	controls := guard.NewControls()
@@ -97,5 +95,51 @@ func TestBurstPublishesOnce(t *testing.T) {
 	s.flush()
 	if got := controls.Generation() - gen; got != 1 {
 		t.Errorf("a flush without changes published: %d generations", got)
+	}
+}
+
+// TestCopyWaitsForChangesToPause: while changes keep arriving (here one
+// every half interval) the copy is held back until they pause for an
+// interval, or until they have kept coming for maxSaveDelay intervals;
+// then the newest state goes to the saver once.
+func TestCopyWaitsForChangesToPause(t *testing.T) {
+	t.Parallel()
+	const interval = time.Second
+	for _, tc := range []struct {
+		name string
+		// changes: how long the stream of changes lasts.
+		changes time.Duration
+		// handedAt: when (after the first change) the copy goes to the
+		// saver, at a tick every 100ms.
+		handedAt time.Duration
+	}{
+		{"one change", 0, interval},
+		{"three seconds of changes", 3 * time.Second, 3*time.Second + interval},
+		{"changes that keep coming", time.Hour, maxSaveDelay * interval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := New(Config{URL: "nats://127.0.0.1:1", Dir: t.TempDir(), Controls: guard.NewControls(),
+				Apply: func(*rulefile.Ruleset) {}, SaveInterval: interval})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			s.changed()
+			for at := 100 * time.Millisecond; at <= 2*maxSaveDelay*interval; at += 100 * time.Millisecond {
+				if at <= tc.changes && at%(interval/2) == 0 {
+					s.changed()
+					s.lastApplied.Store(start.Add(at).UnixNano())
+				}
+				s.saveDue(start.Add(at))
+				if len(s.toSave) == 1 {
+					if at < tc.handedAt || at > tc.handedAt+200*time.Millisecond {
+						t.Fatalf("copy handed to the saver %v after the first change, want %v", at, tc.handedAt)
+					}
+					return
+				}
+			}
+			t.Fatal("the copy was never handed to the saver")
+		})
 	}
 }
