@@ -490,17 +490,21 @@ func counterAt(samples []stormSample, t float64, get func(stormSample) (float64,
 }
 
 // levelAt is the storm key's level at time t as the last sample at or
-// before it saw it (the gateway's, or the aggregator's); NaN when unknown.
+// before it that read it saw it (the gateway's, or the aggregator's): a
+// sample whose read failed (a busy machine's timeout) keeps the level
+// last read. NaN when no sample up to t read it.
 func levelAt(samples []stormSample, t float64, gateway bool) float64 {
 	level := -1
 	for _, sm := range samples {
 		if sm.at.Seconds() > t {
 			break
 		}
+		read := sm.level
 		if gateway {
-			level = sm.gwLevel
-		} else {
-			level = sm.level
+			read = sm.gwLevel
+		}
+		if read >= 0 {
+			level = read
 		}
 	}
 	return nanUnless(level >= 0, float64(level))

@@ -297,3 +297,32 @@ func TestStormRedisVerdict(t *testing.T) {
 		}
 	}
 }
+
+// A sample whose level read failed keeps the level last read; only a time
+// no read reaches is unknown.
+func TestLevelAtKeepsTheLastRead(t *testing.T) {
+	s := func(sec float64, agg, gw int) stormSample {
+		return stormSample{at: time.Duration(sec * float64(time.Second)), level: agg, gwLevel: gw}
+	}
+	samples := []stormSample{s(0.5, -1, -1), s(1, 0, 0), s(2, -1, 1), s(3, -1, -1), s(4, 2, -1)}
+	tests := []struct {
+		t       float64
+		gateway bool
+		want    float64
+	}{
+		{0.7, false, math.NaN()},
+		{1, false, 0},
+		{2.5, false, 0},
+		{3.5, false, 0},
+		{4, false, 2},
+		{0.7, true, math.NaN()},
+		{2, true, 1},
+		{3.9, true, 1},
+	}
+	for _, tt := range tests {
+		got := levelAt(samples, tt.t, tt.gateway)
+		if got != tt.want && !(math.IsNaN(got) && math.IsNaN(tt.want)) {
+			t.Errorf("levelAt(%v, gateway %v) = %v, want %v", tt.t, tt.gateway, got, tt.want)
+		}
+	}
+}
