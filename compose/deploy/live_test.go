@@ -172,25 +172,13 @@ func serviceLookup(c *compose, name string, overrides map[string]string) func(st
 // ends.
 func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server {
 	t.Helper()
-	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
-	if rules == "" {
-		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
-	}
-	overrides := map[string]string{
-		"TOLLGATE_UPSTREAM":          "", // no proxy: the check API and Envoy RLS carry the traffic
-		"TOLLGATE_API_LISTEN":        "127.0.0.1:0",
-		"TOLLGATE_METRICS_LISTEN":    "127.0.0.1:0",
-		"TOLLGATE_GRPC_LISTEN":       "127.0.0.1:0",
-		"TOLLGATE_RULES_FILE":        rules,
-		"TOLLGATE_DATA_DIR":          t.TempDir(),
-		"TOLLGATE_REDIS_MODE":        "standalone",
-		"TOLLGATE_REDIS_ADDRS":       d.redis,
-		"TOLLGATE_REDIS_PASSWORD":    "",
-		"TOLLGATE_REDIS_MASTER_NAME": "",
-	}
-	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
-	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
-	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, overrides))
+	lookup := serviceEnv(t, c, name, d, map[string]string{
+		"TOLLGATE_UPSTREAM":       "", // no proxy: the check API and Envoy RLS carry the traffic
+		"TOLLGATE_API_LISTEN":     "127.0.0.1:0",
+		"TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_GRPC_LISTEN":    "127.0.0.1:0",
+	})
+	cfg, err := gateway.LoadConfig("", lookup)
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
@@ -203,28 +191,41 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 // addresses.
 func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.Server {
 	t.Helper()
-	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
-	if rules == "" {
-		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
-	}
-	overrides := map[string]string{
+	lookup := serviceEnv(t, c, name, d, map[string]string{
 		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
 		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
-		"TOLLGATE_DATA_DIR":                  t.TempDir(),
-		"TOLLGATE_RULES_FILE":                rules,
-		"TOLLGATE_REDIS_MODE":                "standalone",
-		"TOLLGATE_REDIS_ADDRS":               d.redis,
-		"TOLLGATE_REDIS_PASSWORD":            "",
-		"TOLLGATE_REDIS_MASTER_NAME":         "",
-	}
-	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
-	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
-	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, overrides))
+	})
+	cfg, err := aggregator.LoadConfig("", lookup)
 	mustf(t, err, "service %s: configuration", name)
 	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	testnet.RunUntilCleanup(t, name, srv.Run)
 	return srv
+}
+
+// serviceEnv is the environment of compose service name run in the test:
+// its own, with listeners (overrides) moved, its rules file read from this
+// repository, a temporary data directory, and its dependencies at d's
+// addresses (Redis standalone, no password).
+func serviceEnv(t testing.TB, c *compose, name string, d deps, overrides map[string]string) func(string) (string, bool) {
+	t.Helper()
+	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
+	if rules == "" {
+		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
+	}
+	for k, v := range map[string]string{
+		"TOLLGATE_RULES_FILE":        rules,
+		"TOLLGATE_DATA_DIR":          t.TempDir(),
+		"TOLLGATE_REDIS_MODE":        "standalone",
+		"TOLLGATE_REDIS_ADDRS":       d.redis,
+		"TOLLGATE_REDIS_PASSWORD":    "",
+		"TOLLGATE_REDIS_MASTER_NAME": "",
+	} {
+		overrides[k] = v
+	}
+	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
+	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
+	return serviceLookup(c, name, overrides)
 }
 
 // healthcheckURL matches the URL a healthcheck asks on its own container.
