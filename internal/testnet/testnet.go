@@ -1,8 +1,9 @@
 // Package testnet holds what tests need around processes and servers:
 // loopback addresses nothing listens on, a buffer several goroutines
 // (a process's stdout and stderr, a logger) may write to while the test
-// reads it, a server's Run kept going until the test ends, and the
-// module's root directory for tests that read the source tree.
+// reads it, a server's Run and a listener's connections kept going until
+// the test ends, and the module's root directory for tests that read the
+// source tree.
 package testnet
 
 import (
@@ -94,6 +95,48 @@ func RunUntilCleanup(t testing.TB, name string, run func(context.Context) error)
 		case <-time.After(stopTimeout):
 			t.Errorf("%s: Run did not return within %v of its context's end", name, stopTimeout)
 		}
+	})
+}
+
+// Serve accepts connections on ln until the test ends, handing each to
+// handle on a goroutine of its own (nil: held open, never answered, as a
+// host that hangs). The test's cleanup closes ln and every connection
+// accepted, then waits for the accept loop and every handle to return.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if closed { // accepted as the cleanup ran: it will not see c
+				mu.Unlock()
+				_ = c.Close()
+				continue
+			}
+			conns = append(conns, c)
+			mu.Unlock()
+			if handle != nil {
+				wg.Go(func() { handle(c) })
+			}
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
 	})
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/internal/testnet"
 )
@@ -102,6 +104,63 @@ func TestRunUntilCleanup(t *testing.T) {
 			}
 			if got := strings.Join(tb.errs, "; "); got != tt.wantErr {
 				t.Fatalf("failures %q, want %q", got, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestServe: each connection reaches handle (or is held open with none);
+// the cleanup closes the listener and every connection, so a handle
+// blocked reading returns and a client sees its connection end.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		handle func(net.Conn)
+		want   string // what the client reads back after writing "ping\n"
+	}{
+		{"echo", func(c net.Conn) { _, _ = io.Copy(c, c) }, "ping\n"},
+		{"held open", nil, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tb := &cleanupTB{TB: t}
+			testnet.Serve(tb, ln, tt.handle)
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil { // fail, not hang
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(tt.want))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != tt.want {
+				t.Fatalf("read %q, %v; want %q", got, err, tt.want)
+			}
+			if len(tb.cleanups) != 1 {
+				t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+			}
+			cleaned := make(chan struct{})
+			go func() { tb.cleanups[0](); close(cleaned) }()
+			select { // it returns once the accept loop and handle have
+			case <-cleaned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the cleanup did not return: a connection is still open")
+			}
+			var ne net.Error
+			if _, err := c.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("the connection is still open after the cleanup (read: %v)", err)
+			}
+			if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+				t.Fatal("the listener still accepts after the cleanup")
 			}
 		})
 	}
