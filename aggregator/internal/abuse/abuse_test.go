@@ -252,6 +252,11 @@ func TestStepDownAfterQuietPeriod(t *testing.T) {
 	if zero := s.steps[5]; zero.ExpiresAt != 0 {
 		t.Fatalf("step to 0: %+v", zero)
 	}
+	for i, st := range s.steps { // every step, up or down, counts one
+		if st.Step != uint64(i+1) || st.KeyID != "storm" {
+			t.Fatalf("step %d: %+v, want step number %d of key storm", i, st, i+1)
+		}
+	}
 	// Level 0 and idle: the state is kept while its step counter matters,
 	// then dropped.
 	s.idle(3 * time.Minute)
@@ -327,8 +332,9 @@ func TestLift(t *testing.T) {
 	x.Evaluate(s.now)
 	steps := x.Steps()
 	x.Commit()
-	if len(steps) != 1 || steps[0].Action != ActionLifted || steps[0].Level != 0 || steps[0].IssuedBy != "alice" || steps[0].ExpiresAt != 0 {
-		t.Fatalf("steps %+v, want one lift", steps)
+	if len(steps) != 1 || steps[0].Action != ActionLifted || steps[0].Level != 0 || steps[0].IssuedBy != "alice" || steps[0].ExpiresAt != 0 ||
+		steps[0].Step != s.steps[len(s.steps)-1].Step+1 || steps[0].Previous != s.steps[len(s.steps)-1].Level {
+		t.Fatalf("steps %+v, want one lift, the step after %+v", steps, s.steps[len(s.steps)-1])
 	}
 	st, _ := s.tab.Get("storm")
 	if st.Level != 0 || st.Ring != ([Buckets]Bucket{}) || st.RetryUntil != 0 {
