@@ -563,8 +563,14 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 		return
 	}
 	i := x.entry(d.KeyID, true)
-	e := &x.list[i]
-	s := &e.State
+	if x.t.cfg.observe(&x.list[i].State, d, us) {
+		x.touch(i)
+	}
+}
+
+// observe records decision d, seen at us, in s; it reports whether the
+// detectors have new evidence of s to look at.
+func (c *Config) observe(s *State, d *Decision, us int64) bool {
 	s.Touched = us
 	if d.Tenant != "" {
 		s.Tenant = d.Tenant
@@ -573,7 +579,7 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 		s.KeyPrefix = d.KeyPrefix
 	}
 	if d.TimeMicros < s.Floor {
-		return
+		return false
 	}
 	t := d.TimeMicros
 	ignored := t > s.RetryFrom && t < s.RetryUntil
@@ -586,9 +592,7 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 			s.RetryFrom, s.RetryUntil = min(s.RetryFrom, t), max(s.RetryUntil, until)
 		}
 	}
-	if s.add(x.t.cfg.width(), t, !d.Allowed, ignored) {
-		x.touch(i)
-	}
+	return s.add(c.width(), t, !d.Allowed, ignored)
 }
 
 // touch lists entry i for the next Evaluate.

@@ -253,8 +253,8 @@ func TestStepDownAfterQuietPeriod(t *testing.T) {
 		t.Fatalf("step to 0: %+v", zero)
 	}
 	for i, st := range s.steps { // every step, up or down, counts one
-		if st.Step != uint64(i+1) || st.KeyID != "storm" {
-			t.Fatalf("step %d: %+v, want step number %d of key storm", i, st, i+1)
+		if st.Step != uint64(i+1) || st.KeyID != "storm" || st.KeyPrefix != "sk_…" || st.Tenant != "acme" {
+			t.Fatalf("step %d: %+v, want step number %d of key storm (sk_…, acme)", i, st, i+1)
 		}
 	}
 	// Level 0 and idle: the state is kept while its step counter matters,
@@ -599,4 +599,42 @@ func (t *Table) states() map[string]State {
 		}
 	}
 	return out
+}
+
+// TestObserveBackoffWindow: a rejection with a Retry-After opens the
+// window in which the key's further decisions are ignored (the client
+// was told to wait); one after the window opens a new one, one that
+// overlaps it widens it to the union, and one before the key's floor
+// (a lift) changes nothing.
+func TestObserveBackoffWindow(t *testing.T) {
+	t.Parallel()
+	const sec = int64(1_000_000)
+	cfg := Config{}
+	cfg.SetDefaults()
+	for _, tt := range []struct {
+		name                string
+		from, until, floor  int64 // the state's window and floor before
+		at, retryAfter      int64 // the decision's time (µs) and Retry-After (s)
+		wantFrom, wantUntil int64
+	}{
+		{"first", 0, 0, 0, 10 * sec, 5, 10 * sec, 15 * sec},
+		{"after the window: a new one", 10 * sec, 15 * sec, 0, 20 * sec, 5, 20 * sec, 25 * sec},
+		{"overlapping: the union", 10 * sec, 15 * sec, 0, 12 * sec, 10, 10 * sec, 22 * sec},
+		{"inside: unchanged", 10 * sec, 15 * sec, 0, 12 * sec, 1, 10 * sec, 15 * sec},
+		{"no Retry-After: unchanged", 10 * sec, 15 * sec, 0, 20 * sec, 0, 10 * sec, 15 * sec},
+		{"before the floor: unchanged", 0, 0, 30 * sec, 20 * sec, 5, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := State{RetryFrom: tt.from, RetryUntil: tt.until, Floor: tt.floor}
+			d := Decision{KeyID: "k", KeyPrefix: "sk_…", Tenant: "acme", TimeMicros: tt.at, RetryAfter: tt.retryAfter}
+			cfg.observe(&s, &d, tt.at)
+			if s.RetryFrom != tt.wantFrom || s.RetryUntil != tt.wantUntil {
+				t.Fatalf("window [%d, %d), want [%d, %d)", s.RetryFrom, s.RetryUntil, tt.wantFrom, tt.wantUntil)
+			}
+			if s.KeyPrefix != "sk_…" || s.Tenant != "acme" || s.Touched != tt.at {
+				t.Fatalf("state %+v: want the key's prefix, tenant and time kept", s)
+			}
+		})
+	}
 }

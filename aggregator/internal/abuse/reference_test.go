@@ -123,28 +123,7 @@ func (x *mapTxn) Observe(d *Decision, now time.Time) {
 		return
 	}
 	s := x.state(d.KeyID, true)
-	s.Touched = us
-	if d.Tenant != "" {
-		s.Tenant = d.Tenant
-	}
-	if d.KeyPrefix != "" {
-		s.KeyPrefix = d.KeyPrefix
-	}
-	if d.TimeMicros < s.Floor {
-		return
-	}
-	t := d.TimeMicros
-	ignored := t > s.RetryFrom && t < s.RetryUntil
-	if !d.Allowed && d.RetryAfter > 0 {
-		until := t + d.RetryAfter*1_000_000
-		switch {
-		case t >= s.RetryUntil: // after the running one: a new backoff
-			s.RetryFrom, s.RetryUntil = t, until
-		case until >= s.RetryFrom: // overlapping: the union
-			s.RetryFrom, s.RetryUntil = min(s.RetryFrom, t), max(s.RetryUntil, until)
-		}
-	}
-	if s.add(x.t.cfg.width(), t, !d.Allowed, ignored) {
+	if x.t.cfg.observe(s, d, us) {
 		x.touched[d.KeyID] = true
 	}
 }
