@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -163,8 +164,13 @@ func TestIgnoringClientClimbsToTheTop(t *testing.T) {
 		t.Fatalf("levels %v, want 1, 2, 3", got)
 	}
 	for i, st := range s.steps {
-		if st.Previous != i || st.Step != uint64(i+1) || len(st.Evidence) == 0 || st.IssuedBy == "" || st.Reason == "" {
-			t.Errorf("step %d: %+v", i, st)
+		var detectors []string
+		for _, ev := range st.Evidence {
+			detectors = append(detectors, ev.Detector)
+		}
+		if st.Previous != i || st.Step != uint64(i+1) || len(st.Evidence) == 0 || st.Reason == "" ||
+			st.IssuedBy != strings.Join(detectors, ",") {
+			t.Errorf("step %d: %+v, want issued by its evidence's detectors", i, st)
 		}
 		if got, want := time.Duration(st.ExpiresAt-st.StartsAt)*time.Microsecond, s.tab.cfg.Duration(st.Level); got != want {
 			t.Errorf("step %d enforced for %v, want %v", i, got, want)
