@@ -2,9 +2,11 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -27,6 +29,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testnet"
@@ -178,12 +181,7 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 		"TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
 		"TOLLGATE_GRPC_LISTEN":    "127.0.0.1:0",
 	})
-	cfg, err := gateway.LoadConfig("", lookup)
-	mustf(t, err, "service %s: configuration", name)
-	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
-	mustf(t, err, "service %s", name)
-	testnet.RunUntilCleanup(t, name, srv.Run)
-	return srv
+	return runService(t, name, lookup, gateway.LoadConfig, gateway.New)
 }
 
 // startAggregator runs the aggregator of compose service name on free
@@ -195,9 +193,18 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
 		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
 	})
-	cfg, err := aggregator.LoadConfig("", lookup)
+	return runService(t, name, lookup, aggregator.LoadConfig, aggregator.New)
+}
+
+// runService loads the configuration of compose service name from lookup
+// with load, builds the server with start, and runs it until the test
+// ends.
+func runService[C any, S interface{ Run(context.Context) error }](t testing.TB, name string, lookup configs.LookupFunc,
+	load func(string, configs.LookupFunc) (C, error), start func(C, *slog.Logger) (S, error)) S {
+	t.Helper()
+	cfg, err := load("", lookup)
 	mustf(t, err, "service %s: configuration", name)
-	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
+	srv, err := start(cfg, logtest.Warnings(t).With("service", name))
 	mustf(t, err, "service %s", name)
 	testnet.RunUntilCleanup(t, name, srv.Run)
 	return srv
@@ -207,7 +214,7 @@ func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.
 // its own, with listeners (overrides) moved, its rules file read from this
 // repository, a temporary data directory, and its dependencies at d's
 // addresses (Redis standalone, no password).
-func serviceEnv(t testing.TB, c *compose, name string, d deps, overrides map[string]string) func(string) (string, bool) {
+func serviceEnv(t testing.TB, c *compose, name string, d deps, overrides map[string]string) configs.LookupFunc {
 	t.Helper()
 	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
 	if rules == "" {
