@@ -2,8 +2,8 @@
 // loopback addresses nothing listens on, a buffer several goroutines
 // (a process's stdout and stderr, a logger) may write to while the test
 // reads it, a server's Run and a listener's connections kept going until
-// the test ends, and the module's root directory for tests that read the
-// source tree.
+// the test ends, and, for tests that read the source tree, the module's
+// root directory and generated files held to what generates them.
 package testnet
 
 import (
@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -138,6 +139,50 @@ func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
 		mu.Unlock()
 		wg.Wait()
 	})
+}
+
+// FirstDiff returns the first line (counted from 1) where the texts a and
+// b differ, with that line of each (NoLine past a text's end); 0 when they
+// are the same.
+func FirstDiff(a, b string) (line int, x, y string) {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range max(len(al), len(bl)) {
+		x, y = NoLine, NoLine
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y || i >= len(al) || i >= len(bl) {
+			return i + 1, x, y
+		}
+	}
+	return 0, "", ""
+}
+
+// NoLine is FirstDiff's line of a text that has ended.
+const NoLine = "(no line: the text ends before)"
+
+// Golden holds the file at path (a generated doc or source file) to want:
+// with update it writes want there instead; otherwise a file that is
+// missing or differs fails the test, naming its first differing line and
+// rerun, the command that rewrites it.
+func Golden(t testing.TB, path string, want []byte, update bool, rerun string) {
+	t.Helper()
+	if update {
+		if err := os.WriteFile(path, want, 0o644); err != nil {
+			t.Fatalf("testnet: %v", err)
+		}
+		return
+	}
+	have, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v: run %s", err, rerun)
+	}
+	if line, h, w := FirstDiff(string(have), string(want)); line > 0 {
+		t.Fatalf("%s is stale (first difference at line %d):\n have %q\n want %q\nrun %s", path, line, h, w, rerun)
+	}
 }
 
 // ModuleRoot returns the directory holding go.mod, looked for from the

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,6 +164,88 @@ func TestServe(t *testing.T) {
 			}
 			if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 				t.Fatal("the listener still accepts after the cleanup")
+			}
+		})
+	}
+}
+
+func TestFirstDiff(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, a, b string
+		line       int
+		x, y       string
+	}{
+		{"same", "a\nb", "a\nb", 0, "", ""},
+		{"second line", "a\nb\nc", "a\nB\nc", 2, "b", "B"},
+		{"b longer", "a", "a\nb", 2, testnet.NoLine, "b"},
+		{"a longer: a trailing newline", "a\nb\n", "a\nb", 3, "", testnet.NoLine},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			line, x, y := testnet.FirstDiff(tt.a, tt.b)
+			if line != tt.line || x != tt.x || y != tt.y {
+				t.Fatalf("FirstDiff = %d %q %q, want %d %q %q", line, x, y, tt.line, tt.x, tt.y)
+			}
+		})
+	}
+}
+
+// fatalTB records a Fatalf and ends the goroutine as testing.T does.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalTB) Helper() {}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// golden runs testnet.Golden on a fatalTB and returns what it failed with.
+func golden(t *testing.T, path string, want []byte, update bool) string {
+	tb := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		testnet.Golden(tb, path, want, update, "make regen")
+	}()
+	<-done
+	return tb.msg
+}
+
+func TestGolden(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name    string
+		file    string // the file's text before; "-": none
+		update  bool
+		wantMsg string // "": passes
+		after   string // the file's text after
+	}{
+		{"same", "a\nb\n", false, "", "a\nb\n"},
+		{"stale", "a\nc\n", false, "first difference at line 2):\n have \"c\"\n want \"b\"\nrun make regen", "a\nc\n"},
+		{"missing", "-", false, "run make regen", "-"},
+		{"update", "a\nc\n", true, "", "a\nb\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "_"))
+			if tt.file != "-" {
+				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			msg := golden(t, path, []byte("a\nb\n"), tt.update)
+			if tt.wantMsg == "" && msg != "" || !strings.Contains(msg, tt.wantMsg) {
+				t.Fatalf("failed with %q, want %q", msg, tt.wantMsg)
+			}
+			after, err := os.ReadFile(path)
+			if tt.after == "-" && err == nil || tt.after != "-" && string(after) != tt.after {
+				t.Fatalf("file after: %q, %v; want %q", after, err, tt.after)
 			}
 		})
 	}
