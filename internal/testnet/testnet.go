@@ -10,10 +10,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,6 +185,38 @@ func Golden(t testing.TB, path string, want []byte, update bool, rerun string) {
 	if line, h, w := FirstDiff(string(have), string(want)); line > 0 {
 		t.Fatalf("%s is stale (first difference at line %d):\n have %q\n want %q\nrun %s", path, line, h, w, rerun)
 	}
+}
+
+// RecordFatal runs f with a testing.TB whose Fatal and Fatalf record
+// their message and end f, as they end a test, and returns that message
+// ("" when f returned): for the tests of helpers that fail a test.
+func RecordFatal(t testing.TB, f func(tb testing.TB)) string {
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(rec)
+	}()
+	<-done
+	return rec.msg
+}
+
+// fatalRecorder is RecordFatal's testing.TB.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatal(args ...any) {
+	r.msg = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
 
 // ModuleRoot returns the directory holding go.mod, looked for from the

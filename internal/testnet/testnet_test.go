@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,31 +190,6 @@ func TestFirstDiff(t *testing.T) {
 	}
 }
 
-// fatalTB records a Fatalf and ends the goroutine as testing.T does.
-type fatalTB struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalTB) Helper() {}
-
-func (f *fatalTB) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-// golden runs testnet.Golden on a fatalTB and returns what it failed with.
-func golden(t *testing.T, path string, want []byte, update bool) string {
-	tb := &fatalTB{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		testnet.Golden(tb, path, want, update, "make regen")
-	}()
-	<-done
-	return tb.msg
-}
-
 func TestGolden(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -239,7 +213,9 @@ func TestGolden(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			msg := golden(t, path, []byte("a\nb\n"), tt.update)
+			msg := testnet.RecordFatal(t, func(tb testing.TB) {
+				testnet.Golden(tb, path, []byte("a\nb\n"), tt.update, "make regen")
+			})
 			if tt.wantMsg == "" && msg != "" || !strings.Contains(msg, tt.wantMsg) {
 				t.Fatalf("failed with %q, want %q", msg, tt.wantMsg)
 			}
