@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tollgate/tollgate/aggregator"
+	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -239,18 +240,7 @@ func failAudit(t *testing.T, c *kfake.Cluster, on *atomic.Bool) {
 		if !on.Load() || !hit {
 			return nil, nil, false
 		}
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, tp := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = p.Partition, kerr.MessageTooLarge.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return kafkatest.RefuseProduce(pr, kerr.MessageTooLarge.Code), nil, true
 	})
 }
 

@@ -58,6 +58,15 @@ func GatewayYAML() []byte { return bytes.Clone(gatewayYAML) }
 // LookupFunc looks an environment variable up, as os.LookupEnv does.
 type LookupFunc func(name string) (value string, ok bool)
 
+// MapLookup looks variables up in m instead of the process's environment
+// (an embedding program's settings, a test's).
+func MapLookup(m map[string]string) LookupFunc {
+	return func(name string) (string, bool) {
+		v, ok := m[name]
+		return v, ok
+	}
+}
+
 // Var describes one configuration field and its environment variable.
 type Var struct {
 	// Name is the environment variable, e.g. TOLLGATE_REDIS_ADDRS.

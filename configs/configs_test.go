@@ -31,20 +31,11 @@ type testConfig struct {
 	secret  string         //nolint:unused // unexported fields are ignored
 }
 
-// env is a lookup over a map, so tests need not touch the process
-// environment and may run in parallel.
-func env(m map[string]string) configs.LookupFunc {
-	return func(k string) (string, bool) {
-		v, ok := m[k]
-		return v, ok
-	}
-}
-
 func TestEnvOverrides(t *testing.T) {
 	t.Parallel()
 	var c testConfig
 	c.Redis.Addrs = []string{"default:1"}
-	err := configs.ApplyEnv(&c, env(map[string]string{
+	err := configs.ApplyEnv(&c, configs.MapLookup(map[string]string{
 		"TOLLGATE_LISTEN":          "0.0.0.0:80",
 		"TOLLGATE_ENABLED":         "true",
 		"TOLLGATE_FAILURE_SHARE":   "0.5",
@@ -72,7 +63,7 @@ func TestEnvOverrides(t *testing.T) {
 func TestEnvEmptyValueClears(t *testing.T) {
 	t.Parallel()
 	c := testConfig{Listen: "x", Redis: inner{Addrs: []string{"a"}, Timeout: time.Second}}
-	if err := configs.ApplyEnv(&c, env(map[string]string{
+	if err := configs.ApplyEnv(&c, configs.MapLookup(map[string]string{
 		"TOLLGATE_LISTEN": "", "TOLLGATE_REDIS_ADDRS": "", "TOLLGATE_REDIS_TIMEOUT": "",
 	})); err != nil {
 		t.Fatal(err)
@@ -85,7 +76,7 @@ func TestEnvEmptyValueClears(t *testing.T) {
 func TestEnvBadValuesNameTheVariable(t *testing.T) {
 	t.Parallel()
 	var c testConfig
-	err := configs.ApplyEnv(&c, env(map[string]string{
+	err := configs.ApplyEnv(&c, configs.MapLookup(map[string]string{
 		"TOLLGATE_REDIS_TIMEOUT":   "50",
 		"TOLLGATE_ENABLED":         "yes please",
 		"TOLLGATE_COUNT":           "70000",
@@ -143,16 +134,16 @@ func TestLoadFileThenEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c testConfig
-	if err := configs.Load(&c, path, env(map[string]string{"TOLLGATE_REDIS_ADDRS": "e:1,e:2"})); err != nil {
+	if err := configs.Load(&c, path, configs.MapLookup(map[string]string{"TOLLGATE_REDIS_ADDRS": "e:1,e:2"})); err != nil {
 		t.Fatal(err)
 	}
 	if c.Listen != "file:1" || !reflect.DeepEqual(c.Redis.Addrs, []string{"e:1", "e:2"}) || c.Redis.Timeout != time.Second {
 		t.Fatalf("got %+v", c)
 	}
-	if err := configs.Load(&c, filepath.Join(t.TempDir(), "missing.yaml"), env(nil)); !errors.Is(err, os.ErrNotExist) {
+	if err := configs.Load(&c, filepath.Join(t.TempDir(), "missing.yaml"), configs.MapLookup(nil)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
 	}
-	if err := configs.Load(&c, "", env(nil)); err != nil {
+	if err := configs.Load(&c, "", configs.MapLookup(nil)); err != nil {
 		t.Fatalf("no file: %v", err)
 	}
 }
@@ -255,7 +246,7 @@ func TestEnvName(t *testing.T) {
 func TestTargetMustBeStructPointer(t *testing.T) {
 	t.Parallel()
 	var c testConfig
-	if err := configs.ApplyEnv(c, env(nil)); err == nil {
+	if err := configs.ApplyEnv(c, configs.MapLookup(nil)); err == nil {
 		t.Error("ApplyEnv of a struct value succeeded")
 	}
 	if err := configs.Decode((*testConfig)(nil), []byte("listen: a"), "x"); err == nil {

@@ -36,9 +36,6 @@ func TestLoadChecked(t *testing.T) {
 	if err := os.WriteFile(file, []byte("listen: 127.0.0.2:2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := func(vars map[string]string) configs.LookupFunc {
-		return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
-	}
 	for _, tc := range []struct {
 		name    string
 		path    string
@@ -53,7 +50,7 @@ func TestLoadChecked(t *testing.T) {
 		{"missing file", filepath.Join(dir, "none.yaml"), nil, "", "none.yaml"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := configs.LoadChecked[checkedConfig](tc.path, env(tc.env))
+			c, err := configs.LoadChecked[checkedConfig](tc.path, configs.MapLookup(tc.env))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("LoadChecked = %v, want an error with %q", err, tc.wantErr)

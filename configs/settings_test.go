@@ -3,7 +3,6 @@ package configs_test
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // settingsPage is where the settings reference lives, from this directory.
@@ -93,31 +93,7 @@ func TestSettingsPage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *update {
-		if err := os.WriteFile(settingsPage, want, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	got, err := os.ReadFile(settingsPage)
-	if err != nil {
-		t.Fatalf("%v: run go test ./configs -run TestSettingsPage -update", err)
-	}
-	if !bytes.Equal(got, want) {
-		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		for i := range max(len(gl), len(wl)) {
-			var g, w string
-			if i < len(gl) {
-				g = gl[i]
-			}
-			if i < len(wl) {
-				w = wl[i]
-			}
-			if g != w {
-				t.Fatalf("%s is stale (first difference at line %d):\n have %q\n want %q\nrun go test ./configs -run TestSettingsPage -update", settingsPage, i+1, g, w)
-			}
-		}
-	}
+	testnet.Golden(t, settingsPage, want, *update, "go test ./configs -run TestSettingsPage -update")
 }
 
 // TestEveryVariableOnTheSettingsPage: the registry (every variable a binary

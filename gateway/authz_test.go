@@ -31,6 +31,16 @@ func authzConfig(c *gateway.Config) {
 	c.Identity.CostHeader = "X-Cost"
 }
 
+// proxyToken is the api_token of authzTokenConfig's gateways.
+const proxyToken = "proxy-token-0123456789"
+
+// authzTokenConfig is authzConfig with an api_token, which proxies that
+// are not trusted prove themselves with.
+func authzTokenConfig(c *gateway.Config) {
+	authzConfig(c)
+	c.APIToken = proxyToken
+}
+
 // authz sends method /v1/authz to g's check API with the header pairs hdr
 // (name, value, ...).
 func (e *env) authz(g *runningGateway, method string, hdr ...string) (*http.Response, []byte) {
@@ -226,11 +236,8 @@ func TestAuthzRequest(t *testing.T) {
 // being trusted.
 func TestAuthzTrust(t *testing.T) {
 	t.Parallel()
-	const token = "proxy-token-0123456789"
-	e := newEnv(t, envOptions{rules: authzRules, config: func(c *gateway.Config) {
-		authzConfig(c)
-		c.APIToken = token
-	}})
+	const token = proxyToken
+	e := newEnv(t, envOptions{rules: authzRules, config: authzTokenConfig})
 	trusted := e.startGateway(func(c *gateway.Config) {
 		authzConfig(c)
 		c.APIToken = token
@@ -311,11 +318,8 @@ func TestAuthzTrust(t *testing.T) {
 // in headers, beside the rate-limit headers, for nginx's auth_request.
 func TestAuthzNginxMode(t *testing.T) {
 	t.Parallel()
-	const token = "proxy-token-0123456789"
-	e := newEnv(t, envOptions{rules: authzRules, config: func(c *gateway.Config) {
-		authzConfig(c)
-		c.APIToken = token
-	}})
+	const token = proxyToken
+	e := newEnv(t, envOptions{rules: authzRules, config: authzTokenConfig})
 	key := uniqueKey("sk_five_")
 	nginx := func(hdr ...string) *http.Response {
 		if len(hdr) > 0 && hdr[0] == "no token" {

@@ -2,9 +2,11 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -27,6 +29,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testnet"
@@ -172,30 +175,13 @@ func serviceLookup(c *compose, name string, overrides map[string]string) func(st
 // ends.
 func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server {
 	t.Helper()
-	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
-	if rules == "" {
-		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
-	}
-	overrides := map[string]string{
-		"TOLLGATE_UPSTREAM":          "", // no proxy: the check API and Envoy RLS carry the traffic
-		"TOLLGATE_API_LISTEN":        "127.0.0.1:0",
-		"TOLLGATE_METRICS_LISTEN":    "127.0.0.1:0",
-		"TOLLGATE_GRPC_LISTEN":       "127.0.0.1:0",
-		"TOLLGATE_RULES_FILE":        rules,
-		"TOLLGATE_DATA_DIR":          t.TempDir(),
-		"TOLLGATE_REDIS_MODE":        "standalone",
-		"TOLLGATE_REDIS_ADDRS":       d.redis,
-		"TOLLGATE_REDIS_PASSWORD":    "",
-		"TOLLGATE_REDIS_MASTER_NAME": "",
-	}
-	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
-	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
-	cfg, err := gateway.LoadConfig("", serviceLookup(c, name, overrides))
-	mustf(t, err, "service %s: configuration", name)
-	srv, err := gateway.New(cfg, logtest.Warnings(t).With("service", name))
-	mustf(t, err, "service %s", name)
-	testnet.RunUntilCleanup(t, name, srv.Run)
-	return srv
+	lookup := serviceEnv(t, c, name, d, map[string]string{
+		"TOLLGATE_UPSTREAM":       "", // no proxy: the check API and Envoy RLS carry the traffic
+		"TOLLGATE_API_LISTEN":     "127.0.0.1:0",
+		"TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
+		"TOLLGATE_GRPC_LISTEN":    "127.0.0.1:0",
+	})
+	return runService(t, name, lookup, gateway.LoadConfig, gateway.New)
 }
 
 // startAggregator runs the aggregator of compose service name on free
@@ -203,28 +189,50 @@ func startGateway(t testing.TB, c *compose, name string, d deps) *gateway.Server
 // addresses.
 func startAggregator(t testing.TB, c *compose, name string, d deps) *aggregator.Server {
 	t.Helper()
+	lookup := serviceEnv(t, c, name, d, map[string]string{
+		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
+		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
+	})
+	return runService(t, name, lookup, aggregator.LoadConfig, aggregator.New)
+}
+
+// runService loads the configuration of compose service name from lookup
+// with load, builds the server with start, and runs it until the test
+// ends.
+func runService[C any, S interface{ Run(context.Context) error }](t testing.TB, name string, lookup configs.LookupFunc,
+	load func(string, configs.LookupFunc) (C, error), start func(C, *slog.Logger) (S, error)) S {
+	t.Helper()
+	cfg, err := load("", lookup)
+	mustf(t, err, "service %s: configuration", name)
+	srv, err := start(cfg, logtest.Warnings(t).With("service", name))
+	mustf(t, err, "service %s", name)
+	testnet.RunUntilCleanup(t, name, srv.Run)
+	return srv
+}
+
+// serviceEnv is the environment of compose service name run in the test:
+// its own, with listeners (overrides) moved, its rules file read from this
+// repository, a temporary data directory, and its dependencies at d's
+// addresses (Redis standalone, no password).
+func serviceEnv(t testing.TB, c *compose, name string, d deps, overrides map[string]string) configs.LookupFunc {
+	t.Helper()
 	rules := c.Services[name].mountSource(c.Services[name].Environment["TOLLGATE_RULES_FILE"])
 	if rules == "" {
 		t.Fatalf("service %s: its rules file is not mounted from this repository", name)
 	}
-	overrides := map[string]string{
-		"TOLLGATE_AGGREGATOR_LISTEN":         "127.0.0.1:0",
-		"TOLLGATE_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
-		"TOLLGATE_DATA_DIR":                  t.TempDir(),
-		"TOLLGATE_RULES_FILE":                rules,
-		"TOLLGATE_REDIS_MODE":                "standalone",
-		"TOLLGATE_REDIS_ADDRS":               d.redis,
-		"TOLLGATE_REDIS_PASSWORD":            "",
-		"TOLLGATE_REDIS_MASTER_NAME":         "",
+	for k, v := range map[string]string{
+		"TOLLGATE_RULES_FILE":        rules,
+		"TOLLGATE_DATA_DIR":          t.TempDir(),
+		"TOLLGATE_REDIS_MODE":        "standalone",
+		"TOLLGATE_REDIS_ADDRS":       d.redis,
+		"TOLLGATE_REDIS_PASSWORD":    "",
+		"TOLLGATE_REDIS_MASTER_NAME": "",
+	} {
+		overrides[k] = v
 	}
 	replaceAddr(c, name, overrides, "TOLLGATE_KAFKA_BROKERS", strings.Join(d.kafka, ","))
 	replaceAddr(c, name, overrides, "TOLLGATE_NATS_URL", d.nats)
-	cfg, err := aggregator.LoadConfig("", serviceLookup(c, name, overrides))
-	mustf(t, err, "service %s: configuration", name)
-	srv, err := aggregator.New(cfg, logtest.Warnings(t).With("service", name))
-	mustf(t, err, "service %s", name)
-	testnet.RunUntilCleanup(t, name, srv.Run)
-	return srv
+	return serviceLookup(c, name, overrides)
 }
 
 // healthcheckURL matches the URL a healthcheck asks on its own container.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // natsConfig is one NATS service of a deployment started from a
@@ -271,20 +272,8 @@ func withoutRegionsList(s string) string {
 
 // firstDiff names the first line where a and b differ.
 func firstDiff(a, b string) string {
-	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
-	for i := range max(len(al), len(bl)) {
-		var x, y string
-		if i < len(al) {
-			x = al[i]
-		}
-		if i < len(bl) {
-			y = bl[i]
-		}
-		if x != y {
-			return "configs/rules.yaml: " + strconv.Quote(x) + "\n" + regionsRules + ": " + strconv.Quote(y)
-		}
-	}
-	return ""
+	_, x, y := testnet.FirstDiff(a, b)
+	return "configs/rules.yaml: " + strconv.Quote(x) + "\n" + regionsRules + ": " + strconv.Quote(y)
 }
 
 // keys returns a set's members, sorted.

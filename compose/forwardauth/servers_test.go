@@ -294,33 +294,14 @@ func startGateway(t *testing.T, redisAddr, rulesPath string, trusted bool) *runn
 func (g *runningGateway) kill() { _ = g.srv.Close() }
 
 // hangingServer accepts connections and never answers: a Tollgate that
-// hangs. Its accept loop and connections end at cleanup, which waits for
-// the loop.
+// hangs. Its accept loop and connections end at cleanup.
 func hangingServer(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	var conns []net.Conn // owned by the accept loop until done is closed
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
+	testnet.Serve(t, ln, nil)
 	return ln.Addr().String()
 }
 

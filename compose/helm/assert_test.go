@@ -69,7 +69,7 @@ func env(c corev1.Container, overrides map[string]string) func(string) (string, 
 	for k, v := range overrides {
 		m[k] = v
 	}
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	return configs.MapLookup(m)
 }
 
 // envVar returns a container's variable name.

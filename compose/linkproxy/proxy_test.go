@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // echoServer answers every connection with what it reads, and reports each
@@ -23,39 +25,25 @@ func echoServer(t *testing.T) (addr string, got <-chan []byte) {
 		t.Fatal(err)
 	}
 	ch := make(chan []byte, 64)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	testnet.Serve(t, ln, func(c net.Conn) {
+		defer c.Close() // after the client's half-close: EOF its way too
+		buf := make([]byte, 1024)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			if n > 0 {
+				select {
+				case ch <- bytes.Clone(buf[:n]):
+				default:
+				}
+				if _, err := c.Write(buf[:n]); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				buf := make([]byte, 1024)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						select {
-						case ch <- bytes.Clone(buf[:n]):
-						default:
-						}
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return ln.Addr().String(), ch
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -285,33 +286,14 @@ func TestLookPathHonoursEnvironment(t *testing.T) {
 	}
 }
 
-// fatalRecorder is a testing.TB whose Fatalf records the message and ends
-// the goroutine, as the real one does.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (r *fatalRecorder) Helper() {}
-
-func (r *fatalRecorder) Fatalf(format string, args ...any) {
-	r.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
 func TestStartTBFailsWithInstallCommand(t *testing.T) {
 	t.Parallel()
-	rec := &fatalRecorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		redistest.StartTB(rec, redisserver.WithBinary(filepath.Join(t.TempDir(), "absent")))
-		rec.msg = "StartTB returned"
-	}()
-	<-done
+	msg := testnet.RecordFatal(t, func(tb testing.TB) {
+		redistest.StartTB(tb, redisserver.WithBinary(filepath.Join(t.TempDir(), "absent")))
+	})
 	for _, want := range []string{"apt-get install -y redis-server", "sudo apt-get install -y redis-server"} {
-		if !strings.Contains(rec.msg, want) {
-			t.Errorf("failure message does not contain %q:\n%s", want, rec.msg)
+		if !strings.Contains(msg, want) {
+			t.Errorf("failure message does not contain %q:\n%s", want, msg)
 		}
 	}
 }

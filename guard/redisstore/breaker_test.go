@@ -33,11 +33,7 @@ func fixedWindow(name string) []guard.Counter {
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := newClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
 	var clock atomic.Int64
 	var mu sync.Mutex
 	var changes []string
@@ -138,11 +134,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := newClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
 	store := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithBatch(1, 0))
 	t.Cleanup(func() { store.Close() })
 	bad := fixedWindow("tg{t}bad")
@@ -169,11 +161,7 @@ func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 // breaker configuration falls back to the defaults (and is logged).
 func TestInvalidBreakerConfigUsesDefaults(t *testing.T) {
 	t.Parallel()
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{"127.0.0.1:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := newClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}})
 	store := redisstore.New(client, redisstore.WithBreaker(breaker.Config{FailureRatio: 2}))
 	t.Cleanup(func() { store.Close() })
 	if st := store.BreakerStates(); len(st) != 1 || st[0].Node != "127.0.0.1:1" || st[0].State != breaker.Closed {
@@ -204,11 +192,7 @@ func (b *syncBuffer) String() string {
 // unset field.
 func TestBreakerOpenLogSaysForHowLong(t *testing.T) {
 	t.Parallel()
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := newClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second})
 	tests := []struct {
 		name string
 		cfg  breaker.Config

@@ -21,7 +21,14 @@ import (
 func startRedis(tb testing.TB) redis.UniversalClient {
 	tb.Helper()
 	srv := redistest.StartTB(tb)
-	c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
+	return newClient(tb, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
+}
+
+// newClient builds a client of cfg as production builds it, closed by the
+// test's cleanup.
+func newClient(tb testing.TB, cfg redisstore.Config) redis.UniversalClient {
+	tb.Helper()
+	c, err := redisstore.NewClient(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,13 +15,9 @@ import (
 // master name, as TOLLGATE_REDIS_MODE=sentinel configures it.
 func TestSentinel(t *testing.T) {
 	st := redistest.StartSentinelTB(t)
-	client, err := redisstore.NewClient(redisstore.Config{
+	client := newClient(t, redisstore.Config{
 		Mode: redisstore.ModeSentinel, Addrs: st.SentinelAddrs(), MasterName: st.MasterName(), Timeout: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
 	store := redisstore.New(client, redisstore.WithTimeout(time.Second))
 	t.Cleanup(func() { store.Close() })
 	rs, err := rules.Load([]byte("rules:\n  - id: r\n    match: {}\n    algorithm: fixed_window\n    limit: 3\n    window: 1h\n"))

@@ -216,41 +216,23 @@ func FuzzNormalize(f *testing.F) {
 	})
 }
 
-// asciiJSON encodes s as a JSON string the way Python's and PHP's encoders
-// do by default: non-ASCII as \u escapes (surrogate pairs beyond the BMP)
-// and '/' as `\/`.
-func asciiJSON(s string) string {
+// quoteJSON encodes s as a JSON string. ascii: the way Python's and PHP's
+// encoders do by default, non-ASCII as \u escapes (surrogate pairs beyond
+// the BMP) and '/' as `\/`; otherwise only what JSON requires is escaped,
+// every other character left raw.
+func quoteJSON(s string, ascii bool) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {
 		switch {
 		case r == '"' || r == '\\':
 			b.WriteString(`\` + string(r))
-		case r == '/':
+		case ascii && r == '/':
 			b.WriteString(`\/`)
-		case r < 0x20 || r >= 0x7f:
+		case r < 0x20 || ascii && r >= 0x7f:
 			for _, u := range utf16.Encode([]rune{r}) {
 				fmt.Fprintf(&b, `\u%04x`, u)
 			}
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
-
-// rawJSON escapes only what JSON requires, leaving every other character
-// raw.
-func rawJSON(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			b.WriteString(`\` + string(r))
-		case r < 0x20:
-			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteRune(r)
 		}
@@ -267,11 +249,11 @@ func FuzzJSONAsYAML(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		goJSON, _ := json.Marshal(s)
-		for _, enc := range []string{string(goJSON), asciiJSON(s), rawJSON(s)} {
+		for _, enc := range []string{string(goJSON), quoteJSON(s, true), quoteJSON(s, false)} {
 			doc := []byte("{\"k\":\n\t" + enc + "}")
 			var want map[string]string
 			if err := json.Unmarshal(doc, &want); err != nil {
-				continue // rawJSON of invalid UTF-8 input
+				continue // the raw quoting of invalid UTF-8 input
 			}
 			var got map[string]string
 			if err := yaml.Unmarshal(jsonAsYAML(doc), &got); err != nil {

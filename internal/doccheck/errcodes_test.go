@@ -70,25 +70,8 @@ func TestErrorTables(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", errorTablesPage, err)
 	}
-	if *update {
-		if err := os.WriteFile(file, []byte(strings.Join(want, "\n")), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	for i := range max(len(have), len(want)) {
-		var h, w string
-		if i < len(have) {
-			h = have[i]
-		}
-		if i < len(want) {
-			w = want[i]
-		}
-		if h != w {
-			t.Fatalf("%s: the error tables are stale (first difference at line %d):\n have %q\n want %q\nrun go test ./internal/doccheck -run TestErrorTables -update",
-				errorTablesPage, i+1, h, w)
-		}
-	}
+	testnet.Golden(t, file, []byte(strings.Join(want, "\n")), *update,
+		"go test ./internal/doccheck -run TestErrorTables -update")
 }
 
 // TestRewriteErrorTables: the rewrite replaces exactly what lies between

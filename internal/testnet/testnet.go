@@ -1,19 +1,23 @@
 // Package testnet holds what tests need around processes and servers:
 // loopback addresses nothing listens on, a buffer several goroutines
 // (a process's stdout and stderr, a logger) may write to while the test
-// reads it, a server's Run kept going until the test ends, and the
-// module's root directory for tests that read the source tree.
+// reads it, a server's Run and a listener's connections kept going until
+// the test ends, and, for tests that read the source tree, the module's
+// root directory and generated files held to what generates them.
 package testnet
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,6 +99,124 @@ func RunUntilCleanup(t testing.TB, name string, run func(context.Context) error)
 			t.Errorf("%s: Run did not return within %v of its context's end", name, stopTimeout)
 		}
 	})
+}
+
+// Serve accepts connections on ln until the test ends, handing each to
+// handle on a goroutine of its own (nil: held open, never answered, as a
+// host that hangs). The test's cleanup closes ln and every connection
+// accepted, then waits for the accept loop and every handle to return.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if closed { // accepted as the cleanup ran: it will not see c
+				mu.Unlock()
+				_ = c.Close()
+				continue
+			}
+			conns = append(conns, c)
+			mu.Unlock()
+			if handle != nil {
+				wg.Go(func() { handle(c) })
+			}
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+}
+
+// FirstDiff returns the first line (counted from 1) where the texts a and
+// b differ, with that line of each (NoLine past a text's end); 0 when they
+// are the same.
+func FirstDiff(a, b string) (line int, x, y string) {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range max(len(al), len(bl)) {
+		x, y = NoLine, NoLine
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y || i >= len(al) || i >= len(bl) {
+			return i + 1, x, y
+		}
+	}
+	return 0, "", ""
+}
+
+// NoLine is FirstDiff's line of a text that has ended.
+const NoLine = "(no line: the text ends before)"
+
+// Golden holds the file at path (a generated doc or source file) to want:
+// with update it writes want there instead; otherwise a file that is
+// missing or differs fails the test, naming its first differing line and
+// rerun, the command that rewrites it.
+func Golden(t testing.TB, path string, want []byte, update bool, rerun string) {
+	t.Helper()
+	if update {
+		if err := os.WriteFile(path, want, 0o644); err != nil {
+			t.Fatalf("testnet: %v", err)
+		}
+		return
+	}
+	have, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v: run %s", err, rerun)
+	}
+	if line, h, w := FirstDiff(string(have), string(want)); line > 0 {
+		t.Fatalf("%s is stale (first difference at line %d):\n have %q\n want %q\nrun %s", path, line, h, w, rerun)
+	}
+}
+
+// RecordFatal runs f with a testing.TB whose Fatal and Fatalf record
+// their message and end f, as they end a test, and returns that message
+// ("" when f returned): for the tests of helpers that fail a test.
+func RecordFatal(t testing.TB, f func(tb testing.TB)) string {
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(rec)
+	}()
+	<-done
+	return rec.msg
+}
+
+// fatalRecorder is RecordFatal's testing.TB.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatal(args ...any) {
+	r.msg = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
 
 // ModuleRoot returns the directory holding go.mod, looked for from the

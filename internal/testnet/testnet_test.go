@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/internal/testnet"
 )
@@ -102,6 +106,122 @@ func TestRunUntilCleanup(t *testing.T) {
 			}
 			if got := strings.Join(tb.errs, "; "); got != tt.wantErr {
 				t.Fatalf("failures %q, want %q", got, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestServe: each connection reaches handle (or is held open with none);
+// the cleanup closes the listener and every connection, so a handle
+// blocked reading returns and a client sees its connection end.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		handle func(net.Conn)
+		want   string // what the client reads back after writing "ping\n"
+	}{
+		{"echo", func(c net.Conn) { _, _ = io.Copy(c, c) }, "ping\n"},
+		{"held open", nil, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tb := &cleanupTB{TB: t}
+			testnet.Serve(tb, ln, tt.handle)
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil { // fail, not hang
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(c, "ping\n"); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(tt.want))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != tt.want {
+				t.Fatalf("read %q, %v; want %q", got, err, tt.want)
+			}
+			if len(tb.cleanups) != 1 {
+				t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+			}
+			cleaned := make(chan struct{})
+			go func() { tb.cleanups[0](); close(cleaned) }()
+			select { // it returns once the accept loop and handle have
+			case <-cleaned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the cleanup did not return: a connection is still open")
+			}
+			var ne net.Error
+			if _, err := c.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("the connection is still open after the cleanup (read: %v)", err)
+			}
+			if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+				t.Fatal("the listener still accepts after the cleanup")
+			}
+		})
+	}
+}
+
+func TestFirstDiff(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, a, b string
+		line       int
+		x, y       string
+	}{
+		{"same", "a\nb", "a\nb", 0, "", ""},
+		{"second line", "a\nb\nc", "a\nB\nc", 2, "b", "B"},
+		{"b longer", "a", "a\nb", 2, testnet.NoLine, "b"},
+		{"a longer: a trailing newline", "a\nb\n", "a\nb", 3, "", testnet.NoLine},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			line, x, y := testnet.FirstDiff(tt.a, tt.b)
+			if line != tt.line || x != tt.x || y != tt.y {
+				t.Fatalf("FirstDiff = %d %q %q, want %d %q %q", line, x, y, tt.line, tt.x, tt.y)
+			}
+		})
+	}
+}
+
+func TestGolden(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name    string
+		file    string // the file's text before; "-": none
+		update  bool
+		wantMsg string // "": passes
+		after   string // the file's text after
+	}{
+		{"same", "a\nb\n", false, "", "a\nb\n"},
+		{"stale", "a\nc\n", false, "first difference at line 2):\n have \"c\"\n want \"b\"\nrun make regen", "a\nc\n"},
+		{"missing", "-", false, "run make regen", "-"},
+		{"update", "a\nc\n", true, "", "a\nb\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "_"))
+			if tt.file != "-" {
+				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			msg := testnet.RecordFatal(t, func(tb testing.TB) {
+				testnet.Golden(tb, path, []byte("a\nb\n"), tt.update, "make regen")
+			})
+			if tt.wantMsg == "" && msg != "" || !strings.Contains(msg, tt.wantMsg) {
+				t.Fatalf("failed with %q, want %q", msg, tt.wantMsg)
+			}
+			after, err := os.ReadFile(path)
+			if tt.after == "-" && err == nil || tt.after != "-" && string(after) != tt.after {
+				t.Fatalf("file after: %q, %v; want %q", after, err, tt.after)
 			}
 		})
 	}

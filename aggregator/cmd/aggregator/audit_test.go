@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +19,8 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
+	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -35,23 +36,11 @@ func TestAuditEverywhereAndSnapshot(t *testing.T) {
 		cfg := aggregator.Config{Listen: "127.0.0.1:0", MetricsListen: aggregator.Off, ID: id, DataDir: t.TempDir(),
 			AdminToken: token, KeySecret: "0123456789abcdef-secret", SessionTimeout: 2 * time.Second}
 		cfg.Kafka.Brokers = brokers
-		log := slog.New(slog.DiscardHandler)
-		if testing.Verbose() {
-			log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-		}
-		srv, err := aggregator.New(cfg, log)
+		srv, err := aggregator.New(cfg, logtest.Verbose(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		})
+		testnet.RunUntilCleanup(t, "aggregator "+id, srv.Run)
 		return srv
 	}
 	a, b := start("a"), start("b")
@@ -138,15 +127,7 @@ func TestPenaltyStepsInSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	testnet.RunUntilCleanup(t, "aggregator", srv.Run)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)

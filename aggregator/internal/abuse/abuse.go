@@ -563,8 +563,14 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 		return
 	}
 	i := x.entry(d.KeyID, true)
-	e := &x.list[i]
-	s := &e.State
+	if x.t.cfg.observe(&x.list[i].State, d, us) {
+		x.touch(i)
+	}
+}
+
+// observe records decision d, seen at us, in s; it reports whether the
+// detectors have new evidence of s to look at.
+func (c *Config) observe(s *State, d *Decision, us int64) bool {
 	s.Touched = us
 	if d.Tenant != "" {
 		s.Tenant = d.Tenant
@@ -573,7 +579,7 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 		s.KeyPrefix = d.KeyPrefix
 	}
 	if d.TimeMicros < s.Floor {
-		return
+		return false
 	}
 	t := d.TimeMicros
 	ignored := t > s.RetryFrom && t < s.RetryUntil
@@ -586,9 +592,7 @@ func (x *Txn) Observe(d *Decision, now time.Time) {
 			s.RetryFrom, s.RetryUntil = min(s.RetryFrom, t), max(s.RetryUntil, until)
 		}
 	}
-	if s.add(x.t.cfg.width(), t, !d.Allowed, ignored) {
-		x.touch(i)
-	}
+	return s.add(c.width(), t, !d.Allowed, ignored)
 }
 
 // touch lists entry i for the next Evaluate.
@@ -721,11 +725,21 @@ func (x *Txn) Evaluate(now time.Time) {
 
 // climb moves a key up after a firing.
 func (x *Txn) climb(id string, s *State, fired []Evidence, newest int64, now time.Time) {
+	if st, ok := x.t.cfg.climb(id, s, fired, newest, now); ok {
+		x.steps = append(x.steps, st)
+	}
+}
+
+// climb moves s (the state of key id) up a level after the detectors in
+// fired fired at now, newest the time of the newest decision they saw;
+// it returns the step taken, or false when s is at the top and still
+// enforced (the firing only postpones the step down).
+func (c *Config) climb(id string, s *State, fired []Evidence, newest int64, now time.Time) (Step, bool) {
 	us := now.UnixMicro()
 	next := s.Level + 1
 	if s.Level == MaxLevel {
 		if s.Enforced(us) {
-			return // at the top: the firing only postpones the step down
+			return Step{}, false
 		}
 		next = MaxLevel
 	}
@@ -735,23 +749,55 @@ func (x *Txn) climb(id string, s *State, fired []Evidence, newest int64, now tim
 	}
 	prev := s.Level
 	s.Level, s.Step, s.Since = next, s.Step+1, us
-	s.Until = now.Add(x.t.cfg.Duration(next)).UnixMicro()
-	s.Floor = max(s.Floor, newest+x.t.cfg.Grace.Microseconds())
-	st := x.newStep(id, s, prev, LevelAction(next), us)
+	s.Until = now.Add(c.Duration(next)).UnixMicro()
+	s.Floor = max(s.Floor, newest+c.Grace.Microseconds())
+	st := c.newStep(id, s, prev, LevelAction(next), us)
 	st.Evidence = fired
 	st.IssuedBy = strings.Join(names, ",")
 	st.Reason = describe(fired)
-	x.steps = append(x.steps, st)
+	return st, true
 }
 
-func (x *Txn) newStep(id string, s *State, prev int, action string, us int64) Step {
+// lift takes s (the state of key id) down to no level for the operator's
+// lift l at now and returns the step.
+func (c *Config) lift(id string, s *State, l Lift, now time.Time) Step {
+	us := now.UnixMicro()
+	prev := s.Level
+	s.LiftedAt = l.TimeMicros
+	s.Level, s.Step, s.Since, s.Until, s.LastFiring = LevelNone, s.Step+1, us, 0, 0
+	s.Floor = max(s.Floor, l.TimeMicros+1) // at or before the lift: never again
+	s.RetryFrom, s.RetryUntil = 0, 0
+	s.Ring = [Buckets]Bucket{}
+	st := c.newStep(id, s, prev, ActionLifted, us)
+	st.IssuedBy, st.Reason = l.Actor, l.Reason
+	return st
+}
+
+// stepDown takes s (the state of key id), quiet for QuietPeriod, one level
+// down at now and returns the step.
+func (c *Config) stepDown(id string, s *State, now time.Time) Step {
+	us := now.UnixMicro()
+	prev := s.Level
+	s.Level, s.Step, s.Since = s.Level-1, s.Step+1, us
+	if s.Level == LevelNone {
+		s.Until = 0
+	} else {
+		s.Until = min(s.Until, now.Add(c.Duration(s.Level)).UnixMicro())
+	}
+	st := c.newStep(id, s, prev, ActionStepDown, us)
+	st.IssuedBy = "ladder"
+	st.Reason = fmt.Sprintf("no detector fired for %v", c.QuietPeriod)
+	return st
+}
+
+func (c *Config) newStep(id string, s *State, prev int, action string, us int64) Step {
 	st := Step{KeyID: id, KeyPrefix: s.KeyPrefix, Tenant: s.Tenant, Step: s.Step, Level: s.Level, Previous: prev,
 		Action: action, StartsAt: us}
 	if s.Level > LevelNone {
 		st.ExpiresAt = s.Until
 	}
 	if s.Level == LevelReduced {
-		st.Factor = x.t.cfg.Factor
+		st.Factor = c.Factor
 	}
 	return st
 }
@@ -795,18 +841,8 @@ func (x *Txn) Lift(l Lift, now time.Time) bool {
 
 func (x *Txn) lift(i int32, l Lift, now time.Time) {
 	e := &x.list[i]
-	s := &e.State
-	us := now.UnixMicro()
-	prev := s.Level
-	s.LiftedAt = l.TimeMicros
-	s.Level, s.Step, s.Since, s.Until, s.LastFiring = LevelNone, s.Step+1, us, 0, 0
-	s.Floor = max(s.Floor, l.TimeMicros+1) // at or before the lift: never again
-	s.RetryFrom, s.RetryUntil = 0, 0
-	s.Ring = [Buckets]Bucket{}
 	e.touched = false
-	st := x.newStep(e.key, s, prev, ActionLifted, us)
-	st.IssuedBy, st.Reason = l.Actor, l.Reason
-	x.steps = append(x.steps, st)
+	x.steps = append(x.steps, x.t.cfg.lift(e.key, &e.State, l, now))
 }
 
 // Tick steps down the keys that were quiet for QuietPeriod and drops the
@@ -854,18 +890,7 @@ func (x *Txn) Tick(now time.Time) {
 	}
 	slices.Sort(down)
 	for _, id := range down {
-		s := &x.list[x.entry(id, false)].State
-		prev := s.Level
-		s.Level, s.Step, s.Since = s.Level-1, s.Step+1, us
-		if s.Level == LevelNone {
-			s.Until = 0
-		} else {
-			s.Until = min(s.Until, now.Add(cfg.Duration(s.Level)).UnixMicro())
-		}
-		st := x.newStep(id, s, prev, ActionStepDown, us)
-		st.IssuedBy = "ladder"
-		st.Reason = fmt.Sprintf("no detector fired for %v", cfg.QuietPeriod)
-		x.steps = append(x.steps, st)
+		x.steps = append(x.steps, cfg.stepDown(id, &x.list[x.entry(id, false)].State, now))
 	}
 	for _, id := range evict {
 		x.drop(id)

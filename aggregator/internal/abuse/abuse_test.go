@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -163,8 +164,13 @@ func TestIgnoringClientClimbsToTheTop(t *testing.T) {
 		t.Fatalf("levels %v, want 1, 2, 3", got)
 	}
 	for i, st := range s.steps {
-		if st.Previous != i || st.Step != uint64(i+1) || len(st.Evidence) == 0 || st.IssuedBy == "" || st.Reason == "" {
-			t.Errorf("step %d: %+v", i, st)
+		var detectors []string
+		for _, ev := range st.Evidence {
+			detectors = append(detectors, ev.Detector)
+		}
+		if st.Previous != i || st.Step != uint64(i+1) || len(st.Evidence) == 0 || st.Reason == "" ||
+			st.IssuedBy != strings.Join(detectors, ",") {
+			t.Errorf("step %d: %+v, want issued by its evidence's detectors", i, st)
 		}
 		if got, want := time.Duration(st.ExpiresAt-st.StartsAt)*time.Microsecond, s.tab.cfg.Duration(st.Level); got != want {
 			t.Errorf("step %d enforced for %v, want %v", i, got, want)
@@ -252,6 +258,11 @@ func TestStepDownAfterQuietPeriod(t *testing.T) {
 	if zero := s.steps[5]; zero.ExpiresAt != 0 {
 		t.Fatalf("step to 0: %+v", zero)
 	}
+	for i, st := range s.steps { // every step, up or down, counts one
+		if st.Step != uint64(i+1) || st.KeyID != "storm" || st.KeyPrefix != "sk_…" || st.Tenant != "acme" {
+			t.Fatalf("step %d: %+v, want step number %d of key storm (sk_…, acme)", i, st, i+1)
+		}
+	}
 	// Level 0 and idle: the state is kept while its step counter matters,
 	// then dropped.
 	s.idle(3 * time.Minute)
@@ -327,8 +338,9 @@ func TestLift(t *testing.T) {
 	x.Evaluate(s.now)
 	steps := x.Steps()
 	x.Commit()
-	if len(steps) != 1 || steps[0].Action != ActionLifted || steps[0].Level != 0 || steps[0].IssuedBy != "alice" || steps[0].ExpiresAt != 0 {
-		t.Fatalf("steps %+v, want one lift", steps)
+	if len(steps) != 1 || steps[0].Action != ActionLifted || steps[0].Level != 0 || steps[0].IssuedBy != "alice" || steps[0].ExpiresAt != 0 ||
+		steps[0].Step != s.steps[len(s.steps)-1].Step+1 || steps[0].Previous != s.steps[len(s.steps)-1].Level {
+		t.Fatalf("steps %+v, want one lift, the step after %+v", steps, s.steps[len(s.steps)-1])
 	}
 	st, _ := s.tab.Get("storm")
 	if st.Level != 0 || st.Ring != ([Buckets]Bucket{}) || st.RetryUntil != 0 {
@@ -593,4 +605,42 @@ func (t *Table) states() map[string]State {
 		}
 	}
 	return out
+}
+
+// TestObserveBackoffWindow: a rejection with a Retry-After opens the
+// window in which the key's further decisions are ignored (the client
+// was told to wait); one after the window opens a new one, one that
+// overlaps it widens it to the union, and one before the key's floor
+// (a lift) changes nothing.
+func TestObserveBackoffWindow(t *testing.T) {
+	t.Parallel()
+	const sec = int64(1_000_000)
+	cfg := Config{}
+	cfg.SetDefaults()
+	for _, tt := range []struct {
+		name                string
+		from, until, floor  int64 // the state's window and floor before
+		at, retryAfter      int64 // the decision's time (µs) and Retry-After (s)
+		wantFrom, wantUntil int64
+	}{
+		{"first", 0, 0, 0, 10 * sec, 5, 10 * sec, 15 * sec},
+		{"after the window: a new one", 10 * sec, 15 * sec, 0, 20 * sec, 5, 20 * sec, 25 * sec},
+		{"overlapping: the union", 10 * sec, 15 * sec, 0, 12 * sec, 10, 10 * sec, 22 * sec},
+		{"inside: unchanged", 10 * sec, 15 * sec, 0, 12 * sec, 1, 10 * sec, 15 * sec},
+		{"no Retry-After: unchanged", 10 * sec, 15 * sec, 0, 20 * sec, 0, 10 * sec, 15 * sec},
+		{"before the floor: unchanged", 0, 0, 30 * sec, 20 * sec, 5, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := State{RetryFrom: tt.from, RetryUntil: tt.until, Floor: tt.floor}
+			d := Decision{KeyID: "k", KeyPrefix: "sk_…", Tenant: "acme", TimeMicros: tt.at, RetryAfter: tt.retryAfter}
+			cfg.observe(&s, &d, tt.at)
+			if s.RetryFrom != tt.wantFrom || s.RetryUntil != tt.wantUntil {
+				t.Fatalf("window [%d, %d), want [%d, %d)", s.RetryFrom, s.RetryUntil, tt.wantFrom, tt.wantUntil)
+			}
+			if s.KeyPrefix != "sk_…" || s.Tenant != "acme" || s.Touched != tt.at {
+				t.Fatalf("state %+v: want the key's prefix, tenant and time kept", s)
+			}
+		})
+	}
 }

@@ -1,9 +1,7 @@
 package abuse
 
 import (
-	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -125,28 +123,7 @@ func (x *mapTxn) Observe(d *Decision, now time.Time) {
 		return
 	}
 	s := x.state(d.KeyID, true)
-	s.Touched = us
-	if d.Tenant != "" {
-		s.Tenant = d.Tenant
-	}
-	if d.KeyPrefix != "" {
-		s.KeyPrefix = d.KeyPrefix
-	}
-	if d.TimeMicros < s.Floor {
-		return
-	}
-	t := d.TimeMicros
-	ignored := t > s.RetryFrom && t < s.RetryUntil
-	if !d.Allowed && d.RetryAfter > 0 {
-		until := t + d.RetryAfter*1_000_000
-		switch {
-		case t >= s.RetryUntil: // after the running one: a new backoff
-			s.RetryFrom, s.RetryUntil = t, until
-		case until >= s.RetryFrom: // overlapping: the union
-			s.RetryFrom, s.RetryUntil = min(s.RetryFrom, t), max(s.RetryUntil, until)
-		}
-	}
-	if s.add(x.t.cfg.width(), t, !d.Allowed, ignored) {
+	if x.t.cfg.observe(s, d, us) {
 		x.touched[d.KeyID] = true
 	}
 }
@@ -188,39 +165,9 @@ func (x *mapTxn) Evaluate(now time.Time) {
 
 // climb moves a key up after a firing.
 func (x *mapTxn) climb(id string, s *State, fired []Evidence, newest int64, now time.Time) {
-	us := now.UnixMicro()
-	next := s.Level + 1
-	if s.Level == MaxLevel {
-		if s.Enforced(us) {
-			return // at the top: the firing only postpones the step down
-		}
-		next = MaxLevel
+	if st, ok := x.t.cfg.climb(id, s, fired, newest, now); ok {
+		x.steps = append(x.steps, st)
 	}
-	names := make([]string, len(fired))
-	for i, f := range fired {
-		names[i] = f.Detector
-	}
-	prev := s.Level
-	s.Level, s.Step, s.Since = next, s.Step+1, us
-	s.Until = now.Add(x.t.cfg.Duration(next)).UnixMicro()
-	s.Floor = max(s.Floor, newest+x.t.cfg.Grace.Microseconds())
-	st := x.newStep(id, s, prev, LevelAction(next), us)
-	st.Evidence = fired
-	st.IssuedBy = strings.Join(names, ",")
-	st.Reason = describe(fired)
-	x.steps = append(x.steps, st)
-}
-
-func (x *mapTxn) newStep(id string, s *State, prev int, action string, us int64) Step {
-	st := Step{KeyID: id, KeyPrefix: s.KeyPrefix, Tenant: s.Tenant, Step: s.Step, Level: s.Level, Previous: prev,
-		Action: action, StartsAt: us}
-	if s.Level > LevelNone {
-		st.ExpiresAt = s.Until
-	}
-	if s.Level == LevelReduced {
-		st.Factor = x.t.cfg.Factor
-	}
-	return st
 }
 
 // Lift applies an operator's lift at now (wall clock); it reports whether
@@ -242,17 +189,8 @@ func (x *mapTxn) Lift(l Lift, now time.Time) bool {
 }
 
 func (x *mapTxn) lift(id string, s *State, l Lift, now time.Time) {
-	us := now.UnixMicro()
-	prev := s.Level
-	s.LiftedAt = l.TimeMicros
-	s.Level, s.Step, s.Since, s.Until, s.LastFiring = LevelNone, s.Step+1, us, 0, 0
-	s.Floor = max(s.Floor, l.TimeMicros+1) // at or before the lift: never again
-	s.RetryFrom, s.RetryUntil = 0, 0
-	s.Ring = [Buckets]Bucket{}
 	delete(x.touched, id)
-	st := x.newStep(id, s, prev, ActionLifted, us)
-	st.IssuedBy, st.Reason = l.Actor, l.Reason
-	x.steps = append(x.steps, st)
+	x.steps = append(x.steps, x.t.cfg.lift(id, s, l, now))
 }
 
 // Tick steps down the keys that were quiet for QuietPeriod and drops the
@@ -286,18 +224,7 @@ func (x *mapTxn) Tick(now time.Time) {
 	}
 	slices.Sort(down)
 	for _, id := range down {
-		s := x.state(id, false)
-		prev := s.Level
-		s.Level, s.Step, s.Since = s.Level-1, s.Step+1, us
-		if s.Level == LevelNone {
-			s.Until = 0
-		} else {
-			s.Until = min(s.Until, now.Add(cfg.Duration(s.Level)).UnixMicro())
-		}
-		st := x.newStep(id, s, prev, ActionStepDown, us)
-		st.IssuedBy = "ladder"
-		st.Reason = fmt.Sprintf("no detector fired for %v", cfg.QuietPeriod)
-		x.steps = append(x.steps, st)
+		x.steps = append(x.steps, cfg.stepDown(id, x.state(id, false), now))
 	}
 	for _, id := range evict {
 		if x.deleted == nil {

@@ -10,14 +10,10 @@ import (
 	"github.com/tollgate/tollgate/configs"
 )
 
-func lookup(m map[string]string) configs.LookupFunc {
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
-
 func TestHelpListsEveryVariable(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--help"}, lookup(nil), &out, &errOut); code != 0 {
+	if code := run([]string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	vars, err := stack.Vars()
@@ -81,7 +77,7 @@ func TestExitCodes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errOut bytes.Buffer
-			if code := run(tt.args, lookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			if code := run(tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
 			}
 		})

@@ -8,6 +8,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 )
@@ -20,4 +22,22 @@ func StartTB(tb testing.TB, opts ...kafkabroker.Option) *kafkabroker.Broker {
 	return lifecycle.StartTB(tb, "kafka broker", func(ctx context.Context) (*kafkabroker.Broker, error) {
 		return kafkabroker.Start(ctx, opts...)
 	})
+}
+
+// RefuseProduce is the broker's answer to req refusing every partition it
+// writes with the error code (a kerr code), for a test's
+// kfake ControlKey on kmsg.Produce.
+func RefuseProduce(req *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, tp := range req.Topics {
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
+		for _, p := range tp.Partitions {
+			rp := kmsg.NewProduceResponseTopicPartition()
+			rp.Partition, rp.ErrorCode = p.Partition, code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
 }

@@ -10,14 +10,10 @@ import (
 	"github.com/tollgate/tollgate/configs"
 )
 
-func lookup(m map[string]string) configs.LookupFunc {
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
-
 func TestHelpListsEveryVariable(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--help"}, lookup(nil), &out, &errOut); code != 0 {
+	if code := run([]string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	for _, name := range []string{
@@ -55,7 +51,7 @@ func TestExitCodes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errOut bytes.Buffer
-			if code := run(tt.args, lookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			if code := run(tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
 			}
 		})
@@ -81,7 +77,7 @@ func TestBusyPortsAreAllNamed(t *testing.T) {
 		"TOLLGATE_METRICS_LISTEN": busy[1], "TOLLGATE_GRPC_LISTEN": "off", "TOLLGATE_REDIS_ADDRS": "127.0.0.1:9",
 	}
 	var out, errOut bytes.Buffer
-	if code := run(nil, lookup(env), &out, &errOut); code != 1 {
+	if code := run(nil, configs.MapLookup(env), &out, &errOut); code != 1 {
 		t.Fatalf("exit %d with two ports taken, want 1; stderr %s", code, errOut.String())
 	}
 	t.Logf("stderr:\n%s", errOut.String())
@@ -100,7 +96,7 @@ func TestBusyPortsAreAllNamed(t *testing.T) {
 func TestExampleConfig(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--example-config"}, lookup(nil), &out, &errOut); code != 0 || !bytes.Equal(out.Bytes(), configs.GatewayYAML()) {
+	if code := run([]string{"--example-config"}, configs.MapLookup(nil), &out, &errOut); code != 0 || !bytes.Equal(out.Bytes(), configs.GatewayYAML()) {
 		t.Fatalf("exit %d, output %d bytes", code, out.Len())
 	}
 }

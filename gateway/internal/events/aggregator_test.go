@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -140,19 +141,6 @@ func startAggregator(t *testing.T, brokers []string) *aggregator.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("aggregator: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("aggregator did not stop within 30s")
-		}
-	})
+	testnet.RunUntilCleanup(t, "aggregator", srv.Run)
 	return srv
 }

@@ -703,18 +703,7 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 		}
 		refused.Add(1)
 		req := kr.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.InvalidRecord.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kafkatest.RefuseProduce(req, kerr.InvalidRecord.Code), nil, true
 	})
 	p := start(t, testConfig(t, c.Addrs(), t.TempDir()))
 	// Continuously, so that records are handed to franz-go while others
