@@ -372,8 +372,10 @@ func (c *Coordinator) planPeriods(name string, lim Limit, flow [][]int64, loans 
 // planWindows orders the loans of a fixed window, whose units belong to
 // the windows they name: for each window starting before the next plan,
 // a new loan for what the pair's loans covering it fall short of the flow
-// by more than tol (consecutive windows with the same shortfall share a
-// loan). Loans end with their windows; nothing is extended.
+// by more than tol (consecutive windows after the current one with the
+// same shortfall share a loan; a loan the other way, from the receiver
+// to the giver, counts against the flow, so a flow that reversed returns
+// those units too). Loans end with their windows; nothing is extended.
 func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans []outstanding, tol, now int64) {
 	n := len(flow)
 	first := fdiv(now, lim.Window)
@@ -391,8 +393,15 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 			for w := first; w <= last; w++ {
 				var covered int64
 				for _, l := range loans {
-					if l.from == g && l.to == r && l.First <= w && w <= l.Last {
-						covered += l.Units
+					if l.First <= w && w <= l.Last {
+						switch {
+						case l.from == g && l.to == r:
+							covered += l.Units
+						case f > 0 && l.from == r && l.to == g:
+							// r lent g units of w and now g should
+							// lend r: g gives them back as well.
+							covered -= l.Units
+						}
 					}
 				}
 				short := f - covered
@@ -400,7 +409,10 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 					flush(w - 1)
 					continue
 				}
-				if runStart >= 0 && short != runUnits {
+				if runStart >= 0 && (short != runUnits || w == first+1) {
+					// The current window has a loan of its own: the
+					// giver lends what is left of it, which must not
+					// cap what it lends of the windows after.
 					flush(w - 1)
 				}
 				if runStart < 0 {

@@ -189,3 +189,73 @@ func TestGiverKeepsWhatNewDemandNeeds(t *testing.T) {
 		t.Fatalf("r2 gave %d units of the current window, want 0 to 10", given)
 	}
 }
+
+// TestCoordinatorReturnsUnitsOfAReversedFlow: r2 lent r1 its share of
+// the coming windows; then the client moves to r2. The coordinator orders
+// r1 to lend r2 r1's own share and r2's units back, not r1's share alone
+// (with which r2 would hold half of L where it holds all the demand).
+func TestCoordinatorReturnsUnitsOfAReversedFlow(t *testing.T) {
+	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
+	cfg := Config{}.WithDefaults()
+	q := &queue{}
+	coord, err := NewCoordinator(cfg, EqualFleet("r1", "r2"), NewEpoch(1, 0), q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := int64(1_763_000_000) * sec
+	w := start / sec
+	lent := LoanState{ID: LoanID{Epoch: coord.Epoch(), Seq: 1}, To: "r1", Units: 50, First: w, Last: w + 1}
+	for _, rep := range []*Report{
+		{Region: "r1", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{{Counter: "c", Limit: lim, Share: 100}}},
+		{Region: "r2", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{
+			{Counter: "c", Limit: lim, Share: 0, Used: 0, Demand: 200, Rejected: 200, Out: []LoanState{lent}}}},
+	} {
+		if err := coord.Handle(rep, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coord.Tick(start + cfg.PlanOffset)
+	var units int64
+	for _, m := range q.msgs {
+		if o, ok := m.m.(*Order); ok && o.Loan.From == "r1" && o.Loan.To == "r2" && o.Loan.First <= w+1 && w+1 <= o.Loan.Last {
+			units += o.Loan.Units
+		}
+	}
+	if units != 100 {
+		t.Fatalf("ordered r1 to lend r2 %d units of the next window, want 100 (its own 50 and r2's 50 back)", units)
+	}
+}
+
+// TestCoordinatorCurrentWindowLoanApart: a plan late in a window orders
+// the current window and the next as two loans, so what the giver has
+// used of the current window (a loan gets the least room of its windows)
+// does not cap what it lends of the next.
+func TestCoordinatorCurrentWindowLoanApart(t *testing.T) {
+	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
+	cfg := Config{Period: sec / 2}.WithDefaults()
+	q := &queue{}
+	coord, err := NewCoordinator(cfg, EqualFleet("r1", "r2"), NewEpoch(1, 0), q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := int64(1_763_000_000)*sec + sec/2 // the second period of window w
+	w := start / sec
+	for _, rep := range []*Report{
+		{Region: "r1", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{{Counter: "c", Limit: lim, Share: 50, Used: 40, Demand: 35}}},
+		{Region: "r2", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{{Counter: "c", Limit: lim, Share: 50, Used: 10, Demand: 15}}},
+	} {
+		if err := coord.Handle(rep, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coord.Tick(start + cfg.PlanOffset)
+	var spans [][2]int64
+	for _, m := range q.msgs {
+		if o, ok := m.m.(*Order); ok {
+			spans = append(spans, [2]int64{o.Loan.First - w, o.Loan.Last - w})
+		}
+	}
+	if len(spans) != 2 || spans[0] != [2]int64{0, 0} || spans[1] != [2]int64{1, 1} {
+		t.Fatalf("loans ordered for windows %v (relative to the current), want [0 0] and [1 1]", spans)
+	}
+}
