@@ -404,7 +404,9 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 						}
 					}
 				}
-				short := f - covered
+				// A reversed flow returns at most L: reports out of
+				// date may list more lent the other way.
+				short := min(f-covered, lim.Units)
 				if short <= tol {
 					flush(w - 1)
 					continue
