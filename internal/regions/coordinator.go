@@ -31,6 +31,18 @@ type Coordinator struct {
 	reports  map[string]received
 	targets  map[string][]int64
 	lastPlan PlanStats
+	// ordered are the new loans this coordinator ordered in the last
+	// period, which the givers' reports may not list yet: an urgent plan
+	// between two reports counts them as out, so as not to order the same
+	// units twice.
+	ordered map[LoanID]ordered
+	now     int64 // the plan's time
+}
+
+// ordered is a new loan ordered, and when.
+type ordered struct {
+	loan Loan
+	at   int64
 }
 
 // received is a region's latest report and when it arrived.
@@ -61,7 +73,7 @@ func NewCoordinator(cfg Config, fleet Fleet, epoch Epoch, tr Transport, log *slo
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Coordinator{cfg: cfg, fleet: fleet, epoch: epoch, tr: tr, log: log, planned: math.MinInt64,
-		reports: map[string]received{}, targets: map[string][]int64{}}, nil
+		reports: map[string]received{}, targets: map[string][]int64{}, ordered: map[LoanID]ordered{}}, nil
 }
 
 // Epoch is the coordinator's epoch.
@@ -98,6 +110,10 @@ func (c *Coordinator) Handle(m Message, now int64) error {
 		}
 		c.depose(m.Epoch)
 		prev, ok := c.reports[m.Region]
+		if m.Urgent {
+			c.urgent(m, prev, ok, now)
+			return nil
+		}
 		if ok && prev.rep.Time == m.Time && prev.at >= now-c.cfg.Period {
 			// The rest of a report split in parts.
 			merged := *prev.rep
@@ -129,7 +145,51 @@ func (c *Coordinator) Tick(now int64) {
 	}
 	c.planned = k
 	c.tr.Send(ToRegions, &Heartbeat{Epoch: c.epoch})
+	clear(c.targets)
+	c.lastPlan = PlanStats{}
+	c.planAll(nil, now)
+}
 
+// urgent takes a region's urgent report: its counters replace or join
+// those of the region's last report (which keeps its time, so the next
+// report at a boundary replaces it), and those counters are planned at
+// once. Without a recent report to join, the urgent one stands alone,
+// dated just before its period's boundary for the same reason.
+func (c *Coordinator) urgent(m *Report, prev received, ok bool, now int64) {
+	if c.deposed {
+		return
+	}
+	var merged Report
+	if ok && now-prev.at <= c.cfg.Period+c.cfg.Period/2 {
+		merged = *prev.rep
+		merged.Counters = slices.DeleteFunc(slices.Clone(merged.Counters), func(cr CounterReport) bool {
+			return slices.ContainsFunc(m.Counters, func(u CounterReport) bool { return u.Counter == cr.Counter })
+		})
+		merged.Counters = append(merged.Counters, m.Counters...)
+	} else {
+		merged = *m
+		merged.Time = fdiv(m.Time, c.cfg.Period)*c.cfg.Period - 1
+	}
+	merged.Urgent = false
+	c.reports[m.Region] = received{rep: &merged, at: now}
+	names := map[string]bool{}
+	for _, cr := range m.Counters {
+		names[cr.Counter] = true
+	}
+	c.planAll(names, now)
+}
+
+// planAll plans the counters the recent reports name (only, unless nil,
+// those in only).
+func (c *Coordinator) planAll(only map[string]bool, now int64) {
+	// The reports of this period's boundary list what was given before
+	// it; what was ordered since may not be given yet.
+	c.now = now
+	for id, o := range c.ordered {
+		if o.at < fdiv(now, c.cfg.Period)*c.cfg.Period {
+			delete(c.ordered, id)
+		}
+	}
 	// Regions whose report of this period boundary or the one before has
 	// arrived are reachable; only they give or receive.
 	n := len(c.fleet.Members)
@@ -144,6 +204,9 @@ func (c *Coordinator) Tick(now int64) {
 		reach[i] = true
 		for j := range r.rep.Counters {
 			cr := &r.rep.Counters[j]
+			if only != nil && !only[cr.Counter] {
+				continue
+			}
 			if lim, ok := limits[cr.Counter]; ok && lim != cr.Limit {
 				// Regions disagree on the limit (a rule change under
 				// way): leave the counter alone until they agree.
@@ -157,8 +220,6 @@ func (c *Coordinator) Tick(now int64) {
 			byCounter[cr.Counter][i] = cr
 		}
 	}
-	clear(c.targets)
-	c.lastPlan = PlanStats{}
 	for _, name := range slices.Sorted(maps.Keys(byCounter)) {
 		lim := limits[name]
 		if lim == (Limit{}) {
@@ -199,6 +260,16 @@ func (c *Coordinator) plan(name string, lim Limit, reps []*CounterReport, reach 
 				loans = append(loans, outstanding{from: g, to: r, LoanState: o})
 			}
 		}
+	}
+	// Loans ordered since the givers last reported count as out.
+	for _, o := range c.ordered {
+		g, r := c.fleet.Index(o.loan.From), c.fleet.Index(o.loan.To)
+		if o.loan.Counter != name || o.loan.Limit != lim || g < 0 || r < 0 || !reach[g] || o.loan.Last < slot ||
+			slices.ContainsFunc(loans, func(l outstanding) bool { return l.ID == o.loan.ID }) {
+			continue
+		}
+		loans = append(loans, outstanding{from: g, to: r, LoanState: LoanState{ID: o.loan.ID, To: o.loan.To,
+			Units: o.loan.Units, First: o.loan.First, Last: o.loan.Last}})
 	}
 	slices.SortFunc(loans, func(a, b outstanding) int {
 		if d := cmp.Compare(b.Units, a.Units); d != 0 {
@@ -301,8 +372,10 @@ func (c *Coordinator) planPeriods(name string, lim Limit, flow [][]int64, loans 
 // planWindows orders the loans of a fixed window, whose units belong to
 // the windows they name: for each window starting before the next plan,
 // a new loan for what the pair's loans covering it fall short of the flow
-// by more than tol (consecutive windows with the same shortfall share a
-// loan). Loans end with their windows; nothing is extended.
+// by more than tol (consecutive windows after the current one with the
+// same shortfall share a loan; a loan the other way, from the receiver
+// to the giver, counts against the flow, so a flow that reversed returns
+// those units too). Loans end with their windows; nothing is extended.
 func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans []outstanding, tol, now int64) {
 	n := len(flow)
 	first := fdiv(now, lim.Window)
@@ -320,16 +393,28 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 			for w := first; w <= last; w++ {
 				var covered int64
 				for _, l := range loans {
-					if l.from == g && l.to == r && l.First <= w && w <= l.Last {
-						covered += l.Units
+					if l.First <= w && w <= l.Last {
+						switch {
+						case l.from == g && l.to == r:
+							covered += l.Units
+						case f > 0 && l.from == r && l.to == g:
+							// r lent g units of w and now g should
+							// lend r: g gives them back as well.
+							covered -= l.Units
+						}
 					}
 				}
-				short := f - covered
+				// A reversed flow returns at most L: reports out of
+				// date may list more lent the other way.
+				short := min(f-covered, lim.Units)
 				if short <= tol {
 					flush(w - 1)
 					continue
 				}
-				if runStart >= 0 && short != runUnits {
+				if runStart >= 0 && (short != runUnits || w == first+1) {
+					// The current window has a loan of its own: the
+					// giver lends what is left of it, which must not
+					// cap what it lends of the windows after.
 					flush(w - 1)
 				}
 				if runStart < 0 {
@@ -344,11 +429,13 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 func (c *Coordinator) newLoan(name string, lim Limit, g, r int, units, first, last int64) {
 	c.seq++
 	c.lastPlan.New++
-	c.order(&Order{Epoch: c.epoch, Loan: Loan{
+	o := &Order{Epoch: c.epoch, Loan: Loan{
 		ID: LoanID{Epoch: c.epoch, Seq: c.seq}, Counter: name, Limit: lim,
 		From: c.fleet.Members[g].Name, To: c.fleet.Members[r].Name,
 		Units: units, First: first, Last: last,
-	}})
+	}}
+	c.ordered[o.Loan.ID] = ordered{loan: o.Loan, at: c.now}
+	c.order(o)
 }
 
 func (c *Coordinator) order(o *Order) { c.tr.Send(Node(o.Loan.From), o) }

@@ -122,7 +122,8 @@ func EpochOf(m Message) Epoch {
 }
 
 // Report is a region's state of its hot counters and of every counter
-// holding a loan, sent to the coordinator at each period boundary.
+// holding a loan, sent to the coordinator at each period boundary; or,
+// Urgent, of the counters that turned hot within a period.
 type Report struct {
 	Region string
 	// Epoch is the highest coordinator epoch the region has seen: a
@@ -131,6 +132,11 @@ type Report struct {
 	// Time is the region's clock when it reported.
 	Time     int64
 	Counters []CounterReport
+	// Urgent: sent within a period, not at its boundary, naming only the
+	// counters that turned hot since the region's last report, their
+	// demand scaled to a whole period. The coordinator adds them to the
+	// region's last report and plans them at once.
+	Urgent bool
 }
 
 // CounterReport is one counter in a Report.

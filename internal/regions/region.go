@@ -41,6 +41,8 @@ type demand struct {
 	lim, held          Limit
 	cur, curRejected   int64
 	last, lastRejected int64
+	// urgent: reported within the current period (Report.Urgent).
+	urgent bool
 }
 
 // limit is the limit the counter is decided under in the region, as far
@@ -137,12 +139,15 @@ func need(cfg Config, lim Limit, d int64) int64 {
 
 // Tick closes the period when now has entered a new one: the demand
 // counted becomes the last period's, and the region reports its hot
-// counters and every counter holding a loan to the coordinators. Calls
-// within the same period do nothing.
+// counters and every counter holding a loan to the coordinators. Within a
+// period it reports at once the counters that turned hot since the last
+// report (urgent); the owner calls it often (every tenth of a period) so
+// that a counter that starts rejecting is planned without waiting for the
+// next boundary.
 func (r *Region) Tick(ctx context.Context, now int64) error {
 	k := fdiv(now, r.cfg.Period)
 	if k <= r.period {
-		return nil
+		return r.urgent(ctx, now)
 	}
 	gap := k - r.period
 	r.period = k
@@ -152,7 +157,7 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 		} else {
 			d.last, d.lastRejected = 0, 0
 		}
-		d.cur, d.curRejected = 0, 0
+		d.cur, d.curRejected, d.urgent = 0, 0, false
 		if d.last == 0 {
 			delete(r.demand, name)
 		}
@@ -173,24 +178,13 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(report)) {
-		lim := report[name]
-		st, err := r.store.State(ctx, name, lim, now)
-		if mm, ok := errors.AsType[*LimitMismatchError](err); ok {
-			// The region decides the counter under another limit than
-			// the rule's (an override or a penalty, or the rule changed):
-			// its shares are of that limit, so it reports and lends under
-			// it.
-			lim = mm.Held
-			st, err = r.store.State(ctx, name, lim, now)
-		}
+		cr, err := r.counterReport(ctx, name, report[name], now)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		cr := CounterReport{Counter: name, Limit: lim, Share: st.Share, Used: st.Used, Out: st.Out}
 		if d := r.demand[name]; d != nil {
 			// Demand is in the units requests cost, whatever the limit.
-			d.held = lim
 			cr.Demand, cr.Rejected = d.last, d.lastRejected
 		}
 		rep.Counters = append(rep.Counters, cr)
@@ -205,6 +199,86 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("regions: tick: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// counterReport is a counter's state for a report, under the limit its
+// ledger holds: the region decides the counter under another limit than
+// the rule's after an override or a penalty (or the rule changed), and
+// its shares are of that limit, so it reports and lends under it.
+func (r *Region) counterReport(ctx context.Context, name string, lim Limit, now int64) (CounterReport, error) {
+	st, err := r.store.State(ctx, name, lim, now)
+	if mm, ok := errors.AsType[*LimitMismatchError](err); ok {
+		lim = mm.Held
+		st, err = r.store.State(ctx, name, lim, now)
+	}
+	if err != nil {
+		return CounterReport{}, err
+	}
+	if d := r.demand[name]; d != nil {
+		d.held = lim
+	}
+	return CounterReport{Counter: name, Limit: lim, Share: st.Share, Used: st.Used, Out: st.Out}, nil
+}
+
+// sofar is u units counted in the current period so far, scaled to a
+// whole period; the elapsed part counts as at least a quarter of it, so
+// that a burst at a period's start is not magnified without bound.
+func (r *Region) sofar(u, now int64) int64 {
+	v, _ := mulDiv(max(u, 0), r.cfg.Period, max(now-r.period*r.cfg.Period, r.cfg.Period/4))
+	return v
+}
+
+// urgent reports, within a period, the counters that turned hot since
+// the last report and need more than their share: not hot in the last
+// period, now past HotFraction of what the static share admits in a whole
+// period, and rejecting or with a need (their demand so far, scaled to a
+// whole period) above the region's share. Each is
+// reported once a period, its demand so far scaled to a whole period
+// (sofar). Cold counters never are, so
+// these reports too grow with hot counters, not keys.
+func (r *Region) urgent(ctx context.Context, now int64) error {
+	var names []string
+	for name, d := range r.demand {
+		if d.urgent || r.hot(d) {
+			continue
+		}
+		lim := d.limit()
+		per := float64(r.staticOf(lim)) * float64(r.cfg.Period) / float64(lim.Window)
+		if d.curRejected > 0 || float64(d.cur) > r.cfg.HotFraction*per {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
+	var errs []error
+	for _, name := range names {
+		d := r.demand[name]
+		cr, err := r.counterReport(ctx, name, d.limit(), now)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cr.Demand, cr.Rejected = r.sofar(d.cur, now), r.sofar(d.curRejected, now)
+		if cr.Rejected == 0 && need(r.cfg, cr.Limit, cr.Demand) <= cr.Share {
+			continue // its share covers the demand: the next report will do
+		}
+		d.urgent = true
+		rep.Counters = append(rep.Counters, cr)
+		if len(rep.Counters) == MaxReportCounters {
+			r.tr.Send(ToCoordinators, rep)
+			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
+		}
+	}
+	if len(rep.Counters) > 0 {
+		r.tr.Send(ToCoordinators, rep)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("regions: urgent report: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -239,7 +313,19 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 		}
 		var keep int64
 		if d := r.demand[m.Loan.Counter]; d != nil {
-			keep = need(r.cfg, m.Loan.Limit, max(d.last, d.cur))
+			// What the last period asked, or this one's so far. A fixed
+			// window's loan is of units of the current window and the
+			// next, so this period's demand counts at its rate so far
+			// (its part alone would give away what the rest of the
+			// window needs). A bucket or sliding window's loan is
+			// extended each period, and an extension refused ends it,
+			// so a rate guessed from part of a period (noisy) must not
+			// refuse it: the part counts as it is.
+			cur := d.cur
+			if m.Loan.Limit.Kind == FixedWindow {
+				cur = r.sofar(d.cur, now)
+			}
+			keep = need(r.cfg, m.Loan.Limit, max(d.last, cur))
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {

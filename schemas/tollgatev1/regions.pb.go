@@ -681,7 +681,12 @@ type RegionReport struct {
 	// epoch.
 	TimeUnixMicros int64 `protobuf:"varint,3,opt,name=time_unix_micros,json=timeUnixMicros,proto3" json:"time_unix_micros,omitempty"`
 	// The counters reported.
-	Counters      []*RegionCounterReport `protobuf:"bytes,4,rep,name=counters,proto3" json:"counters,omitempty"`
+	Counters []*RegionCounterReport `protobuf:"bytes,4,rep,name=counters,proto3" json:"counters,omitempty"`
+	// Sent within a period, not at its boundary: counters that turned hot
+	// since the region's last report (demand scaled to a whole period). The
+	// coordinator adds them to the region's last report and plans them at
+	// once.
+	Urgent        bool `protobuf:"varint,5,opt,name=urgent,proto3" json:"urgent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -742,6 +747,13 @@ func (x *RegionReport) GetCounters() []*RegionCounterReport {
 		return x.Counters
 	}
 	return nil
+}
+
+func (x *RegionReport) GetUrgent() bool {
+	if x != nil {
+		return x.Urgent
+	}
+	return false
 }
 
 // RegionOrder asks loan.from to give up to loan.units to loan.to, or, with
@@ -1066,12 +1078,13 @@ const file_tollgate_v1_regions_proto_rawDesc = "" +
 	"\x04used\x18\x04 \x01(\x03R\x04used\x12\x16\n" +
 	"\x06demand\x18\x05 \x01(\x03R\x06demand\x12\x1a\n" +
 	"\brejected\x18\x06 \x01(\x03R\brejected\x12.\n" +
-	"\x03out\x18\a \x03(\v2\x1c.tollgate.v1.RegionLoanStateR\x03out\"\xa4\x01\n" +
+	"\x03out\x18\a \x03(\v2\x1c.tollgate.v1.RegionLoanStateR\x03out\"\xbc\x01\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12(\n" +
 	"\x10time_unix_micros\x18\x03 \x01(\x03R\x0etimeUnixMicros\x12<\n" +
-	"\bcounters\x18\x04 \x03(\v2 .tollgate.v1.RegionCounterReportR\bcounters\"h\n" +
+	"\bcounters\x18\x04 \x03(\v2 .tollgate.v1.RegionCounterReportR\bcounters\x12\x16\n" +
+	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"h\n" +
 	"\vRegionOrder\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12+\n" +
 	"\x04loan\x18\x02 \x01(\v2\x17.tollgate.v1.RegionLoanR\x04loan\x12\x16\n" +

@@ -38,6 +38,9 @@ type Options struct {
 	// is off by a fixed amount within Config.Skew, a third of them at the
 	// bound.
 	NoSkew bool
+	// DemandLag is how long after a decision its region's agent counts
+	// it (the decision stream's lag to the aggregator); 0: at once.
+	DemandLag time.Duration
 	// Log receives the protocol's logs (nil: discard).
 	Log *slog.Logger
 	// Ledger, if set, makes each region's ledger (for instance one kept in
@@ -92,6 +95,7 @@ type Sim struct {
 	order    []*Counter
 	cold     []*Counter
 	coldRate float64
+	lag      int64 // Options.DemandLag, µs
 	coldGen  int
 
 	stats Stats
@@ -153,7 +157,7 @@ func New(opts Options) (*Sim, error) {
 	s := &Sim{
 		cfg: cfg, fleet: regions.EqualFleet(Names[:opts.Regions]...), net: opts.Net, log: log,
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)), ctx: context.Background(),
-		counters: map[string]*Counter{}, stats: Stats{ByKind: map[string]int64{}},
+		counters: map[string]*Counter{}, stats: Stats{ByKind: map[string]int64{}}, lag: opts.DemandLag.Microseconds(),
 	}
 	// Start somewhere in 2024, at no particular boundary.
 	s.start = 1_704_067_200_000_000 + s.rng.Int64N(86_400_000_000)
@@ -345,8 +349,8 @@ func (s *Sim) startCoordinator(r *region, e regions.Epoch) error {
 	return nil
 }
 
-// scheduleTicks runs region r's period ticks and its coordinator's plan
-// ticks at its own clock's boundaries.
+// scheduleTicks runs region r's ticks, at its own clock's boundaries and
+// every tenth of a period between, and its coordinator's plan ticks.
 func (s *Sim) scheduleTicks(r *region) {
 	p := s.cfg.Period
 	next := func(offset int64) int64 { // next true time at which r's clock reads k×P + offset
@@ -371,7 +375,9 @@ func (s *Sim) scheduleTicks(r *region) {
 				}
 			}
 		}
-		s.schedule(next(0), tick)
+		// Between boundaries too, as the aggregator does, for the agent's
+		// urgent reports.
+		s.schedule(min(next(0), s.now+p/10), tick)
 	}
 	plan = func() {
 		if r.up && r.coord != nil {

@@ -117,6 +117,11 @@ func TestChaosRegressionSeeds(t *testing.T) {
 		// now keeps the highest epoch across restarts, as the aggregator
 		// does.
 		{"restarted coordinator reused its epoch", 7, 3, Chaos{Duration: 30 * time.Second, Hot: 6, LimitChanges: 20}},
+		// A fixed window's flow reversed while reports out of date
+		// listed more lent the other way than the limit (a limit cut
+		// under way): the coordinator ordered a loan above the limit,
+		// which the giver refused as invalid. Loans are now capped at L.
+		{"reversed flow ordered a loan above the limit", 70, 3, Chaos{Duration: 80 * time.Second, Hot: 6, LimitChanges: 20}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

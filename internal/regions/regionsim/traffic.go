@@ -2,6 +2,7 @@ package regionsim
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/tollgate/tollgate/internal/regions"
 )
@@ -13,8 +14,11 @@ type Counter struct {
 	traffic Traffic
 	gen     int
 	next    int // the region a rotating client uses next
-	judge   *regions.Judge
-	ref     *regions.Judge
+	// sent counts a paced client's requests per region, so that each
+	// goes to the region furthest behind its part of Split.
+	sent  []float64
+	judge *regions.Judge
+	ref   *regions.Judge
 	// views is the limit each region's gateways decide the counter
 	// under (an override or a penalty cut it there), by region; a zero
 	// Limit is the rule's.
@@ -34,11 +38,14 @@ type CounterStats struct {
 // Traffic is a counter's clients: requests of cost 1 arriving as a Poisson
 // stream at Rate per second, sent to a region drawn by the weights of
 // Split (nil: every region alike), or, with Rotate, to each region in
-// turn.
+// turn. Paced clients send one request every 1/Rate seconds instead, each
+// to the region furthest behind its part of Split, as the regions
+// loadtest scenario's clients do.
 type Traffic struct {
 	Rate   float64
 	Split  []float64
 	Rotate bool
+	Paced  bool
 }
 
 // limitIn is the limit region i decides c under.
@@ -94,6 +101,7 @@ func (s *Sim) Counters() []*Counter { return s.order }
 func (s *Sim) SetTraffic(c *Counter, t Traffic) {
 	c.gen++
 	c.traffic = t
+	c.sent = nil
 	s.arrivals(c, c.gen)
 }
 
@@ -101,7 +109,11 @@ func (s *Sim) arrivals(c *Counter, gen int) {
 	if c.traffic.Rate <= 0 {
 		return
 	}
-	s.schedule(s.now+max(s.exp(1e6/c.traffic.Rate), 1), func() {
+	gap := max(s.exp(1e6/c.traffic.Rate), 1)
+	if c.traffic.Paced {
+		gap = max(int64(1e6/c.traffic.Rate), 1)
+	}
+	s.schedule(s.now+gap, func() {
 		if c.gen != gen {
 			return
 		}
@@ -119,6 +131,9 @@ func (s *Sim) route(c *Counter) int {
 	if len(c.traffic.Split) == 0 {
 		return s.rng.IntN(n)
 	}
+	if c.traffic.Paced {
+		return c.paced(n)
+	}
 	var sum float64
 	for _, w := range c.traffic.Split[:min(n, len(c.traffic.Split))] {
 		sum += w
@@ -131,6 +146,28 @@ func (s *Sim) route(c *Counter) int {
 		x -= w
 	}
 	return n - 1
+}
+
+// paced is the region furthest behind its part of Split, counting the
+// request it is chosen for (ties: the first).
+func (c *Counter) paced(n int) int {
+	split := c.traffic.Split[:min(n, len(c.traffic.Split))]
+	if c.sent == nil {
+		c.sent = make([]float64, len(split))
+	}
+	var sum, total float64
+	for i, w := range split {
+		sum += w
+		total += c.sent[i]
+	}
+	best, lag := 0, math.Inf(-1)
+	for i, w := range split {
+		if l := (total+1)*w/sum - c.sent[i]; l > lag {
+			best, lag = i, l
+		}
+	}
+	c.sent[best]++
+	return best
 }
 
 // AddCold adds n counters that share one stream of requests at rate per
@@ -182,7 +219,16 @@ func (s *Sim) request(c *Counter, i int) {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
 		return
 	}
-	r.agent.Observe(c.Name, c.Limit, cost, a.Allowed)
+	if s.lag > 0 {
+		allowed := a.Allowed
+		s.schedule(s.now+s.lag, func() {
+			if r.up {
+				r.agent.Observe(c.Name, c.Limit, cost, allowed)
+			}
+		})
+	} else {
+		r.agent.Observe(c.Name, c.Limit, cost, a.Allowed)
+	}
 	if a.Allowed {
 		s.stats.Admitted++
 		c.Stats.Admitted++

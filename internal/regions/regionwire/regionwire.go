@@ -234,7 +234,7 @@ func loanIn(l *tollgatev1.RegionLoan) (regions.Loan, error) {
 }
 
 func reportOut(r *regions.Report) *tollgatev1.RegionReport {
-	w := &tollgatev1.RegionReport{Region: r.Region, Epoch: uint64(r.Epoch), TimeUnixMicros: r.Time,
+	w := &tollgatev1.RegionReport{Region: r.Region, Epoch: uint64(r.Epoch), TimeUnixMicros: r.Time, Urgent: r.Urgent,
 		Counters: make([]*tollgatev1.RegionCounterReport, len(r.Counters))}
 	for i, c := range r.Counters {
 		wc := &tollgatev1.RegionCounterReport{Counter: c.Counter, Limit: limitOut(c.Limit), Share: c.Share,
@@ -251,7 +251,7 @@ func reportIn(w *tollgatev1.RegionReport) (*regions.Report, error) {
 	if len(w.GetCounters()) > regions.MaxReportCounters {
 		return nil, fmt.Errorf("report of %d counters", len(w.GetCounters()))
 	}
-	r := &regions.Report{Region: w.GetRegion(), Epoch: regions.Epoch(w.GetEpoch()), Time: w.GetTimeUnixMicros()}
+	r := &regions.Report{Region: w.GetRegion(), Epoch: regions.Epoch(w.GetEpoch()), Time: w.GetTimeUnixMicros(), Urgent: w.GetUrgent()}
 	if n := len(w.GetCounters()); n > 0 {
 		r.Counters = make([]regions.CounterReport, n)
 	}

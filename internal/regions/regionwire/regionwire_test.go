@@ -36,6 +36,8 @@ func messages() []struct {
 				{Counter: "b", Limit: regions.Limit{Kind: regions.Bucket, Units: 10, Window: 1_000_000}, Share: 5, Used: 1,
 					Out: []regions.LoanState{{ID: loan.ID, To: "us", Units: 2, First: 5, Last: 6}}},
 			}}},
+		{"eu", &regions.Report{Region: "eu", Epoch: regions.NewEpoch(3, 1), Time: 1_764_000_000_250_000, Urgent: true,
+			Counters: []regions.CounterReport{{Counter: "a", Limit: limit, Share: 50, Used: 20, Demand: 80}}}},
 		{"us", &regions.Order{Epoch: regions.NewEpoch(3, 1), Loan: loan}},
 		{"us", &regions.Order{Epoch: regions.NewEpoch(3, 1), Loan: loan, Extend: true}},
 		{"eu", &regions.GiveResult{Epoch: regions.NewEpoch(3, 1), Loan: loan}},
