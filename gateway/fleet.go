@@ -32,7 +32,7 @@ const natsStartWait = time.Second
 const presencePokeSpread = 500 * time.Millisecond
 
 // presencePokeEvery quiets the presence writes after new rulesets
-// (fleetkv.AnnouncerConfig.PokeEvery): after two within 15 s, the
+// (fleetkv.AnnouncerConfig.PokeEvery): after three within 15 s, the
 // rulesets of the next 15 to 30 s are reported by the 5 s heartbeat.
 // Rulesets put in force in quick succession (a rollout script's) made the
 // 200 gateways of a fleet write together after each, and those bursts of

@@ -87,15 +87,16 @@ type AnnouncerConfig struct {
 	// it yet. 0: at once.
 	PokeSpread time.Duration
 	// PokeEvery, when positive, quiets pokes that come in quick
-	// succession: after two writes that pokes asked for within PokeEvery
-	// of each other, pokes are left to the next Interval's write (which
+	// succession: after three writes that pokes asked for within
+	// PokeEvery, pokes are left to the next Interval's write (which
 	// carries what the gateway runs then) for a random time between
 	// PokeEvery and twice it. Rulesets put in force one at a time are
 	// written as before; a rollout of many in a row costs each gateway
-	// two writes, not one per ruleset: the gateways, which all get a
-	// ruleset at the same instant, would otherwise write together again
-	// and again, and their bursts of writes delayed the delivery of the
-	// next change. 0: every poke writes.
+	// three writes, not one per ruleset (a gateway's start alone pokes
+	// twice: the ruleset it starts with, then NATS's): the gateways,
+	// which all get a ruleset at the same instant, would otherwise write
+	// together again and again, and their bursts of writes delayed the
+	// delivery of the next change. 0: every poke writes.
 	PokeEvery time.Duration
 }
 
@@ -170,7 +171,7 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 	defer poked.Stop()
 	pending := false
 	var quietUntil time.Time // pokes before it are left to the heartbeat
-	var served time.Time     // when a write last served a poke
+	var served [2]time.Time  // when the last two writes that served a poke were made, oldest first
 	h.put(ctx)
 	for {
 		poke := false
@@ -203,10 +204,10 @@ func (a *Announcer) Run(ctx context.Context, c *Conn) {
 		h.put(ctx)
 		if poke {
 			now := time.Now()
-			if q := a.quiet(); q > 0 && now.Sub(served) < a.cfg.PokeEvery {
+			if q := a.quiet(); q > 0 && now.Sub(served[0]) < a.cfg.PokeEvery {
 				quietUntil = now.Add(q)
 			}
-			served = now
+			served = [2]time.Time{served[1], now}
 		}
 	}
 }

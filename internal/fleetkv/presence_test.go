@@ -206,14 +206,17 @@ func TestAnnouncerPokeEvery(t *testing.T) {
 	set(3)
 	a.Poke() // written at once too: one poke after another is no burst yet
 	entry(3)
+	set(4)
+	a.Poke() // and a third (a gateway's start alone pokes twice)
+	entry(4)
 	w, err := kv.Presence.Watch(t.Context(), tollgatev1.GatewayKey("gw-e"), jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = w.Stop() }()
-	set(4)
-	a.Poke()
 	set(5)
+	a.Poke()
+	set(6)
 	a.Poke()
 	select {
 	case e := <-w.Updates():
