@@ -399,18 +399,7 @@ func (r *regionsRun) moving(ctx context.Context) error {
 	if len(shots) == 0 {
 		return fmt.Errorf("regions: moving client: %w", ctx.Err())
 	}
-	var fr []string
-	within := 0.0
-	for k, w := range fullWindows(moved, shots[len(shots)-1].sent, r.ro.window) {
-		if k >= 4 {
-			break
-		}
-		v := float64(mayLieIn(shots, 1, w, r.ro.window)) / r.L
-		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
-		if k < 2 {
-			within = max(within, v)
-		}
-	}
+	fr, within := r.available(shots, 1, moved)
 	note := "L available in r2 in each period after the move: " + strings.Join(fr, ", ")
 	if !r.f.agent {
 		note += "; " + static
@@ -418,6 +407,23 @@ func (r *regionsRun) moving(ctx context.Context) error {
 	r.add(phaseResult{Phase: "client moving r1 → r2 at 2 × L", Figure: "L available in r2 within 2 periods", Unit: "%",
 		Value: 100 * within, Target: "≥ 90 %", Met: within >= 0.9, Note: note}, shots)
 	return nil
+}
+
+// available is the part of L region got in each of the first four whole
+// windows from since (as text), and the most it got in either of the
+// first two.
+func (r *regionsRun) available(shots []shot, region int, since time.Time) (fr []string, within float64) {
+	for k, w := range fullWindows(since, shots[len(shots)-1].sent, r.ro.window) {
+		if k >= 4 {
+			break
+		}
+		v := float64(mayLieIn(shots, region, w, r.ro.window)) / r.L
+		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
+		if k < 2 {
+			within = max(within, v)
+		}
+	}
+	return fr, within
 }
 
 // split is traffic split 70/30 and then 50/50 at 90 % of L: its false
@@ -501,18 +507,7 @@ func (r *regionsRun) healed(ctx context.Context) error {
 	if len(shots) == 0 {
 		return fmt.Errorf("regions: after the partition: %w", ctx.Err())
 	}
-	var fr []string
-	within := 0.0
-	for k, w := range fullWindows(healed, shots[len(shots)-1].sent, r.ro.window) {
-		if k >= 4 {
-			break
-		}
-		v := float64(mayLieIn(shots, 0, w, r.ro.window)) / r.L
-		fr = append(fr, fmt.Sprintf("%.0f %%", 100*v))
-		if k < 2 {
-			within = max(within, v)
-		}
-	}
+	fr, within := r.available(shots, 0, healed)
 	note := "L available in r1 in each period after the heal: " + strings.Join(fr, ", ")
 	if !r.f.agent {
 		note += "; " + static
