@@ -110,7 +110,11 @@ type sender struct {
 	nextScratch  []uint64
 	maxActive    int
 
-	flushReq  chan struct{} // capacity 1: a generation to send
+	flushReq chan struct{} // capacity 1: a generation to send
+	// flushing is set when a generation is handed to franz-go and cleared
+	// when its Flush has returned: every record of it answered and
+	// franz-go's buffer empty. See fill.
+	flushing  atomic.Bool
 	stopFlush context.CancelFunc
 	flushDone chan struct{} // closed when the flusher returned
 }
@@ -277,12 +281,6 @@ func (s *sender) run(ctx context.Context) error {
 		kgo.ManualFlushing(), // generations: see fill
 		kgo.MaxBufferedRecords(maxInflight + 1),
 		kgo.UnknownTopicRetries(-1), // a missing topic is Kafka being down
-		// One produce request per broker at a time: with two, a batch
-		// could be written while the one before it on its partition
-		// fails (a broker takes any first sequence number from a
-		// producer it has no state for on that partition), and the
-		// failed records, re-sent later, would land after it.
-		kgo.MaxProduceRequestsInflightPerBroker(1),
 		kgo.WithLogger(kafkalog.New(p.log)),
 	}
 	cl, err := kgo.NewClient(opts...)
@@ -418,7 +416,7 @@ func (s *sender) collect(now time.Time, stopping bool) {
 // idle reports whether a chunk sealed now would be sent at once.
 func (s *sender) idle(now time.Time) bool {
 	return len(s.pending) == 0 && s.backlog == 0 && len(s.active) < s.maxActive &&
-		s.p.inflight.Load() == 0 && !s.p.failed.Load() && !now.Before(s.backoffUntil)
+		s.p.inflight.Load() == 0 && !s.flushing.Load() && !s.p.failed.Load() && !now.Before(s.backoffUntil)
 }
 
 // newSegment returns a recycled or new segment.
@@ -699,9 +697,18 @@ func (s *sender) dropSegment(g *segment, err error) {
 // the broker refuses later batches by sequence; as no record is handed over
 // until the whole generation is answered, nothing produced after the
 // failure can overtake the failed records, which are re-sent first.
+//
+// "Answered" is the previous Flush having returned, not only every promise
+// having run: franz-go runs a record's promise before it takes the record
+// out of its buffer, and while a Flush waits for that buffer to empty it
+// sends whatever is produced at once. A generation handed over then would
+// go out record by record as fill hands it, so a batch of it could fail
+// while a later record of its partition was still to be handed, and that
+// record would be written first (under the new producer epoch the failure
+// starts) and the failed ones after it.
 func (s *sender) fill(now time.Time) {
 	p := s.p
-	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) || p.inflight.Load() > 0 {
+	if s.cl == nil || p.failed.Load() || now.Before(s.backoffUntil) || p.inflight.Load() > 0 || s.flushing.Load() {
 		return
 	}
 	n := 0
@@ -723,10 +730,8 @@ func (s *sender) fill(now time.Time) {
 		n = s.produce(g, n)
 	}
 	if n > 0 {
-		select {
-		case s.flushReq <- struct{}{}:
-		default:
-		}
+		s.flushing.Store(true)
+		s.flushReq <- struct{}{} // never blocks: the flusher took the last one and has returned from its Flush
 	}
 }
 
@@ -827,6 +832,8 @@ func (s *sender) flush(ctx context.Context) {
 		if err := s.cl.Flush(ctx); err != nil && ctx.Err() == nil {
 			s.p.log.Warn("events: flush", slog.Any("error", err))
 		}
+		s.flushing.Store(false)
+		s.p.signal(true)
 	}
 }
 
