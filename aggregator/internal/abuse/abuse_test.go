@@ -2,9 +2,9 @@ package abuse
 
 import (
 	"fmt"
+	"github.com/tollgate/tollgate/internal/memtest"
 	"math/rand/v2"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -565,24 +565,20 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 func TestTxnSizedFromTheLast(t *testing.T) {
 	const keys = 4096
 	tab := NewTable(Config{}, 0, nil)
-	ids := make([]string, 2*keys)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("key-%06d", i)
-	}
+	ids := memtest.Names("key-%06d", 2*keys)
 	run := func(from int) (mallocs uint64) {
 		x := tab.Begin()
 		ds := make([]Decision, keys)
 		for i := range ds {
 			ds[i] = Decision{KeyID: ids[from+i], Tenant: "t", TimeMicros: start.UnixMicro(), Allowed: true}
 		}
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for i := range ds {
-			x.Observe(&ds[i], start)
-		}
-		runtime.ReadMemStats(&after)
+		mallocs = memtest.Mallocs(func() {
+			for i := range ds {
+				x.Observe(&ds[i], start)
+			}
+		})
 		x.Commit()
-		return after.Mallocs - before.Mallocs
+		return mallocs
 	}
 	first := run(0) // the maps grow from empty
 	second := run(keys)

@@ -1,0 +1,65 @@
+package memtest_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/memtest"
+)
+
+func TestNames(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		format string
+		n      int
+		want   []string
+	}{
+		{"key-%03d", 3, []string{"key-000", "key-001", "key-002"}},
+		{"tenant-%d", 2, []string{"tenant-0", "tenant-1"}},
+		{"none-%d", 0, []string{}},
+	} {
+		if got := memtest.Names(tc.format, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("Names(%q, %d) = %q, want %q", tc.format, tc.n, got, tc.want)
+		}
+	}
+}
+
+// sink keeps what the allocation test makes from being optimised away.
+var sink [][]byte
+
+// TestRetainedCountsWhatIsHeld (not parallel: it reads the process's heap):
+// 1 000 blocks of 4 KiB held by what build returns count; the same blocks
+// dropped before build returns do not.
+func TestRetainedCountsWhatIsHeld(t *testing.T) {
+	const blocks, size = 1000, 4096
+	fill := func() [][]byte {
+		out := make([][]byte, blocks)
+		for i := range out {
+			out[i] = make([]byte, size)
+		}
+		return out
+	}
+	held := memtest.Retained(func() any { return fill() })
+	if held < blocks*size || held > 2*blocks*size {
+		t.Errorf("Retained of %d blocks of %d B held = %d B, want about %d", blocks, size, held, blocks*size)
+	}
+	dropped := memtest.Retained(func() any { fill(); return nil })
+	if dropped > blocks*size/4 {
+		t.Errorf("Retained of blocks dropped before it returned = %d B, want next to none", dropped)
+	}
+}
+
+// TestMallocs (not parallel: it reads the process's allocation count):
+// 100 allocations that escape are counted, and no fewer.
+func TestMallocs(t *testing.T) {
+	const n = 100
+	got := memtest.Mallocs(func() {
+		for range n {
+			sink = append(sink, make([]byte, 64))
+		}
+	})
+	sink = nil
+	if got < n {
+		t.Errorf("Mallocs of %d allocations = %d, want at least %d", n, got, n)
+	}
+}
