@@ -651,9 +651,9 @@ func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
 func TestHeldRowMemory(t *testing.T) {
 	const keys, perTxn = 20_000, 5_000
 	names, tenants := memtest.Names("key-%018d", keys), memtest.Names("tenant-%d", 100)
-	evs := make([]Event, perTxn)
 	var tab *Table
 	held := memtest.Retained(func() any {
+		evs := make([]Event, perTxn) // scratch: not held once built
 		tab = NewTable(Config{}, 0, nil, nil, nil)
 		for c := 0; c < keys; c += perTxn {
 			x := tab.Begin()
