@@ -360,14 +360,7 @@ func TestCheckManyOneRequestIsCheckInto(t *testing.T) {
 // per-key override, but no shadow rule: a shadow counter shared by two
 // requests of a call is charged (or not) for the sum, which a replay one
 // request at a time does not reproduce.
-const multiModelRules = `
-keys:
-  k_acme_1: {tenant: acme, tier: pro}
-  k_acme_2: {tenant: acme, tier: pro}
-  k_vip: {tenant: globex, tier: pro}
-tiers:
-  - {pattern: "k_free_*", tier: free}
-routes: ["/v1/users/{id}"]
+const multiModelRules = modelKeys + `routes: ["/v1/users/{id}"]
 rules:
   - {id: per-key, match: {}, algorithm: token_bucket, capacity: 10, rate: 7/3s,
      overrides: {k_vip: {capacity: 30}}}
