@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -398,7 +398,7 @@ func TestStartLogExposure(t *testing.T) {
 			[]string{"api_token_set=true", "exposed=[api]"}, []string{"s3cr3t-token-value", "check API is reachable"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var buf lockedBuf
+			var buf testnet.Buffer
 			cfg := e.config()
 			tc.mutate(&cfg)
 			srv, err := gateway.New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
@@ -425,22 +425,4 @@ func TestStartLogExposure(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuf is a bytes.Buffer safe for a logger and a reader.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

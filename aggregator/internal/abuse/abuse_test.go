@@ -2,12 +2,13 @@ package abuse
 
 import (
 	"fmt"
-	"github.com/tollgate/tollgate/internal/memtest"
 	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/memtest"
 )
 
 // start is the simulation's epoch: event time and wall clock are one

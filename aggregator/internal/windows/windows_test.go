@@ -2,12 +2,13 @@ package windows
 
 import (
 	"fmt"
-	"github.com/tollgate/tollgate/internal/memtest"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/memtest"
 )
 
 // memLoader is the "disk" of the model test: rows evicted from the table.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/gateway/internal/spool/spooltest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -130,22 +131,7 @@ func mustAppend(t testing.TB, s *spool.Spool, recs []spool.Record) {
 }
 
 // logBuffer is a logger whose output a test can read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type logBuffer struct{ testnet.Buffer }
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
