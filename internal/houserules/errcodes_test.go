@@ -301,7 +301,6 @@ func codeConstants(parsed map[string][]goFile, module, vocab string) map[string]
 	return out
 }
 
-
 // modulePath reads the module path from fsys's go.mod.
 func modulePath(fsys fs.FS) (string, error) {
 	data, err := fs.ReadFile(fsys, "go.mod")
