@@ -1,23 +1,10 @@
 // Package memtest holds what the memory tests of the in-memory tables
-// share: numbered names to fill a table with, the heap a table holds once
-// built, and the allocations a piece of work makes. The measures read the
+// share: the heap a table holds once built, and the allocations a piece of
+// work makes. The measures read the
 // process's heap, so the tests that call them do not run in parallel.
 package memtest
 
-import (
-	"fmt"
-	"runtime"
-)
-
-// Names returns n names, the i-th formatted from format and i (for
-// example "key-%018d"), in order.
-func Names(format string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf(format, i)
-	}
-	return out
-}
+import "runtime"
 
 // Retained returns the bytes of heap that build leaves allocated: the heap
 // in use after a collection that follows build, less the heap in use after

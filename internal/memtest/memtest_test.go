@@ -1,7 +1,6 @@
 package memtest_test
 
 import (
-	"slices"
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/memtest"
@@ -44,22 +43,5 @@ func TestMallocs(t *testing.T) {
 	sink = nil
 	if got < n {
 		t.Errorf("Mallocs of %d allocations = %d, want at least %d", n, got, n)
-	}
-}
-
-func TestNames(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		format string
-		n      int
-		want   []string
-	}{
-		{"key-%03d", 3, []string{"key-000", "key-001", "key-002"}},
-		{"tenant-%d", 2, []string{"tenant-0", "tenant-1"}},
-		{"none-%d", 0, []string{}},
-	} {
-		if got := memtest.Names(tc.format, tc.n); !slices.Equal(got, tc.want) {
-			t.Errorf("Names(%q, %d) = %q, want %q", tc.format, tc.n, got, tc.want)
-		}
 	}
 }

@@ -263,3 +263,14 @@ func ConstValues(f *ast.File, fn func(name string, value ast.Expr)) {
 		}
 	}
 }
+
+// Numbered returns n strings, the i-th formatted from format and i, in
+// order: names to fill a table with ("key-%018d"), or the lines of a
+// file with many entries ("  - {id: r%d, capacity: 1, rate: 1/s}\n").
+func Numbered(format string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(format, i)
+	}
+	return out
+}

@@ -259,3 +259,20 @@ func F() { const Inner = 1 }
 		t.Fatalf("ConstValues = %q, want %q", got, want)
 	}
 }
+
+func TestNumbered(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		format string
+		n      int
+		want   []string
+	}{
+		{"key-%03d", 3, []string{"key-000", "key-001", "key-002"}},
+		{"  - {id: r%d}\n", 2, []string{"  - {id: r0}\n", "  - {id: r1}\n"}},
+		{"none-%d", 0, []string{}},
+	} {
+		if got := testnet.Numbered(tc.format, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("Numbered(%q, %d) = %q, want %q", tc.format, tc.n, got, tc.want)
+		}
+	}
+}

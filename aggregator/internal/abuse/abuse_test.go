@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // start is the simulation's epoch: event time and wall clock are one
@@ -566,7 +567,7 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 func TestTxnSizedFromTheLast(t *testing.T) {
 	const keys = 4096
 	tab := NewTable(Config{}, 0, nil)
-	ids := memtest.Names("key-%06d", 2*keys)
+	ids := testnet.Numbered("key-%06d", 2*keys)
 	run := func(from int) (mallocs uint64) {
 		x := tab.Begin()
 		ds := make([]Decision, keys)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/intern"
 	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // TestTableMatchesMapReference drives the flat table and the map-based
@@ -211,7 +212,7 @@ const sizeofSlot = unsafe.Sizeof(slot{})
 // to scan at every cycle.
 func TestHeldStateMemory(t *testing.T) {
 	const keys, perTxn = 20_000, 5_000
-	names, tenants := memtest.Names("key-%018d", keys), memtest.Names("tenant-%d", 100)
+	names, tenants := testnet.Numbered("key-%018d", keys), testnet.Numbered("tenant-%d", 100)
 	ds := make([]Decision, perTxn)
 	var tab *Table
 	held := memtest.Retained(func() any {

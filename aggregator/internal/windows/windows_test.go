@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // memLoader is the "disk" of the model test: rows evicted from the table.
@@ -521,7 +522,7 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 	tab := NewTable(Config{}, 0, nil, nil, nil)
 	src := Source{Gateway: "gw", Epoch: 1}
 	seq := uint64(0)
-	keys := memtest.Names("key-%06d", 2*events)
+	keys := testnet.Numbered("key-%06d", 2*events)
 	run := func(from int) (mallocs uint64) {
 		x := tab.Begin()
 		evs := make([]Event, events)
@@ -651,7 +652,7 @@ func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
 // (a map of *Row by string-keyed RowKey took ≈ 266).
 func TestHeldRowMemory(t *testing.T) {
 	const keys, perTxn = 20_000, 5_000
-	names, tenants := memtest.Names("key-%018d", keys), memtest.Names("tenant-%d", 100)
+	names, tenants := testnet.Numbered("key-%018d", keys), testnet.Numbered("tenant-%d", 100)
 	var tab *Table
 	held := memtest.Retained(func() any {
 		evs := make([]Event, perTxn) // scratch: not held once built
