@@ -213,10 +213,7 @@ func TestRoundTripInOrder(t *testing.T) {
 func TestReopenRecoversInOrder(t *testing.T) {
 	t.Parallel()
 	fsys := spooltest.New()
-	s, err := spool.Open(fsys, dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, fsys, spool.Options{})
 	var want [][]spool.Record
 	for i := range 20 {
 		b := batch(fmt.Sprint(i), 1+i, 150)
@@ -268,10 +265,7 @@ func TestRemove(t *testing.T) {
 func TestClose(t *testing.T) {
 	t.Parallel()
 	fsys := spooltest.New()
-	s, err := spool.Open(fsys, dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, fsys, spool.Options{})
 	mustAppend(t, s, batch("x", 1, 1))
 	var wg sync.WaitGroup
 	for range 8 {
@@ -465,10 +459,7 @@ func TestCrashDuringAppend(t *testing.T) {
 	d := batch("d", 20, 150)
 	setup := func(t *testing.T) (*spooltest.FS, *spool.Spool) {
 		fsys := spooltest.New()
-		s, err := spool.Open(fsys, dir, spool.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := open(t, fsys, spool.Options{})
 		for _, b := range before {
 			mustAppend(t, s, b)
 		}
