@@ -15,10 +15,8 @@ import (
 // writable it answers the same loan, gives nothing twice, and the counter
 // is listed as active.
 func TestGiveWhenActiveSetUnwritable(t *testing.T) {
-	client := startRedis(t)
+	client, cfg, fleet := twoRegions(t)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2")
 	prefix := fmt.Sprintf("act%d", time.Now().UnixNano())
 	store, err := regionstore.New(client, cfg, fleet, "r1", regionstore.WithKeyPrefix(prefix))
 	if err != nil {
