@@ -30,24 +30,35 @@ rules:
     rate: 10/1m
 `
 
-// op calls the operator API.
+// op calls the operator API with the admin token.
 func op(t *testing.T, addr, method, path, body string, header ...string) (int, http.Header, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	code, h, b, err := exchange(http.DefaultClient, method, "http://"+addr+path, body,
+		append([]string{"Authorization", "Bearer " + token}, header...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	return code, h, b
+}
+
+// exchange sends a request through cl with header (name, value pairs, a
+// later one replacing an earlier) and returns the answer's status, header
+// and body.
+func exchange(cl *http.Client, method, url, body string, header ...string) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(context.Background(), method, url, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := cl.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, b
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b, err
 }
 
 func startFleetAggregator(t *testing.T) (*instance, jetstream.JetStream) {
@@ -91,14 +102,12 @@ func TestOperatorAPI(t *testing.T) {
 	addr := in.srv.Addrs().API
 
 	t.Run("token", func(t *testing.T) {
-		req, _ := http.NewRequest("GET", "http://"+addr+"/admin/v1/rules", nil)
-		resp, err := http.DefaultClient.Do(req)
+		code, _, _, err := exchange(http.DefaultClient, "GET", "http://"+addr+"/admin/v1/rules", "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		if resp.StatusCode != 401 {
-			t.Fatalf("without token: %d, want 401", resp.StatusCode)
+		if code != 401 {
+			t.Fatalf("without token: %d, want 401", code)
 		}
 	})
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -191,16 +190,13 @@ type answer struct {
 func report(t testing.TB, addr, tenant string) (answer, error) {
 	q := url.Values{"granularity": {"minute"}, "from": {time.Now().Add(-time.Hour).Format(time.RFC3339)},
 		"to": {time.Now().Add(time.Minute).Format(time.RFC3339)}}
-	req, _ := http.NewRequest("GET", "http://"+addr+"/v1/usage/tenants/"+url.PathEscape(tenant)+"?"+q.Encode(), nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	code, _, b, err := exchange(http.DefaultClient, "GET", "http://"+addr+"/v1/usage/tenants/"+url.PathEscape(tenant)+"?"+q.Encode(), "",
+		"Authorization", "Bearer "+token)
 	if err != nil {
 		return answer{}, err
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		return answer{}, fmt.Errorf("report %s: %d %s", tenant, resp.StatusCode, b)
+	if code != 200 {
+		return answer{}, fmt.Errorf("report %s: %d %s", tenant, code, b)
 	}
 	var a answer
 	return a, json.Unmarshal(b, &a)

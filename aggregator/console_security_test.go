@@ -1,10 +1,8 @@
 package aggregator_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
@@ -31,20 +29,11 @@ type browser struct {
 
 func (b *browser) do(t *testing.T, method, path, body string, header ...string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), method, b.base+path, strings.NewReader(body))
+	code, _, out, err := exchange(b.cl, method, b.base+path, body, header...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := b.cl.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, out
+	return code, out
 }
 
 // signIn signs b in with body from the console's origin.
@@ -87,15 +76,11 @@ func TestViewerAndConsoleSessions(t *testing.T) {
 	})
 
 	viewer := func(method, path, body string) (int, []byte) {
-		req, _ := http.NewRequestWithContext(context.Background(), method, "http://"+addr+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+viewerToken)
-		resp, err := http.DefaultClient.Do(req)
+		code, _, b, err := exchange(http.DefaultClient, method, "http://"+addr+path, body, "Authorization", "Bearer "+viewerToken)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return code, b
 	}
 	for _, path := range []string{"/admin/v1/rules", "/admin/v1/rules/versions", "/admin/v1/audit", "/admin/v1/penalties/sk_someone",
 		"/v1/usage/tenants/acme"} {

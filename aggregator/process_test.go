@@ -207,10 +207,13 @@ var penaltyEnv = []string{"TOLLGATE_PENALTY_WINDOW=2s", "TOLLGATE_PENALTY_BACKOF
 	"TOLLGATE_PENALTY_GRACE=2s", "TOLLGATE_PENALTY_QUIET_PERIOD=1h", "TOLLGATE_PENALTY_REDUCED_FOR=1h",
 	"TOLLGATE_PENALTY_COOLDOWN_FOR=1h", "TOLLGATE_PENALTY_BLOCK_FOR=1h"}
 
-// storm emits, from a background goroutine until stopped, 100 rejections
-// a second of one key that ignores their Retry-After, and normal traffic
-// of other tenants besides.
-func storm(t *testing.T, gw *gateway, keyID string) (stop func()) {
+// storm has a gateway gw-1 of epoch emit, from a background goroutine
+// until stopped, 100 rejections a second of key ("kid:" and its key_id)
+// that ignores their Retry-After, and normal traffic of other tenants
+// besides; it returns once api shows the key's first step.
+func storm(t *testing.T, brokers []string, epoch uint64, key, api string) (keyID string, stop func()) {
+	gw := newGateway(t, brokers, "gw-1", epoch)
+	keyID = strings.TrimPrefix(key, "kid:")
 	stop = inBackground(func(i int) {
 		<-time.After(10 * time.Millisecond)
 		gw.send(t, &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
@@ -219,7 +222,8 @@ func storm(t *testing.T, gw *gateway, keyID string) (stop func()) {
 		gw.emit(t, fmt.Sprint("tenant-", i%5), fmt.Sprint("key-", i%7), true, time.Now())
 	})
 	t.Cleanup(stop)
-	return stop
+	waitChanges(t, api, key, 30*time.Second, "reduced_limit→1")
+	return keyID, stop
 }
 
 // TestPenaltySurvivesSIGKILL kills an aggregator process while a key
@@ -231,11 +235,8 @@ func TestPenaltySurvivesSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	a := startChild(t, brokers, "a", dir, penaltyEnv...)
 	testwait.Eventually(t, 30*time.Second, a.owns)
-	gw := newGateway(t, brokers, "gw-1", 11)
 	const key = "kid:stormstormstormstorm00"
-	id := strings.TrimPrefix(key, "kid:")
-	stop := storm(t, gw, id)
-	waitChanges(t, a.api, key, 30*time.Second, "reduced_limit→1")
+	_, stop := storm(t, brokers, 11, key, a.api)
 	a.kill()
 	a = startChild(t, brokers, "a", dir, penaltyEnv...)
 	testwait.Eventually(t, 30*time.Second, func() error {
@@ -265,11 +266,8 @@ func TestPenaltySurvivesLostInstance(t *testing.T) {
 	b := startChild(t, brokers, "b", t.TempDir(), penaltyEnv...)
 	testwait.Eventually(t, 30*time.Second, a.owns)
 	testwait.Eventually(t, 30*time.Second, b.owns)
-	gw := newGateway(t, brokers, "gw-1", 12)
 	const key = "kid:lostlostlostlostlost00"
-	id := strings.TrimPrefix(key, "kid:")
-	stop := storm(t, gw, id)
-	waitChanges(t, b.api, key, 30*time.Second, "reduced_limit→1")
+	id, stop := storm(t, brokers, 12, key, b.api)
 	// Kill the owner of the key's partition; the other survives.
 	owner, survivor := a, b
 	if b.ownsPartition(t, partitionOf(id)) {

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -305,11 +305,8 @@ rules:
 // Redis, counted.
 func TestTooManyRulesPerRequest(t *testing.T) {
 	t.Parallel()
-	var wide strings.Builder
-	wide.WriteString("tiers: [{pattern: 'sk_free_*', tier: free}]\nrules:\n")
-	for i := range 3 {
-		fmt.Fprintf(&wide, "  - {id: free-%d, match: {tier: free}, capacity: 9, rate: 9/1h}\n", i)
-	}
+	wide := "tiers: [{pattern: 'sk_free_*', tier: free}]\nrules:\n" +
+		strings.Join(testnet.Numbered("  - {id: free-%d, match: {tier: free}, capacity: 9, rate: 9/1h}\n", 3), "")
 	narrow := `
 rules:
   - {id: a, match: {endpoint: "^/many"}, capacity: 9, rate: 9/1h}
@@ -338,7 +335,7 @@ rules:
 
 	// A reload where every free key would match three rules is refused.
 	errs := e.metric(e.gw, "tollgate_rules_reload_errors_total")
-	e.writeRules(wide.String())
+	e.writeRules(wide)
 	testwait.Eventually(t, 5*time.Second, func() error {
 		if v := e.metric(e.gw, "tollgate_rules_reload_errors_total"); v != errs+1 {
 			return fmt.Errorf("reload errors %v, want %v", v, errs+1)
@@ -351,7 +348,7 @@ rules:
 
 	// And so is such a file at start, naming the rule.
 	path := filepath.Join(t.TempDir(), "wide.yaml")
-	if err := os.WriteFile(path, []byte(wide.String()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(wide), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := e.config()
@@ -398,7 +395,7 @@ func TestStartLogExposure(t *testing.T) {
 			[]string{"api_token_set=true", "exposed=[api]"}, []string{"s3cr3t-token-value", "check API is reachable"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var buf lockedBuf
+			var buf testnet.Buffer
 			cfg := e.config()
 			tc.mutate(&cfg)
 			srv, err := gateway.New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
@@ -425,22 +422,4 @@ func TestStartLogExposure(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuf is a bytes.Buffer safe for a logger and a reader.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -75,14 +75,18 @@ func mustGuard(tb testing.TB, s guard.Store, rs *rules.Ruleset, opts ...guard.Op
 	return g
 }
 
-const propertyRules = `
+// modelKeys are the keys and tiers of the rule sets the model tests
+// replay: two pro keys of acme, one of globex, and free keys by pattern.
+const modelKeys = `
 keys:
   k_acme_1: {tenant: acme, tier: pro}
   k_acme_2: {tenant: acme, tier: pro}
   k_vip: {tenant: globex, tier: pro}
 tiers:
   - {pattern: "k_free_*", tier: free}
-routes: ["/v1/users/{id}", "/v1/orders/{id}"]
+`
+
+const propertyRules = modelKeys + `routes: ["/v1/users/{id}", "/v1/orders/{id}"]
 rules:
   - id: per-key
     match: {}

@@ -360,14 +360,7 @@ func TestCheckManyOneRequestIsCheckInto(t *testing.T) {
 // per-key override, but no shadow rule: a shadow counter shared by two
 // requests of a call is charged (or not) for the sum, which a replay one
 // request at a time does not reproduce.
-const multiModelRules = `
-keys:
-  k_acme_1: {tenant: acme, tier: pro}
-  k_acme_2: {tenant: acme, tier: pro}
-  k_vip: {tenant: globex, tier: pro}
-tiers:
-  - {pattern: "k_free_*", tier: free}
-routes: ["/v1/users/{id}"]
+const multiModelRules = modelKeys + `routes: ["/v1/users/{id}"]
 rules:
   - {id: per-key, match: {}, algorithm: token_bucket, capacity: 10, rate: 7/3s,
      overrides: {k_vip: {capacity: 30}}}
@@ -396,6 +389,17 @@ func randomCall(rng *rand.Rand) []*guard.Request {
 	return reqs
 }
 
+// modelAnd returns a clock and two guards of multiModelRules on it: the
+// reference model (an in-memory store) and one on the store other makes
+// with the clock.
+func modelAnd(t *testing.T, other func(now func() int64) guard.Store) (clock *fakeClock, model, g *guard.Guard) {
+	t.Helper()
+	clock = newClock(1_763_000_000_000_000)
+	rs := mustRules(t, multiModelRules)
+	model = mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, guard.WithClock(clock.now))
+	return clock, model, mustGuard(t, other(clock.now), rs, guard.WithClock(clock.now))
+}
+
 // TestCheckManyAllOrNothing drives random calls through CheckMany and
 // replays them one request at a time on a second guard: an admitted call
 // is replayed with CheckInto (each request must be admitted there too), a
@@ -405,11 +409,7 @@ func randomCall(rng *rand.Rand) []*guard.Request {
 func TestCheckManyAllOrNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := newClock(1_763_000_000_000_000)
-	rs := mustRules(t, multiModelRules)
-	opts := []guard.Option{guard.WithClock(clock.now)}
-	gm := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
-	gr := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
+	clock, gm, gr := modelAnd(t, func(now func() int64) guard.Store { return memstore.New(memstore.WithClock(now)) })
 	rng := rand.New(rand.NewPCG(3, 9))
 	calls := map[bool]int{}
 	for step := range 3000 {
@@ -466,11 +466,7 @@ func TestCheckManyRedis(t *testing.T) {
 	t.Parallel()
 	store := newRedisStore(t, redisstore.WithTTLMargin(time.Hour), redisstore.WithBatch(1, 0))
 	ctx := context.Background()
-	clock := newClock(1_763_000_000_000_000)
-	rs := mustRules(t, multiModelRules)
-	opts := []guard.Option{guard.WithClock(clock.now)}
-	gr := mustGuard(t, guardtest.Clocked(store, clock.now), rs, opts...)
-	gm := mustGuard(t, memstore.New(memstore.WithClock(clock.now)), rs, opts...)
+	clock, gm, gr := modelAnd(t, func(now func() int64) guard.Store { return guardtest.Clocked(store, now) })
 	rng := rand.New(rand.NewPCG(5, 1))
 	calls := map[bool]int{}
 	for step := range 800 {

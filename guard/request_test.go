@@ -3,7 +3,6 @@ package guard_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // countStore counts store calls and decides with memstore.
@@ -111,12 +111,8 @@ rules:
 // request of a kind matches more is refused.
 func TestTooManyRules(t *testing.T) {
 	t.Parallel()
-	var b strings.Builder
-	b.WriteString("rules:\n  - {id: all, capacity: 10, rate: 10/1m}\n")
-	for i := range 4 {
-		fmt.Fprintf(&b, "  - {id: e%d, match: {endpoint: '^/many'}, capacity: 10, rate: 10/1m}\n", i)
-	}
-	rs := mustRules(t, b.String())
+	rs := mustRules(t, "rules:\n  - {id: all, capacity: 10, rate: 10/1m}\n"+
+		strings.Join(testnet.Numbered("  - {id: e%d, match: {endpoint: '^/many'}, capacity: 10, rate: 10/1m}\n", 4), ""))
 	store := &countStore{s: memstore.New()}
 	var hooked atomic.Int64
 	g := mustGuard(t, store, rs, guard.WithMaxRules(4), guard.WithOnTooManyRules(func(n int) { hooked.Add(int64(n)) }))
@@ -141,12 +137,7 @@ func TestTooManyRules(t *testing.T) {
 	}
 
 	// Five rules with an empty match: every request matches them all.
-	b.Reset()
-	b.WriteString("rules:\n")
-	for i := range 5 {
-		fmt.Fprintf(&b, "  - {id: r%d, capacity: 10, rate: 10/1m}\n", i)
-	}
-	wide := mustRules(t, b.String())
+	wide := mustRules(t, "rules:\n"+strings.Join(testnet.Numbered("  - {id: r%d, capacity: 10, rate: 10/1m}\n", 5), ""))
 	var ve *rules.ValidationError
 	if _, err := guard.New(memstore.New(), secret, wide, guard.WithMaxRules(4)); !errors.As(err, &ve) || ve.Rule != "r4" {
 		t.Errorf("New with 5 unconditional rules, max 4: %v", err)

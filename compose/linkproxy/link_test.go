@@ -111,11 +111,7 @@ func TestLink(t *testing.T) {
 			}
 		}},
 		{"latency both ways", func(t *testing.T, p *linkproxy.Link) {
-			c := dial(t, p)
-			r := bufio.NewReader(c)
-			if err := roundTrip(c, r, "warm"); err != nil {
-				t.Fatal(err)
-			}
+			c, r := dialed(t, p, "warm")
 			if code, body := control(t, p, http.MethodPost, "/latency?ms=250"); code != 200 || !strings.Contains(body, `"latency_ms":250`) {
 				t.Fatalf("POST /latency: %d %s", code, body)
 			}
@@ -135,11 +131,7 @@ func TestLink(t *testing.T) {
 			}
 		}},
 		{"cut and heal", func(t *testing.T, p *linkproxy.Link) {
-			c := dial(t, p)
-			r := bufio.NewReader(c)
-			if err := roundTrip(c, r, "before"); err != nil {
-				t.Fatal(err)
-			}
+			c, r := dialed(t, p, "before")
 			if code, body := control(t, p, http.MethodPost, "/cut"); code != 200 || !strings.Contains(body, `"cut":true`) {
 				t.Fatalf("POST /cut: %d %s", code, body)
 			}
@@ -170,11 +162,7 @@ func TestLink(t *testing.T) {
 			}
 		}},
 		{"stall holds until healed", func(t *testing.T, p *linkproxy.Link) {
-			c := dial(t, p)
-			r := bufio.NewReader(c)
-			if err := roundTrip(c, r, "before"); err != nil {
-				t.Fatal(err)
-			}
+			c, r := dialed(t, p, "before")
 			if code, body := control(t, p, http.MethodPost, "/stall"); code != 200 || !strings.Contains(body, `"stalled":true`) {
 				t.Fatalf("POST /stall: %d %s", code, body)
 			}
@@ -201,11 +189,7 @@ func TestLink(t *testing.T) {
 			}
 		}},
 		{"close ends live connections", func(t *testing.T, p *linkproxy.Link) {
-			c := dial(t, p)
-			r := bufio.NewReader(c)
-			if err := roundTrip(c, r, "x"); err != nil {
-				t.Fatal(err)
-			}
+			c, r := dialed(t, p, "x")
 			if err := p.SetLatency(10 * time.Second); err != nil {
 				t.Fatal(err)
 			}
@@ -236,6 +220,19 @@ func TestLink(t *testing.T) {
 			tt.run(t, start(t))
 		})
 	}
+}
+
+// dialed connects to p and makes one round trip of line on the new
+// connection, so that it is through to the echo server; it returns the
+// connection and its reader.
+func dialed(t *testing.T, p *linkproxy.Link, line string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c := dial(t, p)
+	r := bufio.NewReader(c)
+	if err := roundTrip(c, r, line); err != nil {
+		t.Fatal(err)
+	}
+	return c, r
 }
 
 func dial(t *testing.T, p *linkproxy.Link) net.Conn {

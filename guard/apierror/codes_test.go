@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // declaredCodes returns the string constants codes.go declares, name →
@@ -20,27 +22,15 @@ func declaredCodes(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	out := map[string]string{}
-	for _, decl := range f.Decls {
-		gd, ok := decl.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i >= len(vs.Values) {
-					continue
-				}
-				if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-					v, err := strconv.Unquote(lit.Value)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out[name.Name] = v
-				}
+	testnet.ConstValues(f, func(name string, value ast.Expr) {
+		if lit, ok := value.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			v, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				t.Fatal(err)
 			}
+			out[name] = v
 		}
-	}
+	})
 	return out
 }
 

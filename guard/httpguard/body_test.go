@@ -58,6 +58,16 @@ func decodeStrict(t *testing.T, body string, v any) {
 	}
 }
 
+// written is what WriteDecision answers d to a GET of path that accepts
+// accept.
+func written(d *guard.Decision, path, accept string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, path, nil)
+	r.Header.Set("Accept", accept)
+	WriteDecision(rec, r, d)
+	return rec
+}
+
 func TestWriteDecisionJSON(t *testing.T) {
 	t.Parallel()
 	penalty := guard.Decision{Status: 429, Code: guard.CodePenalty, Reason: guard.ReasonPenalty, Deciding: -1, RetryAfter: 900,
@@ -129,10 +139,7 @@ func TestWriteDecisionJSON(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rec := httptest.NewRecorder()
-			r := httptest.NewRequest(http.MethodGet, "/v1/search", nil)
-			r.Header.Set("Accept", "application/json")
-			WriteDecision(rec, r, &tt.d)
+			rec := written(&tt.d, "/v1/search", "application/json")
 
 			if rec.Code != tt.status {
 				t.Errorf("status = %d, want %d", rec.Code, tt.status)
@@ -212,10 +219,7 @@ func TestWriteDecisionProblem(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rec := httptest.NewRecorder()
-			r := httptest.NewRequest(http.MethodGet, "/", nil)
-			r.Header.Set("Accept", "application/problem+json, application/json;q=0.9")
-			WriteDecision(rec, r, &tt.d)
+			rec := written(&tt.d, "/", "application/problem+json, application/json;q=0.9")
 			if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
 				t.Errorf("Content-Type = %q", ct)
 			}

@@ -242,23 +242,9 @@ func BenchmarkMiddlewareWithGuard(b *testing.B) {
 		status int
 	}{{"sk_penalised", 429}, {"sk_top", 403}} {
 		b.Run(bc.key, func(b *testing.B) {
-			h := Middleware(g)(http.NotFoundHandler())
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				r := httptest.NewRequest(http.MethodGet, "/v1/search", nil)
-				r.Header.Set("X-API-Key", bc.key)
-				r = r.WithContext(TrackConn(context.Background(), 1<<40))
-				w := &discardWriter{h: http.Header{}}
-				n := 0
-				for pb.Next() {
-					clear(w.h)
-					h.ServeHTTP(w, r)
-					n++
-				}
-				if n > 0 && w.code != bc.status {
-					b.Fatalf("status %d, want %d", w.code, bc.status)
-				}
-			})
+			serveParallel(b, Middleware(g)(http.NotFoundHandler()), bc.key, func(r *http.Request) *http.Request {
+				return r.WithContext(TrackConn(context.Background(), 1<<40))
+			}, bc.status)
 		})
 	}
 }

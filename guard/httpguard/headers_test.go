@@ -1,6 +1,7 @@
 package httpguard
 
 import (
+	"maps"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -53,6 +54,37 @@ type wantHeaders struct {
 	rateLimit map[string]map[string]int64
 }
 
+// searchPolicy is the RateLimit-Policy of the sample decisions' rules:
+// tenant-total, then search (named search), then any more.
+func searchPolicy(search string, more ...map[string]map[string]int64) map[string]map[string]int64 {
+	p := map[string]map[string]int64{"tenant-total": {"q": 10000, "w": 60}, search: {"q": 30, "w": 60}}
+	for _, m := range more {
+		maps.Copy(p, m)
+	}
+	return p
+}
+
+// searchRemaining is the RateLimit field of the sample decisions' rules:
+// tenant-total's remaining and its t (none when totalT is -1), search's
+// remaining (its t is 2), then any more.
+func searchRemaining(search string, total, totalT, remaining int64, more ...map[string]map[string]int64) map[string]map[string]int64 {
+	t := map[string]int64{"r": total, "t": totalT}
+	if totalT < 0 {
+		delete(t, "t")
+	}
+	r := map[string]map[string]int64{"tenant-total": t, search: {"r": remaining, "t": 2}}
+	for _, m := range more {
+		maps.Copy(r, m)
+	}
+	return r
+}
+
+// The rejected decision's third rule, in each header.
+var (
+	burstPolicy    = map[string]map[string]int64{"burst": {"q": 5, "w": 1}}
+	burstRemaining = map[string]map[string]int64{"burst": {"r": 0, "t": 1}}
+)
+
 func TestSetHeaders(t *testing.T) {
 	t.Parallel()
 	escaped := allowedDecision()
@@ -84,14 +116,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    ptr(allowedDecision()),
 			want: wantHeaders{
 				limit: "30", remaining: "12", used: "18", reset: "1700000036", resource: "search",
-				policy: map[string]map[string]int64{
-					"tenant-total": {"q": 10000, "w": 60},
-					"search":       {"q": 30, "w": 60},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total": {"r": 9000, "t": 1},
-					"search":       {"r": 12, "t": 2},
-				},
+				policy:    searchPolicy("search"),
+				rateLimit: searchRemaining("search", 9000, 1, 12),
 			},
 		},
 		{
@@ -99,16 +125,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    ptr(rejectedDecision()),
 			want: wantHeaders{
 				limit: "30", remaining: "0", used: "30", reset: "1700000060", resource: "search", retryAfter: "7",
-				policy: map[string]map[string]int64{
-					"tenant-total": {"q": 10000, "w": 60},
-					"search":       {"q": 30, "w": 60},
-					"burst":        {"q": 5, "w": 1},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total": {"r": 9000, "t": 1},
-					"search":       {"r": 0, "t": 2},
-					"burst":        {"r": 0, "t": 1},
-				},
+				policy:    searchPolicy("search", burstPolicy),
+				rateLimit: searchRemaining("search", 9000, 1, 0, burstRemaining),
 			},
 		},
 		{
@@ -116,16 +134,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    &noRetry,
 			want: wantHeaders{
 				limit: "30", remaining: "0", used: "30", reset: "1700000060", resource: "search", retryAfter: "1",
-				policy: map[string]map[string]int64{
-					"tenant-total": {"q": 10000, "w": 60},
-					"search":       {"q": 30, "w": 60},
-					"burst":        {"q": 5, "w": 1},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total": {"r": 9000, "t": 1},
-					"search":       {"r": 0, "t": 2},
-					"burst":        {"r": 0, "t": 1},
-				},
+				policy:    searchPolicy("search", burstPolicy),
+				rateLimit: searchRemaining("search", 9000, 1, 0, burstRemaining),
 			},
 		},
 		{
@@ -149,14 +159,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    &full,
 			want: wantHeaders{
 				limit: "30", remaining: "12", used: "18", reset: "1700000036", resource: "search",
-				policy: map[string]map[string]int64{
-					"tenant-total": {"q": 10000, "w": 60},
-					"search":       {"q": 30, "w": 60},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total": {"r": 10000},
-					"search":       {"r": 12, "t": 2},
-				},
+				policy:    searchPolicy("search"),
+				rateLimit: searchRemaining("search", 10000, -1, 12),
 			},
 		},
 		{
@@ -164,14 +168,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    &debt,
 			want: wantHeaders{
 				limit: "30", remaining: "0", used: "30", reset: "1700000036", resource: "search",
-				policy: map[string]map[string]int64{
-					"tenant-total": {"q": 10000, "w": 60},
-					"search":       {"q": 30, "w": 60},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total": {"r": 9000, "t": 1},
-					"search":       {"r": 0, "t": 2},
-				},
+				policy:    searchPolicy("search"),
+				rateLimit: searchRemaining("search", 9000, 1, 0),
 			},
 		},
 		{
@@ -179,14 +177,8 @@ func TestSetHeaders(t *testing.T) {
 			d:    &escaped,
 			want: wantHeaders{
 				limit: "30", remaining: "12", used: "18", reset: "1700000036", resource: "we\"ird\\id???",
-				policy: map[string]map[string]int64{
-					"tenant-total":   {"q": 10000, "w": 60},
-					"we\"ird\\id???": {"q": 30, "w": 60},
-				},
-				rateLimit: map[string]map[string]int64{
-					"tenant-total":   {"r": 9000, "t": 1},
-					"we\"ird\\id???": {"r": 12, "t": 2},
-				},
+				policy:    searchPolicy("we\"ird\\id???"),
+				rateLimit: searchRemaining("we\"ird\\id???", 9000, 1, 12),
 			},
 		},
 		{

@@ -458,23 +458,34 @@ func BenchmarkMiddleware(b *testing.B) {
 			h := Middleware(decide(bc.d))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(204)
 			}))
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				r := httptest.NewRequest(http.MethodGet, "/v1/search", nil)
-				r.Header.Set("X-API-Key", "sk_prod_acme_1")
-				w := &discardWriter{h: http.Header{}}
-				n := 0
-				for pb.Next() {
-					clear(w.h)
-					h.ServeHTTP(w, r)
-					n++
-				}
-				if want := map[bool]int{true: 204, false: bc.d.Status}[bc.d.Allowed]; n > 0 && w.code != want {
-					b.Fatalf("status %d", w.code)
-				}
-			})
+			serveParallel(b, h, "sk_prod_acme_1", nil, map[bool]int{true: 204, false: bc.d.Status}[bc.d.Allowed])
 		})
 	}
+}
+
+// serveParallel has b's parallel goroutines serve GET /v1/search with key
+// as X-API-Key through h, each its own request (changed by prepare unless
+// nil), and fails if an answer's status is not want.
+func serveParallel(b *testing.B, h http.Handler, key string, prepare func(*http.Request) *http.Request, want int) {
+	b.Helper()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		r := httptest.NewRequest(http.MethodGet, "/v1/search", nil)
+		r.Header.Set("X-API-Key", key)
+		if prepare != nil {
+			r = prepare(r)
+		}
+		w := &discardWriter{h: http.Header{}}
+		n := 0
+		for pb.Next() {
+			clear(w.h)
+			h.ServeHTTP(w, r)
+			n++
+		}
+		if n > 0 && w.code != want {
+			b.Fatalf("status %d, want %d", w.code, want)
+		}
+	})
 }
 
 // discardWriter is a minimal ResponseWriter for benchmarks.

@@ -1,7 +1,6 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/tollgate/tollgate/guard/breaker"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func fixedWindow(name string) []guard.Counter {
@@ -169,24 +169,6 @@ func TestInvalidBreakerConfigUsesDefaults(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestBreakerOpenLogSaysForHowLong: the warning of an opening breaker
 // gives the time it stays open, defaults applied, not the zero of an
 // unset field.
@@ -204,7 +186,7 @@ func TestBreakerOpenLogSaysForHowLong(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var logs syncBuffer
+			var logs testnet.Buffer
 			store := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithBreaker(tt.cfg),
 				redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			t.Cleanup(func() { store.Close() })

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func TestMatchBound(t *testing.T) {
@@ -45,12 +47,7 @@ func TestMatchBound(t *testing.T) {
 
 func TestCheckMatchLimit(t *testing.T) {
 	t.Parallel()
-	var b strings.Builder
-	b.WriteString("rules:\n")
-	for i := range 4 {
-		fmt.Fprintf(&b, "  - {id: r%d, match: {tier: free}, capacity: 5, rate: 5/1m}\n", i)
-	}
-	rs := mustLoad(t, b.String())
+	rs := mustLoad(t, "rules:\n"+strings.Join(testnet.Numbered("  - {id: r%d, match: {tier: free}, capacity: 5, rate: 5/1m}\n", 4), ""))
 	if err := rs.CheckMatchLimit(4); err != nil {
 		t.Errorf("4 rules, limit 4: %v", err)
 	}

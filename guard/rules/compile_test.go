@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func TestParams(t *testing.T) {
@@ -328,12 +330,7 @@ func TestTagCollision(t *testing.T) {
 
 func TestTagsUnique(t *testing.T) {
 	t.Parallel()
-	var b strings.Builder
-	b.WriteString("rules:\n")
-	for i := range 3000 {
-		fmt.Fprintf(&b, "  - {id: rule-%d, capacity: 1, rate: 1/s}\n", i)
-	}
-	rs := mustLoad(t, b.String())
+	rs := mustLoad(t, "rules:\n"+strings.Join(testnet.Numbered("  - {id: rule-%d, capacity: 1, rate: 1/s}\n", 3000), ""))
 	var tags []string
 	for _, r := range rs.Rules() {
 		tags = append(tags, r.Tag)

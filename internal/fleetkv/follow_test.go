@@ -63,6 +63,30 @@ func (r *recorder) last() (*Snapshot, []Change) {
 	return r.syncs[len(r.syncs)-1], append([]Change(nil), r.changes...)
 }
 
+// follow runs kv's Follow into rec until the test ends, checking then that
+// it returned nil once its context ended, and returns the first snapshot
+// it handed over.
+func follow(t *testing.T, kv *KV, rec *recorder) *Snapshot {
+	t.Helper()
+	fctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- kv.c.Follow(fctx, rec, 0) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Follow: %v, want nil once its context ends", err)
+		}
+	})
+	testwait.Eventually(t, 10*time.Second, func() error {
+		if snap, _ := rec.last(); snap == nil {
+			return fmt.Errorf("no snapshot yet")
+		}
+		return nil
+	})
+	snap, _ := rec.last()
+	return snap
+}
+
 // TestFollow: a session hands over the buckets' whole content first, a
 // corrupt entry named as such, then each change, decoded the same way;
 // Follow returns nil when its context ends.
@@ -78,24 +102,8 @@ func TestFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fctx, stop := context.WithCancel(ctx)
 	rec := &recorder{}
-	done := make(chan error, 1)
-	go func() { done <- kv.c.Follow(fctx, rec, 0) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Follow: %v, want nil once its context ends", err)
-		}
-	}()
-
-	testwait.Eventually(t, 10*time.Second, func() error {
-		if snap, _ := rec.last(); snap == nil {
-			return fmt.Errorf("no snapshot yet")
-		}
-		return nil
-	})
-	snap, _ := rec.last()
+	snap := follow(t, kv, rec)
 	if snap.Rules != nil || snap.Entries.Lists[kidA] == nil || snap.Entries.Lists[kidA].Reason != "before" ||
 		snap.Entries.CorruptLists[corruptID] == nil || len(snap.Entries.Lists) != 1 {
 		t.Fatalf("snapshot: rules %v, lists %v, corrupt %v; want kidA's block and the corrupt entry", snap.Rules, snap.Entries.Lists, snap.Entries.CorruptLists)
@@ -141,22 +149,8 @@ func TestFollowHandsOverABurst(t *testing.T) {
 	t.Parallel()
 	kv := openKV(t)
 	ctx := t.Context()
-	fctx, stop := context.WithCancel(ctx)
 	rec := &recorder{gate: make(chan struct{})}
-	done := make(chan error, 1)
-	go func() { done <- kv.c.Follow(fctx, rec, 0) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Follow: %v, want nil once its context ends", err)
-		}
-	}()
-	testwait.Eventually(t, 10*time.Second, func() error {
-		if snap, _ := rec.last(); snap == nil {
-			return fmt.Errorf("no snapshot yet")
-		}
-		return nil
-	})
+	follow(t, kv, rec)
 	// A watcher of the test's own shows when NATS has delivered the burst.
 	own, err := kv.Lists.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {

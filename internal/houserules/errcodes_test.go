@@ -265,7 +265,7 @@ func codeConstants(parsed map[string][]goFile, module, vocab string) map[string]
 	eachConst := func(files []goFile, fn func(f goFile, name string, value ast.Expr)) {
 		for _, f := range files {
 			if !f.test {
-				constValues(f.ast, func(name string, value ast.Expr) { fn(f, name, value) })
+				testnet.ConstValues(f.ast, func(name string, value ast.Expr) { fn(f, name, value) })
 			}
 		}
 	}
@@ -301,24 +301,6 @@ func codeConstants(parsed map[string][]goFile, module, vocab string) map[string]
 	return out
 }
 
-// constValues calls fn with every constant of f that is given a value.
-func constValues(f *ast.File, fn func(name string, value ast.Expr)) {
-	for _, decl := range f.Decls {
-		gd, ok := decl.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i < len(vs.Values) {
-					fn(name.Name, vs.Values[i])
-				}
-			}
-		}
-	}
-}
-
 // modulePath reads the module path from fsys's go.mod.
 func modulePath(fsys fs.FS) (string, error) {
 	data, err := fs.ReadFile(fsys, "go.mod")
@@ -343,7 +325,7 @@ func httpStatuses(t *testing.T) map[string]int {
 		t.Fatalf("reading net/http's statuses: %v", err)
 	}
 	out := map[string]int{}
-	constValues(f, func(name string, value ast.Expr) {
+	testnet.ConstValues(f, func(name string, value ast.Expr) {
 		if lit, ok := value.(*ast.BasicLit); ok && lit.Kind == token.INT && strings.HasPrefix(name, "Status") {
 			if n, err := strconv.Atoi(lit.Value); err == nil {
 				out[name] = n

@@ -3,7 +3,8 @@
 // (a process's stdout and stderr, a logger) may write to while the test
 // reads it, a server's Run and a listener's connections kept going until
 // the test ends, and, for tests that read the source tree, the module's
-// root directory and generated files held to what generates them.
+// root directory, generated files held to what generates them and the
+// constants a source file declares.
 package testnet
 
 import (
@@ -11,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/token"
 	"io/fs"
 	"net"
 	"os"
@@ -239,4 +242,35 @@ func ModuleRoot(t testing.TB) string {
 		}
 		dir = parent
 	}
+}
+
+// ConstValues calls fn with every constant of f that is given a value, in
+// the order of the source: for tests that read a table of constants from
+// its source.
+func ConstValues(f *ast.File, fn func(name string, value ast.Expr)) {
+	for _, decl := range f.Decls {
+		gd, ok := decl.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if i < len(vs.Values) {
+					fn(name.Name, vs.Values[i])
+				}
+			}
+		}
+	}
+}
+
+// Numbered returns n strings, the i-th formatted from format and i, in
+// order: names to fill a table with ("key-%018d"), or the lines of a
+// file with many entries ("  - {id: r%d, capacity: 1, rate: 1/s}\n").
+func Numbered(format string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(format, i)
+	}
+	return out
 }

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,5 +229,44 @@ func TestGolden(t *testing.T) {
 				t.Fatalf("file after: %q, %v; want %q", after, err, tt.after)
 			}
 		})
+	}
+}
+
+// TestConstValues: every constant given a value, in source order, grouped
+// or not; a constant of an iota group without its own value, variables and
+// functions are not.
+func TestConstValues(t *testing.T) {
+	t.Parallel()
+	const src = `package p
+const A = "a"
+const (
+	B, C = 1, "c"
+	D = iota
+	E
+)
+var V = "v"
+func F() { const Inner = 1 }
+`
+	f, err := parser.ParseFile(token.NewFileSet(), "p.go", src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	testnet.ConstValues(f, func(name string, value ast.Expr) {
+		got = append(got, fmt.Sprintf("%s=%s", name, types.ExprString(value)))
+	})
+	if want := []string{`A="a"`, "B=1", `C="c"`, "D=iota"}; !slices.Equal(got, want) {
+		t.Fatalf("ConstValues = %q, want %q", got, want)
+	}
+}
+
+// TestNumbered: the i-th string is format with i, in order; none for 0.
+func TestNumbered(t *testing.T) {
+	t.Parallel()
+	if got, want := testnet.Numbered("key-%03d", 3), []string{"key-000", "key-001", "key-002"}; !slices.Equal(got, want) {
+		t.Errorf("Numbered(key-%%03d, 3) = %q, want %q", got, want)
+	}
+	if got := testnet.Numbered("r%d\n", 0); len(got) != 0 {
+		t.Errorf("Numbered(r%%d, 0) = %q, want none", got)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // start is the simulation's epoch: event time and wall clock are one
@@ -565,24 +567,20 @@ func TestAbortReplayMatchesCommit(t *testing.T) {
 func TestTxnSizedFromTheLast(t *testing.T) {
 	const keys = 4096
 	tab := NewTable(Config{}, 0, nil)
-	ids := make([]string, 2*keys)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("key-%06d", i)
-	}
+	ids := testnet.Numbered("key-%06d", 2*keys)
 	run := func(from int) (mallocs uint64) {
 		x := tab.Begin()
 		ds := make([]Decision, keys)
 		for i := range ds {
 			ds[i] = Decision{KeyID: ids[from+i], Tenant: "t", TimeMicros: start.UnixMicro(), Allowed: true}
 		}
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for i := range ds {
-			x.Observe(&ds[i], start)
-		}
-		runtime.ReadMemStats(&after)
+		mallocs = memtest.Mallocs(func() {
+			for i := range ds {
+				x.Observe(&ds[i], start)
+			}
+		})
 		x.Commit()
-		return after.Mallocs - before.Mallocs
+		return mallocs
 	}
 	first := run(0) // the maps grow from empty
 	second := run(keys)

@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/tollgate/tollgate/aggregator/internal/intern"
+	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // TestTableMatchesMapReference drives the flat table and the map-based
@@ -211,39 +212,30 @@ const sizeofSlot = unsafe.Sizeof(slot{})
 // to scan at every cycle.
 func TestHeldStateMemory(t *testing.T) {
 	const keys, perTxn = 20_000, 5_000
-	names := make([]string, keys)
-	tenants := make([]string, 100)
-	for i := range names {
-		names[i] = fmt.Sprintf("key-%018d", i)
-	}
-	for i := range tenants {
-		tenants[i] = fmt.Sprint("tenant-", i)
-	}
+	names, tenants := testnet.Numbered("key-%018d", keys), testnet.Numbered("tenant-%d", 100)
 	ds := make([]Decision, perTxn)
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	tab := NewTable(Config{}, 0, nil)
-	for c := 0; c < keys; c += perTxn {
-		x := tab.Begin()
-		for i := range ds {
-			ds[i] = Decision{KeyID: names[c+i], Tenant: tenants[i%len(tenants)], KeyPrefix: "sk_prod_ab…",
-				TimeMicros: start.UnixMicro(), Allowed: i%10 != 0}
-			x.Observe(&ds[i], start)
+	var tab *Table
+	held := memtest.Retained(func() any {
+		tab = NewTable(Config{}, 0, nil)
+		for c := 0; c < keys; c += perTxn {
+			x := tab.Begin()
+			for i := range ds {
+				ds[i] = Decision{KeyID: names[c+i], Tenant: tenants[i%len(tenants)], KeyPrefix: "sk_prod_ab…",
+					TimeMicros: start.UnixMicro(), Allowed: i%10 != 0}
+				x.Observe(&ds[i], start)
+			}
+			x.Evaluate(start)
+			x.Changes()
+			x.Commit()
 		}
-		x.Evaluate(start)
-		x.Changes()
-		x.Commit()
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
+		return tab
+	})
 	if tab.Len() != keys {
 		t.Fatalf("%d keys held, want %d", tab.Len(), keys)
 	}
-	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / keys
+	per := float64(held) / keys
 	t.Logf("%d keys: %.0f B of heap each (slot %d B)", keys, per, sizeofSlot)
 	if per > 560 {
 		t.Errorf("%d keys' state held in %.0f B each, want at most 560", keys, per)
 	}
-	runtime.KeepAlive(tab)
 }

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/memtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // memLoader is the "disk" of the model test: rows evicted from the table.
@@ -520,10 +522,7 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 	tab := NewTable(Config{}, 0, nil, nil, nil)
 	src := Source{Gateway: "gw", Epoch: 1}
 	seq := uint64(0)
-	keys := make([]string, 2*events)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%06d", i)
-	}
+	keys := testnet.Numbered("key-%06d", 2*events)
 	run := func(from int) (mallocs uint64) {
 		x := tab.Begin()
 		evs := make([]Event, events)
@@ -532,17 +531,20 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 			evs[i] = Event{Source: src, Seq: seq, Kind: KindDecision, Tenant: "t", KeyID: keys[from+i], Endpoint: "/e",
 				Rule: "r", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
 		}
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for i := range evs {
-			if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
-				t.Fatal(err)
+		var err error
+		mallocs = memtest.Mallocs(func() {
+			for i := range evs {
+				if _, err = x.Apply(&evs[i], 1_700_000_000); err != nil {
+					return
+				}
 			}
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		runtime.ReadMemStats(&after)
 		x.Changes()
 		x.Commit(int64(from + 1))
-		return after.Mallocs - before.Mallocs
+		return mallocs
 	}
 	first := run(0) // the map grows from empty
 	second := run(events)
@@ -650,42 +652,33 @@ func TestEvictedRowsReleaseTheirMemory(t *testing.T) {
 // (a map of *Row by string-keyed RowKey took ≈ 266).
 func TestHeldRowMemory(t *testing.T) {
 	const keys, perTxn = 20_000, 5_000
-	names := make([]string, keys)
-	tenants := make([]string, 100)
-	for i := range names {
-		names[i] = fmt.Sprintf("key-%018d", i)
-	}
-	for i := range tenants {
-		tenants[i] = fmt.Sprint("tenant-", i)
-	}
-	evs := make([]Event, perTxn)
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	tab := NewTable(Config{}, 0, nil, nil, nil)
-	for c := 0; c < keys; c += perTxn {
-		x := tab.Begin()
-		for i := range evs {
-			evs[i] = Event{Source: Source{Gateway: "gw", Epoch: 1}, Seq: uint64(c + i + 1), Kind: KindDecision,
-				Tenant: tenants[i%len(tenants)], KeyID: names[c+i], KeyPrefix: "sk_prod_ab…", Endpoint: "/v1/orders",
-				Rule: "orders", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
-			if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
-				t.Fatal(err)
+	names, tenants := testnet.Numbered("key-%018d", keys), testnet.Numbered("tenant-%d", 100)
+	var tab *Table
+	held := memtest.Retained(func() any {
+		evs := make([]Event, perTxn) // scratch: not held once built
+		tab = NewTable(Config{}, 0, nil, nil, nil)
+		for c := 0; c < keys; c += perTxn {
+			x := tab.Begin()
+			for i := range evs {
+				evs[i] = Event{Source: Source{Gateway: "gw", Epoch: 1}, Seq: uint64(c + i + 1), Kind: KindDecision,
+					Tenant: tenants[i%len(tenants)], KeyID: names[c+i], KeyPrefix: "sk_prod_ab…", Endpoint: "/v1/orders",
+					Rule: "orders", Allowed: true, Cost: 1, TimeMicros: 1_700_000_000_000_000}
+				if _, err := x.Apply(&evs[i], 1_700_000_000); err != nil {
+					t.Fatal(err)
+				}
 			}
+			x.Changes()
+			x.Commit(int64(c + 1))
 		}
-		x.Changes()
-		x.Commit(int64(c + 1))
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
+		return tab
+	})
 	rows := tab.Len()
 	if rows != 3*keys {
 		t.Fatalf("%d rows held, want %d", rows, 3*keys)
 	}
-	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(rows)
+	per := float64(held) / float64(rows)
 	t.Logf("%d rows: %.0f B of heap each", rows, per)
 	if per > 160 {
 		t.Errorf("%d rows held in %.0f B each, want at most 160", rows, per)
 	}
-	runtime.KeepAlive(tab)
 }

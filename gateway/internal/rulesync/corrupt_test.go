@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -52,10 +51,8 @@ func controlsView(c *guard.ControlSet) string {
 // block while the others kept it.)
 func TestCorruptEntriesNeverSplitTheFleet(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
+	ns, b := bucketsV1(t)
 	url := ns.ClientURL()
-	b := createBuckets(t, url)
-	b.putRules(1, rulesV1)
 	b.put(b.lists, kidBlocked, &tollgatev1.ListEntry{KeyID: kidBlocked, Action: tollgatev1.ActionBlock, Reason: "revoked"})
 	b.put(b.lists, tollgatev1.AllowlistKey(kidAllowed), &tollgatev1.ListEntry{KeyID: kidAllowed, Action: tollgatev1.ActionAllow})
 	b.put(b.overrides, tollgatev1.OverrideKey(tollgatev1.ScopeKey, kidOverride),
@@ -126,10 +123,8 @@ func TestCorruptEntriesNeverSplitTheFleet(t *testing.T) {
 // gateway kept its copy's older version and a new one had none.)
 func TestCorruptRulesNeverSplitTheFleet(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
+	ns, b := bucketsV1(t)
 	url := ns.ClientURL()
-	b := createBuckets(t, url)
-	b.putRules(1, rulesV1)
 	oldDir := t.TempDir()
 	old := startGateway(t, url, oldDir)
 	old.waitVersion(t, 1)

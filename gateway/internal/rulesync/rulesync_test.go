@@ -157,6 +157,27 @@ func newSyncerWith(t *testing.T, url, dir string, mutate func(*rulesync.Config))
 	return sy
 }
 
+// bucketsV1 starts a NATS server with the fleet's buckets and rulesV1 in
+// force as version 1.
+func bucketsV1(t *testing.T) (*natsserver.Server, *buckets) {
+	t.Helper()
+	ns := natstest.StartTB(t)
+	b := createBuckets(t, ns.ClientURL())
+	b.putRules(1, rulesV1)
+	return ns, b
+}
+
+// syncingV1 starts a NATS server with the fleet's buckets, rulesV1 in
+// force as version 1, and a syncer running that has applied it.
+func syncingV1(t *testing.T) (*natsserver.Server, *buckets, *syncer) {
+	t.Helper()
+	ns, b := bucketsV1(t)
+	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
+	sy.start(t)
+	sy.waitVersion(t, 1)
+	return ns, b, sy
+}
+
 func (sy *syncer) start(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sy.cancel = cancel
@@ -327,12 +348,7 @@ func TestSyncAppliesEveryKind(t *testing.T) {
 
 func TestSyncRefusesAnInvalidRuleset(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
-	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
-	sy.start(t)
-	sy.waitVersion(t, 1)
+	ns, b, sy := syncingV1(t)
 
 	b.putRules(2, "rules:\n  - id: bad\n    algorithm: token_bucket\n    capacity: 0\n    rate: 1/1s\n")
 	testwait.Eventually(t, 5*time.Second, func() error {
@@ -450,9 +466,7 @@ func (p *proxy) drop() {
 // the partition.
 func TestResyncAfterPartition(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
+	ns, b := bucketsV1(t)
 	b.put(b.lists, "kidA", &tollgatev1.ListEntry{KeyID: "kidA", Action: "block"})
 	b.put(b.lists, "kidB", &tollgatev1.ListEntry{KeyID: "kidB", Action: "block"})
 	p := startProxy(t, ns.Addr())
@@ -497,12 +511,7 @@ func TestResyncAfterPartition(t *testing.T) {
 // arrives at once (a kept watcher would be blind for 10-20 s).
 func TestReconnectAfterServerRestart(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
-	sy := newSyncer(t, ns.ClientURL(), t.TempDir())
-	sy.start(t)
-	sy.waitVersion(t, 1)
+	ns, b, sy := syncingV1(t)
 	if err := ns.Down(); err != nil {
 		t.Fatal(err)
 	}
@@ -617,9 +626,7 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 // however often its entries are rewritten and across a resync.
 func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
+	ns, b := bucketsV1(t)
 	exp := time.Now().Add(time.Hour).UTC()
 	b.put(b.overrides, "key.kidLad", &tollgatev1.OverrideEntry{Scope: "key", Subject: "kidLad", KeyPrefix: "sk_ci_st…", Factor: 0.5, Level: 1, ExpiresAt: exp})
 	// An operator's block is not the ladder's.
@@ -709,9 +716,7 @@ func TestLadderLoggedOncePerKeyAndLevel(t *testing.T) {
 // back (core subscriptions are not KV watchers: nothing to read again).
 func TestCountersChangedReachTheGateway(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
+	ns, _ := bucketsV1(t)
 	p := startProxy(t, ns.Addr())
 	sy := newSyncer(t, p.url(), t.TempDir())
 	sy.start(t)
@@ -779,9 +784,7 @@ func lkgVersion(t *testing.T, dir string) int64 {
 // change); the copy pending when Run returns is written then.
 func TestSaveIntervalCoalescesWrites(t *testing.T) {
 	t.Parallel()
-	ns := natstest.StartTB(t)
-	b := createBuckets(t, ns.ClientURL())
-	b.putRules(1, rulesV1)
+	ns, b := bucketsV1(t)
 	dir := t.TempDir()
 	sy := newSyncerWith(t, ns.ClientURL(), dir, func(c *rulesync.Config) { c.SaveInterval = time.Hour })
 	sy.start(t)
@@ -851,12 +854,7 @@ func TestRulesetDocumentDecoded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ns := natstest.StartTB(t)
-			b := createBuckets(t, ns.ClientURL())
-			b.putRules(1, rulesV1)
-			sy := newSyncer(t, ns.ClientURL(), t.TempDir())
-			sy.start(t)
-			sy.waitVersion(t, 1)
+			_, b, sy := syncingV1(t)
 			b.put(b.rules, tollgatev1.RulesKey, &tollgatev1.RulesEntry{Version: 2, Source: tc.source, Format: "yaml",
 				Document: tc.document, Time: time.Now()})
 			if tc.refused != nil {

@@ -99,10 +99,7 @@ func TestConcurrentAppendAndReplay(t *testing.T) {
 // their calls return ErrClosed afterwards, nothing panics or races.
 func TestCloseDuringUse(t *testing.T) {
 	t.Parallel()
-	s, err := spool.Open(spooltest.New(), dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, spooltest.New(), spool.Options{})
 	var wg sync.WaitGroup
 	started := make(chan struct{}, 2)
 	wg.Go(func() {

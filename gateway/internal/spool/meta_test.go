@@ -249,10 +249,7 @@ func TestCrashDuringWriteMeta(t *testing.T) {
 	} {
 		setup := func(t *testing.T) (*spooltest.FS, *spool.Spool) {
 			fsys := spooltest.New()
-			s, err := spool.Open(fsys, dir, spool.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := open(t, fsys, spool.Options{})
 			mustWriteMeta(t, s, "old")
 			if tc.before != "old" {
 				mustWriteMeta(t, s, tc.before)

@@ -18,10 +18,7 @@ func threeSegments(t *testing.T) (fsys *spooltest.FS, a, b, c []spool.Record) {
 	t.Helper()
 	fsys = spooltest.New()
 	a, b, c = batch("a", 4, 100), batch("b", 5, 100), batch("c", 6, 100)
-	s, err := spool.Open(fsys, dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, fsys, spool.Options{})
 	for _, x := range [][]spool.Record{a, b, c} {
 		mustAppend(t, s, x)
 	}

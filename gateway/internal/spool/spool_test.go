@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
 	"github.com/tollgate/tollgate/gateway/internal/spool/spooltest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -130,22 +131,7 @@ func mustAppend(t testing.TB, s *spool.Spool, recs []spool.Record) {
 }
 
 // logBuffer is a logger whose output a test can read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type logBuffer struct{ testnet.Buffer }
 
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
@@ -227,10 +213,7 @@ func TestRoundTripInOrder(t *testing.T) {
 func TestReopenRecoversInOrder(t *testing.T) {
 	t.Parallel()
 	fsys := spooltest.New()
-	s, err := spool.Open(fsys, dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, fsys, spool.Options{})
 	var want [][]spool.Record
 	for i := range 20 {
 		b := batch(fmt.Sprint(i), 1+i, 150)
@@ -282,10 +265,7 @@ func TestRemove(t *testing.T) {
 func TestClose(t *testing.T) {
 	t.Parallel()
 	fsys := spooltest.New()
-	s, err := spool.Open(fsys, dir, spool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open(t, fsys, spool.Options{})
 	mustAppend(t, s, batch("x", 1, 1))
 	var wg sync.WaitGroup
 	for range 8 {
@@ -479,10 +459,7 @@ func TestCrashDuringAppend(t *testing.T) {
 	d := batch("d", 20, 150)
 	setup := func(t *testing.T) (*spooltest.FS, *spool.Spool) {
 		fsys := spooltest.New()
-		s, err := spool.Open(fsys, dir, spool.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := open(t, fsys, spool.Options{})
 		for _, b := range before {
 			mustAppend(t, s, b)
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -21,14 +23,8 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkAdmit -benchtime 2s ./guard/redisstore/regionstore/
 func BenchmarkAdmit(b *testing.B) {
-	client := startRedis(b)
+	client, cfg, _, store := benchStore(b)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2", "r3")
-	store, err := regionstore.New(client, cfg, fleet, "r1")
-	if err != nil {
-		b.Fatal(err)
-	}
 	runs := 0
 	for _, lim := range []regions.Limit{
 		{Kind: regions.FixedWindow, Units: 1_000_000, Window: 60_000_000},
@@ -39,21 +35,7 @@ func BenchmarkAdmit(b *testing.B) {
 			runs++ // the benchmark function runs once per b.N tried
 			name := fmt.Sprintf("tg{g:bench-%s-%d}bench", lim.Kind, runs)
 			now := time.Now().UnixMicro()
-			slot := now / cfg.Period
-			if lim.Kind == regions.FixedWindow {
-				slot = now / lim.Window
-			}
-			id := func(n uint64) regions.LoanID { return regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: n} }
-			give := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{ID: id(1), Counter: name, Limit: lim,
-				From: "r1", To: "r2", Units: 1000, First: slot, Last: slot + 1}}
-			if _, _, err := store.Give(ctx, give, 0, now); err != nil {
-				b.Fatal(err)
-			}
-			in := &regions.Transfer{Loan: regions.Loan{ID: id(2), Counter: name, Limit: lim,
-				From: "r3", To: "r1", Units: 1000, First: slot, Last: slot + 1}}
-			if _, _, err := store.Receive(ctx, in, now); err != nil {
-				b.Fatal(err)
-			}
+			lendBoth(b, store, cfg, name, lim, now, 1)
 			if err := client.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
@@ -64,14 +46,57 @@ func BenchmarkAdmit(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			info, err := client.Info(ctx, "commandstats").Result()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if us, ok := usecPerCall(info, "evalsha"); ok {
-				b.ReportMetric(us, "redis-µs/op")
-			}
+			reportScriptTime(b, client)
 		})
+	}
+}
+
+// benchStore is a store of region r1 of three equal regions, on a Redis
+// server of the benchmark's own, with the default configuration.
+func benchStore(b *testing.B) (redis.UniversalClient, regions.Config, regions.Fleet, *regionstore.Store) {
+	b.Helper()
+	client := startRedis(b)
+	cfg := regions.Config{}.WithDefaults()
+	fleet := regions.EqualFleet("r1", "r2", "r3")
+	store, err := regionstore.New(client, cfg, fleet, "r1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return client, cfg, fleet, store
+}
+
+// lendBoth has counter hold one loan given (r1 to r2) and one received
+// (r3 to r1), 1 000 units each, from the slot of now for slots slots.
+func lendBoth(b *testing.B, store *regionstore.Store, cfg regions.Config, counter string, lim regions.Limit, now, slots int64) {
+	b.Helper()
+	ctx := context.Background()
+	slot := now / cfg.Period
+	if lim.Kind == regions.FixedWindow {
+		slot = now / lim.Window
+	}
+	id := func(n uint64) regions.LoanID { return regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: n} }
+	give := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{ID: id(1), Counter: counter, Limit: lim,
+		From: "r1", To: "r2", Units: 1000, First: slot, Last: slot + slots}}
+	if _, _, err := store.Give(ctx, give, 0, now); err != nil {
+		b.Fatal(err)
+	}
+	in := &regions.Transfer{Loan: regions.Loan{ID: id(2), Counter: counter, Limit: lim,
+		From: "r3", To: "r1", Units: 1000, First: slot, Last: slot + slots}}
+	if _, _, err := store.Receive(ctx, in, now); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// reportScriptTime reports the scripts' own time in Redis per call since
+// the last CONFIG RESETSTAT, as redis-µs/op.
+func reportScriptTime(b *testing.B, client redis.UniversalClient) {
+	b.Helper()
+	info, err := client.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if us, ok := usecPerCall(info, "evalsha"); ok {
+		b.ReportMetric(us, "redis-µs/op")
 	}
 }
 
@@ -101,14 +126,8 @@ func usecPerCall(info, cmd string) (float64, bool) {
 //
 //	go test -run '^$' -bench BenchmarkGateCheck -benchtime 2s ./guard/redisstore/regionstore/
 func BenchmarkGateCheck(b *testing.B) {
-	client := startRedis(b)
+	client, cfg, fleet, store := benchStore(b)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2", "r3")
-	store, err := regionstore.New(client, cfg, fleet, "r1")
-	if err != nil {
-		b.Fatal(err)
-	}
 	g := newGate(b, client, cfg, fleet, time.Second)
 	runs := 0
 	for _, lim := range []regions.Limit{
@@ -129,22 +148,7 @@ func BenchmarkGateCheck(b *testing.B) {
 				c = guard.Counter{Name: counter, Algorithm: rules.FixedWindow, Params: rules.Params{Limit: 1_000_000, Window: 60_000_000}, Cost: 1}
 			} else {
 				c = g.counter(counter, lim, 1, 0)
-				now := time.Now().UnixMicro()
-				slot := now / cfg.Period
-				if lim.Kind == regions.FixedWindow {
-					slot = now / lim.Window
-				}
-				id := func(n uint64) regions.LoanID { return regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: n} }
-				give := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{ID: id(1), Counter: counter, Limit: lim,
-					From: "r1", To: "r2", Units: 1000, First: slot, Last: slot + 100}}
-				if _, _, err := store.Give(ctx, give, 0, now); err != nil {
-					b.Fatal(err)
-				}
-				in := &regions.Transfer{Loan: regions.Loan{ID: id(2), Counter: counter, Limit: lim,
-					From: "r3", To: "r1", Units: 1000, First: slot, Last: slot + 100}}
-				if _, _, err := store.Receive(ctx, in, now); err != nil {
-					b.Fatal(err)
-				}
+				lendBoth(b, store, cfg, counter, lim, time.Now().UnixMicro(), 100)
 			}
 			cs := []guard.Counter{c}
 			res := make([]guard.CounterResult, 1)
@@ -161,13 +165,7 @@ func BenchmarkGateCheck(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			info, err := client.Info(ctx, "commandstats").Result()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if us, ok := usecPerCall(info, "evalsha"); ok {
-				b.ReportMetric(us, "redis-µs/op")
-			}
+			reportScriptTime(b, client)
 		})
 	}
 }

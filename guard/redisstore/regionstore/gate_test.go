@@ -144,10 +144,8 @@ func TestGateRefundOnCluster(t *testing.T) {
 // keeps what its region admitted: alternating limits never start it
 // afresh, so the region admits at most its share of the larger one.
 func TestGateLimitChangeCarriesOver(t *testing.T) {
-	client := startRedis(t)
+	client, cfg, fleet := twoRegions(t)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2")
 	g := newGate(t, client, cfg, fleet, time.Minute)
 	for i, kind := range kinds {
 		t.Run(kind.String(), func(t *testing.T) {
@@ -188,10 +186,8 @@ func TestGateLimitChangeCarriesOver(t *testing.T) {
 // bands at its ends), they were counted.
 func TestGateQuotaGrantOnFixedWindow(t *testing.T) {
 	const sec = 1_000_000
-	client := startRedis(t)
+	client, cfg, fleet := twoRegions(t)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2")
 	g := newGate(t, client, cfg, fleet, time.Hour)
 	lim := regions.Limit{Kind: regions.FixedWindow, Units: 20, Window: sec} // a share of 10
 	j := int64(1_763_000_000) * sec

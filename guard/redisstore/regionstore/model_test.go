@@ -31,6 +31,14 @@ func startRedis(tb testing.TB) redis.UniversalClient {
 	return c
 }
 
+// twoRegions starts a redis-server for the test and returns a client
+// built the way production builds it, the default configuration and a
+// fleet of two equal regions, r1 and r2.
+func twoRegions(tb testing.TB) (redis.UniversalClient, regions.Config, regions.Fleet) {
+	tb.Helper()
+	return startRedis(tb), regions.Config{}.WithDefaults(), regions.EqualFleet("r1", "r2")
+}
+
 // errClass is the sentinel an error of the store or the ledger wraps.
 func errClass(err error) string {
 	for _, s := range []error{regions.ErrInvalid, regions.ErrLimitMismatch, regions.ErrNotMine} {

@@ -68,10 +68,8 @@ func TestStoreScenarios(t *testing.T) {
 			{at: sec + 300_000, admit: 1, retryEnd: 2*sec + 100_000},
 		}},
 	}
-	client := startRedis(t)
+	client, cfg, fleet := twoRegions(t)
 	ctx := context.Background()
-	cfg := regions.Config{}.WithDefaults()
-	fleet := regions.EqualFleet("r1", "r2")
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ledger, err := regions.NewLedger(cfg, fleet, "r1")

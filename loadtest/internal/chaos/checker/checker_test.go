@@ -56,6 +56,15 @@ func admit(h *history.History, key, endpoint string, gw int, from, span history.
 	}
 }
 
+// twiceTheLimit admits a1 to /fw its limit (10) twice within one 2 s
+// window from t0: ten in the first half second, ten in the half second
+// after t0+1s. A fault or operation between them decides whether the
+// second ten are allowed.
+func twiceTheLimit(h *history.History) {
+	admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
+	admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+}
+
 func degraded(a *history.Answer) { a.Degraded = true }
 
 // balance sets every aggregator's report to what the answers say.
@@ -137,28 +146,23 @@ func TestLimits(t *testing.T) {
 		}, false, "while degraded (local limiter)"},
 		{"a primary lost grants a limit more", Strict, func(h *history.History) {
 			h.Faults = []history.Fault{{ID: 1, Kind: "redis-kill", Target: "redis-a", Start: t0 + sec/2, End: t0 + sec}}
-			admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
-			admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+			twiceTheLimit(h)
 		}, true, ""},
 		{"a gateway link fault grants no data loss", Strict, func(h *history.History) {
 			h.Faults = []history.Fault{{ID: 1, Kind: "link-cut", Target: "gw1", Link: &history.Link{Client: "gw1", Server: "redis"}, Start: t0 + sec/2, End: t0 + sec}}
-			admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
-			admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+			twiceTheLimit(h)
 		}, false, "fw|a1: 20 units"},
 		{"an operator reset grants a limit more", Strict, func(h *history.History) {
 			h.Ops = []history.Op{{Kind: history.OpReset, Key: "a1", Endpoint: "/fw", At: t0 + sec/2, Done: t0 + sec/2 + 1000, Status: 200}}
-			admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
-			admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+			twiceTheLimit(h)
 		}, true, ""},
 		{"a reset of another key grants nothing", Strict, func(h *history.History) {
 			h.Ops = []history.Op{{Kind: history.OpReset, Key: "a2", Endpoint: "/fw", At: t0 + sec/2, Done: t0 + sec/2 + 1000, Status: 200}}
-			admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
-			admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+			twiceTheLimit(h)
 		}, false, "fw|a1"},
 		{"a refused reset grants nothing", Strict, func(h *history.History) {
 			h.Ops = []history.Op{{Kind: history.OpReset, Key: "a1", Endpoint: "/fw", At: t0 + sec/2, Done: t0 + sec/2 + 1000, Status: 400}}
-			admit(h, "a1", "/fw", 1, t0, sec/2-2000, 10)
-			admit(h, "a1", "/fw", 1, t0+sec, sec/2, 10)
+			twiceTheLimit(h)
 		}, false, "fw|a1"},
 		{"a quota grant grants its units", Strict, func(h *history.History) {
 			h.Ops = []history.Op{{Kind: history.OpQuota, Key: "a1", Endpoint: "/fw", Tokens: 3, At: t0 + sec/2, Done: t0 + sec/2 + 1000, Status: 200}}

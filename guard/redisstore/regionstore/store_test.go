@@ -10,6 +10,48 @@ import (
 	"github.com/tollgate/tollgate/internal/regions"
 )
 
+// TestGiveWhenActiveSetUnwritable: a give whose counter could not be added
+// to the active set is an error, and asked again by id once the set is
+// writable it answers the same loan, gives nothing twice, and the counter
+// is listed as active.
+func TestGiveWhenActiveSetUnwritable(t *testing.T) {
+	client, cfg, fleet := twoRegions(t)
+	ctx := context.Background()
+	prefix := fmt.Sprintf("act%d", time.Now().UnixNano())
+	store, err := regionstore.New(client, cfg, fleet, "r1", regionstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	activeKey := prefix + ":regions:r1:active"
+	if err := client.Set(ctx, activeKey, "not a set", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lim := regions.Limit{Kind: regions.FixedWindow, Units: 10, Window: 1_000_000}
+	now := int64(1_763_000_000_200_000)
+	o := &regions.Order{Epoch: regions.NewEpoch(1, 0), Loan: regions.Loan{
+		ID: regions.LoanID{Epoch: regions.NewEpoch(1, 0), Seq: 1}, Counter: "tg{g:a}a", Limit: lim,
+		From: "r1", To: "r2", Units: 3, First: now / 1_000_000, Last: now / 1_000_000,
+	}}
+	if _, _, err := store.Give(ctx, o, 0, now); err == nil {
+		t.Fatal("give with an unwritable active set: no error")
+	}
+	if err := client.Del(ctx, activeKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	loan, why, err := store.Give(ctx, o, 0, now)
+	if err != nil || loan.Units != 3 || why != "" {
+		t.Fatalf("give asked again: %+v %q %v, want the same 3 units", loan, why, err)
+	}
+	st, err := store.State(ctx, o.Loan.Counter, lim, now)
+	if err != nil || st.Share != 2 || len(st.Out) != 1 {
+		t.Fatalf("state %+v %v: want a share of 5 − 3 and one loan out", st, err)
+	}
+	active, err := store.Active(ctx, now)
+	if err != nil || len(active) != 1 || active[0].Counter != o.Loan.Counter {
+		t.Fatalf("active %+v %v: want the counter", active, err)
+	}
+}
+
 // TestExpiryCoversWhatCounts: after each case's calls, a counter's keys
 // expire no earlier than the last moment something in them can still
 // count (then the counter is as a new one), and not much later. The
@@ -100,5 +142,62 @@ func TestExpiryCoversWhatCounts(t *testing.T) {
 				t.Fatalf("expires in %v, want %v (+1 ms margin, less at most %v elapsed)", ttl, want, elapsed)
 			}
 		})
+	}
+}
+
+// TestSteadyTrafficBelowShare offers a region steady traffic below its
+// share of a global fixed window, spread evenly, through the share ledger
+// in Redis and through the gateways' region script: every request is
+// admitted. Counting an admission within the skew bound of a boundary in
+// both windows rejected about 4 % of them (45 % of L against a share of
+// half of L, 1 s windows, the default 100 ms skew).
+func TestSteadyTrafficBelowShare(t *testing.T) {
+	const sec = 1_000_000
+	client := startRedis(t)
+	ctx := context.Background()
+	cfg := regions.Config{}.WithDefaults()
+	tests := []struct {
+		name  string
+		fleet regions.Fleet
+		units int64
+		rate  float64 // per second
+	}{
+		{"45 % of L, two regions", regions.EqualFleet("r1", "r2"), 50, 22.5},
+		{"30 % of L, three regions", regions.EqualFleet("r1", "r2", "r3"), 50, 15},
+	}
+	for i, tt := range tests {
+		for _, via := range []string{"store", "gate"} {
+			t.Run(tt.name+" through the "+via, func(t *testing.T) {
+				tag := fmt.Sprintf("%d-%s-%d", i, via, time.Now().UnixNano())
+				store, err := regionstore.New(client, cfg, tt.fleet, "r1", regionstore.WithKeyPrefix("tg"+tag))
+				if err != nil {
+					t.Fatal(err)
+				}
+				gate := newGate(t, client, cfg, tt.fleet, time.Hour)
+				name := fmt.Sprintf("tg{g:split-%s}split", tag)
+				lim := regions.Limit{Kind: regions.FixedWindow, Units: tt.units, Window: sec}
+				start := int64(1_763_000_000)*sec + 3_333
+				n, rejected := int(tt.rate*20), 0
+				for k := range n {
+					now := start + int64(float64(k)*sec/tt.rate)
+					var a regions.Admission
+					if via == "store" {
+						a, err = store.Admit(ctx, name, lim, 1, now)
+					} else {
+						a, _, err = gate.check(ctx, name, lim, 1, 0, now)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !a.Allowed {
+						rejected++
+					}
+				}
+				if rejected > 0 {
+					t.Fatalf("%d of %d rejected at %.1f per second against a share of %d per second",
+						rejected, n, tt.rate, tt.fleet.Static(tt.units)[0])
+				}
+			})
+		}
 	}
 }
