@@ -41,6 +41,9 @@ const (
 	// client still sends before it closes.
 	closeGrace = time.Second
 	readBuffer = 32 << 10
+	// maxScratch bounds the response buffer a connection keeps between
+	// calls.
+	maxScratch = 64 << 10
 )
 
 // stream is one call. Fields after the first group are guarded by the
@@ -56,7 +59,7 @@ type stream struct {
 	// Under c.mu.
 	send    int64              // the peer's window for this stream
 	cancel  context.CancelFunc // of an asynchronous call
-	pending []byte             // response data waiting for window
+	pending []byte             // framed response data waiting for window
 	code    codes.Code         // of the pending answer's trailers
 	msg     string
 }
@@ -92,7 +95,10 @@ type conn struct {
 	dirty      bool      // written, not flushed
 	goingAway  bool
 	closed     bool
-	werr       error
+	// tableUpdate: the peer changed SETTINGS_HEADER_TABLE_SIZE, so the
+	// next header block comes from enc (it starts with the size update).
+	tableUpdate bool
+	werr        error
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -335,6 +341,7 @@ func (c *conn) settings(f *http2.SettingsFrame) error {
 			c.maxFrame = int(s.Val)
 		case http2.SettingHeaderTableSize:
 			c.enc.SetMaxDynamicTableSizeLimit(s.Val)
+			c.tableUpdate = true
 		}
 		return nil
 	})
@@ -612,10 +619,12 @@ func (c *conn) call(st *stream, frame []byte) {
 		return
 	}
 	msg := b[5:]
-	out, err := st.h(c.localCtx, msg, c.scratch[:0])
+	out, err := st.h(c.localCtx, msg, framed(c.scratch))
 	if !errors.Is(err, ErrWouldBlock) {
 		c.s.inline.Add(1)
-		c.scratch = out[:0]
+		if cap(out) <= maxScratch {
+			c.scratch = out[:0]
+		}
 		c.answer(st, out, err)
 		return
 	}
@@ -642,9 +651,18 @@ func (c *conn) call(st *stream, frame []byte) {
 	go func() {
 		defer c.calls.Done()
 		defer cancel()
-		out, err := h(ctx, req, nil)
+		out, err := h(ctx, req, framed(nil))
 		c.answer(st, out, err)
 	}()
+}
+
+// framed returns b's storage (or new storage) holding the 5 bytes of a
+// gRPC message's prefix, to which a handler appends the message.
+func framed(b []byte) []byte {
+	if cap(b) < 5 {
+		b = make([]byte, 5, 256)
+	}
+	return b[:5]
 }
 
 // refuse answers st with an error before its handler ran. Called on the
@@ -668,6 +686,9 @@ func (c *conn) refuse(st *stream, code codes.Code, msg string) {
 // nil error), err its status.
 func (c *conn) answer(st *stream, out []byte, err error) {
 	code, msg := statusOf(err)
+	if code == codes.OK && len(out) < 5 {
+		code, msg = codes.Internal, "h2grpc: the handler dropped its response's prefix"
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.streams[st.id] != st {
@@ -709,42 +730,73 @@ func (c *conn) writeAnswerLocked(st *stream, out []byte, code codes.Code, msg st
 		c.field(":status", "200")
 		c.field("content-type", "application/grpc")
 		c.trailerFields(code, msg)
-		c.writeHeaders(st.id, true)
+		c.writeHeaders(st.id, true, c.hbuf.Bytes())
 		c.removeLocked(st)
 		return
 	}
-	c.hbuf.Reset()
-	c.field(":status", "200")
-	c.field("content-type", "application/grpc")
-	c.writeHeaders(st.id, false)
-	var prefix [5]byte
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(out)))
-	st.pending = append(append(st.pending[:0], prefix[:]...), out...)
+	if c.tableUpdate {
+		c.hbuf.Reset()
+		c.field(":status", "200")
+		c.field("content-type", "application/grpc")
+		c.writeHeaders(st.id, false, c.hbuf.Bytes())
+		c.tableUpdate = false
+	} else {
+		c.writeHeaders(st.id, false, okHeaders)
+	}
+	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
+	out[0] = 0
 	st.code, st.msg = code, msg
-	if !c.sendLocked(st) {
+	if !c.sendLocked(st, out) {
+		// out may be the connection's scratch buffer: what waits is a copy.
+		st.pending = bytes.Clone(st.pending)
 		c.blocked = append(c.blocked, st)
 	}
 }
 
-// sendLocked writes as much of st's pending message as the windows allow,
-// and the trailers after the last of it; it reports whether all went.
-func (c *conn) sendLocked(st *stream) bool {
-	for len(st.pending) > 0 {
-		n := int64(min(len(st.pending), c.maxFrame))
+// okHeaders and okTrailers are the header blocks of every successful
+// answer: literals that are never indexed, so that they are the same
+// bytes whatever the state of the connection's HPACK table.
+var okHeaders, okTrailers = constantBlock(":status", "200", "content-type", "application/grpc"),
+	constantBlock("grpc-status", "0")
+
+// constantBlock encodes fields as an HPACK block that neither reads nor
+// changes the dynamic table.
+func constantBlock(fields ...string) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for i := 0; i+1 < len(fields); i += 2 {
+		_ = enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1], Sensitive: true})
+	}
+	return b.Bytes()
+}
+
+// sendLocked writes as much of the framed message data as the windows
+// allow, and the trailers after the last of it; it reports whether all
+// went. What did not is left in st.pending, to be sent with
+// sendLocked(st, st.pending) when the peer gives window.
+func (c *conn) sendLocked(st *stream, data []byte) bool {
+	for len(data) > 0 {
+		n := int64(min(len(data), c.maxFrame))
 		n = min(n, c.send, st.send)
 		if n <= 0 {
+			st.pending = data
 			return false
 		}
 		if c.werr == nil {
-			c.werr = c.fr.WriteData(st.id, false, st.pending[:n])
+			c.werr = c.fr.WriteData(st.id, false, data[:n])
 		}
 		c.send -= n
 		st.send -= n
-		st.pending = st.pending[n:]
+		data = data[n:]
 	}
-	c.hbuf.Reset()
-	c.trailerFields(st.code, st.msg)
-	c.writeHeaders(st.id, true)
+	st.pending = nil
+	if st.code == codes.OK && st.msg == "" {
+		c.writeHeaders(st.id, true, okTrailers)
+	} else {
+		c.hbuf.Reset()
+		c.trailerFields(st.code, st.msg)
+		c.writeHeaders(st.id, true, c.hbuf.Bytes())
+	}
 	c.removeLocked(st)
 	return true
 }
@@ -756,7 +808,7 @@ func (c *conn) sendBlockedLocked() {
 	}
 	left := c.blocked[:0]
 	for _, st := range c.blocked {
-		if c.streams[st.id] == st && !c.sendLocked(st) {
+		if c.streams[st.id] == st && !c.sendLocked(st, st.pending) {
 			left = append(left, st)
 		}
 	}
@@ -782,9 +834,9 @@ func (c *conn) trailerFields(code codes.Code, msg string) {
 	}
 }
 
-func (c *conn) writeHeaders(id uint32, end bool) {
+func (c *conn) writeHeaders(id uint32, end bool, block []byte) {
 	if c.werr == nil {
-		c.werr = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
+		c.werr = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: end, EndHeaders: true})
 	}
 }
 

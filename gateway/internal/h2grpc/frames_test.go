@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -490,5 +491,72 @@ func TestFramesShutdownClientNotReading(t *testing.T) {
 	}
 	if err := <-served; !errors.Is(err, h2grpc.ErrServerClosed) {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestFramesHeaderTableSize: successful answers' header blocks do not use
+// the HPACK table (the same bytes on every call), except the first block
+// after the client changes SETTINGS_HEADER_TABLE_SIZE, which starts with
+// the dynamic table size update RFC 7541 asks for there; answers decode
+// before and after.
+func TestFramesHeaderTableSize(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, h2grpc.Options{})
+	c := dialRaw(t, ts.addr)
+	c.fr.ReadMetaHeaders = nil
+	dec := hpack.NewDecoder(4096, nil)
+	// blocks reads stream id's answer: its header blocks, decoded fields
+	// and message value.
+	blocks := func(id uint32) (raw [][]byte, fields map[string]string) {
+		t.Helper()
+		fields = map[string]string{}
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, ok := f.(*http2.HeadersFrame)
+			if !ok || h.StreamID != id {
+				continue
+			}
+			b := bytes.Clone(h.HeaderBlockFragment())
+			raw = append(raw, b)
+			hfs, err := dec.DecodeFull(b)
+			if err != nil {
+				t.Fatalf("stream %d: decode %x: %v", id, b, err)
+			}
+			for _, hf := range hfs {
+				fields[hf.Name] = hf.Value
+			}
+			if h.StreamEnded() {
+				return raw, fields
+			}
+		}
+	}
+	c.send(1, "one")
+	first, fields := blocks(1)
+	if fields[":status"] != "200" || fields["grpc-status"] != "0" || fields["content-type"] != "application/grpc" {
+		t.Fatalf("first answer's fields %v", fields)
+	}
+	c.send(3, "two")
+	second, _ := blocks(3)
+	if !reflect.DeepEqual(first, second) {
+		t.Errorf("header blocks of two answers differ: %x, %x", first, second)
+	}
+
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	c.send(5, "three")
+	third, fields := blocks(5)
+	if len(third) == 0 || third[0][0]&0xe0 != 0x20 {
+		t.Fatalf("first header block after SETTINGS_HEADER_TABLE_SIZE %x: want a dynamic table size update first", third)
+	}
+	if fields[":status"] != "200" || fields["grpc-status"] != "0" {
+		t.Fatalf("fields after the size update %v", fields)
+	}
+	c.send(7, "four")
+	if fourth, _ := blocks(7); !reflect.DeepEqual(fourth, first) {
+		t.Errorf("after the size update, header blocks %x, want %x", fourth, first)
 	}
 }
