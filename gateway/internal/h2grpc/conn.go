@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
@@ -78,6 +79,8 @@ type conn struct {
 	calls    sync.WaitGroup  // asynchronous calls
 	recv     int32           // connection receive window left
 	scratch  []byte          // response of a call decided while reading
+	dec      *hpack.Decoder  // request header blocks, into hs
+	hs       headerState     // the header block being read
 	lastPing time.Time
 	strikes  int
 
@@ -199,8 +202,8 @@ func (c *conn) handshake() error {
 	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384)
-	c.fr.MaxHeaderListSize = c.s.opts.MaxHeaderList
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.dec = hpack.NewDecoder(4096, c.emit)
+	c.dec.SetMaxStringLength(int(c.s.opts.MaxHeaderList))
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	err := c.fr.WriteSettings(
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.opts.MaxStreams},
@@ -288,8 +291,13 @@ func connErr(code http2.ErrCode, format string, args ...any) error {
 // frame handles one frame read.
 func (c *conn) frame(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		return c.headers(f)
+	case *http2.HeadersFrame:
+		c.hs = headerState{id: f.StreamID, endStream: f.StreamEnded(), remain: c.s.opts.MaxHeaderList}
+		c.dec.SetEmitEnabled(true)
+		return c.headerBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame:
+		// The Framer has checked that it continues c.hs's stream.
+		return c.headerBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.DataFrame:
 		return c.data(f)
 	case *http2.SettingsFrame:
@@ -393,16 +401,163 @@ func (c *conn) windowUpdate(f *http2.WindowUpdateFrame) error {
 	return nil
 }
 
-// headers opens a stream (or ends one: trailers).
-func (c *conn) headers(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+// headerState is what the reading goroutine keeps of the header block
+// it decodes: the fields a call needs, and what makes the block invalid.
+type headerState struct {
+	id                           uint32
+	endStream                    bool
+	remain                       uint32 // of the header list's size
+	truncated                    bool   // larger than MaxHeaderList
+	invalid                      error  // a malformed field
+	regular                      bool   // a regular field came
+	pseudo                       uint8  // pseudo-header fields seen
+	method, path, ctype, timeout string
+}
+
+// Pseudo-header fields of requests (and :status, of responses).
+const (
+	pseudoMethod = 1 << iota
+	pseudoPath
+	pseudoScheme
+	pseudoAuthority
+	pseudoProtocol
+	pseudoStatus
+)
+
+var (
+	errPseudoAfterRegular = errors.New("pseudo header field after regular")
+	errMixedPseudo        = errors.New("mix of request and response pseudo headers")
+)
+
+// emit takes one decoded field of the header block: the checks
+// golang.org/x/net/http2 makes of a header list, without keeping the
+// fields a call does not use.
+func (c *conn) emit(hf hpack.HeaderField) {
+	hs := &c.hs
+	if !httpguts.ValidHeaderFieldValue(hf.Value) {
+		// Not the value: it may be secret.
+		hs.invalid = fmt.Errorf("invalid header field value for %q", hf.Name)
+	}
+	if strings.HasPrefix(hf.Name, ":") {
+		if hs.regular {
+			hs.invalid = errPseudoAfterRegular
+		}
+		var bit uint8
+		switch hf.Name {
+		case ":method":
+			bit = pseudoMethod
+		case ":path":
+			bit = pseudoPath
+		case ":scheme":
+			bit = pseudoScheme
+		case ":authority":
+			bit = pseudoAuthority
+		case ":protocol":
+			bit = pseudoProtocol
+		case ":status":
+			bit = pseudoStatus
+		default:
+			hs.invalid = fmt.Errorf("invalid pseudo-header %q", hf.Name)
+		}
+		if hs.pseudo&bit != 0 {
+			hs.invalid = fmt.Errorf("duplicate pseudo-header %q", hf.Name)
+		}
+		hs.pseudo |= bit
+		if hs.pseudo&pseudoStatus != 0 && hs.pseudo&^pseudoStatus != 0 {
+			hs.invalid = errMixedPseudo
+		}
+	} else {
+		hs.regular = true
+		if !validFieldName(hf.Name) {
+			hs.invalid = fmt.Errorf("invalid header field name %q", hf.Name)
+		}
+	}
+	if hs.invalid != nil {
+		c.dec.SetEmitEnabled(false)
+		return
+	}
+	if size := hf.Size(); size > hs.remain {
+		c.dec.SetEmitEnabled(false)
+		hs.truncated, hs.remain = true, 0
+		return
+	} else {
+		hs.remain -= size
+	}
+	switch hf.Name {
+	case ":method":
+		hs.method = hf.Value
+	case ":path":
+		hs.path = hf.Value
+	case "content-type":
+		hs.ctype = hf.Value
+	case "grpc-timeout":
+		hs.timeout = hf.Value
+	}
+}
+
+// validFieldName reports whether v is a header field name HTTP/2 allows:
+// a token, in lower case.
+func validFieldName(v string) bool {
+	if v == "" {
+		return false
+	}
+	for _, r := range v {
+		if !httpguts.IsTokenRune(r) || 'A' <= r && r <= 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// headerBlock decodes a fragment of c.hs's header block; at its end
+// (ended), it opens or ends the stream.
+func (c *conn) headerBlock(frag []byte, ended bool) error {
+	hs := &c.hs
+	// A fragment far larger than what is left of the list (headers, and
+	// as much again for trailers until the list is cut), or any after a
+	// malformed field, ends the connection, as golang.org/x/net/http2's
+	// server does: its fields would not be read anyway.
+	budget := int64(hs.remain)
+	if !hs.truncated {
+		budget += int64(c.s.opts.MaxHeaderList)
+	}
+	if int64(len(frag)) > 2*budget || hs.invalid != nil {
+		return connErr(http2.ErrCodeProtocol, "header block of stream %d: too large or malformed", hs.id)
+	}
+	if _, err := c.dec.Write(frag); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if !ended {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if hs.invalid != nil {
+		c.mu.Lock()
+		if hs.id%2 == 1 && hs.id > c.lastID {
+			// Closed by the reset: what the client still sends on it is
+			// dropped, not taken for frames on an idle stream.
+			c.lastID = hs.id
+		}
+		c.resetLocked(hs.id, http2.ErrCodeProtocol)
+		c.mu.Unlock()
+		return nil
+	}
+	return c.headers()
+}
+
+// headers opens stream c.hs.id (or ends it: trailers).
+func (c *conn) headers() error {
+	hs := &c.hs
+	id := hs.id
 	if id%2 == 0 {
 		return connErr(http2.ErrCodeProtocol, "HEADERS on even stream %d", id)
 	}
 	c.mu.Lock()
 	if st := c.streams[id]; st != nil {
 		c.mu.Unlock()
-		if !f.StreamEnded() || st.ended {
+		if !hs.endStream || st.ended {
 			c.reset(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -426,27 +581,15 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) error {
 		c.mu.Unlock()
 		return nil
 	}
-	st := &stream{id: id, recv: streamWindow, send: c.initWindow, ended: f.StreamEnded()}
+	st := &stream{id: id, recv: streamWindow, send: c.initWindow, ended: hs.endStream}
 	c.streams[id] = st
 	c.mu.Unlock()
 
-	if f.Truncated {
+	if hs.truncated {
 		c.refuse(st, codes.ResourceExhausted, fmt.Sprintf("header list larger than %d bytes", c.s.opts.MaxHeaderList))
 		return nil
 	}
-	var method, path, ctype, timeout string
-	for _, hf := range f.Fields {
-		switch hf.Name {
-		case ":method":
-			method = hf.Value
-		case ":path":
-			path = hf.Value
-		case "content-type":
-			ctype = hf.Value
-		case "grpc-timeout":
-			timeout = hf.Value
-		}
-	}
+	method, path, ctype, timeout := hs.method, hs.path, hs.ctype, hs.timeout
 	if method != "POST" || path == "" {
 		c.reset(id, http2.ErrCodeProtocol)
 		return nil

@@ -560,3 +560,63 @@ func TestFramesHeaderTableSize(t *testing.T) {
 		t.Errorf("after the size update, header blocks %x, want %x", fourth, first)
 	}
 }
+
+// TestFramesMalformedHeaders: a header list HTTP/2 forbids resets its
+// stream (PROTOCOL_ERROR) and the connection serves on; a CONTINUATION
+// after a malformed field, or a fragment far beyond the header list's
+// limit, ends the connection.
+func TestFramesMalformedHeaders(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, h2grpc.Options{MaxHeaderList: 1024})
+	c := dialRaw(t, ts.addr)
+	id := uint32(1)
+	for _, tc := range []struct {
+		name   string
+		fields []string
+	}{
+		{"upper-case name", []string{":method", "POST", ":path", echo, "content-type", "application/grpc", "X-Upper", "1"}},
+		{"pseudo-header after a regular one", []string{":method", "POST", "content-type", "application/grpc", ":path", echo}},
+		{"duplicate pseudo-header", []string{":method", "POST", ":path", echo, ":path", echo, "content-type", "application/grpc"}},
+		{"unknown pseudo-header", []string{":method", "POST", ":path", echo, ":foo", "1", "content-type", "application/grpc"}},
+		{"request and response pseudo-headers", []string{":method", "POST", ":path", echo, ":status", "200", "content-type", "application/grpc"}},
+		{"control byte in a value", []string{":method", "POST", ":path", echo, "content-type", "application/grpc", "x-a", "bad\x00value"}},
+	} {
+		if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.headerBlock(tc.fields...), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.fr.WriteData(id, true, message("x"))
+		if a := c.readAnswer(id); a.rst != http2.ErrCodeProtocol {
+			t.Errorf("%s: %+v, want RST_STREAM PROTOCOL_ERROR", tc.name, a)
+		}
+		id += 2
+	}
+	c.send(id, "still")
+	if a := c.readAnswer(id); a.value(t) != "still" {
+		t.Fatalf("after the malformed header lists: %+v", a)
+	}
+
+	for _, tc := range []struct {
+		name string
+		send func(c *rawClient) error
+	}{
+		{"CONTINUATION after a malformed field", func(c *rawClient) error {
+			block := c.headerBlock(":method", "POST", "X-Upper", "1")
+			if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block}); err != nil {
+				return err
+			}
+			return c.fr.WriteContinuation(1, true, c.headerBlock(":path", echo))
+		}},
+		{"fragment far beyond the header list's limit", func(c *rawClient) error {
+			block := c.headerBlock(":method", "POST", ":path", echo, "x-big", strings.Repeat("z", 10000))
+			return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true})
+		}},
+	} {
+		c := dialRaw(t, ts.addr)
+		if err := tc.send(c); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := c.goAway(); got != http2.ErrCodeProtocol {
+			t.Errorf("%s: GOAWAY %v, want PROTOCOL_ERROR", tc.name, got)
+		}
+	}
+}
