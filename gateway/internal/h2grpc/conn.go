@@ -70,7 +70,7 @@ type stream struct {
 type conn struct {
 	s        *Server
 	raw      net.Conn // as accepted: closing it ends any read or write
-	nc       net.Conn // raw, or its TLS
+	nc       net.Conn // raw (its reads and writes by rawIO), or its TLS
 	br       *bufio.Reader
 	fr       *http2.Framer
 	ctx      context.Context // cancelled when the connection ends
@@ -107,7 +107,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancel(s.ctx)
 	c := &conn{
-		s: s, raw: nc, nc: nc, ctx: ctx, cancel: cancel, recv: connWindow,
+		s: s, raw: nc, nc: rawIO(nc), ctx: ctx, cancel: cancel, recv: connWindow,
 		streams: map[uint32]*stream{}, send: 65535, initWindow: 65535, maxFrame: 16384,
 	}
 	lctx := context.WithValue(ctx, localKey{}, true)
