@@ -874,6 +874,7 @@ func (c *conn) writeAnswerLocked(st *stream, out []byte, code codes.Code, msg st
 		c.field("content-type", "application/grpc")
 		c.trailerFields(code, msg)
 		c.writeHeaders(st.id, true, c.hbuf.Bytes())
+		c.tableUpdate = false
 		c.removeLocked(st)
 		return
 	}
@@ -933,12 +934,13 @@ func (c *conn) sendLocked(st *stream, data []byte) bool {
 		data = data[n:]
 	}
 	st.pending = nil
-	if st.code == codes.OK && st.msg == "" {
+	if st.code == codes.OK && st.msg == "" && !c.tableUpdate {
 		c.writeHeaders(st.id, true, okTrailers)
 	} else {
 		c.hbuf.Reset()
 		c.trailerFields(st.code, st.msg)
 		c.writeHeaders(st.id, true, c.hbuf.Bytes())
+		c.tableUpdate = false
 	}
 	c.removeLocked(st)
 	return true

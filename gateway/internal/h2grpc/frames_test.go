@@ -559,6 +559,37 @@ func TestFramesHeaderTableSize(t *testing.T) {
 	if fourth, _ := blocks(7); !reflect.DeepEqual(fourth, first) {
 		t.Errorf("after the size update, header blocks %x, want %x", fourth, first)
 	}
+
+	// The change comes while an answer waits for window, its headers
+	// sent: its trailers are the first block after it.
+	c = dialRaw(t, ts.addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 16})
+	c.fr.ReadMetaHeaders = nil
+	dec = hpack.NewDecoder(4096, nil)
+	c.send(1, "big:100")
+	for sent := 0; sent < 16; {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			if _, err := dec.DecodeFull(f.HeaderBlockFragment()); err != nil {
+				t.Fatal(err)
+			}
+		case *http2.DataFrame:
+			sent += len(f.Data())
+		}
+	}
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.fr.WriteWindowUpdate(1, 1000); err != nil {
+		t.Fatal(err)
+	}
+	trailers, fields := blocks(1)
+	if len(trailers) != 1 || trailers[0][0]&0xe0 != 0x20 || fields["grpc-status"] != "0" {
+		t.Fatalf("trailers after SETTINGS_HEADER_TABLE_SIZE %x (%v): want a dynamic table size update first", trailers, fields)
+	}
 }
 
 // TestFramesMalformedHeaders: a header list HTTP/2 forbids resets its
