@@ -62,11 +62,12 @@ func newGRPCServer(g guard.Checker, m *metrics.Metrics, log *slog.Logger, tc *tl
 // rlsHandler decides ShouldRateLimit calls, counted by outcome.
 func rlsHandler(srv *rls.Server, m *metrics.Metrics) h2grpc.Handler {
 	return func(ctx context.Context, msg, out []byte) ([]byte, error) {
-		req, err := rls.DecodeRequest(msg)
+		x, err := rls.DecodeExchange(msg)
 		if err != nil {
 			return out, status.Error(codes.Internal, "tollgate: "+err.Error())
 		}
-		resp, err := srv.ShouldRateLimit(ctx, req)
+		defer x.Release()
+		resp, err := srv.Decide(ctx, x)
 		if errors.Is(err, guard.ErrWouldBlock) {
 			return out, h2grpc.ErrWouldBlock
 		}

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
@@ -41,6 +42,9 @@ const (
 	// client still sends before it closes.
 	closeGrace = time.Second
 	readBuffer = 32 << 10
+	// maxScratch bounds the response buffer a connection keeps between
+	// calls.
+	maxScratch = 64 << 10
 )
 
 // stream is one call. Fields after the first group are guarded by the
@@ -56,7 +60,7 @@ type stream struct {
 	// Under c.mu.
 	send    int64              // the peer's window for this stream
 	cancel  context.CancelFunc // of an asynchronous call
-	pending []byte             // response data waiting for window
+	pending []byte             // framed response data waiting for window
 	code    codes.Code         // of the pending answer's trailers
 	msg     string
 }
@@ -66,7 +70,7 @@ type stream struct {
 type conn struct {
 	s        *Server
 	raw      net.Conn // as accepted: closing it ends any read or write
-	nc       net.Conn // raw, or its TLS
+	nc       net.Conn // raw (its reads and writes by rawIO), or its TLS
 	br       *bufio.Reader
 	fr       *http2.Framer
 	ctx      context.Context // cancelled when the connection ends
@@ -75,6 +79,8 @@ type conn struct {
 	calls    sync.WaitGroup  // asynchronous calls
 	recv     int32           // connection receive window left
 	scratch  []byte          // response of a call decided while reading
+	dec      *hpack.Decoder  // request header blocks, into hs
+	hs       headerState     // the header block being read
 	lastPing time.Time
 	strikes  int
 
@@ -92,13 +98,16 @@ type conn struct {
 	dirty      bool      // written, not flushed
 	goingAway  bool
 	closed     bool
-	werr       error
+	// tableUpdate: the peer changed SETTINGS_HEADER_TABLE_SIZE, so the
+	// next header block comes from enc (it starts with the size update).
+	tableUpdate bool
+	werr        error
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancel(s.ctx)
 	c := &conn{
-		s: s, raw: nc, nc: nc, ctx: ctx, cancel: cancel, recv: connWindow,
+		s: s, raw: nc, nc: rawIO(nc), ctx: ctx, cancel: cancel, recv: connWindow,
 		streams: map[uint32]*stream{}, send: 65535, initWindow: 65535, maxFrame: 16384,
 	}
 	lctx := context.WithValue(ctx, localKey{}, true)
@@ -193,8 +202,8 @@ func (c *conn) handshake() error {
 	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384)
-	c.fr.MaxHeaderListSize = c.s.opts.MaxHeaderList
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.dec = hpack.NewDecoder(4096, c.emit)
+	c.dec.SetMaxStringLength(int(c.s.opts.MaxHeaderList))
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	err := c.fr.WriteSettings(
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.opts.MaxStreams},
@@ -282,8 +291,13 @@ func connErr(code http2.ErrCode, format string, args ...any) error {
 // frame handles one frame read.
 func (c *conn) frame(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		return c.headers(f)
+	case *http2.HeadersFrame:
+		c.hs = headerState{id: f.StreamID, endStream: f.StreamEnded(), remain: c.s.opts.MaxHeaderList}
+		c.dec.SetEmitEnabled(true)
+		return c.headerBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame:
+		// The Framer has checked that it continues c.hs's stream.
+		return c.headerBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.DataFrame:
 		return c.data(f)
 	case *http2.SettingsFrame:
@@ -335,6 +349,7 @@ func (c *conn) settings(f *http2.SettingsFrame) error {
 			c.maxFrame = int(s.Val)
 		case http2.SettingHeaderTableSize:
 			c.enc.SetMaxDynamicTableSizeLimit(s.Val)
+			c.tableUpdate = true
 		}
 		return nil
 	})
@@ -386,16 +401,163 @@ func (c *conn) windowUpdate(f *http2.WindowUpdateFrame) error {
 	return nil
 }
 
-// headers opens a stream (or ends one: trailers).
-func (c *conn) headers(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+// headerState is what the reading goroutine keeps of the header block
+// it decodes: the fields a call needs, and what makes the block invalid.
+type headerState struct {
+	id                           uint32
+	endStream                    bool
+	remain                       uint32 // of the header list's size
+	truncated                    bool   // larger than MaxHeaderList
+	invalid                      error  // a malformed field
+	regular                      bool   // a regular field came
+	pseudo                       uint8  // pseudo-header fields seen
+	method, path, ctype, timeout string
+}
+
+// Pseudo-header fields of requests (and :status, of responses).
+const (
+	pseudoMethod = 1 << iota
+	pseudoPath
+	pseudoScheme
+	pseudoAuthority
+	pseudoProtocol
+	pseudoStatus
+)
+
+var (
+	errPseudoAfterRegular = errors.New("pseudo header field after regular")
+	errMixedPseudo        = errors.New("mix of request and response pseudo headers")
+)
+
+// emit takes one decoded field of the header block: the checks
+// golang.org/x/net/http2 makes of a header list, without keeping the
+// fields a call does not use.
+func (c *conn) emit(hf hpack.HeaderField) {
+	hs := &c.hs
+	if !httpguts.ValidHeaderFieldValue(hf.Value) {
+		// Not the value: it may be secret.
+		hs.invalid = fmt.Errorf("invalid header field value for %q", hf.Name)
+	}
+	if strings.HasPrefix(hf.Name, ":") {
+		if hs.regular {
+			hs.invalid = errPseudoAfterRegular
+		}
+		var bit uint8
+		switch hf.Name {
+		case ":method":
+			bit = pseudoMethod
+		case ":path":
+			bit = pseudoPath
+		case ":scheme":
+			bit = pseudoScheme
+		case ":authority":
+			bit = pseudoAuthority
+		case ":protocol":
+			bit = pseudoProtocol
+		case ":status":
+			bit = pseudoStatus
+		default:
+			hs.invalid = fmt.Errorf("invalid pseudo-header %q", hf.Name)
+		}
+		if hs.pseudo&bit != 0 {
+			hs.invalid = fmt.Errorf("duplicate pseudo-header %q", hf.Name)
+		}
+		hs.pseudo |= bit
+		if hs.pseudo&pseudoStatus != 0 && hs.pseudo&^pseudoStatus != 0 {
+			hs.invalid = errMixedPseudo
+		}
+	} else {
+		hs.regular = true
+		if !validFieldName(hf.Name) {
+			hs.invalid = fmt.Errorf("invalid header field name %q", hf.Name)
+		}
+	}
+	if hs.invalid != nil {
+		c.dec.SetEmitEnabled(false)
+		return
+	}
+	if size := hf.Size(); size > hs.remain {
+		c.dec.SetEmitEnabled(false)
+		hs.truncated, hs.remain = true, 0
+		return
+	} else {
+		hs.remain -= size
+	}
+	switch hf.Name {
+	case ":method":
+		hs.method = hf.Value
+	case ":path":
+		hs.path = hf.Value
+	case "content-type":
+		hs.ctype = hf.Value
+	case "grpc-timeout":
+		hs.timeout = hf.Value
+	}
+}
+
+// validFieldName reports whether v is a header field name HTTP/2 allows:
+// a token, in lower case.
+func validFieldName(v string) bool {
+	if v == "" {
+		return false
+	}
+	for _, r := range v {
+		if !httpguts.IsTokenRune(r) || 'A' <= r && r <= 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// headerBlock decodes a fragment of c.hs's header block; at its end
+// (ended), it opens or ends the stream.
+func (c *conn) headerBlock(frag []byte, ended bool) error {
+	hs := &c.hs
+	// A fragment far larger than what is left of the list (headers, and
+	// as much again for trailers until the list is cut), or any after a
+	// malformed field, ends the connection, as golang.org/x/net/http2's
+	// server does: its fields would not be read anyway.
+	budget := int64(hs.remain)
+	if !hs.truncated {
+		budget += int64(c.s.opts.MaxHeaderList)
+	}
+	if int64(len(frag)) > 2*budget || hs.invalid != nil {
+		return connErr(http2.ErrCodeProtocol, "header block of stream %d: too large or malformed", hs.id)
+	}
+	if _, err := c.dec.Write(frag); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if !ended {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if hs.invalid != nil {
+		c.mu.Lock()
+		if hs.id%2 == 1 && hs.id > c.lastID {
+			// Closed by the reset: what the client still sends on it is
+			// dropped, not taken for frames on an idle stream.
+			c.lastID = hs.id
+		}
+		c.resetLocked(hs.id, http2.ErrCodeProtocol)
+		c.mu.Unlock()
+		return nil
+	}
+	return c.headers()
+}
+
+// headers opens stream c.hs.id (or ends it: trailers).
+func (c *conn) headers() error {
+	hs := &c.hs
+	id := hs.id
 	if id%2 == 0 {
 		return connErr(http2.ErrCodeProtocol, "HEADERS on even stream %d", id)
 	}
 	c.mu.Lock()
 	if st := c.streams[id]; st != nil {
 		c.mu.Unlock()
-		if !f.StreamEnded() || st.ended {
+		if !hs.endStream || st.ended {
 			c.reset(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -419,27 +581,15 @@ func (c *conn) headers(f *http2.MetaHeadersFrame) error {
 		c.mu.Unlock()
 		return nil
 	}
-	st := &stream{id: id, recv: streamWindow, send: c.initWindow, ended: f.StreamEnded()}
+	st := &stream{id: id, recv: streamWindow, send: c.initWindow, ended: hs.endStream}
 	c.streams[id] = st
 	c.mu.Unlock()
 
-	if f.Truncated {
+	if hs.truncated {
 		c.refuse(st, codes.ResourceExhausted, fmt.Sprintf("header list larger than %d bytes", c.s.opts.MaxHeaderList))
 		return nil
 	}
-	var method, path, ctype, timeout string
-	for _, hf := range f.Fields {
-		switch hf.Name {
-		case ":method":
-			method = hf.Value
-		case ":path":
-			path = hf.Value
-		case "content-type":
-			ctype = hf.Value
-		case "grpc-timeout":
-			timeout = hf.Value
-		}
-	}
+	method, path, ctype, timeout := hs.method, hs.path, hs.ctype, hs.timeout
 	if method != "POST" || path == "" {
 		c.reset(id, http2.ErrCodeProtocol)
 		return nil
@@ -612,10 +762,12 @@ func (c *conn) call(st *stream, frame []byte) {
 		return
 	}
 	msg := b[5:]
-	out, err := st.h(c.localCtx, msg, c.scratch[:0])
+	out, err := st.h(c.localCtx, msg, framed(c.scratch))
 	if !errors.Is(err, ErrWouldBlock) {
 		c.s.inline.Add(1)
-		c.scratch = out[:0]
+		if cap(out) <= maxScratch {
+			c.scratch = out[:0]
+		}
 		c.answer(st, out, err)
 		return
 	}
@@ -642,9 +794,18 @@ func (c *conn) call(st *stream, frame []byte) {
 	go func() {
 		defer c.calls.Done()
 		defer cancel()
-		out, err := h(ctx, req, nil)
+		out, err := h(ctx, req, framed(nil))
 		c.answer(st, out, err)
 	}()
+}
+
+// framed returns b's storage (or new storage) holding the 5 bytes of a
+// gRPC message's prefix, to which a handler appends the message.
+func framed(b []byte) []byte {
+	if cap(b) < 5 {
+		b = make([]byte, 5, 256)
+	}
+	return b[:5]
 }
 
 // refuse answers st with an error before its handler ran. Called on the
@@ -668,6 +829,9 @@ func (c *conn) refuse(st *stream, code codes.Code, msg string) {
 // nil error), err its status.
 func (c *conn) answer(st *stream, out []byte, err error) {
 	code, msg := statusOf(err)
+	if code == codes.OK && len(out) < 5 {
+		code, msg = codes.Internal, "h2grpc: the handler dropped its response's prefix"
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.streams[st.id] != st {
@@ -709,42 +873,75 @@ func (c *conn) writeAnswerLocked(st *stream, out []byte, code codes.Code, msg st
 		c.field(":status", "200")
 		c.field("content-type", "application/grpc")
 		c.trailerFields(code, msg)
-		c.writeHeaders(st.id, true)
+		c.writeHeaders(st.id, true, c.hbuf.Bytes())
+		c.tableUpdate = false
 		c.removeLocked(st)
 		return
 	}
-	c.hbuf.Reset()
-	c.field(":status", "200")
-	c.field("content-type", "application/grpc")
-	c.writeHeaders(st.id, false)
-	var prefix [5]byte
-	binary.BigEndian.PutUint32(prefix[1:], uint32(len(out)))
-	st.pending = append(append(st.pending[:0], prefix[:]...), out...)
+	if c.tableUpdate {
+		c.hbuf.Reset()
+		c.field(":status", "200")
+		c.field("content-type", "application/grpc")
+		c.writeHeaders(st.id, false, c.hbuf.Bytes())
+		c.tableUpdate = false
+	} else {
+		c.writeHeaders(st.id, false, okHeaders)
+	}
+	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
+	out[0] = 0
 	st.code, st.msg = code, msg
-	if !c.sendLocked(st) {
+	if !c.sendLocked(st, out) {
+		// out may be the connection's scratch buffer: what waits is a copy.
+		st.pending = bytes.Clone(st.pending)
 		c.blocked = append(c.blocked, st)
 	}
 }
 
-// sendLocked writes as much of st's pending message as the windows allow,
-// and the trailers after the last of it; it reports whether all went.
-func (c *conn) sendLocked(st *stream) bool {
-	for len(st.pending) > 0 {
-		n := int64(min(len(st.pending), c.maxFrame))
+// okHeaders and okTrailers are the header blocks of every successful
+// answer: literals that are never indexed, so that they are the same
+// bytes whatever the state of the connection's HPACK table.
+var okHeaders, okTrailers = constantBlock(":status", "200", "content-type", "application/grpc"),
+	constantBlock("grpc-status", "0")
+
+// constantBlock encodes fields as an HPACK block that neither reads nor
+// changes the dynamic table.
+func constantBlock(fields ...string) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for i := 0; i+1 < len(fields); i += 2 {
+		_ = enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1], Sensitive: true})
+	}
+	return b.Bytes()
+}
+
+// sendLocked writes as much of the framed message data as the windows
+// allow, and the trailers after the last of it; it reports whether all
+// went. What did not is left in st.pending, to be sent with
+// sendLocked(st, st.pending) when the peer gives window.
+func (c *conn) sendLocked(st *stream, data []byte) bool {
+	for len(data) > 0 {
+		n := int64(min(len(data), c.maxFrame))
 		n = min(n, c.send, st.send)
 		if n <= 0 {
+			st.pending = data
 			return false
 		}
 		if c.werr == nil {
-			c.werr = c.fr.WriteData(st.id, false, st.pending[:n])
+			c.werr = c.fr.WriteData(st.id, false, data[:n])
 		}
 		c.send -= n
 		st.send -= n
-		st.pending = st.pending[n:]
+		data = data[n:]
 	}
-	c.hbuf.Reset()
-	c.trailerFields(st.code, st.msg)
-	c.writeHeaders(st.id, true)
+	st.pending = nil
+	if st.code == codes.OK && st.msg == "" && !c.tableUpdate {
+		c.writeHeaders(st.id, true, okTrailers)
+	} else {
+		c.hbuf.Reset()
+		c.trailerFields(st.code, st.msg)
+		c.writeHeaders(st.id, true, c.hbuf.Bytes())
+		c.tableUpdate = false
+	}
 	c.removeLocked(st)
 	return true
 }
@@ -756,7 +953,7 @@ func (c *conn) sendBlockedLocked() {
 	}
 	left := c.blocked[:0]
 	for _, st := range c.blocked {
-		if c.streams[st.id] == st && !c.sendLocked(st) {
+		if c.streams[st.id] == st && !c.sendLocked(st, st.pending) {
 			left = append(left, st)
 		}
 	}
@@ -782,9 +979,9 @@ func (c *conn) trailerFields(code codes.Code, msg string) {
 	}
 }
 
-func (c *conn) writeHeaders(id uint32, end bool) {
+func (c *conn) writeHeaders(id uint32, end bool, block []byte) {
 	if c.werr == nil {
-		c.werr = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hbuf.Bytes(), EndStream: end, EndHeaders: true})
+		c.werr = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: end, EndHeaders: true})
 	}
 }
 

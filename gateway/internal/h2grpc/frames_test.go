@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -490,5 +491,163 @@ func TestFramesShutdownClientNotReading(t *testing.T) {
 	}
 	if err := <-served; !errors.Is(err, h2grpc.ErrServerClosed) {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestFramesHeaderTableSize: successful answers' header blocks do not use
+// the HPACK table (the same bytes on every call), except the first block
+// after the client changes SETTINGS_HEADER_TABLE_SIZE, which starts with
+// the dynamic table size update RFC 7541 asks for there; answers decode
+// before and after.
+func TestFramesHeaderTableSize(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, h2grpc.Options{})
+	c := dialRaw(t, ts.addr)
+	c.fr.ReadMetaHeaders = nil
+	dec := hpack.NewDecoder(4096, nil)
+	// blocks reads stream id's answer: its header blocks, decoded fields
+	// and message value.
+	blocks := func(id uint32) (raw [][]byte, fields map[string]string) {
+		t.Helper()
+		fields = map[string]string{}
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, ok := f.(*http2.HeadersFrame)
+			if !ok || h.StreamID != id {
+				continue
+			}
+			b := bytes.Clone(h.HeaderBlockFragment())
+			raw = append(raw, b)
+			hfs, err := dec.DecodeFull(b)
+			if err != nil {
+				t.Fatalf("stream %d: decode %x: %v", id, b, err)
+			}
+			for _, hf := range hfs {
+				fields[hf.Name] = hf.Value
+			}
+			if h.StreamEnded() {
+				return raw, fields
+			}
+		}
+	}
+	c.send(1, "one")
+	first, fields := blocks(1)
+	if fields[":status"] != "200" || fields["grpc-status"] != "0" || fields["content-type"] != "application/grpc" {
+		t.Fatalf("first answer's fields %v", fields)
+	}
+	c.send(3, "two")
+	second, _ := blocks(3)
+	if !reflect.DeepEqual(first, second) {
+		t.Errorf("header blocks of two answers differ: %x, %x", first, second)
+	}
+
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	c.send(5, "three")
+	third, fields := blocks(5)
+	if len(third) == 0 || third[0][0]&0xe0 != 0x20 {
+		t.Fatalf("first header block after SETTINGS_HEADER_TABLE_SIZE %x: want a dynamic table size update first", third)
+	}
+	if fields[":status"] != "200" || fields["grpc-status"] != "0" {
+		t.Fatalf("fields after the size update %v", fields)
+	}
+	c.send(7, "four")
+	if fourth, _ := blocks(7); !reflect.DeepEqual(fourth, first) {
+		t.Errorf("after the size update, header blocks %x, want %x", fourth, first)
+	}
+
+	// The change comes while an answer waits for window, its headers
+	// sent: its trailers are the first block after it.
+	c = dialRaw(t, ts.addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 16})
+	c.fr.ReadMetaHeaders = nil
+	dec = hpack.NewDecoder(4096, nil)
+	c.send(1, "big:100")
+	for sent := 0; sent < 16; {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			if _, err := dec.DecodeFull(f.HeaderBlockFragment()); err != nil {
+				t.Fatal(err)
+			}
+		case *http2.DataFrame:
+			sent += len(f.Data())
+		}
+	}
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.fr.WriteWindowUpdate(1, 1000); err != nil {
+		t.Fatal(err)
+	}
+	trailers, fields := blocks(1)
+	if len(trailers) != 1 || trailers[0][0]&0xe0 != 0x20 || fields["grpc-status"] != "0" {
+		t.Fatalf("trailers after SETTINGS_HEADER_TABLE_SIZE %x (%v): want a dynamic table size update first", trailers, fields)
+	}
+}
+
+// TestFramesMalformedHeaders: a header list HTTP/2 forbids resets its
+// stream (PROTOCOL_ERROR) and the connection serves on; a CONTINUATION
+// after a malformed field, or a fragment far beyond the header list's
+// limit, ends the connection.
+func TestFramesMalformedHeaders(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, h2grpc.Options{MaxHeaderList: 1024})
+	c := dialRaw(t, ts.addr)
+	id := uint32(1)
+	for _, tc := range []struct {
+		name   string
+		fields []string
+	}{
+		{"upper-case name", []string{":method", "POST", ":path", echo, "content-type", "application/grpc", "X-Upper", "1"}},
+		{"pseudo-header after a regular one", []string{":method", "POST", "content-type", "application/grpc", ":path", echo}},
+		{"duplicate pseudo-header", []string{":method", "POST", ":path", echo, ":path", echo, "content-type", "application/grpc"}},
+		{"unknown pseudo-header", []string{":method", "POST", ":path", echo, ":foo", "1", "content-type", "application/grpc"}},
+		{"request and response pseudo-headers", []string{":method", "POST", ":path", echo, ":status", "200", "content-type", "application/grpc"}},
+		{"control byte in a value", []string{":method", "POST", ":path", echo, "content-type", "application/grpc", "x-a", "bad\x00value"}},
+	} {
+		if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.headerBlock(tc.fields...), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.fr.WriteData(id, true, message("x"))
+		if a := c.readAnswer(id); a.rst != http2.ErrCodeProtocol {
+			t.Errorf("%s: %+v, want RST_STREAM PROTOCOL_ERROR", tc.name, a)
+		}
+		id += 2
+	}
+	c.send(id, "still")
+	if a := c.readAnswer(id); a.value(t) != "still" {
+		t.Fatalf("after the malformed header lists: %+v", a)
+	}
+
+	for _, tc := range []struct {
+		name string
+		send func(c *rawClient) error
+	}{
+		{"CONTINUATION after a malformed field", func(c *rawClient) error {
+			block := c.headerBlock(":method", "POST", "X-Upper", "1")
+			if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block}); err != nil {
+				return err
+			}
+			return c.fr.WriteContinuation(1, true, c.headerBlock(":path", echo))
+		}},
+		{"fragment far beyond the header list's limit", func(c *rawClient) error {
+			block := c.headerBlock(":method", "POST", ":path", echo, "x-big", strings.Repeat("z", 10000))
+			return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true})
+		}},
+	} {
+		c := dialRaw(t, ts.addr)
+		if err := tc.send(c); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := c.goAway(); got != http2.ErrCodeProtocol {
+			t.Errorf("%s: GOAWAY %v, want PROTOCOL_ERROR", tc.name, got)
+		}
 	}
 }

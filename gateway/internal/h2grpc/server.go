@@ -39,7 +39,8 @@ import (
 var ErrWouldBlock = errors.New("h2grpc: call would block")
 
 // A Handler answers one unary call: req is the request message (valid
-// only during the call), and the response message is appended to resp.
+// only during the call), and the response message is appended to resp,
+// whose bytes (the server's own framing) must be kept as they are.
 // An error is the call's status (status.Error); a Handler called with a
 // context for which Local reports true may return ErrWouldBlock instead,
 // having done nothing.

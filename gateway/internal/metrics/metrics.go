@@ -12,6 +12,8 @@ package metrics
 import (
 	"context"
 	"errors"
+	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,7 +68,21 @@ type Metrics struct {
 	acceptRefused   prometheus.Counter
 
 	routes atomic.Pointer[map[string]struct{}]
+
+	// The counters of checks and rlsCalls by label values, so that a
+	// decision does not hash and look up its labels in the vectors:
+	// copied on write, new label sets being rare (bounded by the series
+	// the vectors hold).
+	checkCounters atomic.Pointer[map[checkLabels]prometheus.Counter]
+	countersMu    sync.Mutex
+	rlsCounters   [len(rlsDecisions)]atomic.Pointer[prometheus.Counter]
 }
+
+// rlsDecisions are the decision label values of tollgate_rls_calls_total.
+var rlsDecisions = [...]string{DecisionAllowed, DecisionRejected, DecisionInvalid, DecisionError}
+
+// checkLabels are the label values of a tollgate_checks_total series.
+type checkLabels struct{ decision, reason, rule, route string }
 
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -99,7 +115,28 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.tooManyRules, m.connsClosed, accept)
 	empty := map[string]struct{}{}
 	m.routes.Store(&empty)
+	noChecks := map[checkLabels]prometheus.Counter{}
+	m.checkCounters.Store(&noChecks)
 	return m
+}
+
+// checkCounter returns the tollgate_checks_total counter of labels l.
+func (m *Metrics) checkCounter(l checkLabels) prometheus.Counter {
+	if c, ok := (*m.checkCounters.Load())[l]; ok {
+		return c
+	}
+	m.countersMu.Lock()
+	defer m.countersMu.Unlock()
+	old := *m.checkCounters.Load()
+	if c, ok := old[l]; ok {
+		return c
+	}
+	c := m.checks.WithLabelValues(l.decision, l.reason, l.rule, l.route)
+	next := make(map[checkLabels]prometheus.Counter, len(old)+1)
+	maps.Copy(next, old)
+	next[l] = c
+	m.checkCounters.Store(&next)
+	return c
 }
 
 // SetRules records the ruleset in force and its route templates (the only
@@ -168,14 +205,14 @@ func (m *Metrics) route(endpoint string) string {
 func (m *Metrics) Decision(d *guard.Decision, err error, took time.Duration) {
 	m.checkDuration.Observe(took.Seconds())
 	if err != nil || d == nil {
-		m.checks.WithLabelValues(DecisionError, "error", RuleNone, RouteOther).Inc()
+		m.checkCounter(checkLabels{DecisionError, "error", RuleNone, RouteOther}).Inc()
 		return
 	}
 	rule := RuleNone
 	if dr := d.DecidingRule(); dr != nil {
 		rule = dr.ID
 	}
-	m.checks.WithLabelValues(decisionLabel(d), string(d.Reason), rule, m.route(d.Endpoint)).Inc()
+	m.checkCounter(checkLabels{decisionLabel(d), string(d.Reason), rule, m.route(d.Endpoint)}).Inc()
 	for i := range d.Rules {
 		if rr := &d.Rules[i]; rr.Shadow && !rr.Allowed && !rr.Degraded {
 			m.shadow.WithLabelValues(rr.ID).Inc()
@@ -186,16 +223,23 @@ func (m *Metrics) Decision(d *guard.Decision, err error, took time.Duration) {
 // RLSCall records one Envoy rate-limit call: over says the answer was
 // OVER_LIMIT; code is the gRPC status code of the call.
 func (m *Metrics) RLSCall(over bool, code codes.Code) {
-	d := DecisionAllowed
+	i := 0 // DecisionAllowed
 	switch {
 	case code == codes.InvalidArgument:
-		d = DecisionInvalid
+		i = 2
 	case code != codes.OK:
-		d = DecisionError
+		i = 3
 	case over:
-		d = DecisionRejected
+		i = 1
 	}
-	m.rlsCalls.WithLabelValues(d).Inc()
+	// Created when first used, as the vector's series are.
+	c := m.rlsCounters[i].Load()
+	if c == nil {
+		cc := m.rlsCalls.WithLabelValues(rlsDecisions[i])
+		c = &cc
+		m.rlsCounters[i].Store(c)
+	}
+	(*c).Inc()
 }
 
 // Report records one after-the-fact charge.

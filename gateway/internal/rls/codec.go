@@ -45,7 +45,7 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rlsv3.RateLimitRequest); ok {
 		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-		ok := parseRequest(buf.ReadOnlyData(), r)
+		ok := parseRequest(buf.ReadOnlyData(), r, nil)
 		buf.Free()
 		if ok {
 			return nil
@@ -65,14 +65,15 @@ type requestArena struct {
 	hits      wrapperspb.UInt64Value
 }
 
-// parseRequest reads a RateLimitRequest of known fields into r; ok is
-// false for anything else (unknown fields, a descriptor's limit override,
+// parseRequest reads a RateLimitRequest of known fields into r, its
+// first descriptor into ar (nil: one allocated when needed); ok is false
+// for anything else (unknown fields, a descriptor's limit override,
 // repeated singular fields, invalid UTF-8, malformed input), which the
 // protobuf codec then reads.
-func parseRequest(b []byte, r *rlsv3.RateLimitRequest) (ok bool) {
+func parseRequest(b []byte, r *rlsv3.RateLimitRequest, ar *requestArena) (ok bool) {
 	// One copy of the message: every string is a slice of it.
 	str := strings{base: b, own: string(b)}
-	var ar *requestArena
+	arenaUsed := false
 	seenDomain, seenHits := false, false
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -98,8 +99,11 @@ func parseRequest(b []byte, r *rlsv3.RateLimitRequest) (ok bool) {
 				return false
 			}
 			var d *ratelimitv3.RateLimitDescriptor
-			if ar == nil {
-				ar = new(requestArena)
+			if !arenaUsed {
+				if ar == nil {
+					ar = new(requestArena)
+				}
+				arenaUsed = true
 				d = &ar.desc
 				ar.descPtrs[0] = d
 				r.Descriptors = ar.descPtrs[:1:1]
@@ -383,14 +387,23 @@ func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
 // shape Envoy sends, else with protobuf-go.
 func DecodeRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
 	r := new(rlsv3.RateLimitRequest)
-	if parseRequest(b, r) {
-		return r, nil
+	if err := decodeRequest(b, r, nil); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// decodeRequest is DecodeRequest into r (zero), the first descriptor
+// into ar (nil: allocated).
+func decodeRequest(b []byte, r *rlsv3.RateLimitRequest, ar *requestArena) error {
+	if parseRequest(b, r, ar) {
+		return nil
 	}
 	*r = rlsv3.RateLimitRequest{}
 	if err := proto.Unmarshal(b, r); err != nil {
-		return nil, fmt.Errorf("rls: decode RateLimitRequest: %w", err)
+		return fmt.Errorf("rls: decode RateLimitRequest: %w", err)
 	}
-	return r, nil
+	return nil
 }
 
 // AppendResponse appends r, encoded, to b: by hand when it holds only

@@ -65,7 +65,7 @@ func TestCodecRequests(t *testing.T) {
 		if err == nil && !proto.Equal(got, &ref) {
 			t.Fatalf("request %d:\n got %v\nwant %v", i, got, &ref)
 		}
-		if parseRequest(b, new(rlsv3.RateLimitRequest)) {
+		if parseRequest(b, new(rlsv3.RateLimitRequest), nil) {
 			fast++
 		}
 	}
@@ -90,7 +90,7 @@ func FuzzCodecRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var got rlsv3.RateLimitRequest
-		if !parseRequest(b, &got) {
+		if !parseRequest(b, &got, nil) {
 			return
 		}
 		var want rlsv3.RateLimitRequest

@@ -116,6 +116,49 @@ func (s *Server) Register(gs *grpc.Server) { rlsv3.RegisterRateLimitServiceServe
 // InvalidArgument; calls that cannot be decided at all get Unavailable (or
 // the context's code when the caller gave up).
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return s.shouldRateLimit(ctx, req, nil)
+}
+
+// An Exchange is one call given as its encoded request: the request,
+// decoded, and the storage of its response, pooled, so that a call
+// decided and encoded at once (Server.Decide, then AppendResponse)
+// allocates little. Release it once its response is encoded.
+type Exchange struct {
+	req   rlsv3.RateLimitRequest
+	arena requestArena
+	resp  response
+}
+
+var exchangePool = sync.Pool{New: func() any { return new(Exchange) }}
+
+// DecodeExchange decodes msg, a RateLimitRequest, as DecodeRequest does,
+// into a pooled Exchange.
+func DecodeExchange(msg []byte) (*Exchange, error) {
+	x := exchangePool.Get().(*Exchange)
+	if err := decodeRequest(msg, &x.req, &x.arena); err != nil {
+		x.Release()
+		return nil, err
+	}
+	return x, nil
+}
+
+// Release empties x (the call's keys among it) and pools it: neither x
+// nor the response Decide returned for it may be used after.
+func (x *Exchange) Release() {
+	x.req = rlsv3.RateLimitRequest{}
+	x.arena = requestArena{}
+	x.resp = response{}
+	exchangePool.Put(x)
+}
+
+// Decide is ShouldRateLimit for x's request; the response is x's, valid
+// until x.Release.
+func (s *Server) Decide(ctx context.Context, x *Exchange) (*rlsv3.RateLimitResponse, error) {
+	return s.shouldRateLimit(ctx, &x.req, &x.resp)
+}
+
+// shouldRateLimit is ShouldRateLimit answering into ar (nil: allocated).
+func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest, ar *response) (*rlsv3.RateLimitResponse, error) {
 	c := callPool.Get().(*call)
 	defer c.release()
 	if err := s.limits.convert(req, c); err != nil {
@@ -151,7 +194,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, status.Error(codes.Internal, "tollgate: "+apierror.TooManyRules+": a descriptor matches more rules than max_rules_per_request")
 		}
 	}
-	return s.answer(c.reqs, ds), nil
+	if ar == nil {
+		ar = new(response)
+	}
+	return s.answer(ar, c.reqs, ds), nil
 }
 
 // call is the storage of one call, pooled: its requests (with their
@@ -246,7 +292,8 @@ func (s *Server) decide(ctx context.Context, c *call) ([]*guard.Decision, error)
 }
 
 // response is the storage of a one-descriptor answer, allocated at once
-// (gRPC marshals it after the handler returns, so it cannot be pooled).
+// (gRPC marshals it after the handler returns, so it is pooled only in an
+// Exchange).
 type response struct {
 	resp    rlsv3.RateLimitResponse
 	ptrs    [1]*rlsv3.RateLimitResponse_DescriptorStatus
@@ -259,9 +306,8 @@ type response struct {
 	contentType corev3.HeaderValue
 }
 
-// answer builds the response for decisions ds of reqs.
-func (s *Server) answer(reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateLimitResponse {
-	ar := new(response)
+// answer builds the response for decisions ds of reqs in ar (zero).
+func (s *Server) answer(ar *response, reqs []guard.Request, ds []*guard.Decision) *rlsv3.RateLimitResponse {
 	resp := &ar.resp
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	if len(ds) == 1 {
