@@ -259,3 +259,81 @@ func TestCoordinatorCurrentWindowLoanApart(t *testing.T) {
 		t.Fatalf("loans ordered for windows %v (relative to the current), want [0 0] and [1 1]", spans)
 	}
 }
+
+// TestUrgentReportDemandGone: a client at twice L in r1, which borrowed
+// r2's units of the coming window, moves to r2. Once no decision of it
+// has reached r1's agent for half a period, r1 reports at once that its
+// demand is gone and gives what it has not used of the current window,
+// r2's units included, with nothing kept for a demand that stopped; r2's
+// share grows within the period, not after the next boundary's report.
+// A gap shorter than that reports nothing.
+func TestUrgentReportDemandGone(t *testing.T) {
+	ctx := context.Background()
+	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
+	cfg := Config{}.WithDefaults()
+	tests := []struct {
+		name string
+		at   int64 // µs into period 1, with no decision in r1 since the move
+		gone bool
+	}{
+		{"idle half a period", 600_000, true},
+		{"idle a fifth of a period", 200_000, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := int64(1_763_000_000) * sec
+			regs, ledgers, coord, q := urgentFleet(t, start)
+			r1, r2, l1, l2 := regs["r1"], regs["r2"], ledgers["r1"], ledgers["r2"]
+			step := func(r *Region, now int64) {
+				t.Helper()
+				if err := r.Tick(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+				q.deliver(t, regs, coord, now)
+			}
+			// Period 0: 200 requests in r1, stepping every tenth of it.
+			for i := range 200 {
+				now := start + int64(i)*5_000
+				a, err := l1.Admit("c", lim, 1, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r1.Observe("c", lim, 1, a.Allowed)
+				if i%20 == 19 {
+					step(r1, now)
+					step(r2, now)
+				}
+			}
+			// The boundary: r1 borrows r2's units of window 1.
+			b := start + sec
+			step(r1, b)
+			step(r2, b)
+			coord.Tick(b + cfg.PlanOffset)
+			q.deliver(t, regs, coord, b+cfg.PlanOffset)
+			if st, err := l1.State(ctx, "c", lim, b+cfg.PlanOffset+2*cfg.Skew); err != nil || st.Share <= 50 {
+				t.Fatalf("r1's share of window 1: %+v, %v; want more than its static 50", st, err)
+			}
+			// The client moves: r2 rejects, and reports it.
+			for i := range 20 {
+				now := b + cfg.PlanOffset + int64(i)*5_000
+				a, err := l2.Admit("c", lim, 1, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r2.Observe("c", lim, 1, a.Allowed)
+			}
+			for now := b + 100_000; now <= b+tt.at; now += 100_000 {
+				step(r2, now)
+				step(r1, now)
+			}
+			now := b + tt.at + 2*cfg.Skew
+			st, err := l2.State(ctx, "c", lim, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := st.Share >= 90; got != tt.gone {
+				t.Fatalf("r2's share of window 1 at %d ms into the period: %d; want ≥ 90: %v", tt.at/1000, st.Share, tt.gone)
+			}
+		})
+	}
+}
