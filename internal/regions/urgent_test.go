@@ -337,3 +337,47 @@ func TestUrgentReportDemandGone(t *testing.T) {
 		})
 	}
 }
+
+// TestCoordinatorPassesOnBorrowedUnits: with three regions, r2 and r3
+// lent r1 their shares of the coming windows; then the client moves from
+// r1 to r2. The coordinator orders r1 to lend r2 all it holds of the next
+// window, r3's units too, not r1's own share and r2's back alone (with
+// which r2 would hold two thirds of L while r3's third sat unused in r1).
+func TestCoordinatorPassesOnBorrowedUnits(t *testing.T) {
+	lim := Limit{Kind: FixedWindow, Units: 99, Window: sec}
+	cfg := Config{}.WithDefaults()
+	q := &queue{}
+	coord, err := NewCoordinator(cfg, EqualFleet("r1", "r2", "r3"), NewEpoch(1, 0), q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := int64(1_763_000_000) * sec
+	w := start / sec
+	from2 := LoanState{ID: LoanID{Epoch: coord.Epoch(), Seq: 1}, To: "r1", Units: 33, First: w, Last: w + 1}
+	from3 := LoanState{ID: LoanID{Epoch: coord.Epoch(), Seq: 2}, To: "r1", Units: 33, First: w, Last: w + 1}
+	for _, rep := range []*Report{
+		{Region: "r1", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{{Counter: "c", Limit: lim, Share: 99}}},
+		{Region: "r2", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{
+			{Counter: "c", Limit: lim, Share: 0, Demand: 200, Rejected: 200, Out: []LoanState{from2}}}},
+		{Region: "r3", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{
+			{Counter: "c", Limit: lim, Share: 0, Out: []LoanState{from3}}}},
+	} {
+		if err := coord.Handle(rep, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coord.Tick(start + cfg.PlanOffset)
+	var units int64
+	for _, m := range q.msgs {
+		if o, ok := m.m.(*Order); ok && o.Loan.To == "r2" && o.Loan.First <= w+1 && w+1 <= o.Loan.Last {
+			if o.Loan.From != "r1" {
+				t.Errorf("ordered %s, which lent its units of the window, to lend r2 %d more", o.Loan.From, o.Loan.Units)
+				continue
+			}
+			units += o.Loan.Units
+		}
+	}
+	if units != 99 {
+		t.Fatalf("ordered r1 to lend r2 %d units of the next window, want 99 (its own 33, r2's 33 back and r3's 33)", units)
+	}
+}
