@@ -45,8 +45,10 @@ type demand struct {
 	urgent bool
 	// obs counts every unit observed, never reset; seen is obs at the
 	// last step and activeAt the region's clock at the first step that
-	// saw it grow: how long the counter has been idle (idle).
-	obs, seen, activeAt int64
+	// saw it grow: how long the counter has been idle (idle). since is
+	// the region's clock at the first step that saw any of it: a demand
+	// that began within the period is a rate over the time since (rate).
+	obs, seen, activeAt, since int64
 	// gone: reported idle within the current period, or at its boundary.
 	gone bool
 }
@@ -149,6 +151,9 @@ func need(cfg Config, lim Limit, d int64) int64 {
 func (r *Region) track(now int64) {
 	for _, d := range r.demand {
 		if d.obs != d.seen {
+			if d.seen == 0 {
+				d.since = now
+			}
 			d.seen, d.activeAt = d.obs, now
 		}
 	}
@@ -262,6 +267,20 @@ func (r *Region) sofar(u, now int64) int64 {
 	return v
 }
 
+// rate is the counter's demand this period scaled to a whole period, as
+// sofar, but over the time since its demand began when that was within
+// the period (from a step before the one that first saw it): a region
+// whose client started a moment ago is not taken for one whose client
+// sends a few requests a period.
+func (r *Region) rate(d *demand, now int64) int64 {
+	start := r.period * r.cfg.Period
+	if d.since > start {
+		start = max(d.since-r.cfg.Period/10, start)
+	}
+	v, _ := mulDiv(max(d.cur, 0), r.cfg.Period, max(now-start, r.cfg.Period/4))
+	return v
+}
+
 // urgent reports, within a period, the counters that turned hot since
 // the last report and need more than their share: not hot in the last
 // period, now past HotFraction of what the static share admits in a whole
@@ -360,13 +379,16 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 			// window's loan is of units of the current window and the
 			// next, so this period's demand counts at its rate so far
 			// (its part alone would give away what the rest of the
-			// window needs). A bucket or sliding window's loan is
+			// window needs), from when it began if that was within the
+			// period: an urgent plan early in a demand's life reaches
+			// the givers before much of their own demand has come
+			// through the decision stream. A bucket or sliding window's loan is
 			// extended each period, and an extension refused ends it,
 			// so a rate guessed from part of a period (noisy) must not
 			// refuse it: the part counts as it is.
 			cur := d.cur
 			if m.Loan.Limit.Kind == FixedWindow {
-				cur = r.sofar(d.cur, now)
+				cur = r.rate(d, now)
 			}
 			keep = need(r.cfg, m.Loan.Limit, max(d.last, cur))
 			if r.idle(d, now) {

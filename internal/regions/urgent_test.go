@@ -381,3 +381,53 @@ func TestCoordinatorPassesOnBorrowedUnits(t *testing.T) {
 		t.Fatalf("ordered r1 to lend r2 %d units of the next window, want 99 (its own 33, r2's 33 back and r3's 33)", units)
 	}
 }
+
+// TestGiverKeepsWhatDemandJustBegunNeeds: a region whose demand for a
+// counter began 100 ms ago, 650 ms into the period, ordered to lend units
+// of the current fixed window, keeps what that demand needs for the rest
+// of the window at its rate since it began (100 per second), not at the
+// rate of the whole period so far (13 per second), which would lend what
+// the next 250 ms need.
+func TestGiverKeepsWhatDemandJustBegunNeeds(t *testing.T) {
+	ctx := context.Background()
+	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
+	start := int64(1_763_000_000) * sec
+	regs, ledgers, coord, q := urgentFleet(t, start)
+	r2, l2 := regs["r2"], ledgers["r2"]
+	for now := start + 100_000; now <= start+600_000; now += 100_000 {
+		if err := r2.Tick(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 10 requests from 650 ms to 750 ms: 100 per second.
+	for i := range 10 {
+		a, err := l2.Admit("c", lim, 1, start+650_000+int64(i)*10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2.Observe("c", lim, 1, a.Allowed)
+	}
+	now := start + 750_000
+	if err := r2.Tick(ctx, now-50_000); err != nil { // the step that sees them
+		t.Fatal(err)
+	}
+	q.msgs = nil
+	o := &Order{Epoch: coord.Epoch(), Loan: Loan{ID: LoanID{Epoch: coord.Epoch(), Seq: 99}, Counter: "c", Limit: lim,
+		From: "r2", To: "r1", Units: 40, First: now / sec, Last: now / sec}}
+	if err := r2.Handle(ctx, o, now); err != nil {
+		t.Fatal(err)
+	}
+	var given int64 = -1
+	for _, m := range q.msgs {
+		if g, ok := m.m.(*GiveResult); ok {
+			given = g.Loan.Units
+		}
+	}
+	// Its share 50, 10 used; the rest of the window at 100 per second is
+	// 25 more (the rate floored at a quarter period's: 40 per quarter
+	// second, 50 over the window with the headroom, 12 of them in the
+	// 250 ms left): at most 28 to give, where the period's rate gave 36.
+	if given < 0 || given > 28 {
+		t.Fatalf("r2 gave %d units of the current window, want 0 to 28", given)
+	}
+}
