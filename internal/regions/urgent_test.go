@@ -261,78 +261,75 @@ func TestCoordinatorCurrentWindowLoanApart(t *testing.T) {
 }
 
 // TestUrgentReportDemandGone: a client at twice L in r1, which borrowed
-// r2's units of the coming window, moves to r2. Once no decision of it
-// has reached r1's agent for half a period, r1 reports at once that its
-// demand is gone and gives what it has not used of the current window,
-// r2's units included, with nothing kept for a demand that stopped; r2's
-// share grows within the period, not after the next boundary's report.
-// A gap shorter than that reports nothing.
+// r2's units of the coming windows, moves to r2. Once no decision of it
+// has reached r1's agent for more than a period, r1 reports at once that
+// its demand is gone and gives what it has not used of the current
+// window, r2's units included, keeping nothing for a demand that
+// stopped: r2's share grows within the period, not after the next
+// boundary's report. Idle for less than a period, r1 keeps them.
 func TestUrgentReportDemandGone(t *testing.T) {
 	ctx := context.Background()
 	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
 	cfg := Config{}.WithDefaults()
 	tests := []struct {
-		name string
-		at   int64 // µs into period 1, with no decision in r1 since the move
-		gone bool
+		name   string
+		lastAt int64 // r1's last request, µs into period 0
+		gone   bool  // by 1.5 s
 	}{
-		{"idle half a period", 600_000, true},
-		{"idle a fifth of a period", 200_000, false},
+		{"idle 1.4 periods", 100_000, true},
+		{"idle 0.9 of a period", 600_000, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			start := int64(1_763_000_000) * sec
 			regs, ledgers, coord, q := urgentFleet(t, start)
 			r1, r2, l1, l2 := regs["r1"], regs["r2"], ledgers["r1"], ledgers["r2"]
-			step := func(r *Region, now int64) {
+			step := func(now int64) {
 				t.Helper()
-				if err := r.Tick(ctx, now); err != nil {
-					t.Fatal(err)
-				}
-				q.deliver(t, regs, coord, now)
-			}
-			// Period 0: 200 requests in r1, stepping every tenth of it.
-			for i := range 200 {
-				now := start + int64(i)*5_000
-				a, err := l1.Admit("c", lim, 1, now)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r1.Observe("c", lim, 1, a.Allowed)
-				if i%20 == 19 {
-					step(r1, now)
-					step(r2, now)
+				for _, r := range []*Region{r1, r2} {
+					if err := r.Tick(ctx, now); err != nil {
+						t.Fatal(err)
+					}
+					q.deliver(t, regs, coord, now)
 				}
 			}
-			// The boundary: r1 borrows r2's units of window 1.
+			admit := func(l *Ledger, r *Region, from, to int64, n int) {
+				t.Helper()
+				for i := range n {
+					a, err := l.Admit("c", lim, 1, from+int64(i)*(to-from)/int64(n))
+					if err != nil {
+						t.Fatal(err)
+					}
+					r.Observe("c", lim, 1, a.Allowed)
+				}
+			}
+			// Period 0: 200 requests in r1, then none; its agent steps
+			// every tenth of a period.
+			for now := start + 100_000; now < start+sec; now += 100_000 {
+				if now <= start+tt.lastAt {
+					admit(l1, r1, now-100_000, now, 200*100_000/int(tt.lastAt))
+				}
+				step(now)
+			}
+			// The boundary: r1 borrows r2's units of windows 1 and 2.
 			b := start + sec
-			step(r1, b)
-			step(r2, b)
+			step(b)
 			coord.Tick(b + cfg.PlanOffset)
 			q.deliver(t, regs, coord, b+cfg.PlanOffset)
-			if st, err := l1.State(ctx, "c", lim, b+cfg.PlanOffset+2*cfg.Skew); err != nil || st.Share <= 50 {
-				t.Fatalf("r1's share of window 1: %+v, %v; want more than its static 50", st, err)
+			if st, err := l2.State(ctx, "c", lim, b+cfg.PlanOffset+2*cfg.Skew); err != nil || st.Share != 0 {
+				t.Fatalf("r2's share of window 1: %+v, %v; want 0 (lent to r1)", st, err)
 			}
-			// The client moves: r2 rejects, and reports it.
-			for i := range 20 {
-				now := b + cfg.PlanOffset + int64(i)*5_000
-				a, err := l2.Admit("c", lim, 1, now)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r2.Observe("c", lim, 1, a.Allowed)
-			}
-			for now := b + 100_000; now <= b+tt.at; now += 100_000 {
-				step(r2, now)
-				step(r1, now)
-			}
-			now := b + tt.at + 2*cfg.Skew
+			// The client is in r2: rejected there, and reported.
+			admit(l2, r2, b+300_000, b+400_000, 50)
+			step(b + 400_000)
+			step(b + 500_000)
+			now := b + 500_000 + 2*cfg.Skew
 			st, err := l2.State(ctx, "c", lim, now)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := st.Share >= 90; got != tt.gone {
-				t.Fatalf("r2's share of window 1 at %d ms into the period: %d; want ≥ 90: %v", tt.at/1000, st.Share, tt.gone)
+				t.Fatalf("r2's share of window 1 at 1.5 s: %d; want ≥ 90: %v", st.Share, tt.gone)
 			}
 		})
 	}
