@@ -48,14 +48,10 @@ type demand struct {
 	closed int
 	// urgent: reported within the current period (Report.Urgent).
 	urgent bool
-	// obs counts every unit observed, never reset; seen is obs at the
-	// last step and activeAt the region's clock at the first step that
-	// saw it grow: how long the counter has been idle (idle). since is
-	// the region's clock at the first step that saw any of it: a demand
-	// that began within the period is a rate over the time since (rate).
-	obs, seen, activeAt, since int64
-	// gone: reported idle within the current period, or at its boundary.
-	gone bool
+	// since is the region's clock at the first step that saw any of
+	// its demand: a demand that began a moment ago is a rate over the
+	// time since (rate).
+	since int64
 }
 
 // limit is the limit the counter is decided under in the region, as far
@@ -108,7 +104,6 @@ func (r *Region) Observe(counter string, lim Limit, cost int64, allowed bool) {
 	}
 	d.lim = lim
 	d.cur += cost
-	d.obs += cost
 	if !allowed {
 		d.curRejected += cost
 	}
@@ -152,27 +147,13 @@ func need(cfg Config, lim Limit, d int64) int64 {
 	return int64(n)
 }
 
-// track notes, at each step, the counters whose demand grew since the
-// last one.
+// track notes, at each step, when a counter's demand was first seen.
 func (r *Region) track(now int64) {
 	for _, d := range r.demand {
-		if d.obs != d.seen {
-			if d.seen == 0 {
-				d.since = now
-			}
-			d.seen, d.activeAt = d.obs, now
+		if d.since == 0 {
+			d.since = now
 		}
 	}
-}
-
-// idle reports whether a counter's demand has stopped: no decision has
-// reached the agent for half a period, and for eight times the mean gap
-// between the last period's units (so that a slow counter, or a
-// decision stream that delivers in batches, is not taken for one whose
-// client left).
-func (r *Region) idle(d *demand, now int64) bool {
-	gap, _ := mulDiv(8, r.cfg.Period, max(d.last, 1))
-	return d.seen > 0 && now-d.activeAt > max(r.cfg.Period, gap)
 }
 
 // Tick closes the period when now has entered a new one: the demand
@@ -198,7 +179,7 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 		} else {
 			d.prev, d.prevRejected, d.last, d.lastRejected, d.closed = 0, 0, 0, 0, 0
 		}
-		d.cur, d.curRejected, d.urgent, d.gone = 0, 0, false, false
+		d.cur, d.curRejected, d.urgent = 0, 0, false
 		if d.last == 0 {
 			delete(r.demand, name)
 		}
@@ -225,12 +206,8 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 			continue
 		}
 		if d := r.demand[name]; d != nil {
-			// Demand is in the units requests cost, whatever the limit;
-			// a counter whose demand has stopped needs nothing more.
+			// Demand is in the units requests cost, whatever the limit.
 			cr.Demand, cr.Rejected = r.recent(d)
-			if d.gone = r.idle(d, now); d.gone {
-				cr.Demand, cr.Rejected = 0, 0
-			}
 		}
 		rep.Counters = append(rep.Counters, cr)
 		if len(rep.Counters) == MaxReportCounters {
@@ -320,10 +297,6 @@ func (r *Region) rate(d *demand, now int64) int64 {
 func (r *Region) urgent(ctx context.Context, now int64) error {
 	var names []string
 	for name, d := range r.demand {
-		if r.hot(d) && !d.gone && r.idle(d, now) {
-			names = append(names, name) // its demand stopped
-			continue
-		}
 		if d.urgent || r.hot(d) {
 			continue
 		}
@@ -346,18 +319,11 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 			errs = append(errs, err)
 			continue
 		}
-		if r.hot(d) {
-			// Gone: what it holds above what it has used can go to
-			// the regions that want it now, not after the next
-			// boundary's report shows its demand gone.
-			cr.Demand, cr.Rejected, d.gone = 0, 0, true
-		} else {
-			cr.Demand, cr.Rejected = r.sofar(d.cur, now), r.sofar(d.curRejected, now)
-			if cr.Rejected == 0 && need(r.cfg, cr.Limit, cr.Demand) <= cr.Share {
-				continue // its share covers the demand: the next report will do
-			}
-			d.urgent = true
+		cr.Demand, cr.Rejected = r.sofar(d.cur, now), r.sofar(d.curRejected, now)
+		if cr.Rejected == 0 && need(r.cfg, cr.Limit, cr.Demand) <= cr.Share {
+			continue // its share covers the demand: the next report will do
 		}
+		d.urgent = true
 		rep.Counters = append(rep.Counters, cr)
 		if len(rep.Counters) == MaxReportCounters {
 			r.tr.Send(ToCoordinators, rep)
@@ -420,9 +386,6 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 				cur = r.rate(d, now)
 			}
 			keep = need(r.cfg, m.Loan.Limit, max(dem, cur))
-			if r.idle(d, now) {
-				keep = 0 // its demand stopped (see urgent)
-			}
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {

@@ -403,9 +403,10 @@ func scenarioMove(n int, lag time.Duration, seed uint64) ([]float64, error) {
 // least 90 % of L in its new region in one of the first two whole windows
 // after the move (the scenario's figure), with two and three regions,
 // the decisions reaching the agents 300 ms late, in each of 20 seeds. It
-// holds because the region the client left reports at once that its
-// demand is gone and gives back what it borrowed (without: 68 % with
-// three regions).
+// holds because a fixed window's loans are planned from what each region
+// holds of each window, so the region the client left passes on the
+// units it borrowed from a third region as well as its own and the new
+// region's (without: 68 % and 84 % with three regions).
 func TestLivenessScenarioMove(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		for seed := uint64(1); seed <= 20; seed++ {
