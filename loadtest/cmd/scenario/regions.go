@@ -143,7 +143,7 @@ func startRegions(ctx context.Context, o options, ro regionsOptions, log *slog.L
 		// default 50 ms fails open, which the judge cannot count.
 		env := []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()}
 		if ro.agents {
-			join, err := f.startAgent(ctx, r, rulesFile, ro.period, log)
+			join, err := f.startAgent(ctx, r, rulesFile, ro.period, ro.redisTimeout, log)
 			if err != nil {
 				return f, err
 			}
