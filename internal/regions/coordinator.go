@@ -277,12 +277,11 @@ func (c *Coordinator) plan(name string, lim Limit, reps []*CounterReport, reach 
 		}
 		return a.ID.Compare(b.ID)
 	})
-	flow := flows(static, target, reach, loans)
 	tol := int64(math.Floor(c.cfg.Tolerance * float64(lim.Units)))
 	if lim.Kind == FixedWindow {
-		c.planWindows(name, lim, flow, loans, tol, now)
+		c.planWindows(name, lim, static, target, reach, loans, tol, now)
 	} else {
-		c.planPeriods(name, lim, flow, loans, tol, slot)
+		c.planPeriods(name, lim, flows(static, target, reach, loans), loans, tol, slot)
 	}
 }
 
@@ -371,18 +370,66 @@ func (c *Coordinator) planPeriods(name string, lim Limit, flow [][]int64, loans 
 
 // planWindows orders the loans of a fixed window, whose units belong to
 // the windows they name: for each window starting before the next plan,
-// a new loan for what the pair's loans covering it fall short of the flow
-// by more than tol (consecutive windows after the current one with the
-// same shortfall share a loan; a loan the other way, from the receiver
-// to the giver, counts against the flow, so a flow that reversed returns
-// those units too). Loans end with their windows; nothing is extended.
-func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans []outstanding, tol, now int64) {
-	n := len(flow)
+// each region's holding of that window (its static share, plus what the
+// loans out lend it, less what they lend from it) is set against its
+// target. A region whose target is below its static share (a giver) lends
+// what it holds above its target, its own units and those it borrowed
+// alike, to the regions whose target is above their static share (the
+// receivers) and that hold less than their targets; differences within
+// tol move nothing. So a client that moves to a region that lent gets its
+// units back, and units a third region lent the old region go on to the
+// new one rather than staying where no one needs them. A receiver never
+// gives back what it holds above its target, nor a giver ask for more:
+// a target that wobbles with demand moves no units to and fro.
+// Consecutive windows after the current one with the same loans share
+// them; the current window always has loans of its own (a giver lends a
+// loan's least room over its windows). Loans end with their windows;
+// nothing is extended.
+func (c *Coordinator) planWindows(name string, lim Limit, static, target []int64, reach []bool, loans []outstanding, tol, now int64) {
+	n := len(static)
 	first := fdiv(now, lim.Window)
 	last := fdiv(now+c.cfg.Period, lim.Window)
+	nw := int(last - first + 1)
+	// give[g][r][k]: units g is to lend r of window first+k.
+	give := make([][][]int64, n)
+	for g := range give {
+		give[g] = make([][]int64, n)
+		for r := range give[g] {
+			give[g][r] = make([]int64, nw)
+		}
+	}
+	for k := range nw {
+		w := first + int64(k)
+		held := slices.Clone(static)
+		for _, l := range loans {
+			if l.First <= w && w <= l.Last {
+				held[l.from] -= l.Units
+				held[l.to] += l.Units
+			}
+		}
+		over := make([]int64, n)
+		under := make([]int64, n)
+		for i := range n {
+			switch {
+			case !reach[i]:
+			case target[i] < static[i]:
+				over[i] = max(held[i]-target[i], 0)
+			case target[i] > static[i]:
+				under[i] = max(target[i]-held[i], 0)
+			}
+		}
+		for _, r := range order(under) {
+			for _, g := range order(over) {
+				if u := min(under[r], over[g], lim.Units); u > tol {
+					give[g][r][k] = u
+					under[r] -= u
+					over[g] -= u
+				}
+			}
+		}
+	}
 	for g := range n {
 		for r := range n {
-			f := flow[g][r]
 			runStart, runUnits := int64(-1), int64(0)
 			flush := func(end int64) {
 				if runStart >= 0 {
@@ -390,35 +437,13 @@ func (c *Coordinator) planWindows(name string, lim Limit, flow [][]int64, loans 
 				}
 				runStart = -1
 			}
-			for w := first; w <= last; w++ {
-				var covered int64
-				for _, l := range loans {
-					if l.First <= w && w <= l.Last {
-						switch {
-						case l.from == g && l.to == r:
-							covered += l.Units
-						case f > 0 && l.from == r && l.to == g:
-							// r lent g units of w and now g should
-							// lend r: g gives them back as well.
-							covered -= l.Units
-						}
-					}
-				}
-				// A reversed flow returns at most L: reports out of
-				// date may list more lent the other way.
-				short := min(f-covered, lim.Units)
-				if short <= tol {
-					flush(w - 1)
-					continue
-				}
-				if runStart >= 0 && (short != runUnits || w == first+1) {
-					// The current window has a loan of its own: the
-					// giver lends what is left of it, which must not
-					// cap what it lends of the windows after.
+			for k := range nw {
+				w, u := first+int64(k), give[g][r][k]
+				if runStart >= 0 && (u != runUnits || k == 1) {
 					flush(w - 1)
 				}
-				if runStart < 0 {
-					runStart, runUnits = w, short
+				if runStart < 0 && u > 0 {
+					runStart, runUnits = w, u
 				}
 			}
 			flush(last)

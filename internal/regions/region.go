@@ -33,7 +33,8 @@ type Region struct {
 	demand    map[string]*demand
 }
 
-// demand is a counter's decisions in the current and the last period.
+// demand is a counter's decisions in the current period and the two
+// before it.
 // lim is the limit the decisions were counted under (the rule's); held,
 // once a report found it, the limit the region's ledger holds for the
 // counter, which an override or a penalty may have cut or raised.
@@ -41,8 +42,16 @@ type demand struct {
 	lim, held          Limit
 	cur, curRejected   int64
 	last, lastRejected int64
+	prev, prevRejected int64
+	// closed counts the periods closed since the counter's demand was
+	// first seen (prev is a whole period's only from the third).
+	closed int
 	// urgent: reported within the current period (Report.Urgent).
 	urgent bool
+	// since is the region's clock at the first step that saw any of
+	// its demand: a demand that began a moment ago is a rate over the
+	// time since (rate).
+	since int64
 }
 
 // limit is the limit the counter is decided under in the region, as far
@@ -116,12 +125,13 @@ func (r *Region) staticOf(lim Limit) int64 {
 // it rejected, or its demand exceeded HotFraction of what its static share
 // admits in a period.
 func (r *Region) hot(d *demand) bool {
-	if d.lastRejected > 0 {
+	dem, rej := r.recent(d)
+	if rej > 0 {
 		return true
 	}
 	lim := d.limit()
 	per := float64(r.staticOf(lim)) * float64(r.cfg.Period) / float64(lim.Window)
-	return float64(d.last) > r.cfg.HotFraction*per
+	return float64(dem) > r.cfg.HotFraction*per
 }
 
 // need is the units a region wants over a window for a demand of d units
@@ -137,6 +147,15 @@ func need(cfg Config, lim Limit, d int64) int64 {
 	return int64(n)
 }
 
+// track notes, at each step, when a counter's demand was first seen.
+func (r *Region) track(now int64) {
+	for _, d := range r.demand {
+		if d.since == 0 {
+			d.since = now
+		}
+	}
+}
+
 // Tick closes the period when now has entered a new one: the demand
 // counted becomes the last period's, and the region reports its hot
 // counters and every counter holding a loan to the coordinators. Within a
@@ -145,6 +164,7 @@ func need(cfg Config, lim Limit, d int64) int64 {
 // that a counter that starts rejecting is planned without waiting for the
 // next boundary.
 func (r *Region) Tick(ctx context.Context, now int64) error {
+	r.track(now)
 	k := fdiv(now, r.cfg.Period)
 	if k <= r.period {
 		return r.urgent(ctx, now)
@@ -153,9 +173,11 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	r.period = k
 	for name, d := range r.demand {
 		if gap == 1 {
+			d.prev, d.prevRejected = d.last, d.lastRejected
 			d.last, d.lastRejected = d.cur, d.curRejected
+			d.closed++
 		} else {
-			d.last, d.lastRejected = 0, 0
+			d.prev, d.prevRejected, d.last, d.lastRejected, d.closed = 0, 0, 0, 0, 0
 		}
 		d.cur, d.curRejected, d.urgent = 0, 0, false
 		if d.last == 0 {
@@ -185,7 +207,7 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 		}
 		if d := r.demand[name]; d != nil {
 			// Demand is in the units requests cost, whatever the limit.
-			cr.Demand, cr.Rejected = d.last, d.lastRejected
+			cr.Demand, cr.Rejected = r.recent(d)
 		}
 		rep.Counters = append(rep.Counters, cr)
 		if len(rep.Counters) == MaxReportCounters {
@@ -227,6 +249,40 @@ func (r *Region) counterReport(ctx context.Context, name string, lim Limit, now 
 // that a burst at a period's start is not magnified without bound.
 func (r *Region) sofar(u, now int64) int64 {
 	v, _ := mulDiv(max(u, 0), r.cfg.Period, max(now-r.period*r.cfg.Period, r.cfg.Period/4))
+	return v
+}
+
+// recent is a counter's demand and rejections per period over the last
+// two periods (the last alone until two whole ones are counted). A
+// decision stream delivers in polls, so a period may count one poll more
+// or fewer than the region's rate; over two periods that noise is halved,
+// and a region that counted two polls in its last period does not take
+// its rate for twice what it is (keeping units another region needs) nor,
+// after one, for half (taking the units it lent).
+func (r *Region) recent(d *demand) (dem, rej int64) {
+	if d.closed < 3 {
+		return d.last, d.lastRejected
+	}
+	return (d.last + d.prev + 1) / 2, (d.lastRejected + d.prevRejected + 1) / 2
+}
+
+// rate is the counter's demand over the last period and this one so far,
+// scaled to a whole period (the elapsed time counts as at least a quarter
+// of a period), from when its demand began if that was later (from a step
+// before the one that first saw it): a region whose client started a
+// moment ago is not taken for one whose client sends a few requests a
+// period.
+func (r *Region) rate(d *demand, now int64) int64 {
+	start := (r.period - 1) * r.cfg.Period
+	units := d.last + d.cur
+	switch {
+	case d.since == 0 || d.closed == 0:
+		// Not seen at a step yet, or only in this period.
+		start, units = max(d.since-r.cfg.Period/10, r.period*r.cfg.Period), d.cur
+	case d.since-r.cfg.Period/10 > start:
+		start = d.since - r.cfg.Period/10
+	}
+	v, _ := mulDiv(max(units, 0), r.cfg.Period, max(now-start, r.cfg.Period/4))
 	return v
 }
 
@@ -313,19 +369,23 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 		}
 		var keep int64
 		if d := r.demand[m.Loan.Counter]; d != nil {
-			// What the last period asked, or this one's so far. A fixed
-			// window's loan is of units of the current window and the
-			// next, so this period's demand counts at its rate so far
-			// (its part alone would give away what the rest of the
-			// window needs). A bucket or sliding window's loan is
+			// What the last periods asked, or the rate since, if
+			// higher. A fixed window's loan is of units of the current
+			// window and the next, so this period's demand counts at
+			// its rate with the last period's (its part alone would give
+			// away what the rest of the window needs), from when it
+			// began if that was later: an urgent plan early in a
+			// demand's life reaches the givers before much of their own
+			// demand has come through the decision stream. A bucket or sliding window's loan is
 			// extended each period, and an extension refused ends it,
 			// so a rate guessed from part of a period (noisy) must not
 			// refuse it: the part counts as it is.
+			dem, _ := r.recent(d)
 			cur := d.cur
 			if m.Loan.Limit.Kind == FixedWindow {
-				cur = r.sofar(d.cur, now)
+				cur = r.rate(d, now)
 			}
-			keep = need(r.cfg, m.Loan.Limit, max(d.last, cur))
+			keep = need(r.cfg, m.Loan.Limit, max(dem, cur))
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {

@@ -259,3 +259,97 @@ func TestCoordinatorCurrentWindowLoanApart(t *testing.T) {
 		t.Fatalf("loans ordered for windows %v (relative to the current), want [0 0] and [1 1]", spans)
 	}
 }
+
+// TestCoordinatorPassesOnBorrowedUnits: with three regions, r2 and r3
+// lent r1 their shares of the coming windows; then the client moves from
+// r1 to r2. The coordinator orders r1 to lend r2 all it holds of the next
+// window, r3's units too, not r1's own share and r2's back alone (with
+// which r2 would hold two thirds of L while r3's third sat unused in r1).
+func TestCoordinatorPassesOnBorrowedUnits(t *testing.T) {
+	lim := Limit{Kind: FixedWindow, Units: 99, Window: sec}
+	cfg := Config{}.WithDefaults()
+	q := &queue{}
+	coord, err := NewCoordinator(cfg, EqualFleet("r1", "r2", "r3"), NewEpoch(1, 0), q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := int64(1_763_000_000) * sec
+	w := start / sec
+	from2 := LoanState{ID: LoanID{Epoch: coord.Epoch(), Seq: 1}, To: "r1", Units: 33, First: w, Last: w + 1}
+	from3 := LoanState{ID: LoanID{Epoch: coord.Epoch(), Seq: 2}, To: "r1", Units: 33, First: w, Last: w + 1}
+	for _, rep := range []*Report{
+		{Region: "r1", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{{Counter: "c", Limit: lim, Share: 99}}},
+		{Region: "r2", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{
+			{Counter: "c", Limit: lim, Share: 0, Demand: 200, Rejected: 200, Out: []LoanState{from2}}}},
+		{Region: "r3", Epoch: coord.Epoch(), Time: start, Counters: []CounterReport{
+			{Counter: "c", Limit: lim, Share: 0, Out: []LoanState{from3}}}},
+	} {
+		if err := coord.Handle(rep, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coord.Tick(start + cfg.PlanOffset)
+	var units int64
+	for _, m := range q.msgs {
+		if o, ok := m.m.(*Order); ok && o.Loan.To == "r2" && o.Loan.First <= w+1 && w+1 <= o.Loan.Last {
+			if o.Loan.From != "r1" {
+				t.Errorf("ordered %s, which lent its units of the window, to lend r2 %d more", o.Loan.From, o.Loan.Units)
+				continue
+			}
+			units += o.Loan.Units
+		}
+	}
+	if units != 99 {
+		t.Fatalf("ordered r1 to lend r2 %d units of the next window, want 99 (its own 33, r2's 33 back and r3's 33)", units)
+	}
+}
+
+// TestGiverKeepsWhatDemandJustBegunNeeds: a region whose demand for a
+// counter began 100 ms ago, 650 ms into the period, ordered to lend units
+// of the current fixed window, keeps what that demand needs for the rest
+// of the window at its rate since it began (100 per second), not at the
+// rate of the whole period so far (13 per second), which would lend what
+// the next 250 ms need.
+func TestGiverKeepsWhatDemandJustBegunNeeds(t *testing.T) {
+	ctx := context.Background()
+	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
+	start := int64(1_763_000_000) * sec
+	regs, ledgers, coord, q := urgentFleet(t, start)
+	r2, l2 := regs["r2"], ledgers["r2"]
+	for now := start + 100_000; now <= start+600_000; now += 100_000 {
+		if err := r2.Tick(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 10 requests from 650 ms to 750 ms: 100 per second.
+	for i := range 10 {
+		a, err := l2.Admit("c", lim, 1, start+650_000+int64(i)*10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2.Observe("c", lim, 1, a.Allowed)
+	}
+	now := start + 750_000
+	if err := r2.Tick(ctx, now-50_000); err != nil { // the step that sees them
+		t.Fatal(err)
+	}
+	q.msgs = nil
+	o := &Order{Epoch: coord.Epoch(), Loan: Loan{ID: LoanID{Epoch: coord.Epoch(), Seq: 99}, Counter: "c", Limit: lim,
+		From: "r2", To: "r1", Units: 40, First: now / sec, Last: now / sec}}
+	if err := r2.Handle(ctx, o, now); err != nil {
+		t.Fatal(err)
+	}
+	var given int64 = -1
+	for _, m := range q.msgs {
+		if g, ok := m.m.(*GiveResult); ok {
+			given = g.Loan.Units
+		}
+	}
+	// Its share 50, 10 used; the rest of the window at 100 per second is
+	// 25 more (the rate floored at a quarter period's: 40 per quarter
+	// second, 50 over the window with the headroom, 12 of them in the
+	// 250 ms left): at most 28 to give, where the period's rate gave 36.
+	if given < 0 || given > 28 {
+		t.Fatalf("r2 gave %d units of the current window, want 0 to 28", given)
+	}
+}

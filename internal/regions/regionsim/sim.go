@@ -41,6 +41,11 @@ type Options struct {
 	// DemandLag is how long after a decision its region's agent counts
 	// it (the decision stream's lag to the aggregator); 0: at once.
 	DemandLag time.Duration
+	// DemandBatch, if set, delivers the decisions to the agents in
+	// batches: each at the first multiple of it (true time) at or after
+	// its decision plus DemandLag, as a decision stream consumed in polls
+	// does.
+	DemandBatch time.Duration
 	// Log receives the protocol's logs (nil: discard).
 	Log *slog.Logger
 	// Ledger, if set, makes each region's ledger (for instance one kept in
@@ -96,6 +101,7 @@ type Sim struct {
 	cold     []*Counter
 	coldRate float64
 	lag      int64 // Options.DemandLag, µs
+	batch    int64 // Options.DemandBatch, µs
 	coldGen  int
 
 	stats Stats
@@ -158,6 +164,7 @@ func New(opts Options) (*Sim, error) {
 		cfg: cfg, fleet: regions.EqualFleet(Names[:opts.Regions]...), net: opts.Net, log: log,
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)), ctx: context.Background(),
 		counters: map[string]*Counter{}, stats: Stats{ByKind: map[string]int64{}}, lag: opts.DemandLag.Microseconds(),
+		batch: opts.DemandBatch.Microseconds(),
 	}
 	// Start somewhere in 2024, at no particular boundary.
 	s.start = 1_704_067_200_000_000 + s.rng.Int64N(86_400_000_000)

@@ -219,9 +219,13 @@ func (s *Sim) request(c *Counter, i int) {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
 		return
 	}
-	if s.lag > 0 {
+	if s.lag > 0 || s.batch > 0 {
 		allowed := a.Allowed
-		s.schedule(s.now+s.lag, func() {
+		at := s.now + s.lag
+		if s.batch > 0 {
+			at = (floorDiv(at-1, s.batch) + 1) * s.batch
+		}
+		s.schedule(at, func() {
 			if r.up {
 				r.agent.Observe(c.Name, c.Limit, cost, allowed)
 			}

@@ -73,7 +73,7 @@ func main() {
 	flag.DurationVar(&o.regions.phase, "regions-phase", 15*time.Second, "regions: length of each load phase")
 	flag.DurationVar(&o.regions.partition, "regions-partition", 60*time.Second, "regions: length of the partition")
 	flag.DurationVar(&o.regions.latency, "regions-latency", 100*time.Millisecond, "regions: latency added on every link")
-	flag.DurationVar(&o.regions.redisTimeout, "regions-redis-timeout", time.Second, "regions: the gateways' Redis deadline (TOLLGATE_REDIS_TIMEOUT); a call past it fails open and is not judged")
+	flag.DurationVar(&o.regions.redisTimeout, "regions-redis-timeout", time.Second, "regions: the gateways' Redis deadline (TOLLGATE_REDIS_TIMEOUT; a call past it fails open and is not judged), and the aggregators'")
 	flag.BoolVar(&o.regions.json, "json", false, "regions: print the summary as JSON")
 	flag.BoolVar(&o.regions.agents, "agents", true, "regions: run each region's NATS (linked), Kafka and aggregator so that shares follow demand; false: static shares")
 	flag.DurationVar(&o.regions.period, "regions-period", 500*time.Millisecond, "regions: the aggregators' and gateways' regions_period (TOLLGATE_REGIONS_PERIOD) with -agents")

@@ -98,7 +98,7 @@ func (f *regionFleet) waitLinked(ctx context.Context) error {
 
 // startAgent starts region r's Kafka broker and aggregator (its NATS is
 // up) and returns the gateway's environment joining them.
-func (f *regionFleet) startAgent(ctx context.Context, r *region, rulesFile string, period time.Duration, log *slog.Logger) ([]string, error) {
+func (f *regionFleet) startAgent(ctx context.Context, r *region, rulesFile string, period, redisTimeout time.Duration, log *slog.Logger) ([]string, error) {
 	var err error
 	if r.agent.kafka, err = kafkabroker.Start(ctx, kafkabroker.WithListen("127.0.0.1:0"),
 		kafkabroker.WithDataDir(filepath.Join(f.dir, "kafka-"+r.name)),
@@ -119,6 +119,10 @@ func (f *regionFleet) startAgent(ctx context.Context, r *region, rulesFile strin
 	c.Kafka.Brokers = r.agent.kafka.Addrs()
 	c.NATS.URL = r.agent.nats.ClientURL()
 	c.Redis.Addrs = []string{r.redis.Addr()}
+	// The gateways' deadline: with the default 50 ms a loaded machine
+	// times out the agent's gives and receipts (a give that ran in Redis
+	// but timed out keeps its units out of every share until it ends).
+	c.Redis.Timeout = redisTimeout
 	if r.agent.agg, err = aggregator.New(c, log.With(slog.String("region", r.name), slog.String("part", "aggregator"))); err != nil {
 		return nil, fmt.Errorf("regions: %s's aggregator: %w", r.name, err)
 	}

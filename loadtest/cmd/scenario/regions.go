@@ -143,7 +143,7 @@ func startRegions(ctx context.Context, o options, ro regionsOptions, log *slog.L
 		// default 50 ms fails open, which the judge cannot count.
 		env := []string{"TOLLGATE_REGION=" + r.name, "TOLLGATE_REDIS_TIMEOUT=" + ro.redisTimeout.String()}
 		if ro.agents {
-			join, err := f.startAgent(ctx, r, rulesFile, ro.period, log)
+			join, err := f.startAgent(ctx, r, rulesFile, ro.period, ro.redisTimeout, log)
 			if err != nil {
 				return f, err
 			}
@@ -283,6 +283,27 @@ func mayLieIn(shots []shot, i int, w int64, window time.Duration) int64 {
 	return n
 }
 
+// stallAfter is how long an answer may take before the scenario calls it
+// a stall: far above a decision's few milliseconds on this machine, and
+// long enough to carry an admission into a later window than the one it
+// was sent in, which the false-rejection count reads by send time.
+const stallAfter = 250 * time.Millisecond
+
+// stalls is what a phase's note says of its answers slower than
+// stallAfter, or "" when none was.
+func stalls(shots []shot) string {
+	n := 0
+	for _, s := range shots {
+		if s.err == nil && s.answered.Sub(s.sent) > stallAfter {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d answers took over %v (the machine stalled: their admissions may lie in a later window than the one they were sent in)", n, stallAfter)
+}
+
 // fullWindows are the windows lying wholly inside [from, to].
 func fullWindows(from, to time.Time, window time.Duration) []int64 {
 	wu := window.Microseconds()
@@ -400,7 +421,7 @@ func (r *regionsRun) moving(ctx context.Context) error {
 		return fmt.Errorf("regions: moving client: %w", ctx.Err())
 	}
 	fr, within := r.available(shots, 1, moved)
-	note := "L available in r2 in each period after the move: " + strings.Join(fr, ", ")
+	note := "L available in r2 in each period after the move: " + strings.Join(fr, ", ") + stalls(shots)
 	if !r.f.agent {
 		note += "; " + static
 	}
@@ -458,6 +479,7 @@ func (r *regionsRun) split(ctx context.Context) error {
 		if len(at) > 0 && len(at) <= 40 {
 			note += "; sent at (region, window of the phase + ms into it) " + strings.Join(at, ", ")
 		}
+		note += stalls(shots)
 		if !r.f.agent {
 			note += "; " + static
 		}

@@ -113,3 +113,29 @@ func TestSpreadPattern(t *testing.T) {
 		}
 	}
 }
+
+// TestStalls: a phase's note names the answers slower than stallAfter,
+// failed requests aside, and says nothing when there were none.
+func TestStalls(t *testing.T) {
+	t0 := time.Unix(1_763_000_000, 0)
+	answer := func(took time.Duration, err error) shot {
+		return shot{sent: t0, answered: t0.Add(took), err: err}
+	}
+	tests := []struct {
+		name  string
+		shots []shot
+		want  string
+	}{
+		{"none", []shot{answer(time.Millisecond, nil), answer(stallAfter, nil)}, ""},
+		{"two slow", []shot{answer(time.Millisecond, nil), answer(stallAfter+1, nil), answer(time.Second, nil)}, "; 2 answers took over 250ms"},
+		{"a failed request is not an answer", []shot{answer(time.Second, io.EOF)}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := stalls(tt.shots)
+			if !strings.HasPrefix(got, tt.want) || (tt.want == "") != (got == "") {
+				t.Fatalf("stalls = %q, want it to start with %q", got, tt.want)
+			}
+		})
+	}
+}
