@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"unicode/utf8"
 )
@@ -123,21 +123,12 @@ func checkKey(k string) error {
 	return nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
 func (c *compiler) registry() {
 	if len(c.doc.Keys) == 0 {
 		return
 	}
 	c.rs.registry = make(map[string]KeyInfo, len(c.doc.Keys))
-	for _, k := range sortedKeys(c.doc.Keys) {
+	for _, k := range slices.Sorted(maps.Keys(c.doc.Keys)) {
 		e := c.doc.Keys[k]
 		field := "keys[" + redactKey(k) + "]"
 		line := e.line
@@ -356,7 +347,7 @@ func (c *compiler) overrides(name string, r *Rule, s *RuleSpec, base paramVals, 
 		c.errorf(name, "overrides", line, "a block rule has no parameters to override")
 		return
 	}
-	for _, key := range sortedKeys(s.Overrides) {
+	for _, key := range slices.Sorted(maps.Keys(s.Overrides)) {
 		o := s.Overrides[key]
 		field := "overrides[" + redactKey(key) + "]"
 		oline := o.line
@@ -705,7 +696,7 @@ func (c *compiler) matcher(name string, m *MatchSpec, lines lineMap, ruleLine in
 		}
 		mt.domain = m.Domain
 	}
-	for _, k := range sortedKeys(m.Descriptor) {
+	for _, k := range slices.Sorted(maps.Keys(m.Descriptor)) {
 		if err := checkName(k); err != nil {
 			c.errorf(name, "match.descriptor", line("match.descriptor"), "descriptor key %q: %v", k, err)
 			continue
