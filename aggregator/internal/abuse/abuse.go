@@ -644,27 +644,20 @@ func (c *Config) detect(s *State) (fired []Evidence, newest int64) {
 	if e.Requests == 0 {
 		return nil, newest
 	}
-	if c.enabled(DetectorBackoffIgnored) {
-		share := float64(e.Ignored) / float64(e.Requests)
-		if e.Ignored >= c.BackoffMinIgnored && share >= c.BackoffMinShare {
+	// fire adds the detector's evidence (ratio: the share it measured) when
+	// it is enabled and fires.
+	fire := func(detector string, ratio float64, fires bool) {
+		if fires && c.enabled(detector) {
 			f := e
-			f.Detector, f.Ratio = DetectorBackoffIgnored, share
+			f.Detector, f.Ratio = detector, ratio
 			fired = append(fired, f)
 		}
 	}
-	if c.enabled(DetectorSustainedRejection) {
-		ratio := float64(e.Rejected) / float64(e.Requests)
-		if e.Requests >= c.RejectionMinRequests && ratio >= c.RejectionRatio {
-			f := e
-			f.Detector, f.Ratio = DetectorSustainedRejection, ratio
-			fired = append(fired, f)
-		}
-	}
-	if c.enabled(DetectorVolumeCeiling) && e.RatePerSecond > c.VolumeCeiling {
-		f := e
-		f.Detector = DetectorVolumeCeiling
-		fired = append(fired, f)
-	}
+	ignored := float64(e.Ignored) / float64(e.Requests)
+	rejected := float64(e.Rejected) / float64(e.Requests)
+	fire(DetectorBackoffIgnored, ignored, e.Ignored >= c.BackoffMinIgnored && ignored >= c.BackoffMinShare)
+	fire(DetectorSustainedRejection, rejected, e.Requests >= c.RejectionMinRequests && rejected >= c.RejectionRatio)
+	fire(DetectorVolumeCeiling, 0, e.RatePerSecond > c.VolumeCeiling)
 	return fired, newest
 }
 
