@@ -49,21 +49,9 @@ func Check(released, current *protoregistry.Files) []Problem {
 	}
 	released.RangeFiles(func(f protoreflect.FileDescriptor) bool {
 		walk(f.Messages(), f.Enums(), func(m protoreflect.MessageDescriptor) {
-			d, err := current.FindDescriptorByName(m.FullName())
-			cm, ok := d.(protoreflect.MessageDescriptor)
-			if err != nil || !ok {
-				report(m.FullName(), "message removed or renamed")
-				return
-			}
-			checkMessage(m, cm, report)
+			checkCounterpart(current, m, "message", report, checkMessage)
 		}, func(e protoreflect.EnumDescriptor) {
-			d, err := current.FindDescriptorByName(e.FullName())
-			ce, ok := d.(protoreflect.EnumDescriptor)
-			if err != nil || !ok {
-				report(e.FullName(), "enum removed or renamed")
-				return
-			}
-			checkEnum(e, ce, report)
+			checkCounterpart(current, e, "enum", report, checkEnum)
 		})
 		return true
 	})
@@ -71,6 +59,20 @@ func Check(released, current *protoregistry.Files) []Problem {
 		return cmp.Or(cmp.Compare(a.Element, b.Element), cmp.Compare(a.Msg, b.Msg))
 	})
 	return out
+}
+
+// checkCounterpart checks old against the descriptor of its name in
+// current with check; none, or one of another kind, is reported as old
+// (a what: "message" or "enum") removed or renamed.
+func checkCounterpart[D protoreflect.Descriptor](current *protoregistry.Files, old D, what string,
+	report reportFunc, check func(old, cur D, report reportFunc)) {
+	d, err := current.FindDescriptorByName(old.FullName())
+	cur, ok := d.(D)
+	if err != nil || !ok {
+		report(old.FullName(), what+" removed or renamed")
+		return
+	}
+	check(old, cur, report)
 }
 
 // walk calls onMsg for every message (nested ones included, map entries too)
