@@ -197,11 +197,18 @@ func (c *compiler) routes() {
 // validID reports whether id matches ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$:
 // ids appear in headers as structured-field strings and in Redis names.
 func validID(id string) bool {
-	if id == "" || len(id) > 64 || !isAlnum(id[0]) {
+	return id != "" && isAlnum(id[0]) &&
+		validToken(id, 64, func(b byte) bool { return isAlnum(b) || b == '.' || b == '_' || b == '-' })
+}
+
+// validToken reports whether s has 1 to maxLen bytes, each of which ok
+// accepts.
+func validToken(s string, maxLen int, ok func(byte) bool) bool {
+	if s == "" || len(s) > maxLen {
 		return false
 	}
-	for i := 1; i < len(id); i++ {
-		if b := id[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' {
+	for i := 0; i < len(s); i++ {
+		if !ok(s[i]) {
 			return false
 		}
 	}
@@ -636,16 +643,7 @@ func (c *compiler) finish(name string, alg Algorithm, v paramVals, block bool, p
 
 // methodToken reports whether s is an HTTP method token (RFC 9110 tchar).
 func methodToken(s string) bool {
-	if s == "" || len(s) > 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		b := s[i]
-		if !isAlnum(b) && !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(b)) {
-			return false
-		}
-	}
-	return true
+	return validToken(s, 32, func(b byte) bool { return isAlnum(b) || strings.ContainsRune("!#$%&'*+-.^_`|~", rune(b)) })
 }
 
 func (c *compiler) matcher(name string, m *MatchSpec, lines lineMap, ruleLine int) matcher {
