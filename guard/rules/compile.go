@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tollgate/tollgate/internal/httptoken"
 )
 
 // Load parses and compiles a rules document (YAML or JSON): [Parse], then
@@ -643,7 +645,7 @@ func (c *compiler) finish(name string, alg Algorithm, v paramVals, block bool, p
 
 // methodToken reports whether s is an HTTP method token (RFC 9110 tchar).
 func methodToken(s string) bool {
-	return validToken(s, 32, func(b byte) bool { return isAlnum(b) || strings.ContainsRune("!#$%&'*+-.^_`|~", rune(b)) })
+	return len(s) <= 32 && httptoken.Is(s)
 }
 
 func (c *compiler) matcher(name string, m *MatchSpec, lines lineMap, ruleLine int) matcher {
