@@ -203,18 +203,11 @@ func validID(id string) bool {
 		validToken(id, 64, func(b byte) bool { return isAlnum(b) || b == '.' || b == '_' || b == '-' })
 }
 
-// validToken reports whether s has 1 to maxLen bytes, each of which ok
-// accepts.
+// validToken reports whether s has 1 to maxLen bytes, each of them ASCII
+// that ok accepts.
 func validToken(s string, maxLen int, ok func(byte) bool) bool {
-	if s == "" || len(s) > maxLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !ok(s[i]) {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= maxLen &&
+		!strings.ContainsFunc(s, func(r rune) bool { return r >= utf8.RuneSelf || !ok(byte(r)) })
 }
 
 func isAlnum(b byte) bool {
