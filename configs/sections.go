@@ -120,6 +120,15 @@ func Default[T comparable](p *T, v T) {
 	}
 }
 
+// DefaultPositive sets *p to v when *p is zero or negative: Default for
+// the counts, sizes, ratios and durations where only a positive value means
+// something.
+func DefaultPositive[T ~int | ~int32 | ~int64 | ~float64](p *T, v T) {
+	if *p <= 0 {
+		*p = v
+	}
+}
+
 // Redis is the `redis` section: where the counters live. Its fields,
 // their docs and defaults are the library's own (redisstore.Config),
 // written once there; Client converts.

@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/guard/keyid"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/httptoken"
 	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -452,16 +453,7 @@ func parsePrefix(s string) (netip.Prefix, error) {
 }
 
 func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return textproto.CanonicalMIMEHeaderKey(s) != ""
+	return httptoken.Is(s) && textproto.CanonicalMIMEHeaderKey(s) != ""
 }
 
 // Vars lists every configuration variable with its default and

@@ -606,8 +606,8 @@ func (s *Server) ClientOptions() *redis.Options {
 	return testOptions(s.Addr()).Simple()
 }
 
-// testOptions are the options of ClientOptions and ClusterOptions, for
-// the servers at addrs.
+// testOptions are the options of ClientOptions, ClusterOptions and
+// Sentinel.FailoverOptions, for the servers at addrs.
 func testOptions(addrs ...string) *redis.UniversalOptions {
 	return &redis.UniversalOptions{
 		Addrs:                    addrs,

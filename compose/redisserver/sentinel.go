@@ -164,16 +164,9 @@ func (st *Sentinel) SentinelAddrs() []string { return addrsOf(st.sentinels) }
 // Server.ClientOptions; the short dial timeout matters during a failover,
 // when go-redis keeps dialling the dead primary.
 func (st *Sentinel) FailoverOptions() *redis.FailoverOptions {
-	return &redis.FailoverOptions{
-		MasterName:            MasterName,
-		SentinelAddrs:         st.SentinelAddrs(),
-		DialTimeout:           clientTimeout,
-		ReadTimeout:           clientTimeout,
-		WriteTimeout:          clientTimeout,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            -1,
-		DisableIdentity:       true,
-	}
+	o := testOptions(st.SentinelAddrs()...)
+	o.MasterName = MasterName
+	return o.Failover()
 }
 
 // Client returns a new go-redis failover client that follows the current

@@ -1,6 +1,10 @@
 package httpguard
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/tollgate/tollgate/internal/httptoken"
+)
 
 // Media types of error bodies.
 const (
@@ -79,7 +83,7 @@ func weigh(typ, sub string, q int, subtype string, spec, best int) (int, int) {
 func parseMediaRange(elem string) (typ, sub string, q int, ok bool) {
 	mt, params, _ := strings.Cut(elem, ";")
 	typ, sub, found := strings.Cut(trimOWS(mt), "/")
-	if !found || !isToken(typ) || !isToken(sub) || (typ == "*" && sub != "*") {
+	if !found || !httptoken.Is(typ) || !httptoken.Is(sub) || (typ == "*" && sub != "*") {
 		return "", "", 0, false
 	}
 	q = 1000
@@ -154,25 +158,4 @@ func cutUnquoted(s string, sep byte) (before, after string, found bool) {
 // trimOWS trims spaces and horizontal tabs.
 func trimOWS(s string) string {
 	return strings.Trim(s, " \t")
-}
-
-// isToken reports whether s is a non-empty RFC 9110 token.
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !isTokenChar(s[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func isTokenChar(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/httptoken"
 )
 
 // fakeChecker is a guard.Checker test double: fn decides.
@@ -242,7 +243,7 @@ func (p *sfParser) str() (any, error) {
 func (p *sfParser) token() sfToken {
 	start := p.i
 	p.i++
-	for !p.done() && (isTokenChar(p.s[p.i]) || p.s[p.i] == ':' || p.s[p.i] == '/') {
+	for !p.done() && (httptoken.Char(p.s[p.i]) || p.s[p.i] == ':' || p.s[p.i] == '/') {
 		p.i++
 	}
 	return sfToken(p.s[start:p.i])

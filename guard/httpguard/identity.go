@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/apierror"
+	"github.com/tollgate/tollgate/internal/httptoken"
 )
 
 // Errors of identity extraction. Match them with errors.Is: the errors
@@ -79,7 +80,7 @@ func ParseKeySource(s string) (KeySource, error) {
 	case !found && strings.EqualFold(s, "bearer"):
 		return KeySource{kind: sourceBearer}, nil
 	case found && strings.EqualFold(kind, "header"):
-		if !isToken(name) {
+		if !httptoken.Is(name) {
 			return KeySource{}, fmt.Errorf("%w %q: %q is not a header name", ErrInvalidKeySource, s, name)
 		}
 		return KeySource{sourceHeader, textproto.CanonicalMIMEHeaderKey(name), name}, nil

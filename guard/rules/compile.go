@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tollgate/tollgate/internal/httptoken"
 )
 
 // Load parses and compiles a rules document (YAML or JSON): [Parse], then
@@ -123,21 +125,12 @@ func checkKey(k string) error {
 	return nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
 func (c *compiler) registry() {
 	if len(c.doc.Keys) == 0 {
 		return
 	}
 	c.rs.registry = make(map[string]KeyInfo, len(c.doc.Keys))
-	for _, k := range sortedKeys(c.doc.Keys) {
+	for _, k := range slices.Sorted(maps.Keys(c.doc.Keys)) {
 		e := c.doc.Keys[k]
 		field := "keys[" + redactKey(k) + "]"
 		line := e.line
@@ -206,15 +199,15 @@ func (c *compiler) routes() {
 // validID reports whether id matches ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$:
 // ids appear in headers as structured-field strings and in Redis names.
 func validID(id string) bool {
-	if id == "" || len(id) > 64 || !isAlnum(id[0]) {
-		return false
-	}
-	for i := 1; i < len(id); i++ {
-		if b := id[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' {
-			return false
-		}
-	}
-	return true
+	return id != "" && isAlnum(id[0]) &&
+		validToken(id, 64, func(b byte) bool { return isAlnum(b) || b == '.' || b == '_' || b == '-' })
+}
+
+// validToken reports whether s has 1 to maxLen bytes, each of them ASCII
+// that ok accepts.
+func validToken(s string, maxLen int, ok func(byte) bool) bool {
+	return s != "" && len(s) <= maxLen &&
+		!strings.ContainsFunc(s, func(r rune) bool { return r >= utf8.RuneSelf || !ok(byte(r)) })
 }
 
 func isAlnum(b byte) bool {
@@ -356,7 +349,7 @@ func (c *compiler) overrides(name string, r *Rule, s *RuleSpec, base paramVals, 
 		c.errorf(name, "overrides", line, "a block rule has no parameters to override")
 		return
 	}
-	for _, key := range sortedKeys(s.Overrides) {
+	for _, key := range slices.Sorted(maps.Keys(s.Overrides)) {
 		o := s.Overrides[key]
 		field := "overrides[" + redactKey(key) + "]"
 		oline := o.line
@@ -645,16 +638,7 @@ func (c *compiler) finish(name string, alg Algorithm, v paramVals, block bool, p
 
 // methodToken reports whether s is an HTTP method token (RFC 9110 tchar).
 func methodToken(s string) bool {
-	if s == "" || len(s) > 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		b := s[i]
-		if !isAlnum(b) && !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(b)) {
-			return false
-		}
-	}
-	return true
+	return len(s) <= 32 && httptoken.Is(s)
 }
 
 func (c *compiler) matcher(name string, m *MatchSpec, lines lineMap, ruleLine int) matcher {
@@ -705,7 +689,7 @@ func (c *compiler) matcher(name string, m *MatchSpec, lines lineMap, ruleLine in
 		}
 		mt.domain = m.Domain
 	}
-	for _, k := range sortedKeys(m.Descriptor) {
+	for _, k := range slices.Sorted(maps.Keys(m.Descriptor)) {
 		if err := checkName(k); err != nil {
 			c.errorf(name, "match.descriptor", line("match.descriptor"), "descriptor key %q: %v", k, err)
 			continue

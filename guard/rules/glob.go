@@ -152,16 +152,7 @@ func compileRoute(t string) (route, error) {
 }
 
 func validParamName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
+	return validToken(s, 64, func(c byte) bool { return c == '_' || isAlnum(c) })
 }
 
 // match reports whether path (starting with '/', without query string, with

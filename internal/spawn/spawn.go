@@ -1,6 +1,7 @@
 // Package spawn starts child processes that die with the Go process that
-// started them: the servers of compose/redisserver and the real nginx,
-// Caddy and Prometheus of the deployment tests. On Linux the kernel sends
+// started them: the servers of compose/redisserver, the real nginx,
+// Caddy and Prometheus of the deployment tests, and the chaos soak's
+// fleet. On Linux the kernel sends
 // the child SIGKILL when its parent dies (Pdeathsig), so a crashed or
 // timed-out test binary leaves no orphan behind. Linux sends that signal
 // when the OS thread that forked the child exits, not the process, so

@@ -48,6 +48,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/intern"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -134,37 +135,20 @@ func (c *Config) SetDefaults() {
 	if c.Detectors == nil {
 		c.Detectors = slices.Clone(Detectors)
 	}
-	def := func(p *time.Duration, d time.Duration) {
-		if *p <= 0 {
-			*p = d
-		}
-	}
-	def(&c.Window, time.Minute)
-	def(&c.ReducedFor, 5*time.Minute)
-	def(&c.CooldownFor, 15*time.Minute)
-	def(&c.BlockFor, 24*time.Hour)
-	def(&c.QuietPeriod, time.Hour)
-	def(&c.Grace, 2*time.Second)
-	def(&c.Idle, 2*c.Window)
-	def(&c.Remember, 7*24*time.Hour)
-	if c.BackoffMinIgnored <= 0 {
-		c.BackoffMinIgnored = 20
-	}
-	if c.BackoffMinShare <= 0 {
-		c.BackoffMinShare = 0.5
-	}
-	if c.RejectionMinRequests <= 0 {
-		c.RejectionMinRequests = 100
-	}
-	if c.RejectionRatio <= 0 {
-		c.RejectionRatio = 0.9
-	}
-	if c.VolumeCeiling <= 0 {
-		c.VolumeCeiling = 10_000
-	}
-	if c.Factor <= 0 {
-		c.Factor = 0.5
-	}
+	configs.DefaultPositive(&c.Window, time.Minute)
+	configs.DefaultPositive(&c.ReducedFor, 5*time.Minute)
+	configs.DefaultPositive(&c.CooldownFor, 15*time.Minute)
+	configs.DefaultPositive(&c.BlockFor, 24*time.Hour)
+	configs.DefaultPositive(&c.QuietPeriod, time.Hour)
+	configs.DefaultPositive(&c.Grace, 2*time.Second)
+	configs.DefaultPositive(&c.Idle, 2*c.Window)
+	configs.DefaultPositive(&c.Remember, 7*24*time.Hour)
+	configs.DefaultPositive(&c.BackoffMinIgnored, 20)
+	configs.DefaultPositive(&c.BackoffMinShare, 0.5)
+	configs.DefaultPositive(&c.RejectionMinRequests, 100)
+	configs.DefaultPositive(&c.RejectionRatio, 0.9)
+	configs.DefaultPositive(&c.VolumeCeiling, 10_000)
+	configs.DefaultPositive(&c.Factor, 0.5)
 }
 
 // FieldError is a problem of one Config field, named as in the
@@ -660,27 +644,20 @@ func (c *Config) detect(s *State) (fired []Evidence, newest int64) {
 	if e.Requests == 0 {
 		return nil, newest
 	}
-	if c.enabled(DetectorBackoffIgnored) {
-		share := float64(e.Ignored) / float64(e.Requests)
-		if e.Ignored >= c.BackoffMinIgnored && share >= c.BackoffMinShare {
+	// fire adds the detector's evidence (ratio: the share it measured) when
+	// it is enabled and fires.
+	fire := func(detector string, ratio float64, fires bool) {
+		if fires && c.enabled(detector) {
 			f := e
-			f.Detector, f.Ratio = DetectorBackoffIgnored, share
+			f.Detector, f.Ratio = detector, ratio
 			fired = append(fired, f)
 		}
 	}
-	if c.enabled(DetectorSustainedRejection) {
-		ratio := float64(e.Rejected) / float64(e.Requests)
-		if e.Requests >= c.RejectionMinRequests && ratio >= c.RejectionRatio {
-			f := e
-			f.Detector, f.Ratio = DetectorSustainedRejection, ratio
-			fired = append(fired, f)
-		}
-	}
-	if c.enabled(DetectorVolumeCeiling) && e.RatePerSecond > c.VolumeCeiling {
-		f := e
-		f.Detector = DetectorVolumeCeiling
-		fired = append(fired, f)
-	}
+	ignored := float64(e.Ignored) / float64(e.Requests)
+	rejected := float64(e.Rejected) / float64(e.Requests)
+	fire(DetectorBackoffIgnored, ignored, e.Ignored >= c.BackoffMinIgnored && ignored >= c.BackoffMinShare)
+	fire(DetectorSustainedRejection, rejected, e.Requests >= c.RejectionMinRequests && rejected >= c.RejectionRatio)
+	fire(DetectorVolumeCeiling, 0, e.RatePerSecond > c.VolumeCeiling)
 	return fired, newest
 }
 

@@ -50,6 +50,7 @@ import (
 	"github.com/tollgate/tollgate/aggregator/internal/abuse"
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/internal/kafkalog"
 )
 
@@ -112,36 +113,16 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Group == "" {
-		c.Group = "tollgate-aggregator"
-	}
-	if c.Partitions <= 0 {
-		c.Partitions = 6
-	}
-	if c.TxnTimeout <= 0 {
-		c.TxnTimeout = 10 * time.Second
-	}
-	if c.SessionTimeout <= 0 {
-		c.SessionTimeout = 10 * time.Second
-	}
-	if c.MaxPoll <= 0 {
-		c.MaxPoll = 20_000
-	}
-	if c.CommitInterval <= 0 {
-		c.CommitInterval = 500 * time.Millisecond
-	}
-	if c.MaxTxnRecords <= 0 {
-		c.MaxTxnRecords = 200_000
-	}
-	if c.CloseEvery <= 0 {
-		c.CloseEvery = time.Second
-	}
-	if c.StallAfter <= 0 {
-		c.StallAfter = 2 * c.TxnTimeout
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
+	configs.Default(&c.Group, "tollgate-aggregator")
+	configs.DefaultPositive(&c.Partitions, 6)
+	configs.DefaultPositive(&c.TxnTimeout, 10*time.Second)
+	configs.DefaultPositive(&c.SessionTimeout, 10*time.Second)
+	configs.DefaultPositive(&c.MaxPoll, 20_000)
+	configs.DefaultPositive(&c.CommitInterval, 500*time.Millisecond)
+	configs.DefaultPositive(&c.MaxTxnRecords, 200_000)
+	configs.DefaultPositive(&c.CloseEvery, time.Second)
+	configs.DefaultPositive(&c.StallAfter, 2*c.TxnTimeout)
+	configs.Default(&c.Log, slog.New(slog.DiscardHandler))
 	if c.Now == nil {
 		c.Now = time.Now
 	}

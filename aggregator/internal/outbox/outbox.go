@@ -38,6 +38,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/internal/fleetkv"
 	"github.com/tollgate/tollgate/internal/promdef"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -86,18 +87,10 @@ type Reconciler struct {
 
 // New returns a reconciler registering its metrics with reg (may be nil).
 func New(cfg Config, reg prometheus.Registerer) *Reconciler {
-	if cfg.Group == "" {
-		cfg.Group = DefaultGroup
-	}
-	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.KafkaLog == nil {
-		cfg.KafkaLog = cfg.Log
-	}
+	configs.Default(&cfg.Group, DefaultGroup)
+	configs.DefaultPositive(&cfg.SessionTimeout, 10*time.Second)
+	configs.Default(&cfg.Log, slog.New(slog.DiscardHandler))
+	configs.Default(&cfg.KafkaLog, cfg.Log)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

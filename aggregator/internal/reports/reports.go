@@ -27,6 +27,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/state"
 	"github.com/tollgate/tollgate/aggregator/internal/windows"
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/keyid"
 )
@@ -45,9 +46,7 @@ type Config struct {
 // Register adds the report routes to mux. Authentication is the caller's
 // (the operator token wraps the whole listener).
 func Register(mux *http.ServeMux, cfg Config) {
-	if cfg.MaxRows <= 0 {
-		cfg.MaxRows = 10_000
-	}
+	configs.DefaultPositive(&cfg.MaxRows, 10_000)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

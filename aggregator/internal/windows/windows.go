@@ -33,6 +33,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -216,9 +217,7 @@ type Config struct {
 
 // SetDefaults fills zero fields.
 func (c *Config) SetDefaults() {
-	if c.Lateness <= 0 {
-		c.Lateness = 10 * time.Second
-	}
+	configs.DefaultPositive(&c.Lateness, 10*time.Second)
 	def := map[Granularity]time.Duration{Minute: 48 * time.Hour, Hour: 90 * 24 * time.Hour, Day: 2 * 365 * 24 * time.Hour}
 	if c.Retention == nil {
 		c.Retention = map[Granularity]time.Duration{}
@@ -228,15 +227,9 @@ func (c *Config) SetDefaults() {
 			c.Retention[g] = d
 		}
 	}
-	if c.MarkRetention <= 0 {
-		c.MarkRetention = 30 * 24 * time.Hour
-	}
-	if c.MaxSeqJump == 0 {
-		c.MaxSeqJump = tollgatev1.MaxSeqJump
-	}
-	if c.ConfirmRun == 0 {
-		c.ConfirmRun = tollgatev1.SeqConfirmRun
-	}
+	configs.DefaultPositive(&c.MarkRetention, 30*24*time.Hour)
+	configs.Default(&c.MaxSeqJump, tollgatev1.MaxSeqJump)
+	configs.Default(&c.ConfirmRun, tollgatev1.SeqConfirmRun)
 }
 
 // Loader reads rows and marks the Table does not hold (from Pebble).

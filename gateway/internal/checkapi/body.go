@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/httptoken"
 )
 
 // Limits of check body fields other than the key (whose limit is the
@@ -305,12 +306,4 @@ func printable(s string) bool {
 }
 
 // token reports whether s is empty or an RFC 9110 token.
-func token(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
+func token(s string) bool { return s == "" || httptoken.Is(s) }

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
@@ -60,12 +61,8 @@ type Config struct {
 func New(cfg Config) http.Handler { return newHandler(cfg) }
 
 func newHandler(cfg Config) *handler {
-	if cfg.MaxBatch <= 0 {
-		cfg.MaxBatch = 100
-	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 64 << 10
-	}
+	configs.DefaultPositive(&cfg.MaxBatch, 100)
+	configs.DefaultPositive(&cfg.MaxBody, 64<<10)
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}

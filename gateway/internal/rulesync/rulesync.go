@@ -86,6 +86,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway/internal/rulefile"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -228,12 +229,8 @@ func New(cfg Config) (*Syncer, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%w: %s required", ErrConfig, strings.Join(missing, ", "))
 	}
-	if cfg.ReconnectWait <= 0 {
-		cfg.ReconnectWait = DefaultReconnectWait
-	}
-	if cfg.SaveInterval <= 0 {
-		cfg.SaveInterval = DefaultSaveInterval
-	}
+	configs.DefaultPositive(&cfg.ReconnectWait, DefaultReconnectWait)
+	configs.DefaultPositive(&cfg.SaveInterval, DefaultSaveInterval)
 	if cfg.OnRefused == nil {
 		cfg.OnRefused = func(error) {}
 	}

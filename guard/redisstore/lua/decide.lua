@@ -248,31 +248,20 @@ if op == 1 or op == 2 then
       end
     end
   end
-elseif op == 3 then
+elseif op == 3 or op == 5 or op == 6 or op == 8 then
+  -- report, add quota, refund and return: every counter is admitted and
+  -- charged (a return's units went back above).
   for i = 1, #cs do
     local c = cs[i]
+    if op == 3 then
+      c.x, c.tok = c.p.charge(c.x, c.y, c.cost, true, now, c.g, c.a, c.b, c.c, c.d)
+    elseif op == 5 then
+      c.x = c.p.sub(c.x, c.y, c.cost, c.g, c.a, c.b, c.c, c.d)
+    elseif op == 6 then
+      c.x = c.p.refund(c.x, c.y, c.token, 0, c.g, c.a, c.b, c.c, c.d)
+    end
     c.allowed = true
-    c.x, c.tok = c.p.charge(c.x, c.y, c.cost, true, now, c.g, c.a, c.b, c.c, c.d)
     c.charged = true
-  end
-elseif op == 5 then
-  for i = 1, #cs do
-    local c = cs[i]
-    c.allowed = true
-    c.x = c.p.sub(c.x, c.y, c.cost, c.g, c.a, c.b, c.c, c.d)
-    c.charged = true
-  end
-elseif op == 6 then
-  for i = 1, #cs do
-    local c = cs[i]
-    c.allowed = true
-    c.x = c.p.refund(c.x, c.y, c.token, 0, c.g, c.a, c.b, c.c, c.d)
-    c.charged = true
-  end
-elseif op == 8 then
-  for i = 1, #cs do
-    cs[i].allowed = true
-    cs[i].charged = true
   end
 elseif op == 7 then
   for i = 1, #cs do

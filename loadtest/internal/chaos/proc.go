@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/spawn"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -59,9 +59,10 @@ func (l *life) exited() bool {
 var errNotRunning = errors.New("chaos: process not running")
 
 // start runs the proc and, with ready set, waits for its ready line
-// (bounded by ctx). The process is started and waited for on a goroutine
-// locked to its OS thread, so that on Linux the kernel kills it
-// (Pdeathsig) if the harness dies; wait with Wait.
+// (bounded by ctx). The process is started through spawn.Start, so that
+// on Linux the kernel kills it (Pdeathsig) if the harness dies, and
+// watched by a goroutine of the proc's that records its exit; wait with
+// Wait.
 func (p *proc) start(ctx context.Context) error {
 	p.mu.Lock()
 	if p.starting || (p.life != nil && !p.life.exited()) {
@@ -84,7 +85,6 @@ func (p *proc) start(ctx context.Context) error {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Env = p.env
 	cmd.Stderr = logf
-	cmd.SysProcAttr = sysProcAttr()
 	// The ready line comes through a pipe of our own: cmd.StdoutPipe's
 	// would be closed by Wait, losing what a child that exited at once
 	// wrote.
@@ -98,37 +98,29 @@ func (p *proc) start(ctx context.Context) error {
 	} else {
 		cmd.Stdout = logf
 	}
-	l := &life{done: make(chan struct{})}
-	started := make(chan error, 1)
+	// spawn.Start forks from a thread it keeps until the child exits, so
+	// that the kernel kills the child if the harness dies.
+	child, err := spawn.Start(cmd)
+	if childOut != nil {
+		childOut.Close() // the child has its own copy
+	}
+	if err != nil {
+		if stdout != nil {
+			stdout.Close()
+		}
+		logf.Close()
+		return fmt.Errorf("chaos: start %s: %w", p.name, err)
+	}
+	l := &life{pid: cmd.Process.Pid, done: make(chan struct{})}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		// Not unlocked: the thread ends with the goroutine, after the
-		// child has exited.
-		runtime.LockOSThread()
-		err := cmd.Start()
-		if childOut != nil {
-			childOut.Close() // the child has its own copy
-		}
-		if err != nil {
-			if stdout != nil {
-				stdout.Close()
-			}
-			started <- err
-			logf.Close()
-			return
-		}
-		l.pid = cmd.Process.Pid
-		started <- nil
-		err = cmd.Wait()
+		<-child.Done()
 		logf.Close()
-		l.err = err
+		l.err = child.Err()
 		p.exited(l) // recorded before anyone waiting sees the exit
 		close(l.done)
 	}()
-	if err := <-started; err != nil {
-		return fmt.Errorf("chaos: start %s: %w", p.name, err)
-	}
 	p.mu.Lock()
 	p.life, p.planned, p.paused = l, false, false
 	p.mu.Unlock()

@@ -2,12 +2,7 @@
 
 package chaos
 
-import (
-	"errors"
-	"syscall"
-)
-
-func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+import "errors"
 
 // supported reports whether the soak runs here: it finds the process of
 // each connection through /proc, which only Linux has.

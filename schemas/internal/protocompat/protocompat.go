@@ -49,21 +49,9 @@ func Check(released, current *protoregistry.Files) []Problem {
 	}
 	released.RangeFiles(func(f protoreflect.FileDescriptor) bool {
 		walk(f.Messages(), f.Enums(), func(m protoreflect.MessageDescriptor) {
-			d, err := current.FindDescriptorByName(m.FullName())
-			cm, ok := d.(protoreflect.MessageDescriptor)
-			if err != nil || !ok {
-				report(m.FullName(), "message removed or renamed")
-				return
-			}
-			checkMessage(m, cm, report)
+			checkCounterpart(current, m, "message", report, checkMessage)
 		}, func(e protoreflect.EnumDescriptor) {
-			d, err := current.FindDescriptorByName(e.FullName())
-			ce, ok := d.(protoreflect.EnumDescriptor)
-			if err != nil || !ok {
-				report(e.FullName(), "enum removed or renamed")
-				return
-			}
-			checkEnum(e, ce, report)
+			checkCounterpart(current, e, "enum", report, checkEnum)
 		})
 		return true
 	})
@@ -71,6 +59,20 @@ func Check(released, current *protoregistry.Files) []Problem {
 		return cmp.Or(cmp.Compare(a.Element, b.Element), cmp.Compare(a.Msg, b.Msg))
 	})
 	return out
+}
+
+// checkCounterpart checks old against the descriptor of its name in
+// current with check; none, or one of another kind, is reported as old
+// (a what: "message" or "enum") removed or renamed.
+func checkCounterpart[D protoreflect.Descriptor](current *protoregistry.Files, old D, what string,
+	report reportFunc, check func(old, cur D, report reportFunc)) {
+	d, err := current.FindDescriptorByName(old.FullName())
+	cur, ok := d.(D)
+	if err != nil || !ok {
+		report(old.FullName(), what+" removed or renamed")
+		return
+	}
+	check(old, cur, report)
 }
 
 // walk calls onMsg for every message (nested ones included, map entries too)
@@ -90,91 +92,92 @@ func walk(msgs protoreflect.MessageDescriptors, enums protoreflect.EnumDescripto
 type reportFunc func(el protoreflect.FullName, format string, args ...any)
 
 func checkMessage(old, cur protoreflect.MessageDescriptor, report reportFunc) {
+	type fields = numbering[protoreflect.FieldNumber, protoreflect.FieldDescriptor]
 	el := old.FullName()
-	oldFields, curFields := old.Fields(), cur.Fields()
-	for i := range oldFields.Len() {
-		f := oldFields.Get(i)
-		cf := curFields.ByNumber(f.Number())
-		if cf == nil {
-			numRes := cur.ReservedRanges().Has(f.Number())
-			nameRes := cur.ReservedNames().Has(f.Name())
+	checkNumbering(el, "field", "%q",
+		fields{old.Fields(), fieldRanges(old.ReservedRanges()), old.ReservedNames()},
+		fields{cur.Fields(), fieldRanges(cur.ReservedRanges()), cur.ReservedNames()},
+		report, func(f, cf protoreflect.FieldDescriptor) {
+			if a, b := fieldType(f), fieldType(cf); a != b {
+				report(el, "field %d %q retyped from %s to %s", f.Number(), f.Name(), a, b)
+			}
+			if f.Cardinality() != cf.Cardinality() {
+				report(el, "field %d %q cardinality changed from %s to %s", f.Number(), f.Name(), f.Cardinality(), cf.Cardinality())
+			}
+			if a, b := oneofName(f), oneofName(cf); a != b {
+				report(el, "field %d %q moved from oneof %q to oneof %q", f.Number(), f.Name(), a, b)
+			}
+		})
+}
+
+func checkEnum(old, cur protoreflect.EnumDescriptor, report reportFunc) {
+	type values = numbering[protoreflect.EnumNumber, protoreflect.EnumValueDescriptor]
+	checkNumbering(old.FullName(), "value", "%s",
+		values{old.Values(), enumRanges(old.ReservedRanges()), old.ReservedNames()},
+		values{cur.Values(), enumRanges(cur.ReservedRanges()), cur.ReservedNames()},
+		report, func(protoreflect.EnumValueDescriptor, protoreflect.EnumValueDescriptor) {})
+}
+
+// numbered is a message's field or an enum's value.
+type numbered[N ~int32] interface {
+	Number() N
+	Name() protoreflect.Name
+}
+
+// numbering is a message's fields or an enum's values, with the numbers
+// (ranges) and names it reserves.
+type numbering[N ~int32, D numbered[N]] struct {
+	list interface {
+		Len() int
+		Get(i int) D
+		ByNumber(n N) D
+		ByName(s protoreflect.Name) D
+	}
+	ranges []span
+	names  protoreflect.Names
+}
+
+// checkNumbering reports the changes of numbers and names from old to cur,
+// naming a member what ("field" or "value") and formatting its name with
+// nameVerb, and calls same with each old member and the member of cur
+// with its number.
+func checkNumbering[N ~int32, D numbered[N]](el protoreflect.FullName, what, nameVerb string,
+	old, cur numbering[N, D], report reportFunc, same func(o, c D)) {
+	name := func(d D) string { return fmt.Sprintf(nameVerb, d.Name()) }
+	for i := range old.list.Len() {
+		o := old.list.Get(i)
+		c := cur.list.ByNumber(o.Number())
+		if any(c) == nil {
+			n := int64(o.Number())
+			numRes, nameRes := covered(cur.ranges, n, n), cur.names.Has(o.Name())
 			switch {
 			case numRes && nameRes:
 				// Removed the right way.
 			case numRes:
-				report(el, "field %d %q removed: its number is reserved but not its name", f.Number(), f.Name())
+				report(el, "%s %d %s removed: its number is reserved but not its name", what, n, name(o))
 			case nameRes:
-				report(el, "field %d %q removed: its name is reserved but not its number", f.Number(), f.Name())
+				report(el, "%s %d %s removed: its name is reserved but not its number", what, n, name(o))
 			default:
-				report(el, "field %d %q removed without reserving its number and name", f.Number(), f.Name())
+				report(el, "%s %d %s removed without reserving its number and name", what, n, name(o))
 			}
-			if moved := curFields.ByName(f.Name()); moved != nil {
-				report(el, "field %q renumbered from %d to %d", f.Name(), f.Number(), moved.Number())
+			if moved := cur.list.ByName(o.Name()); any(moved) != nil {
+				report(el, "%s %s renumbered from %d to %d", what, name(o), n, moved.Number())
 			}
 			continue
 		}
-		if cf.Name() != f.Name() {
-			report(el, "field %d renamed from %q to %q", f.Number(), f.Name(), cf.Name())
+		if c.Name() != o.Name() {
+			report(el, "%s %d renamed from %s to %s", what, o.Number(), name(o), name(c))
 		}
-		if a, b := fieldType(f), fieldType(cf); a != b {
-			report(el, "field %d %q retyped from %s to %s", f.Number(), f.Name(), a, b)
-		}
-		if f.Cardinality() != cf.Cardinality() {
-			report(el, "field %d %q cardinality changed from %s to %s", f.Number(), f.Name(), f.Cardinality(), cf.Cardinality())
-		}
-		if a, b := oneofName(f), oneofName(cf); a != b {
-			report(el, "field %d %q moved from oneof %q to oneof %q", f.Number(), f.Name(), a, b)
-		}
+		same(o, c)
 	}
-	checkReserved(el, "field", fieldRanges(old.ReservedRanges()), fieldRanges(cur.ReservedRanges()),
-		old.ReservedNames(), cur.ReservedNames(), report)
-	for i := range curFields.Len() {
-		cf := curFields.Get(i)
-		if n := int64(cf.Number()); covered(fieldRanges(old.ReservedRanges()), n, n) {
-			report(el, "field %d %q reuses a reserved number", cf.Number(), cf.Name())
+	checkReserved(el, what, old.ranges, cur.ranges, old.names, cur.names, report)
+	for i := range cur.list.Len() {
+		c := cur.list.Get(i)
+		if n := int64(c.Number()); covered(old.ranges, n, n) {
+			report(el, "%s %d %s reuses a reserved number", what, n, name(c))
 		}
-		if old.ReservedNames().Has(cf.Name()) {
-			report(el, "field %d %q reuses a reserved name", cf.Number(), cf.Name())
-		}
-	}
-}
-
-func checkEnum(old, cur protoreflect.EnumDescriptor, report reportFunc) {
-	el := old.FullName()
-	oldValues, curValues := old.Values(), cur.Values()
-	for i := range oldValues.Len() {
-		v := oldValues.Get(i)
-		cv := curValues.ByNumber(v.Number())
-		if cv == nil {
-			numRes := cur.ReservedRanges().Has(v.Number())
-			nameRes := cur.ReservedNames().Has(v.Name())
-			switch {
-			case numRes && nameRes:
-			case numRes:
-				report(el, "value %d %s removed: its number is reserved but not its name", v.Number(), v.Name())
-			case nameRes:
-				report(el, "value %d %s removed: its name is reserved but not its number", v.Number(), v.Name())
-			default:
-				report(el, "value %d %s removed without reserving its number and name", v.Number(), v.Name())
-			}
-			if moved := curValues.ByName(v.Name()); moved != nil {
-				report(el, "value %s renumbered from %d to %d", v.Name(), v.Number(), moved.Number())
-			}
-			continue
-		}
-		if cv.Name() != v.Name() {
-			report(el, "value %d renamed from %s to %s", v.Number(), v.Name(), cv.Name())
-		}
-	}
-	checkReserved(el, "value", enumRanges(old.ReservedRanges()), enumRanges(cur.ReservedRanges()),
-		old.ReservedNames(), cur.ReservedNames(), report)
-	for i := range curValues.Len() {
-		cv := curValues.Get(i)
-		if n := int64(cv.Number()); covered(enumRanges(old.ReservedRanges()), n, n) {
-			report(el, "value %d %s reuses a reserved number", cv.Number(), cv.Name())
-		}
-		if old.ReservedNames().Has(cv.Name()) {
-			report(el, "value %d %s reuses a reserved name", cv.Number(), cv.Name())
+		if old.names.Has(c.Name()) {
+			report(el, "%s %d %s reuses a reserved name", what, c.Number(), name(c))
 		}
 	}
 }

@@ -20,6 +20,7 @@ package checker
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -258,7 +259,7 @@ func (c *run) limits(strict, fast *Verdict) {
 		if total > len(vs) {
 			v.Violations += total - len(vs)
 		}
-		for _, gw := range sortedKeys(ct.closed) {
+		for _, gw := range slices.Sorted(maps.Keys(ct.closed)) {
 			lm := c.model(ct, true, gw)
 			vs, total := lm.check(ct.closed[gw], 2)
 			for _, x := range vs {
@@ -274,15 +275,6 @@ func (c *run) limits(strict, fast *Verdict) {
 	for _, v := range []*Verdict{strict, fast} {
 		v.note("%d admissions in all; %d degraded admissions of on_failure: open rules excused in the schedule's fail-open windows, %d outside them (Redis past its deadline without a fault: see invariant 4)", admitted, excused, outside)
 	}
-}
-
-func sortedKeys[V any](m map[int]V) []int {
-	out := make([]int, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // model builds what counter ct is held to: its rule's versions over time

@@ -333,31 +333,15 @@ func Write(w io.Writer, h *History) error {
 		}
 		return nil
 	}
-	var errs []error
-	errs = append(errs, put(line{Meta: &h.Meta}), put(line{Counts: &h.Counts}))
-	for i := range h.Rules {
-		errs = append(errs, put(line{Rule: &h.Rules[i]}))
-	}
-	for i := range h.Keys {
-		errs = append(errs, put(line{Key: &h.Keys[i]}))
-	}
-	for i := range h.Faults {
-		errs = append(errs, put(line{Fault: &h.Faults[i]}))
-	}
-	for i := range h.Ops {
-		errs = append(errs, put(line{Op: &h.Ops[i]}))
-	}
-	for i := range h.Procs {
-		errs = append(errs, put(line{Proc: &h.Procs[i]}))
-	}
-	for i := range h.Usage {
-		errs = append(errs, put(line{Usage: &h.Usage[i]}))
-	}
-	for i := range h.Probes {
-		errs = append(errs, put(line{Probe: &h.Probes[i]}))
-	}
-	for i := range h.Stalls {
-		errs = append(errs, put(line{Stall: &h.Stalls[i]}))
+	errs := []error{put(line{Meta: &h.Meta}), put(line{Counts: &h.Counts}),
+		putEach(h.Rules, put, func(r *Rule) line { return line{Rule: r} }),
+		putEach(h.Keys, put, func(k *Key) line { return line{Key: k} }),
+		putEach(h.Faults, put, func(f *Fault) line { return line{Fault: f} }),
+		putEach(h.Ops, put, func(o *Op) line { return line{Op: o} }),
+		putEach(h.Procs, put, func(p *Proc) line { return line{Proc: p} }),
+		putEach(h.Usage, put, func(u *Usage) line { return line{Usage: u} }),
+		putEach(h.Probes, put, func(p *Probe) line { return line{Probe: p} }),
+		putEach(h.Stalls, put, func(s *Stall) line { return line{Stall: s} }),
 	}
 	for i := range h.Answers {
 		if err := put(line{Answer: &h.Answers[i]}); err != nil {
@@ -371,6 +355,15 @@ func Write(w io.Writer, h *History) error {
 		return fmt.Errorf("history: write: %w", err)
 	}
 	return nil
+}
+
+// putEach puts a line of each of xs, made by wrap; the errors joined.
+func putEach[T any](xs []T, put func(line) error, wrap func(*T) line) error {
+	var errs []error
+	for i := range xs {
+		errs = append(errs, put(wrap(&xs[i])))
+	}
+	return errors.Join(errs...)
 }
 
 // Read reads a history written by Write. A line that is not a record is
