@@ -1,6 +1,7 @@
 package aggregator_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -166,6 +167,45 @@ func (g *gateway) send(t testing.TB, ev *tollgatev1.DecisionEvent) {
 	g.mu.Unlock()
 	if err != nil {
 		t.Error(err)
+	}
+}
+
+// sendBulk sends n events, made by ev, numbered as send numbers them,
+// waiting once for all of them rather than once per event. They are not
+// kept for replay: it is for figures that need many events.
+func (g *gateway) sendBulk(t testing.TB, n int, ev func(i int) *tollgatev1.DecisionEvent) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var (
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		firstErr error
+	)
+	for i := range n {
+		e := ev(i)
+		p := partitionOf(e.Tenant)
+		g.seq[p]++
+		e.GatewayId, e.Epoch, e.Partition, e.Seq = g.id, g.epoch, p, g.seq[p]
+		v, err := proto.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		// One client, one partition each: franz-go keeps each partition's
+		// records in the order produced, as a gateway's producer does.
+		g.cl.Produce(context.Background(), &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(e.Tenant), Value: v},
+			func(_ *kgo.Record, err error) {
+				defer wg.Done()
+				if err != nil {
+					errMu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					errMu.Unlock()
+				}
+			})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		t.Fatal(firstErr)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -455,62 +456,99 @@ func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
 	return nc
 }
 
-var regionsFigures = flag.Bool("regions.figures", false, "run TestRegionsMessageFigures: cross-region messages per second with hot and cold counters (about 40 s)")
+var (
+	regionsFigures = flag.Bool("regions.figures", false, "run TestRegionsMessageFigures: cross-region messages per second with hot and cold counters (about 40 s)")
+	regionsCold    = flag.String("regions.cold", "2000", "TestRegionsMessageFigures: the numbers of cold counters to measure at, comma-separated, ascending (e.g. 1000,1000000)")
+)
 
 // TestRegionsMessageFigures measures the messages the regions protocol
 // sends per second, over two regions, with 0, 1 and 10 hot counters (far
-// above their share in one region) and 2,000 cold ones (a decision each,
-// in both regions). Behind -regions.figures.
+// above their share in one region) beside each number of cold ones of
+// -regions.cold (a decision each, in both regions, made before the hot
+// counters are measured). Behind -regions.figures.
 func TestRegionsMessageFigures(t *testing.T) {
 	if !*regionsFigures {
 		t.Skip("figures: run with -regions.figures")
 	}
+	var colds []int
+	for _, f := range strings.Split(*regionsCold, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || len(colds) > 0 && n < colds[len(colds)-1] {
+			t.Fatalf("-regions.cold %q: want ascending whole numbers", *regionsCold)
+		}
+		colds = append(colds, n)
+	}
 	f := startRegionFleet(t, "eu", "us")
-	eu, us := f.regions[0], f.regions[1]
-	sent := func() float64 {
+	sum := func(in *instance, name, label, value string) float64 {
+		mfs, err := in.srv.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
 		var n float64
-		for _, r := range f.regions {
-			mfs, err := r.agg.srv.Registry().Gather()
-			if err != nil {
-				t.Fatal(err)
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
 			}
-			for _, mf := range mfs {
-				if mf.GetName() != "tollgate_aggregator_region_messages_total" {
-					continue
-				}
-				for _, m := range mf.GetMetric() {
-					for _, l := range m.GetLabel() {
-						if l.GetName() == "direction" && l.GetValue() == "sent" {
-							n += m.GetCounter().GetValue()
-						}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == label && l.GetValue() == value {
+						n += m.GetCounter().GetValue()
 					}
 				}
 			}
 		}
 		return n
 	}
-	// Cold counters: a decision each, in both regions.
-	for i := range 2000 {
-		keyDemand(t, eu, fmt.Sprintf("kid-cold-%d", i), 1, true)
-		keyDemand(t, us, fmt.Sprintf("kid-cold-%d", i), 1, true)
+	sent := func() float64 {
+		var n float64
+		for _, r := range f.regions {
+			n += sum(r.agg, "tollgate_aggregator_region_messages_total", "direction", "sent")
+		}
+		return n
 	}
 	const periods = 20
-	for _, hot := range []int{0, 1, 10} {
-		n0, t0 := sent(), time.Now()
-		end := t0.Add(periods * regionsPeriod)
-		testwait.Eventually(t, 2*periods*regionsPeriod, func() error {
-			for i := range hot {
-				keyDemand(t, us, fmt.Sprintf("kid-hot-%d", i), 2, false)
-			}
-			if time.Now().Before(end) {
-				return fmt.Errorf("measuring")
-			}
-			return nil
-		})
-		el := time.Since(t0)
-		rate := (sent() - n0) / el.Seconds()
-		t.Logf("FIGURE regions messages: %d hot counters, 2000 cold: %.1f messages/s over both regions (%.1f per period), over %v",
-			hot, rate, rate*regionsPeriod.Seconds(), el.Round(time.Millisecond))
+	loaded := 0
+	for _, cold := range colds {
+		// Cold counters: a decision each, in both regions, applied by
+		// both aggregators before the hot ones are measured.
+		start := time.Now()
+		var sending time.Duration
+		for _, r := range f.regions {
+			before := sum(r.agg, "tollgate_aggregator_events_total", "result", "applied")
+			t0 := time.Now()
+			r.gw.sendBulk(t, cold-loaded, func(i int) *tollgatev1.DecisionEvent {
+				return &tollgatev1.DecisionEvent{TimeUnixMicros: time.Now().UnixMicro(), Kind: tollgatev1.DecisionEvent_KIND_DECISION,
+					KeyId: fmt.Sprintf("kid-cold-%d", loaded+i), KeyPrefix: "sk_…", Tenant: regionsTenant, Endpoint: "/v1/x", Method: "GET",
+					RuleId: "g", Algorithm: "token_bucket", Allowed: true}
+			})
+			sending += time.Since(t0)
+			testwait.Eventually(t, 10*time.Minute, func() error {
+				if got := sum(r.agg, "tollgate_aggregator_events_total", "result", "applied"); got < before+float64(cold-loaded) {
+					return fmt.Errorf("%v of %d cold decisions applied", got-before, cold-loaded)
+				}
+				return nil
+			})
+		}
+		t.Logf("%d cold counters in both regions (%d new: sent in %v, sent and applied in %v)", cold, cold-loaded,
+			sending.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		loaded = cold
+		for _, hot := range []int{0, 1, 10} {
+			n0, t0 := sent(), time.Now()
+			end := t0.Add(periods * regionsPeriod)
+			testwait.Eventually(t, 2*periods*regionsPeriod, func() error {
+				for i := range hot {
+					keyDemand(t, f.regions[1], fmt.Sprintf("kid-hot-%d", i), 2, false)
+				}
+				if time.Now().Before(end) {
+					return fmt.Errorf("measuring")
+				}
+				return nil
+			})
+			el := time.Since(t0)
+			rate := (sent() - n0) / el.Seconds()
+			t.Logf("FIGURE regions messages: %d hot counters, %d cold: %.1f messages/s over both regions (%.1f per period), over %v",
+				hot, cold, rate, rate*regionsPeriod.Seconds(), el.Round(time.Millisecond))
+		}
 	}
 }
 
