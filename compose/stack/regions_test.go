@@ -206,9 +206,23 @@ func TestRegions(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s with its link cut: %d %s", reg.Name, resp.StatusCode, body)
 		}
-		resp, body = get(t, "http://"+reg.Addrs.Proxy+"/v1/users/42", stack.GlobalDemoKey)
-		if resp.StatusCode != 429 {
-			t.Fatalf("%s with its link cut: the spent global key got %d %s, want 429 (its share spent)", reg.Name, resp.StatusCode, body)
+		// The global key is still limited there: its share of this
+		// minute's window (a new window may have begun since the rotating
+		// client spent the last one, and a loan may have moved a unit)
+		// runs out within the whole limit.
+		limited := false
+		for i := 0; i < 11 && !limited; i++ {
+			resp, body = get(t, "http://"+reg.Addrs.Proxy+"/v1/users/42", stack.GlobalDemoKey)
+			switch resp.StatusCode {
+			case 429:
+				limited = true
+			case 200:
+			default:
+				t.Fatalf("%s with its link cut, the global key: %d %s", reg.Name, resp.StatusCode, body)
+			}
+		}
+		if !limited {
+			t.Fatalf("%s with its link cut admitted the global key 11 times in a row: more than the whole limit of 10", reg.Name)
 		}
 	}
 
