@@ -158,7 +158,6 @@ func TestUrgentReportDuplicateOrdersNothing(t *testing.T) {
 // rate so far, not at the few units the period's part has counted (an
 // urgent plan early in a period would otherwise take them).
 func TestGiverKeepsWhatNewDemandNeeds(t *testing.T) {
-	ctx := context.Background()
 	lim := Limit{Kind: FixedWindow, Units: 100, Window: sec}
 	start := int64(1_763_000_000) * sec
 	regs, ledgers, coord, q := urgentFleet(t, start)
@@ -171,18 +170,7 @@ func TestGiverKeepsWhatNewDemandNeeds(t *testing.T) {
 		}
 		r2.Observe("c", lim, 1, a.Allowed)
 	}
-	now := start + 250_000
-	o := &Order{Epoch: coord.Epoch(), Loan: Loan{ID: LoanID{Epoch: coord.Epoch(), Seq: 99}, Counter: "c", Limit: lim,
-		From: "r2", To: "r1", Units: 40, First: now / sec, Last: now / sec}}
-	if err := r2.Handle(ctx, o, now); err != nil {
-		t.Fatal(err)
-	}
-	var given int64 = -1
-	for _, m := range q.msgs {
-		if g, ok := m.m.(*GiveResult); ok {
-			given = g.Loan.Units
-		}
-	}
+	given := orderGive(t, r2, q, coord.Epoch(), lim, start+250_000)
 	// Its share 50, 10 used, and the rest of the window at 40 per second
 	// is 30 more: at most 10 to give.
 	if given < 0 || given > 10 {
@@ -334,9 +322,23 @@ func TestGiverKeepsWhatDemandJustBegunNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	q.msgs = nil
-	o := &Order{Epoch: coord.Epoch(), Loan: Loan{ID: LoanID{Epoch: coord.Epoch(), Seq: 99}, Counter: "c", Limit: lim,
+	given := orderGive(t, r2, q, coord.Epoch(), lim, now)
+	// Its share 50, 10 used; the rest of the window at 100 per second is
+	// 25 more (the rate floored at a quarter period's: 40 per quarter
+	// second, 50 over the window with the headroom, 12 of them in the
+	// 250 ms left): at most 28 to give, where the period's rate gave 36.
+	if given < 0 || given > 28 {
+		t.Fatalf("r2 gave %d units of the current window, want 0 to 28", given)
+	}
+}
+
+// orderGive orders r2 to lend r1 40 units of counter c's current window
+// at now, and returns the units r2's give result names (-1: none).
+func orderGive(t *testing.T, r2 *Region, q *queue, e Epoch, lim Limit, now int64) int64 {
+	t.Helper()
+	o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: 99}, Counter: "c", Limit: lim,
 		From: "r2", To: "r1", Units: 40, First: now / sec, Last: now / sec}}
-	if err := r2.Handle(ctx, o, now); err != nil {
+	if err := r2.Handle(context.Background(), o, now); err != nil {
 		t.Fatal(err)
 	}
 	var given int64 = -1
@@ -345,11 +347,5 @@ func TestGiverKeepsWhatDemandJustBegunNeeds(t *testing.T) {
 			given = g.Loan.Units
 		}
 	}
-	// Its share 50, 10 used; the rest of the window at 100 per second is
-	// 25 more (the rate floored at a quarter period's: 40 per quarter
-	// second, 50 over the window with the headroom, 12 of them in the
-	// 250 ms left): at most 28 to give, where the period's rate gave 36.
-	if given < 0 || given > 28 {
-		t.Fatalf("r2 gave %d units of the current window, want 0 to 28", given)
-	}
+	return given
 }
