@@ -78,8 +78,16 @@ type Metrics struct {
 	rlsCounters   [len(rlsDecisions)]atomic.Pointer[prometheus.Counter]
 }
 
-// rlsDecisions are the decision label values of tollgate_rls_calls_total.
-var rlsDecisions = [...]string{DecisionAllowed, DecisionRejected, DecisionInvalid, DecisionError}
+// rlsDecisions are the decision label values of tollgate_rls_calls_total,
+// by the indexes below.
+var rlsDecisions = [...]string{rlsAllowed: DecisionAllowed, rlsRejected: DecisionRejected, rlsInvalid: DecisionInvalid, rlsError: DecisionError}
+
+const (
+	rlsAllowed = iota
+	rlsRejected
+	rlsInvalid
+	rlsError
+)
 
 // checkLabels are the label values of a tollgate_checks_total series.
 type checkLabels struct{ decision, reason, rule, route string }
@@ -223,14 +231,14 @@ func (m *Metrics) Decision(d *guard.Decision, err error, took time.Duration) {
 // RLSCall records one Envoy rate-limit call: over says the answer was
 // OVER_LIMIT; code is the gRPC status code of the call.
 func (m *Metrics) RLSCall(over bool, code codes.Code) {
-	i := 0 // DecisionAllowed
+	i := rlsAllowed
 	switch {
 	case code == codes.InvalidArgument:
-		i = 2
+		i = rlsInvalid
 	case code != codes.OK:
-		i = 3
+		i = rlsError
 	case over:
-		i = 1
+		i = rlsRejected
 	}
 	// Created when first used, as the vector's series are.
 	c := m.rlsCounters[i].Load()
