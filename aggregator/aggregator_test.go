@@ -149,17 +149,13 @@ func (g *gateway) emitCounted(t testing.TB, want map[string]*counts, tenant, key
 // send numbers ev as the gateway's next event of its tenant's partition
 // and produces it. Safe for concurrent use.
 func (g *gateway) send(t testing.TB, ev *tollgatev1.DecisionEvent) {
-	p := partitionOf(ev.Tenant)
 	g.mu.Lock()
-	g.seq[p]++
-	ev.GatewayId, ev.Epoch, ev.Partition, ev.Seq = g.id, g.epoch, p, g.seq[p]
-	v, err := proto.Marshal(ev)
+	r, err := g.record(ev)
 	if err != nil {
 		g.mu.Unlock()
 		t.Error(err)
 		return
 	}
-	r := &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(ev.Tenant), Value: v}
 	g.sent = append(g.sent, r)
 	// Produced under the lock, so each partition's sequence reaches Kafka
 	// in order, as a gateway's producer guarantees.
@@ -168,6 +164,19 @@ func (g *gateway) send(t testing.TB, ev *tollgatev1.DecisionEvent) {
 	if err != nil {
 		t.Error(err)
 	}
+}
+
+// record numbers ev as the gateway's next event of its tenant's partition
+// and encodes it as its record; g.mu is held.
+func (g *gateway) record(ev *tollgatev1.DecisionEvent) (*kgo.Record, error) {
+	p := partitionOf(ev.Tenant)
+	g.seq[p]++
+	ev.GatewayId, ev.Epoch, ev.Partition, ev.Seq = g.id, g.epoch, p, g.seq[p]
+	v, err := proto.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+	return &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(ev.Tenant), Value: v}, nil
 }
 
 // sendBulk sends n events, made by ev, numbered as send numbers them,
@@ -182,18 +191,14 @@ func (g *gateway) sendBulk(t testing.TB, n int, ev func(i int) *tollgatev1.Decis
 		firstErr error
 	)
 	for i := range n {
-		e := ev(i)
-		p := partitionOf(e.Tenant)
-		g.seq[p]++
-		e.GatewayId, e.Epoch, e.Partition, e.Seq = g.id, g.epoch, p, g.seq[p]
-		v, err := proto.Marshal(e)
+		r, err := g.record(ev(i))
 		if err != nil {
 			t.Fatal(err)
 		}
 		wg.Add(1)
 		// One client, one partition each: franz-go keeps each partition's
 		// records in the order produced, as a gateway's producer does.
-		g.cl.Produce(context.Background(), &kgo.Record{Topic: tollgatev1.TopicDecisions, Partition: p, Key: []byte(e.Tenant), Value: v},
+		g.cl.Produce(context.Background(), r,
 			func(_ *kgo.Record, err error) {
 				defer wg.Done()
 				if err != nil {
