@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
+	"github.com/tollgate/tollgate/internal/rawconn"
 )
 
 // The lean call path (standalone and Sentinel; Cluster keeps go-redis):
@@ -107,6 +108,10 @@ func (w *wire) connect(deadline time.Time) (*conn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
+	// Raw reads and writes (TCP only): a batch through the runtime's usual
+	// system-call entry woke its monitor thread on an otherwise idle
+	// gateway, and that cost more CPU than the batch itself.
+	nc = rawconn.Wrap(nc)
 	cn := &conn{nc: nc, rd: replyReader{r: bufio.NewReaderSize(nc, 16<<10)}, w: make([]byte, 0, 16<<10), born: time.Now()}
 	if w.pass == "" && w.db == 0 {
 		return cn, nil

@@ -21,6 +21,8 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+
+	"github.com/tollgate/tollgate/internal/rawconn"
 )
 
 const (
@@ -70,7 +72,7 @@ type stream struct {
 type conn struct {
 	s        *Server
 	raw      net.Conn // as accepted: closing it ends any read or write
-	nc       net.Conn // raw (its reads and writes by rawIO), or its TLS
+	nc       net.Conn // raw (its reads and writes by rawconn.Wrap), or its TLS
 	br       *bufio.Reader
 	fr       *http2.Framer
 	ctx      context.Context // cancelled when the connection ends
@@ -107,7 +109,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancel(s.ctx)
 	c := &conn{
-		s: s, raw: nc, nc: rawIO(nc), ctx: ctx, cancel: cancel, recv: connWindow,
+		s: s, raw: nc, nc: rawconn.Wrap(nc), ctx: ctx, cancel: cancel, recv: connWindow,
 		streams: map[uint32]*stream{}, send: 65535, initWindow: 65535, maxFrame: 16384,
 	}
 	lctx := context.WithValue(ctx, localKey{}, true)

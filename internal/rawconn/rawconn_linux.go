@@ -1,4 +1,19 @@
-package h2grpc
+// Package rawconn reads and writes TCP connections with raw system calls
+// on their non-blocking sockets, still waiting through Go's network poller
+// when a socket has nothing to read or no room to write.
+//
+// Why: a read or write made through the runtime's usual system-call entry
+// marks its thread as in a system call, and the first such call after the
+// runtime's monitor thread (sysmon) went to deep sleep wakes it and sets it
+// polling every 20 µs for at least a millisecond. A server idle between
+// calls — the gateway at moderate load — paid that wake-up and its
+// context switches after nearly every call: about a tenth of a decision's
+// CPU on the RLS connection, and for the Redis connection tens of
+// microseconds per call. A raw call costs the system call alone.
+//
+// Reads and writes never block a thread: a raw call on a non-blocking
+// socket returns EAGAIN at once, and the wait goes through the poller.
+package rawconn
 
 import (
 	"io"
@@ -8,14 +23,11 @@ import (
 	"unsafe"
 )
 
-// rawIO returns nc, a TCP connection, reading and writing with raw system
-// calls on its non-blocking socket, still through the network poller when
-// it must wait: a read or write then costs the system call alone. Made
-// through the runtime's syscall entry, every one of them would, on a
-// server idle between calls, also wake the runtime's monitor thread with
-// a futex, which at moderate load cost about a tenth of a call's CPU.
-// Other connections are returned as they are.
-func rawIO(nc net.Conn) net.Conn {
+// Wrap returns nc, a TCP connection, reading and writing with raw system
+// calls on its non-blocking socket; deadlines, Close, CloseWrite and the
+// rest behave as nc's. Other connections (TLS, Unix sockets) are returned
+// as they are.
+func Wrap(nc net.Conn) net.Conn {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		return nc
@@ -30,9 +42,10 @@ func rawIO(nc net.Conn) net.Conn {
 }
 
 // rawConn is a TCP connection read and written with raw system calls.
-// Reads are made one at a time, and so are writes (by the connection's
-// reading goroutine, and under its write lock or TLS's): each side keeps
-// its call's buffer and result here, for its callback bound once.
+// Like a net.Conn's, its reads must not run concurrently with each other,
+// nor its writes with each other (a reader and a writer may run at
+// once): each side keeps its call's buffer and result here, for its
+// callback bound once, so that a call allocates nothing.
 type rawConn struct {
 	*net.TCPConn
 	rc syscall.RawConn

@@ -1,4 +1,4 @@
-package h2grpc
+package rawconn
 
 import (
 	"bytes"
@@ -39,9 +39,9 @@ func TestRawIO(t *testing.T) {
 	if !ok {
 		t.Fatal("accept failed")
 	}
-	c := rawIO(nc)
+	c := Wrap(nc)
 	if _, ok := c.(*rawConn); !ok {
-		t.Fatalf("rawIO(%T) = %T, want *rawConn", nc, c)
+		t.Fatalf("Wrap(%T) = %T, want *rawConn", nc, c)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
