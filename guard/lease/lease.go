@@ -106,15 +106,23 @@ type Store struct {
 
 	tab   table
 	epoch atomic.Uint64
-	// leased is set when a lease is installed and cleared by the sweep
-	// that finds none left: an idle store's sweep scans nothing (a process
-	// holding many guards, or a gateway between bursts, pays no scan of
-	// its whole table four times a second).
-	leased atomic.Bool
-	scans  atomic.Int64 // the sweep's scans of the table, for the tests
+	scans atomic.Int64 // the sweep's scans of the whole table, for the tests
 
 	mu      sync.Mutex
 	pending []guard.Counter // units to give back that a failed call could not
+	// due lists the counters given a lease by the sweep tick (a multiple
+	// of interval, in µs of the clock) from which that lease has ended,
+	// so that a sweep visits the leases that ended since the last one
+	// instead of scanning the whole table: an idle store pays nothing,
+	// and a gateway holding 10 000 leases no longer reads each of them
+	// four times a second (a tenth of a decision's CPU at 7,000/s was
+	// that scan). A counter renewed sits in several lists; the sweep
+	// closes only the lease it finds ended.
+	due map[int64][]*entry
+	// swept is the epoch of the last sweep: a sweep that finds the epoch
+	// moved (new rules, Invalidate) scans the whole table once, leases
+	// of older epochs having ended before their time.
+	swept uint64
 
 	quit   chan struct{}
 	wg     sync.WaitGroup
@@ -731,9 +739,7 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 	}
 	l.units.Store(r.Leased)
 	old := e.lease.Swap(l)
-	if !s.leased.Load() {
-		s.leased.Store(true)
-	}
+	s.schedule(e, until)
 	if old != nil {
 		e.leaseHits.Add(old.hits.Load())
 		if left := old.close(); left > 0 {
@@ -917,6 +923,18 @@ func (s *Store) sweeper() {
 	}
 }
 
+// schedule lists e among the counters whose lease ends at until.
+func (s *Store) schedule(e *entry, until int64) {
+	iv := max(s.interval.Microseconds(), 1)
+	tick := (until + iv - 1) / iv * iv
+	s.mu.Lock()
+	if s.due == nil {
+		s.due = map[int64][]*entry{}
+	}
+	s.due[tick] = append(s.due[tick], e)
+	s.mu.Unlock()
+}
+
 // sweep closes every lease that expired or belongs to an older ruleset
 // (every lease when all is set) and gives back the units they did not
 // use, with the returns that failed before.
@@ -926,31 +944,38 @@ func (s *Store) sweep(all bool) {
 	s.mu.Lock()
 	batch := s.pending
 	s.pending = nil
+	full := all || epoch != s.swept
+	s.swept = epoch
+	var ended [][]*entry
+	for tick, es := range s.due {
+		if tick <= now || all {
+			ended = append(ended, es)
+			delete(s.due, tick)
+		}
+	}
 	s.mu.Unlock()
-	// Cleared before the scan: a lease installed meanwhile sets it again,
-	// so the next sweep scans.
-	if s.leased.Swap(false) || all {
+	end := func(e *entry) {
+		l := e.lease.Load()
+		if l == nil || !all && now < l.until && l.epoch == epoch {
+			return
+		}
+		if !e.lease.CompareAndSwap(l, nil) {
+			return
+		}
+		e.leaseHits.Add(l.hits.Load())
+		if left := l.close(); left > 0 {
+			batch = append(batch, returnOf(e.name, l, left))
+		}
+	}
+	if full {
+		// Leases of older epochs end whenever they were due: find them all.
 		s.scans.Add(1)
-		kept := false
-		s.tab.each(func(e *entry) {
-			l := e.lease.Load()
-			if l == nil {
-				return
+		s.tab.each(end)
+	} else {
+		for _, es := range ended {
+			for _, e := range es {
+				end(e)
 			}
-			if !all && now < l.until && l.epoch == epoch {
-				kept = true
-				return
-			}
-			if !e.lease.CompareAndSwap(l, nil) {
-				return
-			}
-			e.leaseHits.Add(l.hits.Load())
-			if left := l.close(); left > 0 {
-				batch = append(batch, returnOf(e.name, l, left))
-			}
-		})
-		if kept {
-			s.leased.Store(true)
 		}
 	}
 	for len(batch) > 0 {
