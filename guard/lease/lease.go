@@ -287,6 +287,9 @@ type entry struct {
 	negHits   atomic.Int64
 	leaseHits atomic.Int64 // hits of leases replaced
 	misses    atomic.Int64 // calls since the last refill that missed
+	// swept: units used from leases the sweep closed since the last
+	// refill, for want to count with the rest of the counter's rate.
+	swept atomic.Int64
 
 	mu    sync.Mutex
 	since int64 // local µs the current rate period began (mu)
@@ -657,10 +660,10 @@ func (s *Store) decide(ctx context.Context, op guard.Op, cs []guard.Counter, res
 			continue
 		}
 		refill[i] = true
-		used := int64(0)
+		used := e.swept.Swap(0)
 		if l := e.lease.Load(); l != nil {
 			left := l.close()
-			used = l.granted - left
+			used += l.granted - left
 			if left > 0 {
 				c.Token, c.Return = l.token, left
 			}
@@ -755,8 +758,8 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 }
 
 // want sizes the lease asked for with a miss: the counter's rate here
-// (units used from the last lease and calls that missed, over the time
-// since the last refill) times the time the lease will live: its
+// (units used from the last lease — whether the miss or the sweep closed
+// it — and calls that missed, over the time since the last refill) times the time the lease will live: its
 // lifetime, and for a window no more than what is left of the window as
 // the last reply's Redis time tells (units leased for after the window's
 // end would be charged to a window that is over, never used). It is 0 for
@@ -963,7 +966,9 @@ func (s *Store) sweep(all bool) {
 			return
 		}
 		e.leaseHits.Add(l.hits.Load())
-		if left := l.close(); left > 0 {
+		left := l.close()
+		e.swept.Add(l.granted - left)
+		if left > 0 {
 			batch = append(batch, returnOf(e.name, l, left))
 		}
 	}

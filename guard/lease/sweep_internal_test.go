@@ -1,10 +1,14 @@
 package lease
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/memstore"
+	"github.com/tollgate/tollgate/guard/rules"
 )
 
 // TestSweepVisitsOnlyEndedLeases: the sweep never scans the table while
@@ -67,5 +71,67 @@ func TestSweepVisitsOnlyEndedLeases(t *testing.T) {
 	}
 	if got := s.scans.Load(); got != 1 {
 		t.Errorf("%d scans after one change of rules, want 1", got)
+	}
+}
+
+// TestSweptLeaseCountsTowardsTheRate: a counter whose lease the sweep
+// closed at its end gets a new lease at its next miss, sized on what the
+// closed lease served. Counting only the calls that missed, its rate
+// looked like one call per lifetime, no lease was granted, and every
+// lease that ended by time cost the counter two Redis calls instead of
+// one (at 10 000 keys, a third of the calls).
+func TestSweptLeaseCountsTowardsTheRate(t *testing.T) {
+	t.Parallel()
+	rs, err := rules.Load([]byte("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: 1000000000, window: 366d}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now atomic.Int64
+	now.Store(time.Now().UnixMicro())
+	s := New(memstore.New(), WithWindowTTL(time.Minute), WithSweepInterval(time.Hour), WithClock(now.Load))
+	defer s.Close()
+	g, err := guard.New(s, []byte("swept-test-secret-0123456789abcd"), rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d guard.Decision
+	req := guard.Request{Key: "sk_swept", Path: "/"}
+	check := func() {
+		t.Helper()
+		if err := g.CheckInto(context.Background(), &req, &d); err != nil || !d.Allowed {
+			t.Fatalf("check: allowed %v, %v", d.Allowed, err)
+		}
+	}
+	var e *entry
+	for range 100 { // one call a second
+		check()
+		now.Add(time.Second.Microseconds())
+	}
+	s.tab.each(func(x *entry) { e = x })
+	if e == nil || e.lease.Load() == nil {
+		t.Fatal("no lease after 100 calls at one a second")
+	}
+	// The lease ends; the sweep closes it (its tick, an hour here, is
+	// advanced to the lease's end) before the counter's next call.
+	l := e.lease.Load()
+	now.Store(l.until + 1)
+	s.mu.Lock()
+	var ending []*entry
+	for _, es := range s.due {
+		ending = append(ending, es...)
+	}
+	s.due = map[int64][]*entry{now.Load(): ending}
+	s.mu.Unlock()
+	s.sweep(false)
+	if e.lease.Load() != nil {
+		t.Fatal("the sweep did not close the ended lease")
+	}
+	misses := s.Stats().Miss
+	check()
+	if e.lease.Load() == nil {
+		t.Fatal("no lease granted at the first miss after the sweep closed the last one")
+	}
+	if got := s.Stats().Miss - misses; got != 1 {
+		t.Errorf("%d misses, want 1", got)
 	}
 }
