@@ -116,6 +116,69 @@ func TestRunUntilCleanup(t *testing.T) {
 	}
 }
 
+// TestStartStop: Stop ends run's context and hands the test run's error,
+// which the cleanup then does not report again; Cancel only ends the
+// context, Done and Err say when run returned and with what.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		err       error // what run returns once its context ends
+		cancel    bool  // Cancel and wait on Done first
+		stop      bool  // the test calls Stop
+		wantStop  string
+		wantClean string // what the cleanup reports
+	}{
+		{"stop, clean", nil, false, true, "", ""},
+		{"stop, failed", errors.New("boom"), false, true, "srv: Run: boom", ""},
+		{"cancel then stop", errors.New("boom"), true, true, "srv: Run: boom", ""},
+		{"cancel, cleanup reports", errors.New("boom"), true, false, "", "srv: Run: boom"},
+		{"cleanup only", errors.New("boom"), false, false, "", "srv: Run: boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := &cleanupTB{TB: t}
+			r := testnet.Start(tb, "srv", func(ctx context.Context) error {
+				<-ctx.Done()
+				return tt.err
+			})
+			if r.Err() != nil {
+				t.Fatalf("Err %v before run returned", r.Err())
+			}
+			select {
+			case <-r.Done():
+				t.Fatal("run returned before its context ended")
+			default:
+			}
+			if tt.cancel {
+				r.Cancel()
+				<-r.Done()
+				if !errors.Is(r.Err(), tt.err) {
+					t.Fatalf("Err %v, want %v", r.Err(), tt.err)
+				}
+			}
+			if tt.stop {
+				for range 2 {
+					got := ""
+					if err := r.Stop(); err != nil {
+						got = err.Error()
+					}
+					if got != tt.wantStop {
+						t.Fatalf("Stop: %q, want %q", got, tt.wantStop)
+					}
+				}
+			}
+			if len(tb.cleanups) != 1 {
+				t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+			}
+			tb.cleanups[0]()
+			if got := strings.Join(tb.errs, "; "); got != tt.wantClean {
+				t.Fatalf("cleanup reported %q, want %q", got, tt.wantClean)
+			}
+		})
+	}
+}
+
 // TestServe: each connection reaches handle (or is held open with none);
 // the cleanup closes the listener and every connection, so a handle
 // blocked reading returns and a client sees its connection end.
