@@ -256,7 +256,7 @@ func TestGracefulShutdown(t *testing.T) {
 	})
 	select {
 	case <-e.gw.run.Done():
-		t.Fatalf("Run returned %v with a request in flight", e.gw.run.Err())
+		t.Fatalf("Run returned %v with a request in flight", e.gw.run.Wait())
 	default:
 	}
 	close(release)
@@ -266,7 +266,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	select {
 	case <-e.gw.run.Done():
-		if err := e.gw.run.Err(); err != nil {
+		if err := e.gw.run.Wait(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 	case <-time.After(10 * time.Second):

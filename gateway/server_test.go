@@ -288,7 +288,7 @@ func TestServerLifecycle(t *testing.T) {
 	wg.Wait()
 	select {
 	case <-g.run.Done():
-		if err := g.run.Err(); err != nil {
+		if err := g.run.Wait(); err != nil {
 			t.Fatalf("Run after Close: %v", err)
 		}
 	default:

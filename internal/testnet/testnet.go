@@ -128,17 +128,14 @@ func Start(t testing.TB, name string, run func(context.Context) error) *Running 
 // says when it has).
 func (r *Running) Cancel() { r.cancel() }
 
-// Done is closed once run has returned; Err then returns its error.
+// Done is closed once run has returned.
 func (r *Running) Done() <-chan struct{} { return r.done }
 
-// Err returns run's error once Done is closed (nil before).
-func (r *Running) Err() error {
-	select {
-	case <-r.done:
-		return r.err
-	default:
-		return nil
-	}
+// Wait waits for run to return, unbounded (after Done, at once), and
+// returns its error.
+func (r *Running) Wait() error {
+	<-r.done
+	return r.err
 }
 
 // Stop ends run's context, waits for run to return and returns its error

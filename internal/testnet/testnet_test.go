@@ -118,7 +118,7 @@ func TestRunUntilCleanup(t *testing.T) {
 
 // TestStartStop: Stop ends run's context and hands the test run's error,
 // which the cleanup then does not report again; Cancel only ends the
-// context, Done and Err say when run returned and with what.
+// context, Done and Wait say when run returned and with what.
 func TestStartStop(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -142,9 +142,6 @@ func TestStartStop(t *testing.T) {
 				<-ctx.Done()
 				return tt.err
 			})
-			if r.Err() != nil {
-				t.Fatalf("Err %v before run returned", r.Err())
-			}
 			select {
 			case <-r.Done():
 				t.Fatal("run returned before its context ended")
@@ -153,8 +150,8 @@ func TestStartStop(t *testing.T) {
 			if tt.cancel {
 				r.Cancel()
 				<-r.Done()
-				if !errors.Is(r.Err(), tt.err) {
-					t.Fatalf("Err %v, want %v", r.Err(), tt.err)
+				if err := r.Wait(); !errors.Is(err, tt.err) {
+					t.Fatalf("Wait: %v, want %v", err, tt.err)
 				}
 			}
 			if tt.stop {

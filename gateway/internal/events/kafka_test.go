@@ -642,8 +642,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 			t.Fatalf("close: %v", err)
 		}
 	}
-	<-p.run.Done()
-	if err := p.run.Err(); err != nil {
+	if err := p.run.Wait(); err != nil {
 		t.Fatalf("run after close: %v", err)
 	}
 	if err := p.Run(context.Background()); !errors.Is(err, events.ErrClosed) {

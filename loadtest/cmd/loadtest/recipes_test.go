@@ -397,7 +397,7 @@ func startRecipeStack(t *testing.T, env, paths map[string]string) *recipeStack {
 	select {
 	case <-st.Ready():
 	case <-run.Done():
-		t.Fatalf("stack: %v", run.Err())
+		t.Fatalf("stack: %v", run.Wait())
 	case <-time.After(60 * time.Second):
 		t.Fatal("stack not ready within 60s")
 	}
