@@ -1,9 +1,10 @@
 // Package testnet holds what tests need around processes and servers:
-// loopback addresses nothing listens on, a buffer several goroutines
-// (a process's stdout and stderr, a logger) may write to while the test
-// reads it, a server's Run kept going until the test ends or stops it, a
-// listener's connections kept going until the test ends, and, for tests that read the source tree, the module's
-// root directory, generated files held to what generates them and the
+// loopback addresses nothing listens on and listeners held for a test, a
+// buffer several goroutines (a process's stdout and stderr, a logger) may
+// write to while the test reads it, a server's Run kept going until the
+// test ends or stops it, a listener's connections kept going until the
+// test ends, and, for tests that read the source tree, the module's root
+// directory, generated files held to what generates them and the
 // constants a source file declares.
 package testnet
 
@@ -42,6 +43,19 @@ func FreeAddr(t testing.TB) string {
 		t.Fatalf("testnet: release %s: %v", addr, err)
 	}
 	return addr
+}
+
+// Listen returns a listener on a free loopback port, closed when the
+// test ends: for a server the test serves on it, or a port a test needs
+// held (a bind that must fail, a peer that accepts and never answers).
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testnet: listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
 }
 
 // FreePort is FreeAddr's port.

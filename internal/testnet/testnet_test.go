@@ -65,6 +65,31 @@ func TestBufferConcurrentWriters(t *testing.T) {
 	}
 }
 
+// TestListen: the listener is on loopback, holds its port (a second bind
+// fails) and is closed by the test's cleanup (the port binds again).
+func TestListen(t *testing.T) {
+	t.Parallel()
+	tb := &cleanupTB{TB: t}
+	ln := testnet.Listen(tb)
+	addr := ln.Addr().String()
+	if host, _, err := net.SplitHostPort(addr); err != nil || host != "127.0.0.1" {
+		t.Fatalf("address %q (%v): want 127.0.0.1", addr, err)
+	}
+	if again, err := net.Listen("tcp", addr); err == nil {
+		_ = again.Close()
+		t.Fatalf("%s bound twice: Listen does not hold it", addr)
+	}
+	if len(tb.cleanups) != 1 {
+		t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+	}
+	tb.cleanups[0]()
+	again, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("after the cleanup: %v", err)
+	}
+	_ = again.Close()
+}
+
 // cleanupTB records what RunUntilCleanup asks of a test: its cleanups and
 // its failures.
 type cleanupTB struct {
@@ -191,10 +216,7 @@ func TestServe(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			ln := testnet.Listen(t)
 			tb := &cleanupTB{TB: t}
 			testnet.Serve(tb, ln, tt.handle)
 			c, err := net.Dial("tcp", ln.Addr().String())

@@ -725,11 +725,7 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 // to Config.Partitions.
 func TestNewStopsWaitingForKafkaWhenContextEnds(t *testing.T) {
 	t.Parallel()
-	mute, err := net.Listen("tcp", "127.0.0.1:0") // connections complete in the backlog, unanswered
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
+	mute := testnet.Listen(t) // connections complete in the backlog, unanswered
 	cfg := testConfig(t, []string{mute.Addr().String()}, t.TempDir())
 	cfg.MetadataTimeout = 5 * time.Minute
 	ctx, cancel := context.WithCancel(t.Context())

@@ -385,10 +385,7 @@ type proxy struct {
 
 func startProxy(t *testing.T, target string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	p := &proxy{ln: ln, target: target}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
