@@ -88,9 +88,7 @@ func runWith(t testing.TB, cfg aggregator.Config, log *slog.Logger) *instance {
 // stop stops the instance before the test ends; Run must return nil.
 func (in *instance) stop(t testing.TB) {
 	t.Helper()
-	if err := in.run.Stop(); err != nil {
-		t.Error(err)
-	}
+	in.run.StopNow(t)
 }
 
 // gateway emits numbered decision events as a gateway's producer does.

@@ -271,11 +271,7 @@ func TestFleetJourney(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := testnet.Start(t, "second gateway", second.Run)
-	defer func() {
-		if err := run.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	defer run.StopNow(t)
 	proxy2 := "http://" + second.Addrs().Proxy
 	testwait.Eventually(t, 5*time.Second, func() error {
 		resp, body := get(t, "http://"+second.Addrs().Metrics+"/readyz", "")

@@ -619,11 +619,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 				t.Fatal(err)
 			}
 			run := testnet.Start(t, "second aggregator", agg.Run)
-			defer func() {
-				if err := run.Stop(); err != nil {
-					t.Error(err)
-				}
-			}()
+			defer run.StopNow(t)
 			// It joins the consumer group: the partitions rebalance.
 			took := testwait.Eventually(t, 30*time.Second, func() error {
 				if !agg.Ready() || len(agg.Owned()) == 0 {

@@ -160,6 +160,15 @@ func (r *Running) Stop() error {
 	return r.halt()
 }
 
+// StopNow is Stop for a test that stops the server before it ends, as
+// the cleanup would: the test fails (Error) on Stop's error.
+func (r *Running) StopNow(t testing.TB) {
+	t.Helper()
+	if err := r.Stop(); err != nil {
+		t.Error(err)
+	}
+}
+
 func (r *Running) halt() error {
 	r.stop.Do(func() {
 		r.cancel()

@@ -90,8 +90,8 @@ func TestListen(t *testing.T) {
 	_ = again.Close()
 }
 
-// cleanupTB records what RunUntilCleanup asks of a test: its cleanups and
-// its failures.
+// cleanupTB records what Start and Listen ask of a test: its cleanups
+// and its failures.
 type cleanupTB struct {
 	testing.TB
 	cleanups []func()
@@ -103,6 +103,8 @@ func (c *cleanupTB) Cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
 func (c *cleanupTB) Errorf(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Sprintf(format, args...))
 }
+
+func (c *cleanupTB) Error(args ...any) { c.errs = append(c.errs, fmt.Sprint(args...)) }
 
 func TestRunUntilCleanup(t *testing.T) {
 	t.Parallel()
@@ -151,14 +153,17 @@ func TestStartStop(t *testing.T) {
 		err       error // what run returns once its context ends
 		cancel    bool  // Cancel and wait on Done first
 		stop      bool  // the test calls Stop
+		stopNow   bool  // the test calls StopNow
 		wantStop  string
 		wantClean string // what the cleanup reports
 	}{
-		{"stop, clean", nil, false, true, "", ""},
-		{"stop, failed", errors.New("boom"), false, true, "srv: Run: boom", ""},
-		{"cancel then stop", errors.New("boom"), true, true, "srv: Run: boom", ""},
-		{"cancel, cleanup reports", errors.New("boom"), true, false, "", "srv: Run: boom"},
-		{"cleanup only", errors.New("boom"), false, false, "", "srv: Run: boom"},
+		{"stop, clean", nil, false, true, false, "", ""},
+		{"stop, failed", errors.New("boom"), false, true, false, "srv: Run: boom", ""},
+		{"stop now, failed", errors.New("boom"), false, false, true, "srv: Run: boom", ""},
+		{"stop now, clean", nil, false, false, true, "", ""},
+		{"cancel then stop", errors.New("boom"), true, true, false, "srv: Run: boom", ""},
+		{"cancel, cleanup reports", errors.New("boom"), true, false, false, "", "srv: Run: boom"},
+		{"cleanup only", errors.New("boom"), false, false, false, "", "srv: Run: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,6 +182,13 @@ func TestStartStop(t *testing.T) {
 				<-r.Done()
 				if err := r.Wait(); !errors.Is(err, tt.err) {
 					t.Fatalf("Wait: %v, want %v", err, tt.err)
+				}
+			}
+			if tt.stopNow {
+				rec := &cleanupTB{TB: t}
+				r.StopNow(rec)
+				if got := strings.Join(rec.errs, "; "); got != tt.wantStop {
+					t.Fatalf("StopNow failed the test with %q, want %q", got, tt.wantStop)
 				}
 			}
 			if tt.stop {

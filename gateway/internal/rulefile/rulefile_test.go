@@ -99,11 +99,7 @@ func TestWatcher(t *testing.T) {
 	t.Parallel()
 	path, w, rec := watch(t, WithInterval(5*time.Millisecond))
 	run := testnet.Start(t, "watcher", w.Run)
-	defer func() {
-		if err := run.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	defer run.StopNow(t)
 
 	expect := func(applied, refused int) {
 		t.Helper()

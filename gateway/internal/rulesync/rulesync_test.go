@@ -184,9 +184,7 @@ func (sy *syncer) start(t *testing.T) {
 // stop stops the syncer before the test ends; Run must return nil.
 func (sy *syncer) stop(t *testing.T) {
 	t.Helper()
-	if err := sy.run.Stop(); err != nil {
-		t.Error(err)
-	}
+	sy.run.StopNow(t)
 }
 
 // last returns the last ruleset applied, nil for none.
