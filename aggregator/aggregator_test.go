@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -39,10 +40,8 @@ func startKafkaBroker(t testing.TB) *kafkabroker.Broker {
 }
 
 type instance struct {
-	srv    *aggregator.Server
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	srv *aggregator.Server
+	run *testnet.Running
 }
 
 func startAggregator(t testing.TB, brokers []string, id, dir string) *instance {
@@ -83,25 +82,13 @@ func runWith(t testing.TB, cfg aggregator.Config, log *slog.Logger) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{srv: srv, cancel: cancel, done: make(chan error, 1)}
-	go func() { in.done <- srv.Run(ctx) }()
-	t.Cleanup(func() { in.stop(t) })
-	return in
+	return &instance{srv: srv, run: testnet.Start(t, "aggregator "+cfg.ID, srv.Run)}
 }
 
+// stop stops the instance before the test ends; Run must return nil.
 func (in *instance) stop(t testing.TB) {
-	in.once.Do(func() {
-		in.cancel()
-		select {
-		case err := <-in.done:
-			if err != nil {
-				t.Errorf("aggregator stopped: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("aggregator did not stop within 30s")
-		}
-	})
+	t.Helper()
+	in.run.StopNow(t)
 }
 
 // gateway emits numbered decision events as a gateway's producer does.

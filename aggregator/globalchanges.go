@@ -21,10 +21,10 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator/internal/adminapi"
 	"github.com/tollgate/tollgate/aggregator/internal/audit"
-	"github.com/tollgate/tollgate/aggregator/internal/reports"
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/fleetkv"
+	"github.com/tollgate/tollgate/internal/httprec"
 )
 
 // Global operator changes (docs/regions.md, "Global operator changes").
@@ -237,7 +237,7 @@ func (s *Server) globalScope(next http.Handler) http.Handler {
 		c := &globalChange{ID: audit.NewID(now), Origin: s.cfg.Region, TimeMicros: now.UnixMicro(), Method: r.Method, Path: path,
 			Query: q.Encode(), ContentType: r.Header.Get("Content-Type"), Body: body, Actor: r.Header.Get("X-Tollgate-Actor")}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rec := &reports.Recorder{H: w.Header()}
+		rec := &httprec.Recorder{H: w.Header()}
 		next.ServeHTTP(rec, r.WithContext(adminapi.WithOrigin(r.Context(), s.cfg.Region)))
 		if rec.Status < 200 || rec.Status > 299 {
 			rec.Flush(w)
@@ -437,7 +437,7 @@ func (s *Server) applyGlobal(ctx context.Context, link *globalLink, origin strin
 	if c.Actor != "" {
 		req.Header.Set("X-Tollgate-Actor", c.Actor)
 	}
-	rec := &reports.Recorder{H: http.Header{}}
+	rec := &httprec.Recorder{H: http.Header{}}
 	replay.ServeHTTP(rec, req)
 	switch {
 	case rec.Status >= 500:

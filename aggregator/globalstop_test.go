@@ -42,17 +42,13 @@ func TestStopsWhileAnotherRegionsJournalIsCut(t *testing.T) {
 		return nil
 	})
 	start := time.Now()
-	us.agg.once.Do(func() {
-		us.agg.cancel()
-		select {
-		case err := <-us.agg.done:
-			if err != nil {
-				t.Errorf("us's aggregator stopped: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("us's aggregator did not stop within 20s of being told, its link to eu cut")
-		}
-	})
+	us.agg.run.Cancel()
+	select {
+	case <-us.agg.run.Done():
+		us.agg.stop(t)
+	case <-time.After(20 * time.Second):
+		t.Fatal("us's aggregator did not stop within 20s of being told, its link to eu cut")
+	}
 	t.Logf("us's aggregator stopped %v after being told, its link cut", time.Since(start).Round(time.Millisecond))
 	if err := us.nats.HealLinks(); err != nil {
 		t.Fatal(err)

@@ -2,11 +2,11 @@ package aggregator_test
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -16,12 +16,7 @@ import (
 // orchestrator does not kill it for being dead while it waits for Kafka.
 func TestHealthzAnswersWhileKafkaIsDown(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := ln.Addr().String()
-	ln.Close() // nothing listens there: Kafka is down
+	down := testnet.FreeAddr(t) // nothing listens there: Kafka is down
 	in := startAggregator(t, []string{down}, "agg-kafka-down", t.TempDir())
 	url := "http://" + in.srv.Addrs().Metrics + "/healthz"
 	client := &http.Client{Timeout: time.Second}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -64,20 +64,11 @@ func miscopartition(t *testing.T, brokers []string, decisions, changelog string)
 func TestStartFailuresReleaseEverything(t *testing.T) {
 	brokers := []string{kafkatest.StartTB(t).Addr()}
 	redisAddr := redistest.StartTB(t).Addr()
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := testnet.Listen(t)
 	config := func(t *testing.T, name string) aggregator.Config {
 		cfg := testConfig(brokers, name, t.TempDir())
 		// A fixed API address, so that a second start shows it was let go.
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Listen = ln.Addr().String()
-		_ = ln.Close()
+		cfg.Listen = testnet.FreeAddr(t)
 		cfg.Redis.Addrs = []string{redisAddr}
 		cfg.Kafka.DecisionsTopic, cfg.Kafka.ChangelogTopic = name+".decisions", name+".changelog"
 		return cfg

@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -53,10 +53,7 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			errc := make(chan error, 1)
-			go func() { errc <- srv.Run(ctx) }()
+			run := testnet.Start(t, "gateway", srv.Run)
 			api := srv.Addrs().API
 
 			// An idle keep-alive connection, answered once.
@@ -104,7 +101,7 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 				})
 			}
 			start := time.Now()
-			cancel()
+			run.Cancel()
 			if tt.wholeRequest {
 				// Shutdown has begun (nothing accepts) while the check
 				// waits; then Redis answers it.
@@ -141,8 +138,8 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 			}
 
 			select {
-			case err := <-errc:
-				if err != nil {
+			case <-run.Done():
+				if err := run.Wait(); err != nil {
 					t.Fatalf("Run: %v", err)
 				}
 			case <-time.After(10 * time.Second):

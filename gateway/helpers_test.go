@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // testSecret is the key secret of test gateways.
@@ -37,10 +37,9 @@ type env struct {
 
 // runningGateway is a Server running in the background.
 type runningGateway struct {
-	srv    *gateway.Server
-	addrs  gateway.Addrs
-	cancel context.CancelFunc
-	errc   chan error
+	srv   *gateway.Server
+	addrs gateway.Addrs
+	run   *testnet.Running
 }
 
 type envOptions struct {
@@ -107,21 +106,7 @@ func (e *env) startGateway(mutate func(*gateway.Config)) *runningGateway {
 // run runs srv until the test ends.
 func run(t testing.TB, srv *gateway.Server) *runningGateway {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	g := &runningGateway{srv: srv, addrs: srv.Addrs(), cancel: cancel, errc: make(chan error, 1)}
-	go func() { g.errc <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-g.errc:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("Run did not return after its context was cancelled")
-		}
-	})
-	return g
+	return &runningGateway{srv: srv, addrs: srv.Addrs(), run: testnet.Start(t, "gateway", srv.Run)}
 }
 
 // writeRules replaces the rules file atomically (write and rename), as a

@@ -244,7 +244,7 @@ func TestGracefulShutdown(t *testing.T) {
 		done <- result{resp.StatusCode, string(b), err}
 	}()
 	<-arrived
-	e.gw.cancel()
+	e.gw.run.Cancel()
 	// Shutdown has begun once the listener refuses new connections.
 	testwait.Eventually(t, 5*time.Second, func() error {
 		c, err := net.DialTimeout("tcp", e.gw.addrs.Proxy, time.Second)
@@ -255,8 +255,8 @@ func TestGracefulShutdown(t *testing.T) {
 		return nil
 	})
 	select {
-	case err := <-e.gw.errc:
-		t.Fatalf("Run returned %v with a request in flight", err)
+	case <-e.gw.run.Done():
+		t.Fatalf("Run returned %v with a request in flight", e.gw.run.Wait())
 	default:
 	}
 	close(release)
@@ -265,11 +265,10 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("in-flight request: %+v", r)
 	}
 	select {
-	case err := <-e.gw.errc:
-		if err != nil {
+	case <-e.gw.run.Done():
+		if err := e.gw.run.Wait(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		e.gw.errc <- nil // for the cleanup
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the drain")
 	}

@@ -287,11 +287,10 @@ func TestServerLifecycle(t *testing.T) {
 	}
 	wg.Wait()
 	select {
-	case err := <-g.errc:
-		if err != nil {
+	case <-g.run.Done():
+		if err := g.run.Wait(); err != nil {
 			t.Fatalf("Run after Close: %v", err)
 		}
-		g.errc <- nil
 	default:
 		t.Fatal("Close returned before Run")
 	}

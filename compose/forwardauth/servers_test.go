@@ -297,10 +297,7 @@ func (g *runningGateway) kill() { _ = g.srv.Close() }
 // hangs. Its accept loop and connections end at cleanup.
 func hangingServer(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	testnet.Serve(t, ln, nil)
 	return ln.Addr().String()
 }

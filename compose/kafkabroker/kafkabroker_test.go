@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -227,15 +228,11 @@ func TestSeedTopicsAndBrokers(t *testing.T) {
 // held to one test in compose/internal/lifecycle).
 func TestStartWaitsForPorts(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := testnet.Listen(t)
 	addr := l.Addr().String()
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	_, err = kafkabroker.Start(ctx, kafkabroker.WithListen(addr), kafkabroker.WithWaitForPorts())
+	_, err := kafkabroker.Start(ctx, kafkabroker.WithListen(addr), kafkabroker.WithWaitForPorts())
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("Start(WithWaitForPorts) on taken %s = %v, want a deadline error after EADDRINUSE", addr, err)
 	}
@@ -999,10 +996,7 @@ func TestLogger(t *testing.T) {
 // to target, counting them; it stands in for a proxy in front of a broker.
 func forwarder(t *testing.T) (addr string, setTarget func(string), accepted *atomic.Int64) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	var (
 		target  atomic.Value
 		count   atomic.Int64

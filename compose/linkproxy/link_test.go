@@ -22,10 +22,7 @@ import (
 // echo is a TCP server that writes back every line it reads.
 func echo(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	testnet.Serve(t, ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	return ln.Addr().String()
 }

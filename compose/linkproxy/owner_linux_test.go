@@ -1,18 +1,15 @@
 package linkproxy
 
 import (
-	"net"
 	"net/netip"
 	"os"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func TestOwnerFindsThisProcess(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := testnet.Listen(t)
 	c := dialFrom(t, "127.0.0.1", ln.Addr().String())
 	s, err := ln.Accept()
 	if err != nil {

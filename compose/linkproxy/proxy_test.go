@@ -20,10 +20,7 @@ import (
 // chunk it receives on got.
 func echoServer(t *testing.T) (addr string, got <-chan []byte) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	ch := make(chan []byte, 64)
 	testnet.Serve(t, ln, func(c net.Conn) {
 		defer c.Close() // after the client's half-close: EOF its way too

@@ -3,7 +3,6 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,7 +28,6 @@ import (
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/logtest"
-	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -78,12 +76,11 @@ type fleet struct {
 
 // fleetGateway is a running gateway of the fleet, with its log.
 type fleetGateway struct {
-	id     string
-	srv    *gateway.Server
-	addrs  gateway.Addrs
-	cancel context.CancelFunc
-	task   *service.Task // srv.Run
-	logs   *testnet.Buffer
+	id    string
+	srv   *gateway.Server
+	addrs gateway.Addrs
+	run   *testnet.Running // srv.Run
+	logs  *testnet.Buffer
 }
 
 // newFleet starts the control plane, Redis and n gateways, and waits
@@ -161,14 +158,7 @@ func (f *fleet) startGateway(id string) *fleetGateway {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g.srv, g.addrs, g.cancel = srv, srv.Addrs(), cancel
-	g.task = service.Go(func() error { return srv.Run(ctx) })
-	f.t.Cleanup(func() {
-		if err := g.halt(); err != nil {
-			f.t.Errorf("gateway %s: %v", id, err)
-		}
-	})
+	g.srv, g.addrs, g.run = srv, srv.Addrs(), testnet.Start(f.t, "gateway "+id, srv.Run)
 	f.gws = append(f.gws, g)
 	return g
 }
@@ -176,20 +166,8 @@ func (f *fleet) startGateway(id string) *fleetGateway {
 // stop stops a gateway now (its cleanup then has nothing left to do).
 func (g *fleetGateway) stop(t *testing.T) {
 	t.Helper()
-	if err := g.halt(); err != nil {
-		t.Fatalf("gateway %s: %v", g.id, err)
-	}
-}
-
-// halt cancels the gateway's Run and returns its result, waiting 15s at
-// most; again, it returns the same result.
-func (g *fleetGateway) halt() error {
-	g.cancel()
-	select {
-	case <-g.task.Done():
-		return g.task.Wait()
-	case <-time.After(15 * time.Second):
-		return errors.New("did not stop")
+	if err := g.run.Stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -178,8 +179,7 @@ func (e *env) gatewayConfig(id, dataDir string) gateway.Config {
 
 // gw is a running gateway in this process.
 type gw struct {
-	api  string
-	stop func()
+	api string
 }
 
 func (e *env) startGateway(id string) *gw {
@@ -187,20 +187,8 @@ func (e *env) startGateway(id string) *gw {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	var once sync.Once
-	g := &gw{api: srv.Addrs().API, stop: func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				e.t.Errorf("gateway %s: %v", id, err)
-			}
-		})
-	}}
-	e.t.Cleanup(g.stop)
-	return g
+	testnet.RunUntilCleanup(e.t, "gateway "+id, srv.Run)
+	return &gw{api: srv.Addrs().API}
 }
 
 // counts are decisions made, per tenant.

@@ -3,7 +3,6 @@ package stack_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -270,15 +270,8 @@ func TestFleetJourney(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- second.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("second gateway: %v", err)
-		}
-	}()
+	run := testnet.Start(t, "second gateway", second.Run)
+	defer run.StopNow(t)
 	proxy2 := "http://" + second.Addrs().Proxy
 	testwait.Eventually(t, 5*time.Second, func() error {
 		resp, body := get(t, "http://"+second.Addrs().Metrics+"/readyz", "")

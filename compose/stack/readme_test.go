@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -577,15 +578,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- second.Run(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("second gateway: %v", err)
-				}
-			})
+			testnet.Start(t, "second gateway", second.Run)
 			testwait.Eventually(t, 10*time.Second, func() error {
 				resp, body := get(t, "http://"+second.Addrs().Metrics+"/readyz", "")
 				if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"source":"nats"`)) {
@@ -625,15 +618,8 @@ func TestREADMEWalkthrough(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- agg.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("second aggregator: %v", err)
-				}
-			}()
+			run := testnet.Start(t, "second aggregator", agg.Run)
+			defer run.StopNow(t)
 			// It joins the consumer group: the partitions rebalance.
 			took := testwait.Eventually(t, 30*time.Second, func() error {
 				if !agg.Ready() || len(agg.Owned()) == 0 {

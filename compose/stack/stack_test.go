@@ -480,14 +480,10 @@ func TestEmbeddedCountersExpire(t *testing.T) {
 
 func TestNewRefusesBusyPorts(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := testnet.Listen(t)
 	cfg := testConfig(stack.RedisServer)
 	cfg.APIListen = ln.Addr().String()
-	_, err = stack.New(cfg, nil, nil)
+	_, err := stack.New(cfg, nil, nil)
 	if !errors.Is(err, stack.ErrAddrInUse) || !strings.Contains(err.Error(), "TOLLGATE_API_LISTEN") {
 		t.Fatalf("New: %v, want ErrAddrInUse naming TOLLGATE_API_LISTEN", err)
 	}

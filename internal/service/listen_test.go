@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/service"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // TestListenAll: every listener is tried; each busy one is named with its
@@ -15,24 +16,8 @@ import (
 // failure. Without failures every listener is bound.
 func TestListenAll(t *testing.T) {
 	t.Parallel()
-	taken := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
-		return ln.Addr().String()
-	}
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		_ = ln.Close()
-		return addr
-	}
-	busy1, busy2, open := taken(), taken(), free()
+	taken := func() string { return testnet.Listen(t).Addr().String() }
+	busy1, busy2, open := taken(), taken(), testnet.FreeAddr(t)
 	tests := []struct {
 		name  string
 		ls    []service.Listener

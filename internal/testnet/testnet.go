@@ -1,9 +1,10 @@
 // Package testnet holds what tests need around processes and servers:
-// loopback addresses nothing listens on, a buffer several goroutines
-// (a process's stdout and stderr, a logger) may write to while the test
-// reads it, a server's Run and a listener's connections kept going until
-// the test ends, and, for tests that read the source tree, the module's
-// root directory, generated files held to what generates them and the
+// loopback addresses nothing listens on and listeners held for a test, a
+// buffer several goroutines (a process's stdout and stderr, a logger) may
+// write to while the test reads it, a server's Run kept going until the
+// test ends or stops it, a listener's connections kept going until the
+// test ends, and, for tests that read the source tree, the module's root
+// directory, generated files held to what generates them and the
 // constants a source file declares.
 package testnet
 
@@ -22,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,6 +43,19 @@ func FreeAddr(t testing.TB) string {
 		t.Fatalf("testnet: release %s: %v", addr, err)
 	}
 	return addr
+}
+
+// Listen returns a listener on a free loopback port, closed when the
+// test ends: for a server the test serves on it, or a port a test needs
+// held (a bind that must fail, a peer that accepts and never answers).
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testnet: listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
 }
 
 // FreePort is FreeAddr's port.
@@ -79,29 +94,94 @@ func (b *Buffer) String() string {
 	return b.buf.String()
 }
 
-// stopTimeout is how long RunUntilCleanup waits for run to return once
-// its context is canceled.
+// stopTimeout is how long Start's Stop and cleanup wait for run to
+// return once its context is canceled.
 const stopTimeout = 30 * time.Second
 
 // RunUntilCleanup calls run (a server's Run) on a goroutine, with a
 // context the test's cleanup cancels; the cleanup then waits for run to
 // return and fails the test, naming the server name, when it returns an
-// error or has not returned within 30 s.
+// error or has not returned within 30 s. (Start, for a test that also
+// stops the server itself.)
 func RunUntilCleanup(t testing.TB, name string, run func(context.Context) error) {
+	Start(t, name, run)
+}
+
+// Running is a server's Run that Start started.
+type Running struct {
+	name    string
+	cancel  context.CancelFunc
+	done    chan struct{}
+	err     error // run's, once done is closed
+	stop    sync.Once
+	stopErr error
+	told    atomic.Bool // Stop was called: the test has the error
+}
+
+// Start calls run (a server's Run) on a goroutine, with a context that
+// Stop or Cancel, or else the test's cleanup, cancels. The cleanup waits
+// for run to return and fails the test, naming the server name, when run
+// returned an error or has not returned within 30 s, unless the test
+// called Stop and so was given that error itself.
+func Start(t testing.TB, name string, run func(context.Context) error) *Running {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
+	r := &Running{name: name, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = run(ctx)
+	}()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s: Run: %v", name, err)
-			}
-		case <-time.After(stopTimeout):
-			t.Errorf("%s: Run did not return within %v of its context's end", name, stopTimeout)
+		if err := r.halt(); err != nil && !r.told.Load() {
+			t.Errorf("%s", err)
 		}
 	})
+	return r
+}
+
+// Cancel ends run's context without waiting for run to return (Done
+// says when it has).
+func (r *Running) Cancel() { r.cancel() }
+
+// Done is closed once run has returned.
+func (r *Running) Done() <-chan struct{} { return r.done }
+
+// Wait waits for run to return, unbounded (after Done, at once), and
+// returns its error.
+func (r *Running) Wait() error {
+	<-r.done
+	return r.err
+}
+
+// Stop ends run's context, waits for run to return and returns its error
+// ("name: Run: …"), or an error when run has not returned within 30 s.
+// Later calls return the same.
+func (r *Running) Stop() error {
+	r.told.Store(true)
+	return r.halt()
+}
+
+// StopNow is Stop for a test that stops the server before it ends, as
+// the cleanup would: the test fails (Error) on Stop's error.
+func (r *Running) StopNow(t testing.TB) {
+	t.Helper()
+	if err := r.Stop(); err != nil {
+		t.Error(err)
+	}
+}
+
+func (r *Running) halt() error {
+	r.stop.Do(func() {
+		r.cancel()
+		select {
+		case <-r.done:
+			if r.err != nil {
+				r.stopErr = fmt.Errorf("%s: Run: %w", r.name, r.err)
+			}
+		case <-time.After(stopTimeout):
+			r.stopErr = fmt.Errorf("%s: Run did not return within %v of its context's end", r.name, stopTimeout)
+		}
+	})
+	return r.stopErr
 }
 
 // Serve accepts connections on ln until the test ends, handing each to

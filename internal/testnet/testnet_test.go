@@ -65,8 +65,33 @@ func TestBufferConcurrentWriters(t *testing.T) {
 	}
 }
 
-// cleanupTB records what RunUntilCleanup asks of a test: its cleanups and
-// its failures.
+// TestListen: the listener is on loopback, holds its port (a second bind
+// fails) and is closed by the test's cleanup (the port binds again).
+func TestListen(t *testing.T) {
+	t.Parallel()
+	tb := &cleanupTB{TB: t}
+	ln := testnet.Listen(tb)
+	addr := ln.Addr().String()
+	if host, _, err := net.SplitHostPort(addr); err != nil || host != "127.0.0.1" {
+		t.Fatalf("address %q (%v): want 127.0.0.1", addr, err)
+	}
+	if again, err := net.Listen("tcp", addr); err == nil {
+		_ = again.Close()
+		t.Fatalf("%s bound twice: Listen does not hold it", addr)
+	}
+	if len(tb.cleanups) != 1 {
+		t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+	}
+	tb.cleanups[0]()
+	again, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("after the cleanup: %v", err)
+	}
+	_ = again.Close()
+}
+
+// cleanupTB records what Start and Listen ask of a test: its cleanups
+// and its failures.
 type cleanupTB struct {
 	testing.TB
 	cleanups []func()
@@ -78,6 +103,8 @@ func (c *cleanupTB) Cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
 func (c *cleanupTB) Errorf(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Sprintf(format, args...))
 }
+
+func (c *cleanupTB) Error(args ...any) { c.errs = append(c.errs, fmt.Sprint(args...)) }
 
 func TestRunUntilCleanup(t *testing.T) {
 	t.Parallel()
@@ -116,6 +143,76 @@ func TestRunUntilCleanup(t *testing.T) {
 	}
 }
 
+// TestStartStop: Stop ends run's context and hands the test run's error,
+// which the cleanup then does not report again; Cancel only ends the
+// context, Done and Wait say when run returned and with what.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		err       error // what run returns once its context ends
+		cancel    bool  // Cancel and wait on Done first
+		stop      bool  // the test calls Stop
+		stopNow   bool  // the test calls StopNow
+		wantStop  string
+		wantClean string // what the cleanup reports
+	}{
+		{"stop, clean", nil, false, true, false, "", ""},
+		{"stop, failed", errors.New("boom"), false, true, false, "srv: Run: boom", ""},
+		{"stop now, failed", errors.New("boom"), false, false, true, "srv: Run: boom", ""},
+		{"stop now, clean", nil, false, false, true, "", ""},
+		{"cancel then stop", errors.New("boom"), true, true, false, "srv: Run: boom", ""},
+		{"cancel, cleanup reports", errors.New("boom"), true, false, false, "", "srv: Run: boom"},
+		{"cleanup only", errors.New("boom"), false, false, false, "", "srv: Run: boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := &cleanupTB{TB: t}
+			r := testnet.Start(tb, "srv", func(ctx context.Context) error {
+				<-ctx.Done()
+				return tt.err
+			})
+			select {
+			case <-r.Done():
+				t.Fatal("run returned before its context ended")
+			default:
+			}
+			if tt.cancel {
+				r.Cancel()
+				<-r.Done()
+				if err := r.Wait(); !errors.Is(err, tt.err) {
+					t.Fatalf("Wait: %v, want %v", err, tt.err)
+				}
+			}
+			if tt.stopNow {
+				rec := &cleanupTB{TB: t}
+				r.StopNow(rec)
+				if got := strings.Join(rec.errs, "; "); got != tt.wantStop {
+					t.Fatalf("StopNow failed the test with %q, want %q", got, tt.wantStop)
+				}
+			}
+			if tt.stop {
+				for range 2 {
+					got := ""
+					if err := r.Stop(); err != nil {
+						got = err.Error()
+					}
+					if got != tt.wantStop {
+						t.Fatalf("Stop: %q, want %q", got, tt.wantStop)
+					}
+				}
+			}
+			if len(tb.cleanups) != 1 {
+				t.Fatalf("%d cleanups registered, want 1", len(tb.cleanups))
+			}
+			tb.cleanups[0]()
+			if got := strings.Join(tb.errs, "; "); got != tt.wantClean {
+				t.Fatalf("cleanup reported %q, want %q", got, tt.wantClean)
+			}
+		})
+	}
+}
+
 // TestServe: each connection reaches handle (or is held open with none);
 // the cleanup closes the listener and every connection, so a handle
 // blocked reading returns and a client sees its connection end.
@@ -131,10 +228,7 @@ func TestServe(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			ln := testnet.Listen(t)
 			tb := &cleanupTB{TB: t}
 			testnet.Serve(tb, ln, tt.handle)
 			c, err := net.Dial("tcp", ln.Addr().String())

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/guard/apierror"
+	"github.com/tollgate/tollgate/internal/httprec"
 )
 
 // A global report (?regions=all) sums the reports of every region the
@@ -282,16 +283,13 @@ func serveLocal(ctx context.Context, local http.Handler, req RegionRequest) Regi
 	if err != nil {
 		return RegionReply{Status: http.StatusBadRequest, Body: errorBody(apierror.InvalidRequest, "path: "+err.Error())}
 	}
-	rec := &Recorder{H: http.Header{}}
+	rec := &httprec.Recorder{H: http.Header{}}
 	local.ServeHTTP(rec, hr)
-	if rec.Status == 0 {
-		rec.Status = http.StatusOK
-	}
 	body := bytes.TrimSpace(rec.Body.Bytes())
 	if !json.Valid(body) {
 		return RegionReply{Status: http.StatusInternalServerError, Body: errorBody(apierror.Internal, "the report was not JSON")}
 	}
-	return RegionReply{Status: rec.Status, Body: body}
+	return RegionReply{Status: rec.Code(), Body: body}
 }
 
 // ErrorReply is a RegionReply carrying an error in apierror's shape.
@@ -302,41 +300,4 @@ func ErrorReply(status int, code, msg string) RegionReply {
 func errorBody(code, msg string) json.RawMessage {
 	b, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 	return b
-}
-
-// Recorder is an http.ResponseWriter that keeps the answer, to read it
-// (ServeLocal hands one to the report handler) or to send it later
-// (Flush). Its Header is H.
-type Recorder struct {
-	H      http.Header
-	Status int // 0 until the handler writes
-	Body   bytes.Buffer
-}
-
-// Header implements http.ResponseWriter.
-func (r *Recorder) Header() http.Header { return r.H }
-
-// WriteHeader implements http.ResponseWriter: the first status stays.
-func (r *Recorder) WriteHeader(code int) {
-	if r.Status == 0 {
-		r.Status = code
-	}
-}
-
-// Write implements http.ResponseWriter.
-func (r *Recorder) Write(b []byte) (int, error) {
-	if r.Status == 0 {
-		r.Status = http.StatusOK
-	}
-	return r.Body.Write(b)
-}
-
-// Flush sends the kept answer to w (headers set in H are w's when H is
-// w.Header()).
-func (r *Recorder) Flush(w http.ResponseWriter) {
-	if r.Status == 0 {
-		r.Status = http.StatusOK
-	}
-	w.WriteHeader(r.Status)
-	_, _ = w.Write(r.Body.Bytes())
 }

@@ -2,12 +2,12 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func TestHelpListsEveryVariable(t *testing.T) {
@@ -42,11 +42,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 
 func TestExitCodes(t *testing.T) {
 	t.Parallel()
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = busy.Close() }) // after the parallel subtests
+	busy := testnet.Listen(t) // after the parallel subtests
 	free := map[string]string{
 		"TOLLGATE_LISTEN": "127.0.0.1:0", "TOLLGATE_API_LISTEN": "127.0.0.1:0", "TOLLGATE_METRICS_LISTEN": "127.0.0.1:0",
 		"TOLLGATE_GRPC_LISTEN": "127.0.0.1:0", "TOLLGATE_DEMO_LISTEN": "127.0.0.1:0", "TOLLGATE_RULES_FILE": "../../../configs/rules.yaml",

@@ -2,12 +2,12 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 func TestHelpListsEveryVariable(t *testing.T) {
@@ -64,11 +64,7 @@ func TestBusyPortsAreAllNamed(t *testing.T) {
 	t.Parallel()
 	var busy []string
 	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
+		ln := testnet.Listen(t)
 		busy = append(busy, ln.Addr().String())
 	}
 	env := map[string]string{

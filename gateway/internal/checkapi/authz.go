@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate/tollgate/guard/apierror"
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/httprec"
 )
 
 // Headers of the forward-auth endpoint, /v1/authz.
@@ -61,7 +62,7 @@ var (
 // the proxy does).
 func (h *handler) authz(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get(HeaderAuthzMode) == AuthzModeNginx {
-		nw := &nginxWriter{w: w}
+		nw := &nginxWriter{Recorder: httprec.Recorder{H: w.Header()}, w: w}
 		defer nw.flush()
 		w = nw
 		// nginx serves the body with one content type: JSON.
@@ -177,41 +178,21 @@ func withoutAccept(r *http.Request) *http.Request {
 // in X-Tollgate-Status and the body, on one line, in X-Tollgate-Body.
 // The handler writes through it as usual; flush sends the answer.
 type nginxWriter struct {
-	w      http.ResponseWriter
-	status int
-	body   []byte
-}
-
-func (n *nginxWriter) Header() http.Header { return n.w.Header() }
-
-func (n *nginxWriter) WriteHeader(status int) {
-	if n.status == 0 {
-		n.status = status
-	}
-}
-
-func (n *nginxWriter) Write(p []byte) (int, error) {
-	if n.status == 0 {
-		n.status = http.StatusOK
-	}
-	n.body = append(n.body, p...)
-	return len(p), nil
+	httprec.Recorder // H is w's header
+	w                http.ResponseWriter
 }
 
 func (n *nginxWriter) flush() {
-	status := n.status
-	if status == 0 {
-		status = http.StatusOK
-	}
+	status, body := n.Code(), n.Body.Bytes()
 	h := n.w.Header()
 	if status/100 != 2 {
 		h.Set(HeaderStatus, strconv.Itoa(status))
 		// The bodies are JSON on one line; a newline would end the
 		// header, so any is replaced (net/http would do so too).
-		h.Set(HeaderBody, string(bytes.ReplaceAll(bytes.TrimSpace(n.body), []byte("\n"), []byte(" "))))
+		h.Set(HeaderBody, string(bytes.ReplaceAll(bytes.TrimSpace(body), []byte("\n"), []byte(" "))))
 		status = http.StatusUnauthorized
 	}
-	h.Set("Content-Length", strconv.Itoa(len(n.body)))
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	n.w.WriteHeader(status)
-	_, _ = n.w.Write(n.body)
+	_, _ = n.w.Write(body)
 }

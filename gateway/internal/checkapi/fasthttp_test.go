@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/guard/httpguard"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // surfaceRules: two units per key on /v1/items, so a third check is a 429.
@@ -60,10 +61,7 @@ var testLimits = ServerLimits{
 // test ends and returns its address.
 func serveFast(t *testing.T, cfg Config, l ServerLimits) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	srv := NewFastServer(cfg, l)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

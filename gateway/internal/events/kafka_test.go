@@ -69,9 +69,8 @@ func startKafka(t testing.TB, port int, dataDir string) *kafkabroker.Broker {
 // producer is a Producer under test with its metrics and running Run.
 type producer struct {
 	*events.Producer
-	reg  *prometheus.Registry
-	done chan error
-	stop context.CancelFunc
+	reg *prometheus.Registry
+	run *testnet.Running
 }
 
 // testConfig is a config for brokers and spool dir with short intervals.
@@ -97,7 +96,7 @@ func configWithLog(brokers []string, dir string, log *slog.Logger) events.Config
 func start(t testing.TB, cfg events.Config) *producer {
 	t.Helper()
 	p := newProducer(t, cfg)
-	p.run()
+	p.run = testnet.Start(t, "producer", p.Run)
 	return p
 }
 
@@ -118,24 +117,12 @@ func newProducer(t testing.TB, cfg events.Config) *producer {
 	return p
 }
 
-func (p *producer) run() {
-	ctx, cancel := context.WithCancel(context.Background())
-	p.stop, p.done = cancel, make(chan error, 1)
-	go func() { p.done <- p.Run(ctx) }()
-}
-
-// shutdown cancels Run's context and returns what Run returned.
+// shutdown cancels Run's context and fails the test unless Run
+// returns nil.
 func (p *producer) shutdown(t testing.TB) {
 	t.Helper()
-	p.stop()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if err != nil {
-			t.Fatalf("run: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s of its context's end")
+	if err := p.run.Stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -655,7 +642,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 			t.Fatalf("close: %v", err)
 		}
 	}
-	if err := <-p.done; err != nil {
+	if err := p.run.Wait(); err != nil {
 		t.Fatalf("run after close: %v", err)
 	}
 	if err := p.Run(context.Background()); !errors.Is(err, events.ErrClosed) {
@@ -738,11 +725,7 @@ func TestFailedRecordsAreResentInOrder(t *testing.T) {
 // to Config.Partitions.
 func TestNewStopsWaitingForKafkaWhenContextEnds(t *testing.T) {
 	t.Parallel()
-	mute, err := net.Listen("tcp", "127.0.0.1:0") // connections complete in the backlog, unanswered
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
+	mute := testnet.Listen(t) // connections complete in the backlog, unanswered
 	cfg := testConfig(t, []string{mute.Addr().String()}, t.TempDir())
 	cfg.MetadataTimeout = 5 * time.Minute
 	ctx, cancel := context.WithCancel(t.Context())

@@ -1,7 +1,6 @@
 package rulefile
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -98,15 +98,8 @@ func watch(t *testing.T, opts ...Option) (path string, w *Watcher, rec *recorder
 func TestWatcher(t *testing.T) {
 	t.Parallel()
 	path, w, rec := watch(t, WithInterval(5*time.Millisecond))
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	run := testnet.Start(t, "watcher", w.Run)
+	defer run.StopNow(t)
 
 	expect := func(applied, refused int) {
 		t.Helper()

@@ -114,8 +114,7 @@ type syncer struct {
 	lastSeen atomic.Value // OnCountersChanged's last arguments: counterChange
 	mu       sync.Mutex
 	applied  []*rulefile.Ruleset
-	cancel   context.CancelFunc
-	done     chan error
+	run      *testnet.Running
 }
 
 // counterChange is what OnCountersChanged was told.
@@ -132,7 +131,7 @@ func newSyncer(t *testing.T, url, dir string) *syncer {
 // newSyncerWith is newSyncer with its Config changed by mutate.
 func newSyncerWith(t *testing.T, url, dir string, mutate func(*rulesync.Config)) *syncer {
 	t.Helper()
-	sy := &syncer{controls: guard.NewControls(), logs: &testnet.Buffer{}, done: make(chan error, 1)}
+	sy := &syncer{controls: guard.NewControls(), logs: &testnet.Buffer{}}
 	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}),
 		slog.NewTextHandler(sy.logs, nil)))
 	cfg := rulesync.Config{
@@ -179,26 +178,13 @@ func syncingV1(t *testing.T) (*natsserver.Server, *buckets, *syncer) {
 }
 
 func (sy *syncer) start(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sy.cancel = cancel
-	go func() { sy.done <- sy.s.Run(ctx) }()
-	t.Cleanup(func() { sy.stop(t) })
+	sy.run = testnet.Start(t, "syncer", sy.s.Run)
 }
 
+// stop stops the syncer before the test ends; Run must return nil.
 func (sy *syncer) stop(t *testing.T) {
-	if sy.cancel == nil {
-		return
-	}
-	sy.cancel()
-	sy.cancel = nil
-	select {
-	case err := <-sy.done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("Run did not return within 10s of the cancel")
-	}
+	t.Helper()
+	sy.run.StopNow(t)
 }
 
 // last returns the last ruleset applied, nil for none.
@@ -397,10 +383,7 @@ type proxy struct {
 
 func startProxy(t *testing.T, target string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	p := &proxy{ln: ln, target: target}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -93,10 +94,7 @@ type server struct {
 
 func startServer(t *testing.T, tb *Table, delay time.Duration, maxHeld int, exempt func(netip.Addr) bool) *server {
 	t.Helper()
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inner := testnet.Listen(t)
 	s := &server{done: make(chan error, 1)}
 	s.ln = NewListener(inner, ListenerConfig{Table: tb, Delay: delay, MaxHeld: maxHeld, Exempt: exempt,
 		OnThrottle: func(refused bool) {
@@ -215,10 +213,7 @@ func TestListenerCloseReleasesHeld(t *testing.T) {
 	t.Parallel()
 	tb := NewTable(16)
 	tb.Mark(netip.MustParseAddr("127.0.0.1"), time.Now().Add(time.Hour))
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inner := testnet.Listen(t)
 	l := NewListener(inner, ListenerConfig{Table: tb, Delay: time.Hour})
 	accepted := make(chan error, 1)
 	go func() {
@@ -255,10 +250,7 @@ func TestListenerCloseReleasesHeld(t *testing.T) {
 // A Listener closed before its first Accept starts nothing.
 func TestListenerCloseBeforeAccept(t *testing.T) {
 	t.Parallel()
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inner := testnet.Listen(t)
 	l := NewListener(inner, ListenerConfig{Table: NewTable(0)})
 	if err := l.Close(); err != nil {
 		t.Fatal(err)

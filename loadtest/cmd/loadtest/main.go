@@ -76,12 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"       loadtest sweep [flags]   (costs as keys grow: loadtest sweep -h)\n\n"+
 		"Sends a bounded load to a Tollgate gateway and reports throughput, outcomes and latency.\n"+
 		"Open loop with -rate, closed loop with -workers (default). See loadtest/README.md.\n\nFlags:\n", stderr)
-	var (
-		paths, redisAddrs string
-		jsonOut, quiet    bool
-		cpuProfile        string
-		reportFile        string
-	)
+	var paths, redisAddrs, cpuProfile string
+	out := outputs{name: "loadtest", stdout: stdout, stderr: stderr}
 	fs.StringVar(&cfg.Target, "target", cfg.Target, "`target`: proxy (HTTP through the gateway), check (POST /v1/check) or grpc (Envoy RLS)")
 	fs.StringVar(&cfg.URL, "url", "", "URL of an HTTP target (default "+loadtest.DefaultProxyURL+" for proxy, "+loadtest.DefaultCheckURL+" for check)")
 	fs.StringVar(&cfg.Addr, "addr", "", "host:port of the grpc target, or several comma-separated used in turn (default "+loadtest.DefaultGRPCAddr+")")
@@ -105,9 +101,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the key and path draws")
 	fs.IntVar(&cfg.PID, "pid", 0, "`pid` of the target process: report its CPU µs per decision (Linux /proc)")
 	fs.StringVar(&redisAddrs, "redis", "", "comma-separated Redis `host:port`s: report commands and EVALSHA per decision from INFO commandstats\n(credentials from $TOLLGATE_REDIS_USERNAME, $TOLLGATE_REDIS_PASSWORD)")
-	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text summary goes to stderr)")
-	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
-	fs.StringVar(&reportFile, "report", "", "also write the summary and charts of the run second by second (throughput, p50/p99, outcomes)\nto `file`.html, a self-contained page that opens offline")
+	fs.BoolVar(&out.json, "json", false, "write the summary as JSON on stdout (the text summary goes to stderr)")
+	fs.BoolVar(&out.quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&out.reportFile, "report", "", "also write the summary and charts of the run second by second (throughput, p50/p99, outcomes)\nto `file`.html, a self-contained page that opens offline")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write loadtest's own CPU profile to `file` (to tune the generator)")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -144,18 +140,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer pprof.StopCPUProfile()
 	}
 
-	out := outputs{name: "loadtest", json: jsonOut, quiet: quiet, reportFile: reportFile, stdout: stdout, stderr: stderr}
-	progress, code, ok := out.open()
-	if !ok {
-		return code
-	}
-	defer out.close()
-	start := time.Now()
-	sum, err := loadtest.Run(ctx, cfg, progress)
-	if sum == nil {
-		return out.finish(nil, err, start, "", 0)
-	}
-	return out.finish(sum, err, start, sum.StoppedBy, sum.Answered)
+	return out.run(func(progress io.Writer) ended {
+		sum, err := loadtest.Run(ctx, cfg, progress)
+		if sum == nil {
+			return ended{err: err}
+		}
+		return ended{sum: sum, err: err, stoppedBy: sum.StoppedBy, answered: sum.Answered}
+	})
 }
 
 // outputs are where a run's summary goes (the -json, -quiet and -report
@@ -167,6 +158,28 @@ type outputs struct {
 	stdout      io.Writer
 	stderr      io.Writer
 	report      *os.File
+}
+
+// ended is how a run ended, as finish takes it: a nil sum means the run
+// failed with err before any summary.
+type ended struct {
+	sum       summary
+	err       error
+	stoppedBy string
+	answered  int64
+}
+
+// run opens the outputs, runs do with where its progress goes and
+// returns finish's exit code for how it ended.
+func (o *outputs) run(do func(progress io.Writer) ended) int {
+	progress, code, ok := o.open()
+	if !ok {
+		return code
+	}
+	defer o.close()
+	start := time.Now()
+	e := do(progress)
+	return o.finish(e.sum, e.err, start, e.stoppedBy, e.answered)
 }
 
 // open creates the report's file first (a bad path should not cost a run)

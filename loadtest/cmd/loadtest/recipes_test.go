@@ -388,28 +388,16 @@ func startRecipeStack(t *testing.T, env, paths map[string]string) *recipeStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- st.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("stack: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("the stack did not stop within 30s")
-		}
+	t.Cleanup(func() { // after the stack's stop
 		if t.Failed() {
 			t.Logf("stack log (warnings):\n%s", tail(logs.String(), 4096))
 		}
 	})
+	run := testnet.Start(t, "stack", st.Run)
 	select {
 	case <-st.Ready():
-	case err := <-errc:
-		errc <- err
-		t.Fatalf("stack: %v", err)
+	case <-run.Done():
+		t.Fatalf("stack: %v", run.Wait())
 	case <-time.After(60 * time.Second):
 		t.Fatal("stack not ready within 60s")
 	}
@@ -451,23 +439,12 @@ func startRecipeGateway(t *testing.T, env map[string]string, st *recipeStack, di
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- gw.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("second gateway: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("the second gateway did not stop within 30s")
-		}
+	t.Cleanup(func() { // after the gateway's stop
 		if t.Failed() {
 			t.Logf("second gateway's log (warnings):\n%s", tail(logs.String(), 4096))
 		}
 	})
+	testnet.Start(t, "second gateway", gw.Run)
 	bound := gw.Addrs()
 	out := map[string]string{}
 	for k, docAddr := range listeners {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/tollgate/tollgate/loadtest"
 )
@@ -22,10 +21,8 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		"the same tenant that waits out Retry-After. It samples the gateway's CPU (-pid), its Redis calls\n"+
 		"(-metrics, -redis) and the key's penalty level (-admin) while the aggregator climbs the ladder, and\n"+
 		"stops once the key has held the top level for -hold (or after -duration). See loadtest/README.md.\n\nFlags:\n", stderr)
-	var (
-		redisAddrs, reportFile string
-		jsonOut, quiet         bool
-	)
+	var redisAddrs string
+	out := outputs{name: "loadtest storm", stdout: stdout, stderr: stderr}
 	fs.StringVar(&cfg.URL, "url", cfg.URL, "the gateway proxy's base `URL`")
 	fs.StringVar(&cfg.Path, "path", cfg.Path, "request path")
 	fs.StringVar(&cfg.Key, "key", cfg.Key, "the storm's API key (registered to the same tenant as -polite-key)")
@@ -46,9 +43,9 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&redisAddrs, "redis", "", "comma-separated Redis `host:port`s: EVALSHA per rejection from INFO commandstats")
 	fs.StringVar(&cfg.Admin, "admin", cfg.Admin, "the aggregator's operator API `URL` (penalty levels; token $TOLLGATE_ADMIN_TOKEN); empty: none")
 	fs.BoolVar(&cfg.Lift, "lift", cfg.Lift, "lift a penalty an earlier run left before the start, and the storm key's at the end")
-	fs.BoolVar(&jsonOut, "json", false, "write the summary as JSON on stdout (the text goes to stderr)")
-	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
-	fs.StringVar(&reportFile, "report", "", "also write an HTML page with charts of the run to `file`.html")
+	fs.BoolVar(&out.json, "json", false, "write the summary as JSON on stdout (the text goes to stderr)")
+	fs.BoolVar(&out.quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&out.reportFile, "report", "", "also write an HTML page with charts of the run to `file`.html")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -66,16 +63,11 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "%v\n\nRun loadtest storm -h for the flags.\n", err)
 		return exitUsage
 	}
-	out := outputs{name: "loadtest storm", json: jsonOut, quiet: quiet, reportFile: reportFile, stdout: stdout, stderr: stderr}
-	progress, code, ok := out.open()
-	if !ok {
-		return code
-	}
-	defer out.close()
-	start := time.Now()
-	sum, err := loadtest.RunStorm(ctx, cfg, progress)
-	if err != nil {
-		return out.finish(nil, err, start, "", 0)
-	}
-	return out.finish(sum, nil, start, sum.StoppedBy, sum.Storm.Answers)
+	return out.run(func(progress io.Writer) ended {
+		sum, err := loadtest.RunStorm(ctx, cfg, progress)
+		if err != nil {
+			return ended{err: err}
+		}
+		return ended{sum: sum, stoppedBy: sum.StoppedBy, answered: sum.Storm.Answers}
+	})
 }
