@@ -793,12 +793,12 @@ func (c *conn) call(st *stream, frame []byte) {
 	c.calls.Add(1)
 	c.s.async.Add(1)
 	h, req := st.h, st.buf[5:]
-	go func() {
+	c.s.goCall(func() {
 		defer c.calls.Done()
 		defer cancel()
 		out, err := h(ctx, req, framed(nil))
 		c.answer(st, out, err)
-	}()
+	})
 }
 
 // framed returns b's storage (or new storage) holding the 5 bytes of a

@@ -147,6 +147,50 @@ func TestCalls(t *testing.T) {
 	}
 }
 
+// TestWaitingCallsReuseGoroutines: calls that must wait, made one after
+// the other, run on the goroutine kept from the first (a goroutine per
+// call grew its stack anew each time), and Shutdown ends it at once
+// rather than after its idle time.
+func TestWaitingCallsReuseGoroutines(t *testing.T) {
+	t.Parallel()
+	srv := h2grpc.New(h2grpc.Options{})
+	ts := &testServer{release: make(chan struct{}), started: make(chan struct{}, 64)}
+	srv.Handle(echo, ts.handle)
+	close(ts.release)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	cc := dial(t, ln.Addr().String())
+	const calls = 50
+	for i := range calls {
+		if _, err := call(t.Context(), cc, echo, "wait:"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if _, async := srv.Calls(); async != calls {
+		t.Fatalf("%d calls answered elsewhere, want %d", async, calls)
+	}
+	// The worker may not be back waiting when the next call arrives: a
+	// few more goroutines are fine, one per call is not.
+	if n := srv.WorkersStarted(); n > calls/5 {
+		t.Errorf("%d goroutines started for %d calls made one after the other, want them reused", n, calls)
+	}
+	_ = cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	begin := time.Now()
+	srv.Shutdown(ctx)
+	if took := time.Since(begin); took > 5*time.Second {
+		t.Errorf("Shutdown took %v: the kept goroutines waited out their idle time", took)
+	}
+	if err := <-served; !errors.Is(err, h2grpc.ErrServerClosed) {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
 // TestConcurrentCalls: many calls in flight on one connection, some
 // waiting, all get their own answers.
 func TestConcurrentCalls(t *testing.T) {
