@@ -62,15 +62,23 @@ func TestLeasesGrantedTogetherEndApart(t *testing.T) {
 		})
 		return quarters, leases
 	}
-	// Each key's second and later misses ask for a lease sized to its rate.
-	for range 20 {
-		check()
-		now += 1000
+	// lease checks every key 20 times, a millisecond apart (each key's
+	// second and later misses ask for a lease sized to its rate), and
+	// returns the lifetimes of the leases held then.
+	lease := func() [4]int {
+		t.Helper()
+		for range 20 {
+			check()
+			now += 1000
+		}
+		quarters, leases := lives()
+		if leases < keys/2 {
+			t.Fatalf("%d leases for %d keys: the test made too few to judge", leases, keys)
+		}
+		return quarters
 	}
-	first, leases := lives()
-	if leases < keys/2 {
-		t.Fatalf("%d leases for %d keys: the test made too few to judge", leases, keys)
-	}
+	first := lease()
+	leases := first[0] + first[1] + first[2] + first[3]
 	// Uniform over the last three quarters: about a third of the leases in
 	// each; a first lease jittered by a quarter only has them all in the last.
 	for q := 1; q < 4; q++ {
@@ -81,15 +89,8 @@ func TestLeasesGrantedTogetherEndApart(t *testing.T) {
 	// Renewals: every lease expired and asked for again.
 	now += life + 1
 	s.sweep(false)
-	for range 20 {
-		check()
-		now += 1000
-	}
-	renewed, leases := lives()
-	if leases < keys/2 {
-		t.Fatalf("%d renewed leases for %d keys: the test made too few to judge", leases, keys)
-	}
-	if renewed[3] != leases {
+	renewed := lease()
+	if leases := renewed[0] + renewed[1] + renewed[2] + renewed[3]; renewed[3] != leases {
 		t.Errorf("renewals by quarter of their lifetime %v: want all in the last quarter", renewed)
 	}
 }
