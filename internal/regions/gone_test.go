@@ -253,3 +253,57 @@ func TestDemandGonePlannedOnlyWhereWanted(t *testing.T) {
 		t.Fatalf("r1, whose gateway stalled, was ordered to lend %+v", orders[0].Loan)
 	}
 }
+
+// TestGiverKeepsItsDemandUnrounded: a giver whose demand was 7 and 6 in
+// its last two periods (13.5 a window of two periods, as the 30 % side of
+// the regions scenario's 70/30 split) keeps 17 of a window for it (13 ×
+// 1.25, rounded up once), not 18 (its rounded rate of 7 a period, times
+// two, times 1.25): the unit rounded twice is one its receiver lacks at
+// its window's end.
+func TestGiverKeepsItsDemandUnrounded(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{}.WithDefaults()
+	fleet := EqualFleet("r1", "r2")
+	lim := Limit{Kind: FixedWindow, Units: 50, Window: 2 * sec}
+	start := int64(1_763_000_000) * sec
+	l, err := NewLedger(cfg, fleet, "r2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &queue{}
+	r2, err := NewRegion(cfg, fleet, "r2", l, q, nil, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, n := range []int{7, 7, 6, 7} {
+		at := start + int64(k)*sec
+		for i := range n {
+			now := at + 10_000 + int64(i)*100_000
+			a, err := l.Admit("c", lim, 1, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2.ObserveAt("c", lim, 1, a.Allowed, now)
+		}
+		if err := r2.Tick(ctx, at+sec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := start + 4*sec + 10_000
+	next := fdiv(now, lim.Window) + 1
+	e := NewEpoch(1, 0)
+	q.msgs = nil
+	o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: 1}, Counter: "c", Limit: lim, From: "r2", To: "r1", Units: 20, First: next, Last: next}}
+	if err := r2.Handle(ctx, o, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range q.msgs {
+		if g, ok := m.m.(*GiveResult); ok {
+			if static := l.Static(lim.Units); g.Loan.Units != static-17 {
+				t.Fatalf("r2 gave %d of the next window, want %d (its static share %d less 17 kept)", g.Loan.Units, static-17, static)
+			}
+			return
+		}
+	}
+	t.Fatalf("no give result among %+v", q.msgs)
+}

@@ -168,11 +168,14 @@ func (r *Region) hot(d *demand) bool {
 
 // need is the units a region wants over a window for a demand of d units
 // in the last period: its rate times the window times the headroom.
-func need(cfg Config, lim Limit, d int64) int64 {
+func need(cfg Config, lim Limit, d int64) int64 { return needOver(cfg, lim, d, 1) }
+
+// needOver is need for a demand of d units over the last periods periods.
+func needOver(cfg Config, lim Limit, d, periods int64) int64 {
 	if d <= 0 {
 		return 0
 	}
-	n := math.Ceil(float64(d) * float64(lim.Window) / float64(cfg.Period) * cfg.Headroom)
+	n := math.Ceil(float64(d) * float64(lim.Window) / float64(periods*cfg.Period) * cfg.Headroom)
 	if n >= float64(math.MaxInt64/2) {
 		return math.MaxInt64 / 2
 	}
@@ -527,12 +530,21 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 			// extended each period, and an extension refused ends it,
 			// so a rate guessed from part of a period (noisy) must not
 			// refuse it: the part counts as it is.
-			dem, _ := r.recent(d)
 			cur := d.cur
 			if m.Loan.Limit.Kind == FixedWindow {
 				cur = r.rate(d, now)
 			}
-			keep = need(r.cfg, m.Loan.Limit, max(dem, cur))
+			// The demand over the two periods recent counts, not its
+			// rounded half: a unit kept for rounding is a unit the
+			// receiver's window lacks.
+			dem2 := 2 * d.last
+			switch {
+			case d.goneFrom != 0:
+				dem2 = 0
+			case d.closed >= 3:
+				dem2 = d.last + d.prev
+			}
+			keep = needOver(r.cfg, m.Loan.Limit, max(dem2, 2*cur), 2)
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {
