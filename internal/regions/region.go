@@ -391,10 +391,9 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 // admitted none of it though it had room, before the region takes that
 // demand for gone (gone). A steady client sends them in such a time all
 // but always (a Poisson stream misses all sixteen one time in ten
-// million); a gateway that stalls for that long does not (a client at a
-// third of L per second stalled for half a second of a 1 s window), which
-// is why the coordinator acts on it only for a counter another region
-// rejects.
+// million), but a gateway stalled for that long looks the same (half a
+// second for a client at 30 a second), which is why the coordinator acts
+// on it at once only for a counter another region rejects.
 const goneArrivals = 16
 
 // arrivals is how many arrivals a counter's recent demand rate calls for
