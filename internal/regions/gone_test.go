@@ -254,56 +254,72 @@ func TestDemandGonePlannedOnlyWhereWanted(t *testing.T) {
 	}
 }
 
-// TestGiverKeepsItsDemandUnrounded: a giver whose demand was 7 and 6 in
-// its last two periods (13.5 a window of two periods, as the 30 % side of
-// the regions scenario's 70/30 split) keeps 17 of a window for it (13 ×
-// 1.25, rounded up once), not 18 (its rounded rate of 7 a period, times
-// two, times 1.25): the unit rounded twice is one its receiver lacks at
-// its window's end.
+// TestGiverKeepsItsDemandUnrounded: a giver keeps of a window its demand
+// over the two periods it counts times the headroom, rounded down (but
+// never below the demand itself): 16 for 7 and 6 in its last two periods
+// (13.5 a window of two periods, as the 30 % side of the regions
+// scenario's 70/30 split; 13 × 1.25 = 16.25), 17 for 7 and 7 (17.5). It
+// kept 18 for both (its rate rounded to 7 a period, times two, times
+// 1.25, rounded up): the unit or two kept for rounding is what its
+// receiver lacked at the ends of its windows. A demand too small for the
+// headroom to make a unit keeps the demand (2 and 1: 3).
 func TestGiverKeepsItsDemandUnrounded(t *testing.T) {
-	ctx := context.Background()
-	cfg := Config{}.WithDefaults()
-	fleet := EqualFleet("r1", "r2")
-	lim := Limit{Kind: FixedWindow, Units: 50, Window: 2 * sec}
-	start := int64(1_763_000_000) * sec
-	l, err := NewLedger(cfg, fleet, "r2")
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name    string
+		periods []int // decisions in each period before the order
+		keep    int64
+	}{
+		{"7 then 6", []int{7, 7, 6, 7}, 16},
+		{"7 then 7", []int{7, 7, 7, 7}, 17},
+		{"2 then 1", []int{1, 1, 2, 1}, 3},
 	}
-	q := &queue{}
-	r2, err := NewRegion(cfg, fleet, "r2", l, q, nil, start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, n := range []int{7, 7, 6, 7} {
-		at := start + int64(k)*sec
-		for i := range n {
-			now := at + 10_000 + int64(i)*100_000
-			a, err := l.Admit("c", lim, 1, now)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			cfg := Config{}.WithDefaults()
+			fleet := EqualFleet("r1", "r2")
+			lim := Limit{Kind: FixedWindow, Units: 50, Window: 2 * sec}
+			start := int64(1_763_000_000) * sec
+			l, err := NewLedger(cfg, fleet, "r2")
 			if err != nil {
 				t.Fatal(err)
 			}
-			r2.ObserveAt("c", lim, 1, a.Allowed, now)
-		}
-		if err := r2.Tick(ctx, at+sec); err != nil {
-			t.Fatal(err)
-		}
-	}
-	now := start + 4*sec + 10_000
-	next := fdiv(now, lim.Window) + 1
-	e := NewEpoch(1, 0)
-	q.msgs = nil
-	o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: 1}, Counter: "c", Limit: lim, From: "r2", To: "r1", Units: 20, First: next, Last: next}}
-	if err := r2.Handle(ctx, o, now); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range q.msgs {
-		if g, ok := m.m.(*GiveResult); ok {
-			if static := l.Static(lim.Units); g.Loan.Units != static-17 {
-				t.Fatalf("r2 gave %d of the next window, want %d (its static share %d less 17 kept)", g.Loan.Units, static-17, static)
+			q := &queue{}
+			r2, err := NewRegion(cfg, fleet, "r2", l, q, nil, start)
+			if err != nil {
+				t.Fatal(err)
 			}
-			return
-		}
+			for k, n := range tt.periods {
+				at := start + int64(k)*sec
+				for i := range n {
+					now := at + 10_000 + int64(i)*100_000
+					a, err := l.Admit("c", lim, 1, now)
+					if err != nil {
+						t.Fatal(err)
+					}
+					r2.ObserveAt("c", lim, 1, a.Allowed, now)
+				}
+				if err := r2.Tick(ctx, at+sec); err != nil {
+					t.Fatal(err)
+				}
+			}
+			now := start + int64(len(tt.periods))*sec + 10_000
+			next := fdiv(now, lim.Window) + 1
+			e := NewEpoch(1, 0)
+			q.msgs = nil
+			o := &Order{Epoch: e, Loan: Loan{ID: LoanID{Epoch: e, Seq: 1}, Counter: "c", Limit: lim, From: "r2", To: "r1", Units: 25, First: next, Last: next}}
+			if err := r2.Handle(ctx, o, now); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range q.msgs {
+				if g, ok := m.m.(*GiveResult); ok {
+					if static := l.Static(lim.Units); g.Loan.Units != static-tt.keep {
+						t.Fatalf("r2 gave %d of the next window, want %d (its static share %d less %d kept)", g.Loan.Units, static-tt.keep, static, tt.keep)
+					}
+					return
+				}
+			}
+			t.Fatalf("no give result among %+v", q.msgs)
+		})
 	}
-	t.Fatalf("no give result among %+v", q.msgs)
 }

@@ -182,6 +182,24 @@ func needOver(cfg Config, lim Limit, d, periods int64) int64 {
 	return int64(n)
 }
 
+// keepOver is what a giver keeps over a window for a demand of d units
+// over the last periods periods: its rate times the window times the
+// headroom, rounded down, but never less than its rate times the window
+// rounded up. Rounded up, the headroom took a unit more than a steady
+// 30 % side of a split needs and left its receiver a unit short at the
+// ends of its windows.
+func keepOver(cfg Config, lim Limit, d, periods int64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	bare := float64(d) * float64(lim.Window) / float64(periods*cfg.Period)
+	n := max(math.Ceil(bare), math.Floor(bare*cfg.Headroom))
+	if n >= float64(math.MaxInt64/2) {
+		return math.MaxInt64 / 2
+	}
+	return int64(n)
+}
+
 // track notes, at each step, when a counter's demand was first seen.
 func (r *Region) track(now int64) {
 	for _, d := range r.demand {
@@ -543,7 +561,7 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 			case d.closed >= 3:
 				dem2 = d.last + d.prev
 			}
-			keep = needOver(r.cfg, m.Loan.Limit, max(dem2, 2*cur), 2)
+			keep = keepOver(r.cfg, m.Loan.Limit, max(dem2, 2*cur), 2)
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {
