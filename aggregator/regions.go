@@ -53,8 +53,9 @@ type demandKey struct {
 }
 
 // demandSum is what the decisions of a counter asked for since the loop
-// last took it.
-type demandSum struct{ admitted, rejected int64 }
+// last took it, and when the latest was made (the gateway's clock, µs; 0
+// when forwarded by another instance, which does not say).
+type demandSum struct{ admitted, rejected, last int64 }
 
 // regionAgent hosts the regions protocol in the aggregator.
 type regionAgent struct {
@@ -181,6 +182,7 @@ func (a *regionAgent) observe(ev *windows.Event) {
 	} else {
 		d.rejected += cost
 	}
+	d.last = max(d.last, ev.TimeMicros)
 	a.demand[k] = d
 	a.mu.Unlock()
 }
@@ -195,11 +197,13 @@ func (a *regionAgent) takeDemand() {
 		return
 	}
 	for k, v := range d {
+		// The decisions' time lets the region tell a demand that has
+		// gone from one whose decisions are still on their way.
 		if v.admitted > 0 {
-			a.region.Observe(k.counter, k.lim, v.admitted, true)
+			a.region.ObserveAt(k.counter, k.lim, v.admitted, true, v.last)
 		}
 		if v.rejected > 0 {
-			a.region.Observe(k.counter, k.lim, v.rejected, false)
+			a.region.ObserveAt(k.counter, k.lim, v.rejected, false, v.last)
 		}
 	}
 }
@@ -490,6 +494,9 @@ func (a *regionAgent) merge(b []byte) {
 		d := a.demand[k]
 		d.admitted += c.Demand - c.Rejected
 		d.rejected += c.Rejected
+		// A forward does not say when its decisions were made: as late
+		// as now, so that they never look older than they are.
+		d.last = max(d.last, a.now())
 		a.demand[k] = d
 	}
 }

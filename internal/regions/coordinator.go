@@ -174,9 +174,34 @@ func (c *Coordinator) urgent(m *Report, prev received, ok bool, now int64) {
 	c.reports[m.Region] = received{rep: &merged, at: now}
 	names := map[string]bool{}
 	for _, cr := range m.Counters {
+		if cr.Demand == 0 && cr.Rejected == 0 && !c.rejectedElsewhere(cr.Counter, m.Region, now) {
+			// A demand gone from the region: planned at once only where
+			// another region wants the units. Else the next boundary's
+			// plan will do, and a region that took a stall of its own
+			// gateways for its client leaving gives nothing meanwhile.
+			continue
+		}
 		names[cr.Counter] = true
 	}
-	c.planAll(names, now)
+	if len(names) > 0 {
+		c.planAll(names, now)
+	}
+}
+
+// rejectedElsewhere reports whether a region other than region, in a
+// report the plan would read, rejected some of counter's demand.
+func (c *Coordinator) rejectedElsewhere(counter, region string, now int64) bool {
+	for name, r := range c.reports {
+		if name == region || now-r.at > c.cfg.Period+c.cfg.Period/2 {
+			continue
+		}
+		for _, cr := range r.rep.Counters {
+			if cr.Counter == counter && cr.Rejected > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // planAll plans the counters the recent reports name (only, unless nil,

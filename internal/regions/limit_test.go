@@ -9,6 +9,9 @@ import (
 // messages wait until deliver hands them over, in the order sent.
 type queue struct {
 	msgs []queued
+	// sent is every message sent, when kept (keep).
+	sent []queued
+	keep bool
 }
 
 type queued struct {
@@ -16,7 +19,12 @@ type queued struct {
 	m  Message
 }
 
-func (q *queue) Send(to Node, m Message) { q.msgs = append(q.msgs, queued{to, m}) }
+func (q *queue) Send(to Node, m Message) {
+	q.msgs = append(q.msgs, queued{to, m})
+	if q.keep {
+		q.sent = append(q.sent, queued{to, m})
+	}
+}
 
 // deliver hands every message (and those they cause) to the regions and
 // the coordinator, at now.

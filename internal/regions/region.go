@@ -30,6 +30,7 @@ type Region struct {
 	maxEpoch  Epoch
 	lastHeard int64 // the region's clock when it last heard a coordinator
 	period    int64 // the period of the last Tick
+	stepAt    int64 // the region's clock at the last Tick
 	demand    map[string]*demand
 }
 
@@ -52,6 +53,22 @@ type demand struct {
 	// its demand: a demand that began a moment ago is a rate over the
 	// time since (rate).
 	since int64
+	// seen is the time of the latest decision counted (ObserveAt).
+	seen int64
+	// sample is the ledger's state of the counter when last read (a
+	// fixed window's).
+	sample sample
+	// goneFrom, when not 0, is when the counter's demand went: the
+	// ledger admitted nothing since then though it had room and the
+	// demand's rate called for several admissions, and no decision made
+	// since has been counted (gone). Until one is, the counter's demand
+	// is 0 in reports and in what a give keeps.
+	goneFrom int64
+}
+
+// sample is a fixed window's use in the region's ledger at a moment.
+type sample struct {
+	at, window, used int64
 }
 
 // limit is the limit the counter is decided under in the region, as far
@@ -94,18 +111,33 @@ func (r *Region) Name() string { return r.name }
 func (r *Region) Epoch() Epoch { return r.maxEpoch }
 
 // Observe counts one decision of a global counter: its cost, admitted or
-// not. The aggregator calls it from the decision stream; it needs no
-// exactly-once (demand only steers where units go).
+// not, made at an unknown time (taken as the last Tick's). The aggregator
+// calls ObserveAt from the decision stream; it needs no exactly-once
+// (demand only steers where units go).
 func (r *Region) Observe(counter string, lim Limit, cost int64, allowed bool) {
+	r.ObserveAt(counter, lim, cost, allowed, 0)
+}
+
+// ObserveAt is Observe of a decision made at the region's clock at (0:
+// unknown, taken as the last Tick's). A decision made after a counter's
+// demand was found gone (gone) brings it back.
+func (r *Region) ObserveAt(counter string, lim Limit, cost int64, allowed bool, at int64) {
 	d := r.demand[counter]
 	if d == nil {
 		d = &demand{lim: lim}
 		r.demand[counter] = d
 	}
+	if at <= 0 {
+		at = r.stepAt
+	}
 	d.lim = lim
 	d.cur += cost
 	if !allowed {
 		d.curRejected += cost
+	}
+	d.seen = max(d.seen, at)
+	if d.goneFrom != 0 && at >= d.goneFrom {
+		d.goneFrom = 0
 	}
 }
 
@@ -136,11 +168,32 @@ func (r *Region) hot(d *demand) bool {
 
 // need is the units a region wants over a window for a demand of d units
 // in the last period: its rate times the window times the headroom.
-func need(cfg Config, lim Limit, d int64) int64 {
+func need(cfg Config, lim Limit, d int64) int64 { return needOver(cfg, lim, d, 1) }
+
+// needOver is need for a demand of d units over the last periods periods.
+func needOver(cfg Config, lim Limit, d, periods int64) int64 {
 	if d <= 0 {
 		return 0
 	}
-	n := math.Ceil(float64(d) * float64(lim.Window) / float64(cfg.Period) * cfg.Headroom)
+	n := math.Ceil(float64(d) * float64(lim.Window) / float64(periods*cfg.Period) * cfg.Headroom)
+	if n >= float64(math.MaxInt64/2) {
+		return math.MaxInt64 / 2
+	}
+	return int64(n)
+}
+
+// keepOver is what a giver keeps over a window for a demand of d units
+// over the last periods periods: its rate times the window times the
+// headroom, rounded down, but never less than its rate times the window
+// rounded up. Rounded up, the headroom took a unit more than a steady
+// 30 % side of a split needs and left its receiver a unit short at the
+// ends of its windows.
+func keepOver(cfg Config, lim Limit, d, periods int64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	bare := float64(d) * float64(lim.Window) / float64(periods*cfg.Period)
+	n := max(math.Ceil(bare), math.Floor(bare*cfg.Headroom))
 	if n >= float64(math.MaxInt64/2) {
 		return math.MaxInt64 / 2
 	}
@@ -164,6 +217,7 @@ func (r *Region) track(now int64) {
 // that a counter that starts rejecting is planned without waiting for the
 // next boundary.
 func (r *Region) Tick(ctx context.Context, now int64) error {
+	r.stepAt = now
 	r.track(now)
 	k := fdiv(now, r.cfg.Period)
 	if k <= r.period {
@@ -240,6 +294,9 @@ func (r *Region) counterReport(ctx context.Context, name string, lim Limit, now 
 	}
 	if d := r.demand[name]; d != nil {
 		d.held = lim
+		if lim.Kind == FixedWindow {
+			d.sample = sample{at: now, window: fdiv(now, lim.Window), used: st.Used}
+		}
 	}
 	return CounterReport{Counter: name, Limit: lim, Share: st.Share, Used: st.Used, Out: st.Out}, nil
 }
@@ -253,13 +310,17 @@ func (r *Region) sofar(u, now int64) int64 {
 }
 
 // recent is a counter's demand and rejections per period over the last
-// two periods (the last alone until two whole ones are counted). A
-// decision stream delivers in polls, so a period may count one poll more
-// or fewer than the region's rate; over two periods that noise is halved,
+// two periods (the last alone until two whole ones are counted), 0 while
+// its demand is gone. A decision stream delivers in polls, so a period
+// may count one poll more or fewer than the region's rate; over two
+// periods that noise is halved,
 // and a region that counted two polls in its last period does not take
 // its rate for twice what it is (keeping units another region needs) nor,
 // after one, for half (taking the units it lent).
 func (r *Region) recent(d *demand) (dem, rej int64) {
+	if d.goneFrom != 0 {
+		return 0, 0
+	}
 	if d.closed < 3 {
 		return d.last, d.lastRejected
 	}
@@ -273,6 +334,9 @@ func (r *Region) recent(d *demand) (dem, rej int64) {
 // moment ago is not taken for one whose client sends a few requests a
 // period.
 func (r *Region) rate(d *demand, now int64) int64 {
+	if d.goneFrom != 0 {
+		return 0
+	}
 	start := (r.period - 1) * r.cfg.Period
 	units := d.last + d.cur
 	switch {
@@ -295,9 +359,10 @@ func (r *Region) rate(d *demand, now int64) int64 {
 // (sofar). Cold counters never are, so
 // these reports too grow with hot counters, not keys.
 func (r *Region) urgent(ctx context.Context, now int64) error {
+	goneErr := r.gone(ctx, now)
 	var names []string
 	for name, d := range r.demand {
-		if d.urgent || r.hot(d) {
+		if d.urgent || d.goneFrom != 0 || r.hot(d) {
 			continue
 		}
 		lim := d.limit()
@@ -307,7 +372,7 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 		}
 	}
 	if len(names) == 0 {
-		return nil
+		return goneErr
 	}
 	slices.Sort(names)
 	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
@@ -334,7 +399,109 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 		r.tr.Send(ToCoordinators, rep)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("regions: urgent report: %w", errors.Join(errs...))
+		return errors.Join(goneErr, fmt.Errorf("regions: urgent report: %w", errors.Join(errs...)))
+	}
+	return goneErr
+}
+
+// goneArrivals is how many arrivals a counter's demand rate must call for,
+// in a time when its decisions stopped coming and the region's ledger
+// admitted none of it though it had room, before the region takes that
+// demand for gone (gone). A steady client sends them in such a time all
+// but always (a Poisson stream misses all sixteen one time in ten
+// million), but a gateway stalled for that long looks the same (half a
+// second for a client at 30 a second), which is why the coordinator acts
+// on it at once only for a counter another region rejects.
+const goneArrivals = 16
+
+// arrivals is how many arrivals a counter's recent demand rate calls for
+// in dt.
+func (r *Region) arrivals(d *demand, dt int64) float64 {
+	dem, _ := r.recent(d)
+	return float64(dem) * float64(max(dt, 0)) / float64(r.cfg.Period)
+}
+
+// gone finds, within a period, the fixed-window counters whose demand
+// has gone from the region (its client left, most often for another
+// region) and reports each at once with a demand of 0, so that the
+// coordinator plans it there and then and the units its share holds go
+// where they are wanted, instead of staying for the one or two periods
+// the region's demand (counted over two periods, from a decision stream
+// that arrives late and in polls) takes to fall. Two kinds of evidence,
+// neither enough alone: the decision stream brought no decision of the
+// counter made in a time its rate calls for goneArrivals in (a stream
+// may stall or lag), and the ledger, which the gateways admit through at
+// once, admitted nothing of it since a read made after that last
+// decision, over a time its rate calls for goneArrivals in again, though
+// the share had room (with none, requests are rejected and the ledger
+// shows nothing), within the body of one window (within the skew bound of
+// a boundary the window on the other side, whose share may be spent,
+// counts too). Only counters reported (hot, or holding loans) are
+// watched, each with at most one ledger read per step while its decisions
+// have stopped: they too grow with hot counters, not keys. A decision
+// made since counts again (ObserveAt); a give then keeps what the demand
+// needs, as before.
+func (r *Region) gone(ctx context.Context, now int64) error {
+	var names []string
+	for name, d := range r.demand {
+		if d.goneFrom == 0 && d.sample.at != 0 && d.limit().Kind == FixedWindow && d.seen > 0 &&
+			now-d.seen >= r.cfg.Period/10 && r.arrivals(d, now-d.seen) >= goneArrivals {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	var rep *Report
+	var errs []error
+	for _, name := range names {
+		d := r.demand[name]
+		lim, smp := d.limit(), d.sample
+		fresh := smp.at > d.seen
+		// Only the window's body counts: within the skew bound of a
+		// boundary an admission may lie in the window on the other side
+		// too, and that window's share may have no room.
+		w := fdiv(now, lim.Window)
+		if now >= (w+1)*lim.Window-r.cfg.Skew {
+			continue
+		}
+		from, used := smp.at, smp.used
+		if w != smp.window {
+			used = 0
+		}
+		from = max(from, w*lim.Window+r.cfg.Skew)
+		if fresh && r.arrivals(d, now-from) < goneArrivals {
+			continue // quiet so far, not for long enough yet
+		}
+		// Read the ledger: the test's end, or a read after the last
+		// decision to start it from.
+		cr, err := r.counterReport(ctx, name, lim, now)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !fresh || cr.Limit != lim || cr.Used != used || cr.Share <= cr.Used {
+			continue
+		}
+		d.goneFrom = from
+		r.log.Debug("regions: a counter's demand has gone from the region", slog.String("counter", name),
+			slog.Int64("quiet_since", from), slog.Int64("share", cr.Share), slog.Int64("used", cr.Used))
+		cr.Demand, cr.Rejected = 0, 0
+		if rep == nil {
+			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
+		}
+		rep.Counters = append(rep.Counters, cr)
+		if len(rep.Counters) == MaxReportCounters {
+			r.tr.Send(ToCoordinators, rep)
+			rep = nil
+		}
+	}
+	if rep != nil {
+		r.tr.Send(ToCoordinators, rep)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("regions: demand gone: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -380,12 +547,21 @@ func (r *Region) Handle(ctx context.Context, m Message, now int64) error {
 			// extended each period, and an extension refused ends it,
 			// so a rate guessed from part of a period (noisy) must not
 			// refuse it: the part counts as it is.
-			dem, _ := r.recent(d)
 			cur := d.cur
 			if m.Loan.Limit.Kind == FixedWindow {
 				cur = r.rate(d, now)
 			}
-			keep = need(r.cfg, m.Loan.Limit, max(dem, cur))
+			// The demand over the two periods recent counts, not its
+			// rounded half: a unit kept for rounding is a unit the
+			// receiver's window lacks.
+			dem2 := 2 * d.last
+			switch {
+			case d.goneFrom != 0:
+				dem2 = 0
+			case d.closed >= 3:
+				dem2 = d.last + d.prev
+			}
+			keep = keepOver(r.cfg, m.Loan.Limit, max(dem2, 2*cur), 2)
 		}
 		loan, refused, err := r.store.Give(ctx, m, keep, now)
 		if err != nil {

@@ -219,6 +219,7 @@ func (s *Sim) request(c *Counter, i int) {
 		s.fail(fmt.Errorf("region %s admit %s: %w", r.name, c.Name, err))
 		return
 	}
+	decided := s.local(r)
 	if s.lag > 0 || s.batch > 0 {
 		allowed := a.Allowed
 		at := s.now + s.lag
@@ -227,11 +228,11 @@ func (s *Sim) request(c *Counter, i int) {
 		}
 		s.schedule(at, func() {
 			if r.up {
-				r.agent.Observe(c.Name, c.Limit, cost, allowed)
+				r.agent.ObserveAt(c.Name, c.Limit, cost, allowed, decided)
 			}
 		})
 	} else {
-		r.agent.Observe(c.Name, c.Limit, cost, a.Allowed)
+		r.agent.ObserveAt(c.Name, c.Limit, cost, a.Allowed, decided)
 	}
 	if a.Allowed {
 		s.stats.Admitted++
