@@ -175,7 +175,11 @@ func needOver(cfg Config, lim Limit, d, periods int64) int64 {
 	if d <= 0 {
 		return 0
 	}
-	n := math.Ceil(float64(d) * float64(lim.Window) / float64(periods*cfg.Period) * cfg.Headroom)
+	return capped(math.Ceil(float64(d) * float64(lim.Window) / float64(periods*cfg.Period) * cfg.Headroom))
+}
+
+// capped is n units, at most MaxInt64/2.
+func capped(n float64) int64 {
 	if n >= float64(math.MaxInt64/2) {
 		return math.MaxInt64 / 2
 	}
@@ -193,11 +197,7 @@ func keepOver(cfg Config, lim Limit, d, periods int64) int64 {
 		return 0
 	}
 	bare := float64(d) * float64(lim.Window) / float64(periods*cfg.Period)
-	n := max(math.Ceil(bare), math.Floor(bare*cfg.Headroom))
-	if n >= float64(math.MaxInt64/2) {
-		return math.MaxInt64 / 2
-	}
-	return int64(n)
+	return capped(max(math.Ceil(bare), math.Floor(bare*cfg.Headroom)))
 }
 
 // track notes, at each step, when a counter's demand was first seen.
@@ -251,7 +251,7 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 	for _, a := range active {
 		report[a.Counter] = a.Limit
 	}
-	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now}
+	reps := r.reports(now, false)
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(report)) {
 		cr, err := r.counterReport(ctx, name, report[name], now)
@@ -263,20 +263,56 @@ func (r *Region) Tick(ctx context.Context, now int64) error {
 			// Demand is in the units requests cost, whatever the limit.
 			cr.Demand, cr.Rejected = r.recent(d)
 		}
-		rep.Counters = append(rep.Counters, cr)
-		if len(rep.Counters) == MaxReportCounters {
-			r.tr.Send(ToCoordinators, rep)
-			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now}
-		}
+		reps.add(cr)
 	}
 	// An empty report still says the region is there.
-	if len(rep.Counters) > 0 || len(report) == 0 {
-		r.tr.Send(ToCoordinators, rep)
-	}
+	reps.send(len(report) == 0)
 	if len(errs) > 0 {
 		return fmt.Errorf("regions: tick: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// reportBatch sends a region's counter reports to the coordinators in
+// Reports of at most MaxReportCounters counters.
+type reportBatch struct {
+	r      *Region
+	now    int64
+	urgent bool
+	rep    *Report
+}
+
+// reports starts the reports of a step at now.
+func (r *Region) reports(now int64, urgent bool) *reportBatch {
+	return &reportBatch{r: r, now: now, urgent: urgent}
+}
+
+// add adds cr, sending the report it fills.
+func (b *reportBatch) add(cr CounterReport) {
+	if b.rep == nil {
+		b.rep = b.report()
+	}
+	b.rep.Counters = append(b.rep.Counters, cr)
+	if len(b.rep.Counters) == MaxReportCounters {
+		b.r.tr.Send(ToCoordinators, b.rep)
+		b.rep = nil
+	}
+}
+
+func (b *reportBatch) report() *Report {
+	return &Report{Region: b.r.name, Epoch: b.r.maxEpoch, Time: b.now, Urgent: b.urgent}
+}
+
+// send sends what add has not sent yet; with empty, an empty report
+// when nothing was added.
+func (b *reportBatch) send(empty bool) {
+	if b.rep == nil && empty {
+		b.rep = b.report()
+	}
+	if b.rep != nil {
+		b.r.tr.Send(ToCoordinators, b.rep)
+		b.rep = nil
+	}
 }
 
 // counterReport is a counter's state for a report, under the limit its
@@ -375,7 +411,7 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 		return goneErr
 	}
 	slices.Sort(names)
-	rep := &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
+	reps := r.reports(now, true)
 	var errs []error
 	for _, name := range names {
 		d := r.demand[name]
@@ -389,15 +425,9 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 			continue // its share covers the demand: the next report will do
 		}
 		d.urgent = true
-		rep.Counters = append(rep.Counters, cr)
-		if len(rep.Counters) == MaxReportCounters {
-			r.tr.Send(ToCoordinators, rep)
-			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
-		}
+		reps.add(cr)
 	}
-	if len(rep.Counters) > 0 {
-		r.tr.Send(ToCoordinators, rep)
-	}
+	reps.send(false)
 	if len(errs) > 0 {
 		return errors.Join(goneErr, fmt.Errorf("regions: urgent report: %w", errors.Join(errs...)))
 	}
@@ -453,7 +483,7 @@ func (r *Region) gone(ctx context.Context, now int64) error {
 		return nil
 	}
 	slices.Sort(names)
-	var rep *Report
+	reps := r.reports(now, true)
 	var errs []error
 	for _, name := range names {
 		d := r.demand[name]
@@ -488,18 +518,9 @@ func (r *Region) gone(ctx context.Context, now int64) error {
 		r.log.Debug("regions: a counter's demand has gone from the region", slog.String("counter", name),
 			slog.Int64("quiet_since", from), slog.Int64("share", cr.Share), slog.Int64("used", cr.Used))
 		cr.Demand, cr.Rejected = 0, 0
-		if rep == nil {
-			rep = &Report{Region: r.name, Epoch: r.maxEpoch, Time: now, Urgent: true}
-		}
-		rep.Counters = append(rep.Counters, cr)
-		if len(rep.Counters) == MaxReportCounters {
-			r.tr.Send(ToCoordinators, rep)
-			rep = nil
-		}
+		reps.add(cr)
 	}
-	if rep != nil {
-		r.tr.Send(ToCoordinators, rep)
-	}
+	reps.send(false)
 	if len(errs) > 0 {
 		return fmt.Errorf("regions: demand gone: %w", errors.Join(errs...))
 	}
