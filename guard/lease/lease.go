@@ -728,11 +728,7 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 		return
 	}
 	s.granted.Add(r.Leased)
-	life := e.life
-	if life <= 0 {
-		life = s.lifetime(c)
-	}
-	until := min(recv+life, s.windowEnd(c, t, send))
+	until := min(recv+e.life, s.windowEnd(c, t, send))
 	e.leased = true
 	l := &lease{
 		alg: c.Algorithm, params: c.Params, ledger: c.Ledger, epoch: epoch,
@@ -759,8 +755,9 @@ func (s *Store) install(e *entry, c *guard.Counter, r *guard.CounterResult, epoc
 
 // want sizes the lease asked for with a miss: the counter's rate here
 // (units used from the last lease — whether the miss or the sweep closed
-// it — and calls that missed, over the time since the last refill) times the time the lease will live: its
-// lifetime, and for a window no more than what is left of the window as
+// it — and calls that missed, over the time since the last refill) times
+// the time the lease will live: its lifetime (spread, kept in e.life for
+// install), and for a window no more than what is left of the window as
 // the last reply's Redis time tells (units leased for after the window's
 // end would be charged to a window that is over, never used). It is 0 for
 // a counter seen for the first time, and when fewer than minWant units
