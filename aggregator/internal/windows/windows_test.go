@@ -549,9 +549,12 @@ func TestTxnSizedFromTheLast(t *testing.T) {
 	first := run(0) // the map grows from empty
 	second := run(events)
 	// Each new row allocates its rule list (3 rows per event); growing the
-	// transaction's map and slices to 3 × 4096 rows is dozens more.
+	// transaction's map and slices to 3 × 4096 rows is about a hundred more.
+	// The count is the process's: a runtime or test-framework goroutine
+	// may allocate meanwhile (a clean-clone CI run counted one past a
+	// margin of 8), so the margin is 16, still far below the growth.
 	rows := uint64(3 * events)
-	if want := rows + 8; second > want {
+	if want := rows + 16; second > want {
 		t.Errorf("second transaction of %d new rows: %d allocations, want at most %d (the first, unsized: %d)", rows, second, want, first)
 	}
 	if first <= second {
