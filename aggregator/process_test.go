@@ -210,7 +210,8 @@ var penaltyEnv = []string{"TOLLGATE_PENALTY_WINDOW=2s", "TOLLGATE_PENALTY_BACKOF
 // storm has a gateway gw-1 of epoch emit, from a background goroutine
 // until stopped, 100 rejections a second of key ("kid:" and its key_id)
 // that ignores their Retry-After, and normal traffic of other tenants
-// besides; it returns once api shows the key's first step.
+// besides; it returns once api shows the key's first step (or more: the
+// storm goes on while api is polled).
 func storm(t *testing.T, brokers []string, epoch uint64, key, api string) (keyID string, stop func()) {
 	gw := newGateway(t, brokers, "gw-1", epoch)
 	keyID = strings.TrimPrefix(key, "kid:")
@@ -222,7 +223,7 @@ func storm(t *testing.T, brokers []string, epoch uint64, key, api string) (keyID
 		gw.emit(t, fmt.Sprint("tenant-", i%5), fmt.Sprint("key-", i%7), true, time.Now())
 	})
 	t.Cleanup(stop)
-	waitChanges(t, api, key, 30*time.Second, "reduced_limit→1")
+	waitClimbed(t, api, key, 30*time.Second, "reduced_limit→1")
 	return keyID, stop
 }
 

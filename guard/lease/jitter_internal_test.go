@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,8 +25,9 @@ func TestLeasesGrantedTogetherEndApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now().UnixMicro()
-	s := New(memstore.New(), WithWindowTTL(time.Minute), WithClock(func() int64 { return now }))
+	var now atomic.Int64 // the store's sweeper reads it too
+	now.Store(time.Now().UnixMicro())
+	s := New(memstore.New(), WithWindowTTL(time.Minute), WithClock(now.Load))
 	defer s.Close()
 	g, err := guard.New(s, []byte("jitter-test-secret-0123456789abc"), rs)
 	if err != nil {
@@ -69,7 +71,7 @@ func TestLeasesGrantedTogetherEndApart(t *testing.T) {
 		t.Helper()
 		for range 20 {
 			check()
-			now += 1000
+			now.Add(1000)
 		}
 		quarters, leases := lives()
 		if leases < keys/2 {
@@ -87,7 +89,7 @@ func TestLeasesGrantedTogetherEndApart(t *testing.T) {
 		}
 	}
 	// Renewals: every lease expired and asked for again.
-	now += life + 1
+	now.Add(life + 1)
 	s.sweep(false)
 	renewed := lease()
 	if leases := renewed[0] + renewed[1] + renewed[2] + renewed[3]; renewed[3] != leases {
