@@ -122,21 +122,24 @@ func (s *side) stop() {
 
 // result is one side's run of one scenario.
 type result struct {
-	Scenario       string  `json:"scenario"`
-	Load           string  `json:"load"`
-	Workers        int     `json:"workers,omitempty"`
-	Side           string  `json:"side"`
-	Round          int     `json:"round"`
-	Decisions      int64   `json:"decisions"`
-	Rejected       int64   `json:"rejected"`
-	Errors         int64   `json:"errors"`
-	PerSecond      float64 `json:"decisions_per_second"`
-	CPUus          float64 `json:"service_cpu_us_per_decision"`
-	RedisCPUus     float64 `json:"redis_cpu_us_per_decision"`
-	RedisCalls     float64 `json:"redis_calls_per_decision"`
-	RedisCommands  float64 `json:"redis_commands_per_decision"`
-	P50ms, P99ms   float64 `json:"-"`
-	P50us, P99us   int64
+	Scenario      string  `json:"scenario"`
+	Load          string  `json:"load"`
+	Workers       int     `json:"workers,omitempty"`
+	Side          string  `json:"side"`
+	Round         int     `json:"round"`
+	Decisions     int64   `json:"decisions"`
+	Rejected      int64   `json:"rejected"`
+	Errors        int64   `json:"errors"`
+	PerSecond     float64 `json:"decisions_per_second"`
+	CPUus         float64 `json:"service_cpu_us_per_decision"`
+	RedisCPUus    float64 `json:"redis_cpu_us_per_decision"`
+	RedisCalls    float64 `json:"redis_calls_per_decision"`
+	RedisCommands float64 `json:"redis_commands_per_decision"`
+	P50ms, P99ms  float64 `json:"-"`
+	P50us, P99us  int64
+	// SendLagP99us is the load generator's own lateness (open loop),
+	// part of the latency.
+	SendLagP99us   int64   `json:"send_lag_p99_us,omitempty"`
 	LoadtestCPUus  float64 `json:"loadtest_cpu_us_per_request"`
 	ByCommand      map[string]int64
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
@@ -354,6 +357,9 @@ func measure(ctx context.Context, o options, s *side, sc scenario, round int) (r
 		LoadtestCPUus:  sum.LoadtestCPUMicrosPerRequest,
 		ElapsedSeconds: sum.ElapsedSeconds,
 	}
+	if sum.SendLagUS != nil {
+		r.SendLagP99us = sum.SendLagUS.P99
+	}
 	if sum.Decisions > 0 {
 		r.RedisCPUus = float64((ra - rb).Microseconds()) / float64(sum.Decisions)
 	}
@@ -499,8 +505,9 @@ func report(w io.Writer, all []result) {
 		fmt.Fprintln(w, "\nper round:")
 		for _, r := range all {
 			if group(r) == sc {
-				fmt.Fprintf(w, "  round %d %-22s %8.0f/s cpu %6.1f µs redis cpu %6.2f µs calls %.3f cmds %.2f rejected %d p50 %.2f ms p99 %.2f ms loadtest %.1f µs/req\n",
-					r.Round, r.Side, r.PerSecond, r.CPUus, r.RedisCPUus, r.RedisCalls, r.RedisCommands, r.Rejected, r.P50ms, r.P99ms, r.LoadtestCPUus)
+				fmt.Fprintf(w, "  round %d %-22s %8.0f/s cpu %6.1f µs redis cpu %6.2f µs calls %.3f cmds %.2f rejected %d p50 %.2f ms p99 %.2f ms (send lag p99 %.2f ms) loadtest %.1f µs/req\n",
+					r.Round, r.Side, r.PerSecond, r.CPUus, r.RedisCPUus, r.RedisCalls, r.RedisCommands, r.Rejected, r.P50ms, r.P99ms,
+					float64(r.SendLagP99us)/1000, r.LoadtestCPUus)
 			}
 		}
 	}

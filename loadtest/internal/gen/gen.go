@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,27 @@ type Result struct {
 	// never sent for want of a free slot, and requests that waited for one.
 	Missed int64
 	Waited int64
+	// SendLag (open loop) is how late requests left against their due
+	// times: the load generator's own share of their latency.
+	SendLag Lag
+}
+
+// Lag summarises how late an open-loop schedule sent its requests.
+type Lag struct {
+	P50, P99, Max time.Duration
+}
+
+// maxLagSamples bounds the send lags kept for [Lag]: the first ones of a
+// longer run stand for it.
+const maxLagSamples = 1 << 20
+
+func lagOf(samples []time.Duration) Lag {
+	if len(samples) == 0 {
+		return Lag{}
+	}
+	slices.Sort(samples)
+	at := func(q float64) time.Duration { return samples[int(math.Ceil(q*float64(len(samples))))-1] }
+	return Lag{P50: at(0.5), P99: at(0.99), Max: samples[len(samples)-1]}
 }
 
 // validate reports every problem with cfg at once.
@@ -206,13 +228,14 @@ func (r *runner) openLoop(ctx context.Context) (Result, error) {
 	interval := float64(time.Second) / cfg.Rate
 	due := func(i int64) time.Duration { return time.Duration(float64(i) * interval) }
 
+	pace := newPacer()
+	defer pace.close()
+	lags := make([]time.Duration, 0, min(maxLagSamples, max(int64(cfg.Rate*cfg.Duration.Seconds()), 0)+1))
+
 	start := time.Now()
 	end := start.Add(cfg.Duration)
 	stop, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
 
 	slots := make(chan struct{}, cfg.MaxInFlight)
 	var wg sync.WaitGroup
@@ -227,13 +250,8 @@ schedule:
 		// A request due before the end is sent even if the scheduler runs
 		// late (starved of CPU, say) and the end has passed meanwhile: its
 		// latency, from at, shows the lag.
-		if d := time.Until(at); d > 0 {
-			timer.Reset(d)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				break schedule
-			}
+		if !pace.wait(ctx, at) {
+			break schedule
 		}
 		// Without a free slot by the end, the rest is missed.
 		select {
@@ -249,6 +267,9 @@ schedule:
 		}
 		key, path := picker.Next()
 		res.Sent++
+		if len(lags) < maxLagSamples {
+			lags = append(lags, time.Since(at))
+		}
 		wg.Go(func() {
 			defer func() { <-slots }()
 			r.send(ctx, at, Request{Key: key, Path: path})
@@ -264,6 +285,7 @@ schedule:
 		}
 		res.Missed = max(dueCount-res.Sent, 0)
 	}
+	res.SendLag = lagOf(lags)
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	res.StoppedBy = stoppedBy(ctx, cfg.Requests, res.Sent)

@@ -49,6 +49,13 @@ type RedisUsage struct {
 	ByCommand map[string]int64 `json:"by_command,omitempty"`
 }
 
+// SendLag is the open-loop generator's lateness against its schedule.
+type SendLag struct {
+	P50 int64 `json:"p50"`
+	P99 int64 `json:"p99"`
+	Max int64 `json:"max"`
+}
+
 // Summary is the end-of-run report. Its JSON form is loadtest's -json
 // output; field names are stable.
 type Summary struct {
@@ -79,6 +86,10 @@ type Summary struct {
 	// wait, since it is measured from the scheduled time).
 	Missed int64 `json:"missed"`
 	Waited int64 `json:"waited"`
+	// SendLagUS (open loop) is how late the generator sent requests
+	// against their scheduled times, in microseconds: its own share of
+	// the latency measured from those times.
+	SendLagUS *SendLag `json:"send_lag_us,omitempty"`
 	// ThroughputRPS is answers per second of elapsed time.
 	ThroughputRPS float64 `json:"throughput_rps"`
 	// Statuses counts answers per outcome name.
@@ -177,6 +188,9 @@ func (s *Summary) lines() []summaryLine {
 		req += fmt.Sprintf(", %d missed, %d waited for a slot", s.Missed, s.Waited)
 	}
 	line("requests", "%s", req)
+	if s.SendLagUS != nil {
+		line("send lag", "p50 %dµs, p99 %dµs, max %dµs behind the schedule (included in the latency below)", s.SendLagUS.P50, s.SendLagUS.P99, s.SendLagUS.Max)
+	}
 	line("throughput", "%.1f answers/s", s.ThroughputRPS)
 	var st strings.Builder
 	for _, name := range s.order() {
