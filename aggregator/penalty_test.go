@@ -333,6 +333,21 @@ func waitHistory(t *testing.T, addr, key string, timeout time.Duration, want str
 	return a
 }
 
+// ladderLevels are the KV changes of a key climbing the whole ladder:
+// its override at level 1, its penalty at 2, its block at 3.
+var ladderLevels = []string{"override1", "penalty2", "block3"}
+
+// isSubsequence reports whether sub is seq with some elements left out.
+func isSubsequence(sub, seq []string) bool {
+	i := 0
+	for _, s := range seq {
+		if i < len(sub) && sub[i] == s {
+			i++
+		}
+	}
+	return i == len(sub)
+}
+
 // TestPenaltyLadderEndToEnd: a client ignoring Retry-After climbs level
 // 1 → 2 → 3, each step reaching the gateway through KV; one honouring it
 // never climbs; once the storm stops the levels step down to 0 after the
@@ -367,11 +382,20 @@ func TestPenaltyLadderEndToEnd(t *testing.T) {
 				}
 			}
 		}
-		if !slices.Equal(levels, []string{"override1", "penalty2", "block3"}) {
-			return fmt.Errorf("KV changes seen by the gateway: %v", levels)
+		// A watcher that falls behind on a loaded machine may find a
+		// level already replaced by the next (the bucket keeps the latest
+		// value of each key), and one that restarts sees the latest again:
+		// the levels it saw climb in order and end at the top.
+		levels = slices.Compact(levels)
+		if !isSubsequence(levels, ladderLevels) || len(levels) == 0 || levels[len(levels)-1] != "block3" {
+			return fmt.Errorf("KV changes seen by the gateway: %v, want %v (or the levels of it still there when read)", levels, ladderLevels)
 		}
-		if n := st.statuses[stormID]; n["penalty"] == 0 || n["blocklisted"] == 0 {
-			return fmt.Errorf("storm decisions %v: want PENALTY 429s and 403s", n)
+		n := st.statuses[stormID]
+		if n["blocklisted"] == 0 || slices.Contains(levels, "penalty2") && n["penalty"] == 0 {
+			return fmt.Errorf("storm decisions %v with KV changes %v: want 403s, and PENALTY 429s once level 2 was seen", n, levels)
+		}
+		if len(levels) < len(ladderLevels) {
+			t.Logf("the gateway's watcher saw %v: a level was replaced before it read it", levels)
 		}
 		return nil
 	})
