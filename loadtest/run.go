@@ -216,7 +216,8 @@ func summarize(cfg Config, rec *report.Recorder, res gen.Result) *Summary {
 	if cfg.OpenLoop() {
 		s.Mode, s.Rate, s.Workers, s.MaxInFlight = "open", cfg.Rate, 0, cfg.MaxInFlight
 		s.LatencyFrom = "scheduled"
-		s.SendLagUS = &report.SendLag{P50: res.SendLag.P50.Microseconds(), P99: res.SendLag.P99.Microseconds(), Max: res.SendLag.Max.Microseconds()}
+		lag := res.SendLag
+		s.SendLagUS = &lag
 	}
 	if res.Elapsed > 0 {
 		s.ThroughputRPS = float64(s.Answered) / res.Elapsed.Seconds()

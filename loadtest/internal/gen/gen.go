@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,25 +90,7 @@ type Result struct {
 	Waited int64
 	// SendLag (open loop) is how late requests left against their due
 	// times: the load generator's own share of their latency.
-	SendLag Lag
-}
-
-// Lag summarises how late an open-loop schedule sent its requests.
-type Lag struct {
-	P50, P99, Max time.Duration
-}
-
-// maxLagSamples bounds the send lags kept for [Lag]: the first ones of a
-// longer run stand for it.
-const maxLagSamples = 1 << 20
-
-func lagOf(samples []time.Duration) Lag {
-	if len(samples) == 0 {
-		return Lag{}
-	}
-	slices.Sort(samples)
-	at := func(q float64) time.Duration { return samples[int(math.Ceil(q*float64(len(samples))))-1] }
-	return Lag{P50: at(0.5), P99: at(0.99), Max: samples[len(samples)-1]}
+	SendLag report.SendLag
 }
 
 // validate reports every problem with cfg at once.
@@ -230,7 +211,7 @@ func (r *runner) openLoop(ctx context.Context) (Result, error) {
 
 	pace := newPacer()
 	defer pace.close()
-	lags := make([]time.Duration, 0, min(maxLagSamples, max(int64(cfg.Rate*cfg.Duration.Seconds()), 0)+1))
+	lags := report.NewLags()
 
 	start := time.Now()
 	end := start.Add(cfg.Duration)
@@ -267,9 +248,7 @@ schedule:
 		}
 		key, path := picker.Next()
 		res.Sent++
-		if len(lags) < maxLagSamples {
-			lags = append(lags, time.Since(at))
-		}
+		lags.Record(time.Since(at))
 		wg.Go(func() {
 			defer func() { <-slots }()
 			r.send(ctx, at, Request{Key: key, Path: path})
@@ -285,7 +264,7 @@ schedule:
 		}
 		res.Missed = max(dueCount-res.Sent, 0)
 	}
-	res.SendLag = lagOf(lags)
+	res.SendLag = lags.Summary()
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	res.StoppedBy = stoppedBy(ctx, cfg.Requests, res.Sent)

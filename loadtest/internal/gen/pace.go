@@ -14,7 +14,7 @@ import (
 // requests would leave up to a millisecond late, and since latency counts
 // from the due time, that millisecond would be the load generator's own,
 // charged to whichever service it measures (on a quiet machine it was half
-// of a fast service's p99). The pacer sleeps long waits on a timer and the
+// of a fast service's p50). The pacer sleeps long waits on a timer and the
 // last stretch with the operating system's own sleep (nanosleep, on Linux),
 // which wakes within tens of microseconds; the goroutine's thread sleeps
 // in it, so a few microseconds of the stretch are its processor's too.
@@ -46,12 +46,12 @@ func (p *pacer) wait(ctx context.Context, at time.Time) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		if p.fine != nil && d <= fineFrom {
-			p.fine(d)
-			continue
-		}
 		if p.fine != nil {
-			d -= fineFrom / 2
+			if d <= fineFrom {
+				p.fine(d)
+				continue
+			}
+			d -= fineFrom / 2 // the timer wakes inside the stretch
 		}
 		p.timer.Reset(d)
 		select {

@@ -72,17 +72,3 @@ func TestPacerStopsWithTheContext(t *testing.T) {
 		t.Errorf("wait took %v to see its context end", took)
 	}
 }
-
-// TestLagOf: nearest-rank percentiles of the send lags, in any order.
-func TestLagOf(t *testing.T) {
-	var lags []time.Duration
-	for i := 100; i >= 1; i-- {
-		lags = append(lags, time.Duration(i)*time.Millisecond)
-	}
-	if got, want := lagOf(lags), (Lag{P50: 50 * time.Millisecond, P99: 99 * time.Millisecond, Max: 100 * time.Millisecond}); got != want {
-		t.Errorf("lagOf(1..100 ms) = %+v, want %+v", got, want)
-	}
-	if got := lagOf(nil); got != (Lag{}) {
-		t.Errorf("lagOf(nil) = %+v, want zero", got)
-	}
-}

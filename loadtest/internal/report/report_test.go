@@ -245,3 +245,20 @@ func TestSeconds(t *testing.T) {
 		t.Error("Seconds shares its Counts with the recorder")
 	}
 }
+
+// TestLags: the send lags' p50, p99 and maximum, in any order, within
+// the histogram's precision (3 significant digits); none recorded is zero.
+func TestLags(t *testing.T) {
+	l := NewLags()
+	for i := 100; i >= 1; i-- {
+		l.Record(time.Duration(i) * time.Millisecond)
+	}
+	got, want := l.Summary(), SendLag{P50: 50_000, P99: 99_000, Max: 100_000}
+	near := func(g, w int64) bool { return g >= w && g-w <= w/1000 }
+	if !near(got.P50, want.P50) || !near(got.P99, want.P99) || !near(got.Max, want.Max) {
+		t.Errorf("lags of 1..100 ms: %+v µs, want %+v within 0.1 %%", got, want)
+	}
+	if got := NewLags().Summary(); got != (SendLag{}) {
+		t.Errorf("no lags: %+v, want zero", got)
+	}
+}

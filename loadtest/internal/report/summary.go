@@ -49,13 +49,6 @@ type RedisUsage struct {
 	ByCommand map[string]int64 `json:"by_command,omitempty"`
 }
 
-// SendLag is the open-loop generator's lateness against its schedule.
-type SendLag struct {
-	P50 int64 `json:"p50"`
-	P99 int64 `json:"p99"`
-	Max int64 `json:"max"`
-}
-
 // Summary is the end-of-run report. Its JSON form is loadtest's -json
 // output; field names are stable.
 type Summary struct {
