@@ -119,10 +119,10 @@ type Store struct {
 	// that scan). A counter renewed sits in several lists; the sweep
 	// closes only the lease it finds ended.
 	due map[int64][]*entry
-	// swept is the epoch of the last sweep: a sweep that finds the epoch
-	// moved (new rules, Invalidate) scans the whole table once, leases
-	// of older epochs having ended before their time.
-	swept uint64
+	// sweptEpoch is the epoch of the last sweep: a sweep that finds the
+	// epoch moved (new rules, Invalidate) scans the whole table once,
+	// leases of older epochs having ended before their time.
+	sweptEpoch uint64
 
 	quit   chan struct{}
 	wg     sync.WaitGroup
@@ -944,8 +944,8 @@ func (s *Store) sweep(all bool) {
 	s.mu.Lock()
 	batch := s.pending
 	s.pending = nil
-	full := all || epoch != s.swept
-	s.swept = epoch
+	full := all || epoch != s.sweptEpoch
+	s.sweptEpoch = epoch
 	var ended [][]*entry
 	for tick, es := range s.due {
 		if tick <= now || all {
