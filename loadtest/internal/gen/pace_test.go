@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/loadtest/internal/report"
 )
 
 // TestPacerSleepsTheLastStretchFinely: a wait far ahead sleeps on the
@@ -70,5 +72,39 @@ func TestPacerStopsWithTheContext(t *testing.T) {
 	}
 	if took := time.Since(began); took > 5*time.Second {
 		t.Errorf("wait took %v to see its context end", took)
+	}
+}
+
+// BenchmarkPacer: how late the pacer wakes for due times 150 µs apart
+// (6,667 a second), with its fine sleep and with the runtime's timers
+// alone. b.N is the number of due times; the figures are per wake-up.
+//
+//	go test ./loadtest/internal/gen -run '^$' -bench Pacer -benchtime 20000x
+func BenchmarkPacer(b *testing.B) {
+	const gap = 150 * time.Microsecond
+	for _, mode := range []struct {
+		name string
+		fine func(time.Duration)
+	}{{"fine", fineSleeper()}, {"timer", nil}} {
+		b.Run(mode.name, func(b *testing.B) {
+			if mode.name == "fine" && mode.fine == nil {
+				b.Skip("no fine sleep on this platform")
+			}
+			p := &pacer{timer: time.NewTimer(time.Hour), fine: mode.fine}
+			p.timer.Stop()
+			defer p.close()
+			lags := report.NewLags()
+			start := time.Now()
+			for i := range b.N {
+				at := start.Add(time.Duration(i) * gap)
+				if !p.wait(b.Context(), at) {
+					b.Fatal("wait ended early")
+				}
+				lags.Record(time.Since(at))
+			}
+			s := lags.Summary()
+			b.ReportMetric(float64(s.P50), "p50-late-µs")
+			b.ReportMetric(float64(s.P99), "p99-late-µs")
+		})
 	}
 }
