@@ -143,7 +143,7 @@ local function free(x, t)
   elseif x.kind == 3 then
     return rg_tdiv(st.tok - x.add * x.W, x.W)
   end
-  return sw_own(st, t) + sw_borrowed(st, t) - st.used - x.add
+  return sw_share(st, t, t) - st.used - x.add
 end
 
 local function fits(x, now, cost)

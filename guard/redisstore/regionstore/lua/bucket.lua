@@ -1,7 +1,7 @@
 -- bucket.lua: the bucket arithmetic of regions.Ledger (kind 3: token
 -- bucket and GCRA), for a capacity share S refilling in W µs (a share of s
 -- units refills at s/W per µs), loans counted in periods, sharing
--- sliding.lua's loan functions (sw_own, sw_borrowed, sw_validity, sw_sure
+-- sliding.lua's loan functions (sw_own, sw_validity, sw_share, sw_loans_end
 -- with sw.R = sw.F = 0). The hash holds the tokens × W in field k
 -- (st.tok) as of the time in field s (st.ts); a new counter starts full.
 --
@@ -24,7 +24,7 @@ end
 -- bk_eff is the capacity at t: the share, or 0 while loans made under
 -- another limit hold more of the region's units than its share.
 local function bk_eff(st, t)
-  return math.max(sw_own(st, t) + sw_borrowed(st, t), 0)
+  return math.max(sw_share(st, t, t), 0)
 end
 
 -- the times in (from, to) at which the share may change by itself.
@@ -89,7 +89,7 @@ local function bk_retry(st, cost, now)
   table.sort(ends)
   ends[#ends + 1] = math.huge
   for _, b in ipairs(ends) do
-    local e = sw_sure(st, now, t)
+    local e = sw_share(st, now, t)
     local capa = e * W
     tok = math.min(tok, capa)
     if capa < need or e == 0 then
@@ -118,12 +118,5 @@ end
 -- passed since the last change of its share and its last settle: then it
 -- is full at its static share.
 local function bk_needed(st)
-  local t = st.ts
-  for _, o in pairs(st.outs) do
-    t = math.max(t, sw_regain(o))
-  end
-  for _, r in pairs(st.ins) do
-    t = math.max(t, sw_forget(r))
-  end
-  return math.max(st.promise, t + sw.W)
+  return math.max(st.promise, sw_loans_end(st, st.ts) + sw.W)
 end

@@ -106,7 +106,7 @@ if op == 'inspect' then
       out[#out + 1] = fw_used(st, j)
     end
   else
-    out[#out + 1] = sw_own(st, now) + sw_borrowed(st, now)
+    out[#out + 1] = sw_share(st, now, now)
   end
   return out
 end
@@ -192,7 +192,7 @@ end
 
 -- eff is a sliding window's share at now.
 local function eff()
-  return sw_own(st, now) + sw_borrowed(st, now)
+  return sw_share(st, now, now)
 end
 
 local cur = rg_fdiv(now, W)

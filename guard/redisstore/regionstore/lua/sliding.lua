@@ -13,9 +13,12 @@
 -- sw_forget(r)        when the receiver may drop a loan's record
 -- sw_own(st, now)     the static share less the loans given at or before
 --                     now that are not back yet
--- sw_borrowed(st, now) the received loans that count at now
--- sw_sure(st, now, t) the share at t > now as far as the region is sure of
---                     it (Ledger.sureShare)
+-- sw_share(st, now, t) the share at t >= now as far as the region is sure
+--                     of it at now: its own share at now and the received
+--                     loans that count from now through t (Ledger.sureShare;
+--                     at t = now, the share now)
+-- sw_loans_end(st, t) the later of t and the last moment a loan of the
+--                     counter still counts for giver or receiver
 -- sw_prune(st, log, now) drops loans that no longer count and admissions
 --                     that slid out (from the list); true when it did
 -- sw_retry(st, log, cost, now) the wait until enough has slid out for cost
@@ -51,18 +54,7 @@ local function sw_own(st, now)
   return s
 end
 
-local function sw_borrowed(st, now)
-  local s = 0
-  for _, r in pairs(st.ins) do
-    local from, to = sw_validity(r)
-    if from <= now and now < to then
-      s = s + r.units
-    end
-  end
-  return s
-end
-
-local function sw_sure(st, now, t)
+local function sw_share(st, now, t)
   local s = sw_own(st, now)
   for _, r in pairs(st.ins) do
     local from, to = sw_validity(r)
@@ -131,7 +123,7 @@ local function sw_retry(st, log, cost, now)
     end
     if not same then
       local at = t + sw.W
-      if sw_sure(st, now, at) - u >= cost then
+      if sw_share(st, now, at) - u >= cost then
         return at - now
       end
     end
@@ -139,15 +131,19 @@ local function sw_retry(st, log, cost, now)
   return sw.W
 end
 
+local function sw_loans_end(st, t)
+  for _, o in pairs(st.outs) do
+    t = math.max(t, sw_regain(o))
+  end
+  for _, r in pairs(st.ins) do
+    t = math.max(t, sw_forget(r))
+  end
+  return t
+end
+
 local function sw_needed(log)
   return function(st)
-    local t = st.promise
-    for _, o in pairs(st.outs) do
-      t = math.max(t, sw_regain(o))
-    end
-    for _, r in pairs(st.ins) do
-      t = math.max(t, sw_forget(r))
-    end
+    local t = sw_loans_end(st, st.promise)
     local v = redis.call('LINDEX', log, -1)
     if v then
       local at = sw_entry(v)
