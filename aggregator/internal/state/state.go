@@ -373,17 +373,24 @@ func (d *DB) LoadPartition(p int32) (map[windows.RowKey]windows.Row, map[windows
 // and each value with val; the first error ends the scan.
 func scanInto[K comparable, V any](d *DB, prefix []byte, key func([]byte) (K, error), val func([]byte) (V, error), out map[K]V) error {
 	return d.scan(prefix, prefixEnd(prefix), func(k, v []byte) error {
-		kk, err := key(k)
-		if err != nil {
-			return err
-		}
-		vv, err := val(v)
+		kk, vv, err := decodeEntry(k, v, key, val)
 		if err != nil {
 			return err
 		}
 		out[kk] = vv
 		return nil
 	})
+}
+
+// decodeEntry decodes an entry's key with key and its value with val.
+func decodeEntry[K, V any](k, v []byte, key func([]byte) (K, error), val func([]byte) (V, error)) (K, V, error) {
+	kk, err := key(k)
+	if err != nil {
+		var vv V
+		return kk, vv, err
+	}
+	vv, err := val(v)
+	return kk, vv, err
 }
 
 // LoadPenalties returns the penalty state of every key of partition p:
@@ -543,11 +550,7 @@ func (d *DB) Report(q Query) ([]ReportRow, string, error) {
 			}
 			v = bytes.Clone(rowIt.Value())
 		}
-		rk, err := DecodeRowKey(primary)
-		if err != nil {
-			return err
-		}
-		r, err := DecodeRowValue(v)
+		rk, r, err := decodeEntry(primary, v, DecodeRowKey, DecodeRowValue)
 		if err != nil {
 			return err
 		}
