@@ -28,6 +28,7 @@ package configs
 
 import (
 	"bytes"
+	"cmp"
 	_ "embed"
 	"encoding"
 	"errors"
@@ -203,9 +204,7 @@ func WriteHelp(w io.Writer, vars []Var) error {
 	var b strings.Builder
 	for _, v := range vars {
 		def := v.Default
-		if def == "" {
-			def = "none"
-		}
+		def = cmp.Or(def, "none")
 		fmt.Fprintf(&b, "  %s  (%s, %s; default: %s)\n", v.Name, v.Path, v.Kind, def)
 		for _, line := range wrap(v.Doc, 72) {
 			b.WriteString("      ")

@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -26,12 +27,8 @@ type Log struct {
 
 // SetDefaults fills zero fields: info, text.
 func (c *Log) SetDefaults() {
-	if c.Level == "" {
-		c.Level = "info"
-	}
-	if c.Format == "" {
-		c.Format = "text"
-	}
+	c.Level = cmp.Or(c.Level, "info")
+	c.Format = cmp.Or(c.Format, "text")
 }
 
 // Validate checks the section (prefix is its YAML path, "log").

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -526,9 +527,7 @@ func (g *Guard) apply(op Op, req *Request, d *Decision, r *resolution, now int64
 				d.PenaltyLevel, d.CloseConnection = e.Level, e.Close
 				if e.Level > 0 {
 					d.PenaltyUntil, d.PenaltyReason = e.Expiry, e.Reason
-					if d.PenaltyUntil == 0 {
-						d.PenaltyUntil = math.MaxInt64
-					}
+					d.PenaltyUntil = cmp.Or(d.PenaltyUntil, math.MaxInt64)
 				}
 			}
 			return apps, false

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"hash/maphash"
 	"math"
 	"net/netip"
@@ -114,13 +115,9 @@ func (g *Guard) resolveInto(r *resolution, rs *rules.Ruleset, ctl *ControlSet, s
 			mreq.Tenant, mreq.Tier = info.Tenant, info.Tier
 		default:
 			mreq.Tenant, mreq.Tier = req.Tenant, req.Tier
-			if mreq.Tier == "" {
-				mreq.Tier = info.Tier
-			}
+			mreq.Tier = cmp.Or(mreq.Tier, info.Tier)
 		}
-		if mreq.Tenant == "" {
-			mreq.Tenant = mreq.KeyID
-		}
+		mreq.Tenant = cmp.Or(mreq.Tenant, mreq.KeyID)
 		r.tenant, r.tier = mreq.Tenant, mreq.Tier
 
 		// Precedence: blocklist > allowlist > penalty > rules.

@@ -1,6 +1,7 @@
 package natsserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -296,9 +297,7 @@ func (s *Server) options() *server.Options {
 	if s.leafHost != "" {
 		o.LeafNode.Host = s.leafHost
 		o.LeafNode.Port = s.leafPort
-		if o.LeafNode.Port == 0 {
-			o.LeafNode.Port = server.RANDOM_PORT
-		}
+		o.LeafNode.Port = cmp.Or(o.LeafNode.Port, server.RANDOM_PORT)
 		// Remotes reconnect only to the URL they were given: advertised,
 		// the listener's own address would join their URL pool, and a
 		// link made through a link proxy would come back around it

@@ -30,6 +30,7 @@ package redisserver
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -156,9 +157,7 @@ func lookPath(explicit string) (string, error) {
 	if name == "" {
 		name = os.Getenv(EnvServer)
 	}
-	if name == "" {
-		name = "redis-server"
-	}
+	name = cmp.Or(name, "redis-server")
 	p, err := exec.LookPath(name)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrNotFound, err)

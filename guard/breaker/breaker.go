@@ -22,6 +22,7 @@
 package breaker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -106,24 +107,12 @@ func monotonic() int64 { return int64(time.Since(epoch)) }
 
 // SetDefaults fills the zero fields with their defaults.
 func (c *Config) SetDefaults() {
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
-	if c.MinRequests == 0 {
-		c.MinRequests = DefaultMinRequests
-	}
-	if c.FailureRatio == 0 {
-		c.FailureRatio = DefaultFailureRatio
-	}
-	if c.ConsecutiveFailures == 0 {
-		c.ConsecutiveFailures = DefaultConsecutiveFailures
-	}
-	if c.OpenFor == 0 {
-		c.OpenFor = DefaultOpenFor
-	}
-	if c.Probes == 0 {
-		c.Probes = DefaultProbes
-	}
+	c.Window = cmp.Or(c.Window, DefaultWindow)
+	c.MinRequests = cmp.Or(c.MinRequests, DefaultMinRequests)
+	c.FailureRatio = cmp.Or(c.FailureRatio, DefaultFailureRatio)
+	c.ConsecutiveFailures = cmp.Or(c.ConsecutiveFailures, DefaultConsecutiveFailures)
+	c.OpenFor = cmp.Or(c.OpenFor, DefaultOpenFor)
+	c.Probes = cmp.Or(c.Probes, DefaultProbes)
 	if c.Clock == nil {
 		c.Clock = monotonic
 	}

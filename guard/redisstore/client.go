@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -51,21 +52,13 @@ const (
 
 // SetDefaults fills unset fields with their defaults.
 func (c *Config) SetDefaults() {
-	if c.Mode == "" {
-		c.Mode = ModeStandalone
-	}
+	c.Mode = cmp.Or(c.Mode, ModeStandalone)
 	if len(c.Addrs) == 0 {
 		c.Addrs = []string{"127.0.0.1:6379"}
 	}
-	if c.MasterName == "" {
-		c.MasterName = "mymaster"
-	}
-	if c.KeyPrefix == "" {
-		c.KeyPrefix = "tg"
-	}
-	if c.Timeout == 0 {
-		c.Timeout = 50 * time.Millisecond
-	}
+	c.MasterName = cmp.Or(c.MasterName, "mymaster")
+	c.KeyPrefix = cmp.Or(c.KeyPrefix, "tg")
+	c.Timeout = cmp.Or(c.Timeout, 50*time.Millisecond)
 }
 
 // Validate reports every problem with the configuration at once.

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,9 +75,7 @@ func leanWire(client redis.UniversalClient) (*wire, bool) {
 		return nil, false
 	}
 	network := o.Network
-	if network == "" {
-		network = "tcp"
-	}
+	network = cmp.Or(network, "tcp")
 	w := &wire{dial: o.Dialer, network: network, addr: o.Addr, user: o.Username, pass: o.Password, db: o.DB}
 	if o.Addr == "FailoverClient" { // go-redis's NewFailoverClient
 		w.maxAge = failoverRecheck

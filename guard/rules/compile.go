@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -353,9 +354,7 @@ func (c *compiler) overrides(name string, r *Rule, s *RuleSpec, base paramVals, 
 		o := s.Overrides[key]
 		field := "overrides[" + redactKey(key) + "]"
 		oline := o.line
-		if oline == 0 {
-			oline = line
-		}
+		oline = cmp.Or(oline, line)
 		kid, isKid := strings.CutPrefix(key, "kid:")
 		if isKid && kid == "" {
 			c.errorf(name, field, oline, "kid: needs a key_id")
@@ -369,9 +368,7 @@ func (c *compiler) overrides(name string, r *Rule, s *RuleSpec, base paramVals, 
 			c.errorf(name, field, oline, "override sets no parameter")
 			continue
 		}
-		if o.line == 0 {
-			o.line = oline
-		}
+		o.line = cmp.Or(o.line, oline)
 		ov, ok := c.values(name, r.Algorithm, &o, field, false, true)
 		if !ok || !baseOK {
 			continue

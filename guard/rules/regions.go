@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"fmt"
 	"math/big"
 	"slices"
@@ -108,9 +109,7 @@ func (c *compiler) regionList() {
 	for i, s := range specs {
 		field := fmt.Sprintf("regions[%d]", i)
 		line := s.line
-		if line == 0 {
-			line = top
-		}
+		line = cmp.Or(line, top)
 		out[i].Name = s.Name
 		switch {
 		case s.Name == "":

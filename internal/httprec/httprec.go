@@ -7,6 +7,7 @@ package httprec
 
 import (
 	"bytes"
+	"cmp"
 	"net/http"
 )
 
@@ -25,17 +26,13 @@ func (r *Recorder) Header() http.Header { return r.H }
 
 // WriteHeader implements http.ResponseWriter: the first status stays.
 func (r *Recorder) WriteHeader(code int) {
-	if r.Status == 0 {
-		r.Status = code
-	}
+	r.Status = cmp.Or(r.Status, code)
 }
 
 // Write implements http.ResponseWriter: a write before any status is
 // a 200, as net/http makes it.
 func (r *Recorder) Write(b []byte) (int, error) {
-	if r.Status == 0 {
-		r.Status = http.StatusOK
-	}
+	r.Status = cmp.Or(r.Status, http.StatusOK)
 	return r.Body.Write(b)
 }
 

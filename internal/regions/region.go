@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -203,9 +204,7 @@ func keepOver(cfg Config, lim Limit, d, periods int64) int64 {
 // track notes, at each step, when a counter's demand was first seen.
 func (r *Region) track(now int64) {
 	for _, d := range r.demand {
-		if d.since == 0 {
-			d.since = now
-		}
+		d.since = cmp.Or(d.since, now)
 	}
 }
 

@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -176,24 +177,12 @@ type Config struct {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Period == 0 {
-		c.Period = DefaultPeriod
-	}
-	if c.Skew == 0 {
-		c.Skew = DefaultSkew
-	}
-	if c.HotFraction == 0 {
-		c.HotFraction = DefaultHotFraction
-	}
-	if c.Headroom == 0 {
-		c.Headroom = DefaultHeadroom
-	}
-	if c.Tolerance == 0 {
-		c.Tolerance = DefaultTolerance
-	}
-	if c.FailoverPeriods == 0 {
-		c.FailoverPeriods = DefaultFailoverPeriods
-	}
+	c.Period = cmp.Or(c.Period, DefaultPeriod)
+	c.Skew = cmp.Or(c.Skew, DefaultSkew)
+	c.HotFraction = cmp.Or(c.HotFraction, DefaultHotFraction)
+	c.Headroom = cmp.Or(c.Headroom, DefaultHeadroom)
+	c.Tolerance = cmp.Or(c.Tolerance, DefaultTolerance)
+	c.FailoverPeriods = cmp.Or(c.FailoverPeriods, DefaultFailoverPeriods)
 	if c.PlanOffset == 0 {
 		c.PlanOffset = c.Period / 4
 	}

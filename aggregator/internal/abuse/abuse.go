@@ -41,6 +41,7 @@
 package abuse
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -808,9 +809,7 @@ func (x *Txn) Lift(l Lift, now time.Time) bool {
 	if l.TimeMicros <= s.LiftedAt {
 		return false
 	}
-	if s.Tenant == "" {
-		s.Tenant = l.Tenant
-	}
+	s.Tenant = cmp.Or(s.Tenant, l.Tenant)
 	s.Touched = max(s.Touched, now.UnixMicro())
 	x.lift(i, l, now)
 	return true

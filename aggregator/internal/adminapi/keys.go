@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -70,12 +71,8 @@ func (a *api) keyGuard(w http.ResponseWriter, r *http.Request) (*guard.Guard, *g
 			}
 		}
 	}
-	if kr.Endpoint == "" {
-		kr.Endpoint = "/"
-	}
-	if kr.Method == "" {
-		kr.Method = http.MethodGet
-	}
+	kr.Endpoint = cmp.Or(kr.Endpoint, "/")
+	kr.Method = cmp.Or(kr.Method, http.MethodGet)
 	req := &guard.Request{Key: k, Path: kr.Endpoint, Method: kr.Method, Tenant: kr.Tenant}
 	if kr.IP != "" {
 		ip, err := netip.ParseAddr(kr.IP)

@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -108,9 +109,7 @@ func (a *api) penaltyView(id, prefix string, states []state.PenaltyState, now ti
 		j := EntryJSON(e)
 		v.History = append(v.History, Step{Time: j.Time, Level: after.Level, Previous: before.Level, Change: after.Change,
 			Action: after.Action, ExpiresAt: after.ExpiresAt, Actor: e.Actor, Reason: e.Reason, Evidence: j.Evidence})
-		if v.KeyPrefix == "" {
-			v.KeyPrefix = e.KeyPrefix
-		}
+		v.KeyPrefix = cmp.Or(v.KeyPrefix, e.KeyPrefix)
 	}
 	return v, nil
 }

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"embed"
 	"io/fs"
 	"net/http"
@@ -31,9 +32,7 @@ func Register(mux *http.ServeMux, g *Guard) {
 	mux.HandleFunc("GET /console/", func(w http.ResponseWriter, r *http.Request) {
 		headers(w.Header())
 		name := strings.TrimPrefix(r.URL.Path, "/console/")
-		if name == "" {
-			name = "index.html"
-		}
+		name = cmp.Or(name, "index.html")
 		if !fs.ValidPath(name) || strings.HasSuffix(name, "/") {
 			http.NotFound(w, r)
 			return

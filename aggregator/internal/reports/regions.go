@@ -231,9 +231,7 @@ func Merge(parts []Answer, limit int) (rows []Row, tot Totals, truncated bool) {
 				rows[i].Allowed += r.Allowed
 				rows[i].Rejected += r.Rejected
 				rows[i].Cost += r.Cost
-				if rows[i].KeyPrefix == "" {
-					rows[i].KeyPrefix = r.KeyPrefix
-				}
+				rows[i].KeyPrefix = cmp.Or(rows[i].KeyPrefix, r.KeyPrefix)
 				continue
 			}
 			at[k] = len(rows)

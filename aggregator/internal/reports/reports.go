@@ -17,6 +17,7 @@ package reports
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"io"
@@ -132,18 +133,14 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 		return
 	}
 	gname := v.Get("granularity")
-	if gname == "" {
-		gname = "hour"
-	}
+	gname = cmp.Or(gname, "hour")
 	g, ok := windows.ParseGranularity(gname)
 	if !ok {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "granularity: minute, hour or day")
 		return
 	}
 	format := v.Get("format")
-	if format == "" {
-		format = "json"
-	}
+	format = cmp.Or(format, "json")
 	if format != "json" && format != "csv" {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "format: json or csv")
 		return

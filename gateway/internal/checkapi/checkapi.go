@@ -16,6 +16,7 @@ package checkapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -195,9 +196,7 @@ func releaseDecision(pd *guard.Decision) {
 // back with releaseBody) and returns the answer's status.
 func encodeDecision(d *guard.Decision) (int, *[]byte) {
 	status := d.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
+	status = cmp.Or(status, http.StatusOK)
 	out := outPool.Get().(*[]byte)
 	*out = appendDecision((*out)[:0], d, status)
 	return status, out
@@ -252,9 +251,7 @@ func (h *handler) batchBody(ctx context.Context, body []byte) ([]byte, bool) {
 			continue
 		}
 		status := dd.Status
-		if status == 0 {
-			status = http.StatusOK
-		}
+		status = cmp.Or(status, http.StatusOK)
 		out = appendDecision(out, dd, status)
 	}
 	return append(out, ']'), true

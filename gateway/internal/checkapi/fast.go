@@ -1,6 +1,7 @@
 package checkapi
 
 import (
+	"cmp"
 	"net/http"
 	"strconv"
 	"time"
@@ -266,9 +267,7 @@ func appendDecisionHead(b []byte, d *guard.Decision, status int) []byte {
 func appendDecisionError(b []byte, d *guard.Decision, status int) []byte {
 	dr := d.DecidingRule()
 	code := d.Code
-	if code == "" {
-		code = apierror.RateLimitExceeded
-	}
+	code = cmp.Or(code, apierror.RateLimitExceeded)
 	b = appendNext(b, "error")
 	b = append(b, '{')
 	b = apierror.AppendFields(b, code, httpguard.Message(d), apierror.EscapeHTML)

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -121,30 +122,14 @@ func DefaultSpoolDir(dataDir, gatewayID string) string {
 }
 
 func (c *Config) setDefaults() {
-	if c.Topic == "" {
-		c.Topic = tollgatev1.TopicDecisions
-	}
-	if c.SpoolMaxBytes == 0 {
-		c.SpoolMaxBytes = spool.DefaultMaxBytes
-	}
-	if c.MemoryBytes == 0 {
-		c.MemoryBytes = DefaultMemoryBytes
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = DefaultFlushInterval
-	}
-	if c.Linger == 0 {
-		c.Linger = DefaultLinger
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.MetadataTimeout == 0 {
-		c.MetadataTimeout = DefaultMetadataTimeout
-	}
-	if c.LedgerDir == "" {
-		c.LedgerDir = DefaultLedgerDir
-	}
+	c.Topic = cmp.Or(c.Topic, tollgatev1.TopicDecisions)
+	c.SpoolMaxBytes = cmp.Or(c.SpoolMaxBytes, spool.DefaultMaxBytes)
+	c.MemoryBytes = cmp.Or(c.MemoryBytes, DefaultMemoryBytes)
+	c.FlushInterval = cmp.Or(c.FlushInterval, DefaultFlushInterval)
+	c.Linger = cmp.Or(c.Linger, DefaultLinger)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.MetadataTimeout = cmp.Or(c.MetadataTimeout, DefaultMetadataTimeout)
+	c.LedgerDir = cmp.Or(c.LedgerDir, DefaultLedgerDir)
 	if c.FS == nil {
 		c.FS = spool.OSFS{}
 	}

@@ -20,6 +20,7 @@
 package h2grpc
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -160,12 +161,8 @@ func New(opts Options) *Server {
 	if opts.MaxMessage <= 0 {
 		opts.MaxMessage = DefaultMaxMessage
 	}
-	if opts.MaxStreams == 0 {
-		opts.MaxStreams = DefaultMaxStreams
-	}
-	if opts.MaxHeaderList == 0 {
-		opts.MaxHeaderList = DefaultMaxHeaderList
-	}
+	opts.MaxStreams = cmp.Or(opts.MaxStreams, DefaultMaxStreams)
+	opts.MaxHeaderList = cmp.Or(opts.MaxHeaderList, DefaultMaxHeaderList)
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = DefaultHandshakeTimeout
 	}

@@ -156,9 +156,7 @@ func Open(fsys FS, dir string, opts Options) (*Spool, error) {
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("spool: open %s: negative MaxBytes %d", dir, opts.MaxBytes)
 	}
-	if opts.MaxBytes == 0 {
-		opts.MaxBytes = DefaultMaxBytes
-	}
+	opts.MaxBytes = cmp.Or(opts.MaxBytes, DefaultMaxBytes)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -1,6 +1,7 @@
 package regionsim
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -36,30 +37,14 @@ type Chaos struct {
 
 // Chaos schedules c's counters, clients and faults from now on.
 func (s *Sim) Chaos(c Chaos) error {
-	if c.MaxUnits == 0 {
-		c.MaxUnits = 400
-	}
-	if c.MaxRate == 0 {
-		c.MaxRate = 4
-	}
-	if c.Partitions == 0 {
-		c.Partitions = 4
-	}
-	if c.CoordinatorCrashes == 0 {
-		c.CoordinatorCrashes = 1
-	}
-	if c.Restarts == 0 {
-		c.Restarts = 1
-	}
-	if c.Outages == 0 {
-		c.Outages = 0.5
-	}
-	if c.MaxPartition == 0 {
-		c.MaxPartition = 60 * time.Second
-	}
-	if c.MaxLimitSpread == 0 {
-		c.MaxLimitSpread = 3 * time.Second
-	}
+	c.MaxUnits = cmp.Or(c.MaxUnits, 400)
+	c.MaxRate = cmp.Or(c.MaxRate, 4)
+	c.Partitions = cmp.Or(c.Partitions, 4)
+	c.CoordinatorCrashes = cmp.Or(c.CoordinatorCrashes, 1)
+	c.Restarts = cmp.Or(c.Restarts, 1)
+	c.Outages = cmp.Or(c.Outages, 0.5)
+	c.MaxPartition = cmp.Or(c.MaxPartition, 60*time.Second)
+	c.MaxLimitSpread = cmp.Or(c.MaxLimitSpread, 3*time.Second)
 	end := s.now + c.Duration.Microseconds()
 	for i := range c.Hot {
 		ctr, err := s.AddCounter(fmt.Sprintf("hot-%d", i), s.randomLimit(c.MaxUnits))

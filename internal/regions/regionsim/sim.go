@@ -1,6 +1,7 @@
 package regionsim
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -143,9 +144,7 @@ type Stats struct {
 // New builds a fleet of opts.Regions regions (equal weights), region r1
 // running the first coordinator. Nothing runs until RunFor.
 func New(opts Options) (*Sim, error) {
-	if opts.Regions == 0 {
-		opts.Regions = 3
-	}
+	opts.Regions = cmp.Or(opts.Regions, 3)
 	if opts.Regions < 1 || opts.Regions > len(Names) {
 		return nil, fmt.Errorf("regionsim: %d regions, want 1 to %d", opts.Regions, len(Names))
 	}
@@ -153,9 +152,7 @@ func New(opts Options) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("regionsim: %w", err)
 	}
-	if opts.Net.StaleMax == 0 {
-		opts.Net.StaleMax = 30 * time.Second
-	}
+	opts.Net.StaleMax = cmp.Or(opts.Net.StaleMax, 30*time.Second)
 	log := opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -259,9 +260,7 @@ func (r *Result) charts() []report.Chart {
 			continue
 		}
 		end := f.End
-		if end == 0 {
-			end = h.Meta.End
-		}
+		end = cmp.Or(end, h.Meta.End)
 		cl := 0
 		switch {
 		case f.Link != nil:

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"html/template"
@@ -327,9 +328,7 @@ func renderSVG(c Chart) (string, error) {
 		labels = c.XNames
 	}
 	xTitle := c.XTitle
-	if xTitle == "" {
-		xTitle = secondsTitle
-	}
+	xTitle = cmp.Or(xTitle, secondsTitle)
 	opt := charts.NewLineChartOptionWithData(values)
 	opt.Theme = charts.GetDefaultTheme().WithSeriesColors(colors)
 	opt.Padding = charts.Box{Top: 16, Right: 24, Bottom: 8, Left: 12}
