@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,9 +151,7 @@ func (a *regionAgent) observe(ev *windows.Event) {
 	}
 	id := guard.CounterID{Rule: r.Tag, Scope: r.Scope}
 	tenant := ev.Tenant
-	if tenant == "" {
-		tenant = ev.KeyID // a key without a tenant is its own tenant
-	}
+	tenant = cmp.Or(tenant, ev.KeyID) // a key without a tenant is its own tenant
 	switch r.Scope {
 	case rules.ScopeKey:
 		if ev.KeyID == "" {

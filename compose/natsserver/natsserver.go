@@ -274,9 +274,7 @@ func probe(host string, port int) error {
 // s.life must be held.
 func (s *Server) options() *server.Options {
 	port := s.port
-	if port == 0 {
-		port = server.RANDOM_PORT // nats-server reads 0 as its default, 4222
-	}
+	port = cmp.Or(port, server.RANDOM_PORT) // nats-server reads 0 as its default, 4222
 	name := serverName
 	if s.cfg.domain != "" {
 		name += "-" + s.cfg.domain

@@ -92,6 +92,31 @@ func init() { slog.Info("x") }
 		"long/long.go":      file("// Package long has a long function.\npackage long\n\nfunc Short() {}\n\nfunc Long() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-1) + "}\n\nfunc Edge() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines-2) + "}\n"),
 		"long/long_test.go": file("package long\n\nfunc helper() {\n" + strings.Repeat("\t_ = 1\n", maxFuncLines) + "}\n"),
 
+		// A default given when zero is cmp.Or; one computed by a call,
+		// or given under another condition, stays a block.
+		"defaults/defaults.go": file(`// Package defaults fills in zero fields.
+package defaults
+
+type config struct{ n int; s string }
+
+func fill(c *config, m int) {
+	if c.n == 0 {
+		c.n = m * 2
+	}
+	if c.s == "" {
+		c.s = "x"
+	}
+	if c.n == 0 {
+		c.n = compute()
+	}
+	if c.n == 1 {
+		c.n = 2
+	}
+}
+
+func compute() int { return 3 }
+`),
+
 		// Imports run down the floors: the guard library may not import
 		// the starters in non-test code; its tests may, and so may a
 		// tool under loadtest.
@@ -138,9 +163,11 @@ import _ "example.com/m/compose/server"
 		ruleName + " utils",
 		ruleLength + " long/long.go:Long",
 		ruleImport + " guard/store/store.go:5",
+		ruleDefault + " defaults/defaults.go:7",
+		ruleDefault + " defaults/defaults.go:10",
 	}
 	compareViolations(t, got, true, want)
-	if wantPkgs := 11; pkgs != wantPkgs {
+	if wantPkgs := 12; pkgs != wantPkgs {
 		t.Errorf("checked %d package directories, want %d", pkgs, wantPkgs)
 	}
 }

@@ -13,6 +13,10 @@
 //     "// Package name ...";
 //   - a function or method longer than 150 lines (func line to closing
 //     brace) outside tests and generated code: split it into steps;
+//   - in non-test code, a default given when a value is zero as a block,
+//     `if x == 0 { x = d }` (or "" for a string) with d a constant, a name
+//     or a field: write `x = cmp.Or(x, d)` (a d with a call stays a block,
+//     since cmp.Or evaluates every argument);
 //   - in non-test code, an API error code written as a string literal
 //     outside guard/apierror (alone, or inside a JSON fragment such as
 //     `"code":"PENALTY"`), a code-shaped literal answered as a code that

@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"io/fs"
 	"os"
 	"path"
@@ -91,6 +92,7 @@ const (
 	ruleParsing = "parse"
 	ruleLength  = "function-length"
 	ruleImport  = "import-direction"
+	ruleDefault = "cmp-or-default"
 )
 
 // violation is one broken rule at a position ("dir/file.go:line" or "dir").
@@ -261,6 +263,7 @@ func checkPackage(fset *token.FileSet, dir string, files []goFile) []violation {
 		}
 		if !f.test {
 			out = append(out, longFuncs(fset, f)...)
+			out = append(out, zeroDefaults(fset, f)...)
 		}
 		imports := importNames(f.ast)
 		ast.Inspect(f.ast, func(n ast.Node) bool {
@@ -343,6 +346,55 @@ func longFuncs(fset *token.FileSet, f goFile) []violation {
 		}
 	}
 	return out
+}
+
+// zeroDefaults reports the blocks of f that give a variable or field a
+// default when it is zero, `if x == 0 { x = d }` (or "" for a string),
+// where d is a constant or a plain name or field: `x = cmp.Or(x, d)` says
+// it in one line. A d with a call stays a block, since cmp.Or evaluates
+// every argument.
+func zeroDefaults(fset *token.FileSet, f goFile) []violation {
+	var out []violation
+	ast.Inspect(f.ast, func(n ast.Node) bool {
+		is, ok := n.(*ast.IfStmt)
+		if !ok || is.Init != nil || is.Else != nil || len(is.Body.List) != 1 {
+			return true
+		}
+		cond, ok := is.Cond.(*ast.BinaryExpr)
+		if !ok || cond.Op != token.EQL {
+			return true
+		}
+		if zero, ok := cond.Y.(*ast.BasicLit); !ok || (zero.Value != "0" && zero.Value != `""`) {
+			return true
+		}
+		as, ok := is.Body.List[0].(*ast.AssignStmt)
+		if !ok || as.Tok != token.ASSIGN || len(as.Lhs) != 1 || len(as.Rhs) != 1 ||
+			types.ExprString(as.Lhs[0]) != types.ExprString(cond.X) || !plainValue(as.Rhs[0]) {
+			return true
+		}
+		x := types.ExprString(cond.X)
+		out = append(out, violation{ruleDefault, fmt.Sprintf("%s:%d", f.path, fset.Position(is.Pos()).Line), fmt.Sprintf(
+			"if %s == %s { %s = %s }: write %s = cmp.Or(%s, %s)", x, types.ExprString(cond.Y), x, types.ExprString(as.Rhs[0]),
+			x, x, types.ExprString(as.Rhs[0]))})
+		return true
+	})
+	return out
+}
+
+// plainValue reports whether e is a literal, a name or a field, or
+// arithmetic of them: what costs nothing to evaluate when unused.
+func plainValue(e ast.Expr) bool {
+	switch e := e.(type) {
+	case *ast.BasicLit, *ast.Ident:
+		return true
+	case *ast.SelectorExpr:
+		return plainValue(e.X)
+	case *ast.BinaryExpr:
+		return plainValue(e.X) && plainValue(e.Y)
+	case *ast.ParenExpr:
+		return plainValue(e.X)
+	}
+	return false
 }
 
 // importNames maps the names a file uses for its imports to their paths.

@@ -183,9 +183,7 @@ func (c Config) WithDefaults() Config {
 	c.Headroom = cmp.Or(c.Headroom, DefaultHeadroom)
 	c.Tolerance = cmp.Or(c.Tolerance, DefaultTolerance)
 	c.FailoverPeriods = cmp.Or(c.FailoverPeriods, DefaultFailoverPeriods)
-	if c.PlanOffset == 0 {
-		c.PlanOffset = c.Period / 4
-	}
+	c.PlanOffset = cmp.Or(c.PlanOffset, c.Period/4)
 	return c
 }
 
