@@ -502,16 +502,19 @@ type Query struct {
 	Cursor string
 }
 
+// prefix is the start of the index entries q reads: a key's (byKey) or
+// a tenant's, at q's granularity.
+func (q Query) prefix() (prefix []byte, byKey bool) {
+	if q.Tenant == "" {
+		return keyPrefix(q.KeyID, q.Gran), true
+	}
+	return tenantPrefix(q.Tenant, q.Gran), false
+}
+
 // Report answers q, in window order, with the cursor of the rest ("" when
 // complete).
 func (d *DB) Report(q Query) ([]ReportRow, string, error) {
-	var prefix []byte
-	byKey := q.Tenant == ""
-	if byKey {
-		prefix = keyPrefix(q.KeyID, q.Gran)
-	} else {
-		prefix = tenantPrefix(q.Tenant, q.Gran)
-	}
+	prefix, byKey := q.prefix()
 	lower := appendInt64(bytes.Clone(prefix), q.From)
 	upper := appendInt64(bytes.Clone(prefix), q.To)
 	if q.Cursor != "" {
@@ -594,13 +597,7 @@ func (l pebbleLogger) Fatalf(format string, args ...any) {
 // Totals sums every row q selects (its Limit and Cursor are ignored).
 func (d *DB) Totals(q Query) (allowed, rejected, cost int64, err error) {
 	q.Cursor, q.Limit = "", 1<<62
-	var prefix []byte
-	byKey := q.Tenant == ""
-	if byKey {
-		prefix = keyPrefix(q.KeyID, q.Gran)
-	} else {
-		prefix = tenantPrefix(q.Tenant, q.Gran)
-	}
+	prefix, byKey := q.prefix()
 	err = d.scan(appendInt64(bytes.Clone(prefix), q.From), appendInt64(bytes.Clone(prefix), q.To), func(k, v []byte) error {
 		if byKey {
 			pv, closer, err := d.db.Get(k[len(prefix)+8:])
