@@ -239,29 +239,11 @@ func (s *Store) pipeWorker() {
 			cn.close()
 		}
 	}()
-	batch := make([]*pcall, 0, s.batch)
-	for {
-		var ok bool
-		if batch, ok = nextBatch(s.quit, s.pq, batch); !ok {
-			s.drainPipe()
-			return
-		}
-		cn = s.sendPipe(cn, batch)
-		clear(batch)
-	}
+	serveBatches(s.quit, s.pq, s.batch, func(batch []*pcall) { cn = s.sendPipe(cn, batch) }, failClosed)
 }
 
-// drainPipe fails the calls still queued at Close.
-func (s *Store) drainPipe() {
-	for {
-		select {
-		case c := <-s.pq:
-			c.finish(ErrClosed)
-		default:
-			return
-		}
-	}
-}
+// failClosed answers a call queued at Close.
+func failClosed(c *pcall) { c.finish(ErrClosed) }
 
 // sendPipe sends batch on cn (dialled first when nil) and answers every
 // call; it returns the connection for the next batch, nil when cn had to

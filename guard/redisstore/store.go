@@ -248,7 +248,7 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	if s.pq != nil {
 		// A call queued as the goroutines left.
-		s.drainPipe()
+		failQueued(s.pq, failClosed)
 	}
 	return nil
 }
@@ -809,20 +809,43 @@ func (s *Store) enqueue(ctx context.Context, n *node, sc *Script, keys []string,
 // and sends them as one pipeline.
 func (s *Store) worker() {
 	defer s.wg.Done()
-	batch := make([]*call, 0, s.batch)
+	serveBatches(s.quit, s.queue, s.batch, s.flush, func(c *call) {
+		c.err = ErrClosed
+		c.done <- struct{}{}
+	})
+}
+
+// serveBatches hands send the calls of q in batches of up to size
+// (nextBatch) until quit is closed, then fails what is still queued with
+// fail. Both batching paths, go-redis's and the lean one, serve so.
+func serveBatches[T any](quit <-chan struct{}, q <-chan T, size int, send func([]T), fail func(T)) {
+	batch := make([]T, 0, size)
 	for {
 		var ok bool
-		if batch, ok = nextBatch(s.quit, s.queue, batch); !ok {
-			s.drain()
+		if batch, ok = nextBatch(quit, q, batch); !ok {
+			break
+		}
+		send(batch)
+		clear(batch)
+	}
+	failQueued(q, fail)
+}
+
+// failQueued answers the calls still queued on q with fail.
+func failQueued[T any](q <-chan T, fail func(T)) {
+	for {
+		select {
+		case c := <-q:
+			fail(c)
+		default:
 			return
 		}
-		s.flush(batch)
 	}
 }
 
 // nextBatch waits for a call on q, then adds whatever else is queued, up
 // to cap(batch), into batch (emptied first); ok is false once quit is
-// closed. Both batching paths, go-redis's and the lean one, take calls so.
+// closed.
 func nextBatch[T any](quit <-chan struct{}, q <-chan T, batch []T) (_ []T, ok bool) {
 	select {
 	case <-quit:
@@ -839,19 +862,6 @@ func nextBatch[T any](quit <-chan struct{}, q <-chan T, batch []T) (_ []T, ok bo
 		}
 	}
 	return batch, true
-}
-
-// drain fails the calls still queued at Close.
-func (s *Store) drain() {
-	for {
-		select {
-		case c := <-s.queue:
-			c.err = ErrClosed
-			c.done <- struct{}{}
-		default:
-			return
-		}
-	}
 }
 
 func (s *Store) flush(batch []*call) {
