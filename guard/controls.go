@@ -92,58 +92,47 @@ func (o *overlay) size() int {
 	return len(o.blocked) + len(o.allowed) + len(o.penalties) + len(o.keyOverrides) + len(o.tenantOverrides)
 }
 
-// The reads of one entry, overlay first: what decisions read. (Written
-// out per kind: a generic read is too large to inline and reaches the
-// overlay's map of its kind through a function value, two calls more per
-// read on the decision path.)
+// The reads of one entry, overlay first: what decisions read. Each is
+// look on its kind's maps; each inlines, look and changes with it, so a
+// read makes no call.
 func (s *ControlSet) blocked(k string) (Entry, bool) {
-	if r := s.recent; r != nil && r.mask[kindBlocked]&keyBit(k) != 0 {
-		if p, ok := r.blocked[k]; ok {
-			return p.v, !p.gone
-		}
-	}
-	e, ok := s.Blocked[k]
-	return e, ok
+	return look(s.changes().mask[kindBlocked], s.changes().blocked, s.Blocked, k)
 }
-
 func (s *ControlSet) allowed(k string) (Entry, bool) {
-	if r := s.recent; r != nil && r.mask[kindAllowed]&keyBit(k) != 0 {
-		if p, ok := r.allowed[k]; ok {
-			return p.v, !p.gone
-		}
-	}
-	e, ok := s.Allowed[k]
-	return e, ok
+	return look(s.changes().mask[kindAllowed], s.changes().allowed, s.Allowed, k)
 }
-
 func (s *ControlSet) penaltyOf(k string) (Penalty, bool) {
-	if r := s.recent; r != nil && r.mask[kindPenalties]&keyBit(k) != 0 {
-		if p, ok := r.penalties[k]; ok {
-			return p.v, !p.gone
-		}
-	}
-	p, ok := s.Penalties[k]
-	return p, ok
+	return look(s.changes().mask[kindPenalties], s.changes().penalties, s.Penalties, k)
 }
-
 func (s *ControlSet) keyOverride(k string) (Override, bool) {
-	if r := s.recent; r != nil && r.mask[kindKeyOverrides]&keyBit(k) != 0 {
-		if p, ok := r.keyOverrides[k]; ok {
-			return p.v, !p.gone
-		}
-	}
-	o, ok := s.KeyOverrides[k]
-	return o, ok
+	return look(s.changes().mask[kindKeyOverrides], s.changes().keyOverrides, s.KeyOverrides, k)
+}
+func (s *ControlSet) tenantOverride(k string) (Override, bool) {
+	return look(s.changes().mask[kindTenantOverrides], s.changes().tenantOverrides, s.TenantOverrides, k)
 }
 
-func (s *ControlSet) tenantOverride(k string) (Override, bool) {
-	if r := s.recent; r != nil && r.mask[kindTenantOverrides]&keyBit(k) != 0 {
-		if p, ok := r.tenantOverrides[k]; ok {
+// look reads k of one kind: from the overlay's map over when the kind's
+// mask may hold k, else from the set's map.
+func look[V any](mask uint64, over map[string]pending[V], maps map[string]V, k string) (V, bool) {
+	if mask&keyBit(k) != 0 {
+		if p, ok := over[k]; ok {
 			return p.v, !p.gone
 		}
 	}
-	o, ok := s.TenantOverrides[k]
-	return o, ok
+	v, ok := maps[k]
+	return v, ok
+}
+
+// noOverlay stands for the overlay of a set without one: every mask is
+// clear, so no read reaches its (nil) maps. Nothing writes it.
+var noOverlay overlay
+
+// changes is s's overlay, or noOverlay.
+func (s *ControlSet) changes() *overlay {
+	if s.recent != nil {
+		return s.recent
+	}
+	return &noOverlay
 }
 
 // Entry is a blocklist or allowlist entry. Expiry is Unix microseconds, 0
