@@ -40,12 +40,99 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-func readString(b []byte) (string, []byte, error) {
-	n, k := binary.Uvarint(b)
-	if k <= 0 || uint64(len(b)-k) < n {
-		return "", nil, errCorrupt
+// reader reads an encoded key or value front to back. A read past the
+// end, or of a malformed number, spoils it: that read and every later one
+// return zero, and err and end report errCorrupt. Its reads mirror the
+// append functions.
+type reader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *reader) fail() { r.b, r.bad = nil, true }
+
+// err is errCorrupt when a read failed.
+func (r *reader) err() error {
+	if r.bad {
+		return errCorrupt
 	}
-	return string(b[k : k+int(n)]), b[k+int(n):], nil
+	return nil
+}
+
+// end is errCorrupt when a read failed or bytes are left.
+func (r *reader) end() error {
+	if len(r.b) != 0 {
+		r.fail()
+	}
+	return r.err()
+}
+
+func (r *reader) byte() byte {
+	if len(r.b) < 1 {
+		r.fail()
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+// expect reads the byte c (a key's space, a value's version); any other
+// spoils r.
+func (r *reader) expect(c byte) {
+	if len(r.b) < 1 || r.b[0] != c {
+		r.fail()
+		return
+	}
+	r.b = r.b[1:]
+}
+
+func (r *reader) string() string {
+	n, k := binary.Uvarint(r.b)
+	if k <= 0 || uint64(len(r.b)-k) < n {
+		r.fail()
+		return ""
+	}
+	s := string(r.b[k : k+int(n)])
+	r.b = r.b[k+int(n):]
+	return s
+}
+
+func (r *reader) fixed(n int) []byte {
+	if len(r.b) < n {
+		r.fail()
+		return make([]byte, n)
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+// int64 reads what appendInt64 wrote.
+func (r *reader) int64() int64 { return int64(binary.BigEndian.Uint64(r.fixed(8)) ^ (1 << 63)) }
+
+func (r *reader) uint64() uint64 { return binary.BigEndian.Uint64(r.fixed(8)) }
+
+func (r *reader) partition() int32 { return int32(binary.BigEndian.Uint32(r.fixed(4))) }
+
+func (r *reader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
 }
 
 // appendInt64 appends v so that byte order is numeric order.
@@ -53,21 +140,7 @@ func appendInt64(b []byte, v int64) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(v)^(1<<63))
 }
 
-func readInt64(b []byte) (int64, []byte, error) {
-	if len(b) < 8 {
-		return 0, nil, errCorrupt
-	}
-	return int64(binary.BigEndian.Uint64(b) ^ (1 << 63)), b[8:], nil
-}
-
 func appendPartition(b []byte, p int32) []byte { return binary.BigEndian.AppendUint32(b, uint32(p)) }
-
-func readPartition(b []byte) (int32, []byte, error) {
-	if len(b) < 4 {
-		return 0, nil, errCorrupt
-	}
-	return int32(binary.BigEndian.Uint32(b)), b[4:], nil
-}
 
 // RowKey encodes a row's primary key (and changelog record key).
 func RowKey(k windows.RowKey) []byte {
@@ -89,34 +162,16 @@ func tenantPrefix(tenant string, g windows.Granularity) []byte {
 
 // DecodeRowKey is the inverse of RowKey.
 func DecodeRowKey(b []byte) (windows.RowKey, error) {
+	r := reader{b: b}
+	r.expect(spaceRow)
 	var k windows.RowKey
-	if len(b) < 1 || b[0] != spaceRow {
-		return k, errCorrupt
-	}
-	var err error
-	if k.Tenant, b, err = readString(b[1:]); err != nil {
-		return k, err
-	}
-	if len(b) < 1 {
-		return k, errCorrupt
-	}
-	k.Gran, b = windows.Granularity(b[0]), b[1:]
-	if k.Start, b, err = readInt64(b); err != nil {
-		return k, err
-	}
-	if k.KeyID, b, err = readString(b); err != nil {
-		return k, err
-	}
-	if k.Endpoint, b, err = readString(b); err != nil {
-		return k, err
-	}
-	if k.Partition, b, err = readPartition(b); err != nil {
-		return k, err
-	}
-	if len(b) != 0 {
-		return k, errCorrupt
-	}
-	return k, nil
+	k.Tenant = r.string()
+	k.Gran = windows.Granularity(r.byte())
+	k.Start = r.int64()
+	k.KeyID = r.string()
+	k.Endpoint = r.string()
+	k.Partition = r.partition()
+	return k, r.end()
 }
 
 const rowVersion = 1
@@ -154,43 +209,27 @@ func versioned(b []byte, version byte, what string) ([]byte, error) {
 
 // DecodeRowValue is the inverse of RowValue.
 func DecodeRowValue(b []byte) (windows.Row, error) {
-	var r windows.Row
+	var row windows.Row
 	b, err := versioned(b, rowVersion, "row")
 	if err != nil {
-		return r, err
+		return row, err
 	}
-	if r.KeyPrefix, b, err = readString(b); err != nil {
-		return r, err
+	r := reader{b: b}
+	row.KeyPrefix = r.string()
+	row.Allowed, row.Rejected, row.Cost = r.varint(), r.varint(), r.varint()
+	row.Closed = r.byte()&1 != 0
+	row.Revision = uint32(r.uvarint())
+	cnt := r.uvarint()
+	if cnt > windows.MaxRules {
+		r.fail()
 	}
-	for _, p := range []*int64{&r.Allowed, &r.Rejected, &r.Cost} {
-		v, n := binary.Varint(b)
-		if n <= 0 {
-			return r, errCorrupt
-		}
-		*p, b = v, b[n:]
-	}
-	if len(b) < 1 {
-		return r, errCorrupt
-	}
-	r.Closed, b = b[0]&1 != 0, b[1:]
-	rev, n := binary.Uvarint(b)
-	if n <= 0 {
-		return r, errCorrupt
-	}
-	r.Revision, b = uint32(rev), b[n:]
-	cnt, n := binary.Uvarint(b)
-	if n <= 0 || cnt > windows.MaxRules {
-		return r, errCorrupt
-	}
-	b = b[n:]
 	for range cnt {
-		var id string
-		if id, b, err = readString(b); err != nil {
-			return r, err
+		if r.bad {
+			break
 		}
-		r.Rules = append(r.Rules, id)
+		row.Rules = append(row.Rules, r.string())
 	}
-	return r, nil
+	return row, r.err()
 }
 
 // MarkKey encodes a source's mark key.
@@ -206,22 +245,13 @@ func markPrefix(p int32) []byte { return appendPartition([]byte{spaceMark}, p) }
 
 // DecodeMarkKey is the inverse of MarkKey.
 func DecodeMarkKey(b []byte) (windows.Source, error) {
+	r := reader{b: b}
+	r.expect(spaceMark)
 	var s windows.Source
-	if len(b) < 1 || b[0] != spaceMark {
-		return s, errCorrupt
-	}
-	var err error
-	if s.Partition, b, err = readPartition(b[1:]); err != nil {
-		return s, err
-	}
-	if s.Gateway, b, err = readString(b); err != nil {
-		return s, err
-	}
-	if len(b) != 8 {
-		return s, errCorrupt
-	}
-	s.Epoch = binary.BigEndian.Uint64(b)
-	return s, nil
+	s.Partition = r.partition()
+	s.Gateway = r.string()
+	s.Epoch = r.uint64()
+	return s, r.end()
 }
 
 // MarkValue encodes a mark: version 1, the high-water mark, missing,
@@ -250,41 +280,22 @@ func MarkValue(m windows.Mark) []byte {
 
 // DecodeMarkValue is the inverse of MarkValue.
 func DecodeMarkValue(b []byte) (windows.Mark, error) {
+	r := reader{b: b}
+	r.expect(1)
 	var m windows.Mark
-	if len(b) < 1 || b[0] != 1 {
-		return m, errCorrupt
-	}
-	b = b[1:]
-	var n int
-	if m.HWM, n = binary.Uvarint(b); n <= 0 {
-		return m, errCorrupt
-	}
-	b = b[n:]
-	if m.Missing, n = binary.Uvarint(b); n <= 0 {
-		return m, errCorrupt
-	}
-	b = b[n:]
-	if len(b) < 1 {
-		return m, errCorrupt
-	}
-	m.Closed, b = b[0] == 1, b[1:]
-	if m.Seen, n = binary.Varint(b); n <= 0 {
-		return m, errCorrupt
-	}
-	b = b[n:]
-	if len(b) == 0 {
-		return m, nil
+	m.HWM, m.Missing = r.uvarint(), r.uvarint()
+	m.Closed = r.byte() == 1
+	m.Seen = r.varint()
+	if len(r.b) == 0 {
+		return m, r.err()
 	}
 	for _, p := range []*uint64{&m.HeldFirst, &m.HeldLast, &m.HeldCount, &m.GapNext, &m.GapLast} {
-		if *p, n = binary.Uvarint(b); n <= 0 {
-			return m, errCorrupt
-		}
-		b = b[n:]
+		*p = r.uvarint()
 	}
-	if len(b) != 0 || m.HeldCount > 0 && m.HeldFirst+m.HeldCount-1 != m.HeldLast || m.GapNext > m.GapLast {
-		return m, errCorrupt
+	if m.HeldCount > 0 && m.HeldFirst+m.HeldCount-1 != m.HeldLast || m.GapNext > m.GapLast {
+		r.fail()
 	}
-	return m, nil
+	return m, r.end()
 }
 
 // derived keys of a row: by key_id, by window end, and (while open) open.
@@ -339,16 +350,11 @@ func penaltyPrefix(p int32) []byte { return appendPartition([]byte{spacePenalty}
 
 // DecodePenaltyKey is the inverse of PenaltyKey.
 func DecodePenaltyKey(b []byte) (int32, string, error) {
-	if len(b) < 1 || b[0] != spacePenalty {
-		return 0, "", errCorrupt
-	}
-	p, b, err := readPartition(b[1:])
-	if err != nil {
+	r := reader{b: b}
+	r.expect(spacePenalty)
+	p, id := r.partition(), r.string()
+	if err := r.end(); err != nil {
 		return 0, "", err
-	}
-	id, b, err := readString(b)
-	if err != nil || len(b) != 0 {
-		return 0, "", errCorrupt
 	}
 	return p, id, nil
 }
@@ -396,47 +402,30 @@ func DecodePenaltyValue(b []byte) (abuse.State, error) {
 	if err != nil {
 		return s, err
 	}
-	if s.Tenant, b, err = readString(b); err != nil {
-		return s, err
+	r := reader{b: b}
+	s.Tenant, s.KeyPrefix = r.string(), r.string()
+	level := r.uvarint()
+	if level > abuse.MaxLevel {
+		r.fail()
 	}
-	if s.KeyPrefix, b, err = readString(b); err != nil {
-		return s, err
-	}
-	level, n := binary.Uvarint(b)
-	if n <= 0 || level > abuse.MaxLevel {
-		return s, errCorrupt
-	}
-	s.Level, b = int(level), b[n:]
-	if s.Step, n = binary.Uvarint(b); n <= 0 {
-		return s, errCorrupt
-	}
-	b = b[n:]
+	s.Level, s.Step = int(level), r.uvarint()
 	for _, p := range []*int64{&s.Since, &s.Until, &s.LastFiring, &s.VolumeAt, &s.Floor, &s.LiftedAt, &s.RetryFrom, &s.RetryUntil, &s.Touched} {
-		if *p, n = binary.Varint(b); n <= 0 {
-			return s, errCorrupt
-		}
-		b = b[n:]
+		*p = r.varint()
 	}
-	if len(b) < 1 || int(b[0]) > abuse.Buckets {
-		return s, errCorrupt
+	cnt := int(r.byte())
+	if cnt > abuse.Buckets {
+		r.fail()
 	}
-	cnt := int(b[0])
-	b = b[1:]
 	for range cnt {
-		if len(b) < 1 || int(b[0]) >= abuse.Buckets {
-			return s, errCorrupt
+		i := int(r.byte())
+		if r.bad || i >= abuse.Buckets {
+			r.fail()
+			break
 		}
-		k := &s.Ring[b[0]]
-		b = b[1:]
+		k := &s.Ring[i]
 		for _, p := range []*int64{&k.Start, &k.Requests, &k.Rejected, &k.Ignored, &k.First, &k.Last} {
-			if *p, n = binary.Varint(b); n <= 0 {
-				return s, errCorrupt
-			}
-			b = b[n:]
+			*p = r.varint()
 		}
 	}
-	if len(b) != 0 {
-		return s, errCorrupt
-	}
-	return s, nil
+	return s, r.end()
 }

@@ -30,8 +30,9 @@ func (d *DB) Recent(from, to int64) ([]KeyTotal, error) {
 	var out []KeyTotal
 	index := map[[2]string]int{}
 	for valid := it.First(); valid; {
-		tenant, _, err := readString(it.Key()[1:])
-		if err != nil {
+		r := reader{b: it.Key()[1:]}
+		tenant := r.string()
+		if err := r.err(); err != nil {
 			return nil, err
 		}
 		prefix := tenantPrefix(tenant, windows.Minute)

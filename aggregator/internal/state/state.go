@@ -321,8 +321,8 @@ func (d *DB) Offset(topic byte, p int32) (int64, error) {
 		return 0, fmt.Errorf("state: read offset: %w", err)
 	}
 	defer closer.Close()
-	off, _, err := readInt64(v)
-	return off, err
+	r := reader{b: v}
+	return r.int64(), r.err()
 }
 
 // Row reads a row (windows.Loader).
@@ -419,9 +419,10 @@ func (d *DB) Penalties(keyID string) ([]PenaltyState, error) {
 	var out []PenaltyState
 	prefix := appendString([]byte{spacePenaltyByKey}, keyID)
 	err := d.scan(prefix, prefixEnd(prefix), func(k, _ []byte) error {
-		p, rest, err := readPartition(k[len(prefix):])
-		if err != nil || len(rest) != 0 {
-			return errCorrupt
+		r := reader{b: k[len(prefix):]}
+		p := r.partition()
+		if err := r.end(); err != nil {
+			return err
 		}
 		v, closer, err := d.db.Get(PenaltyKey(p, keyID))
 		if errors.Is(err, pebble.ErrNotFound) {
