@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -205,7 +204,7 @@ func TestRegionsLoanFollowsDemand(t *testing.T) {
 	t.Parallel()
 	f := startRegionFleet(t, "eu", "us")
 	eu, us := f.regions[0], f.regions[1]
-	nc := connectNATS(t, us.nats)
+	nc := natstest.Connect(t, us.nats.ClientURL())
 	changed, err := nc.SubscribeSync(tollgatev1.SubjectCounters)
 	if err != nil {
 		t.Fatal(err)
@@ -443,17 +442,6 @@ func TestRegionsDemandOfEveryInstance(t *testing.T) {
 		return nil
 	})
 	t.Logf("demand of the other instance's partitions borrowed within %v", took)
-}
-
-// connectNATS connects to s for the test.
-func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 var (
