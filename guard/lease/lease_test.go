@@ -145,11 +145,7 @@ func clusterRig(t *testing.T, c *clock, cl *redisserver.Cluster) *rig {
 func rigOn(t *testing.T, c *clock, cfg redisstore.Config, opts ...redisstore.Option) *rig {
 	t.Helper()
 	cfg.Timeout = 2 * time.Second
-	client, err := redisstore.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := guardtest.RedisClient(t, cfg)
 	rs := redisstore.New(client, append([]redisstore.Option{redisstore.WithTimeout(2 * time.Second), redisstore.WithTTLMargin(time.Hour)}, opts...)...)
 	t.Cleanup(func() { rs.Close() })
 	return &rig{client: client, redis: rs, clock: c}

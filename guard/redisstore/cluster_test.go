@@ -57,7 +57,7 @@ rules:
 // cluster for its subtests.
 func TestCluster(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
-	client := newClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
+	client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
 	store := redisstore.New(client, redisstore.WithTimeout(2*time.Second), redisstore.WithTTLMargin(time.Hour))
 	t.Cleanup(func() { store.Close() })
 	if err := store.Load(context.Background()); err != nil {
@@ -197,7 +197,7 @@ func TestClusterShardDownChargesNothingElsewhere(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartClusterTB(t, 3)
 	newStore := func(cfg breaker.Config) *redisstore.Store {
-		client := newClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: time.Second})
+		client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: time.Second})
 		s := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithTTLMargin(time.Hour), redisstore.WithBreaker(cfg))
 		t.Cleanup(func() { s.Close() })
 		if err := s.Load(context.Background()); err != nil {
