@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/promtest"
 	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -177,20 +178,11 @@ func (f *regionFleet) waitLoan(t *testing.T, r *region, timeout time.Duration) {
 	t.Logf("region %s borrowed within %v (%.1f periods)", r.name, took, float64(took)/float64(regionsPeriod))
 }
 
-// gauge reads a gauge of an aggregator's registry (0 when absent).
+// gauge reads an unlabelled gauge of an aggregator's registry (0 when
+// absent).
 func gauge(t *testing.T, in *instance, name string) float64 {
-	mfs, err := in.srv.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
+	t.Helper()
+	return promtest.Sum(t, in.srv.Registry(), name)
 }
 
 // TestRegionsLoanFollowsDemand: two regions, each its own Redis, NATS
@@ -468,24 +460,7 @@ func TestRegionsMessageFigures(t *testing.T) {
 	}
 	f := startRegionFleet(t, "eu", "us")
 	sum := func(in *instance, name, label, value string) float64 {
-		mfs, err := in.srv.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n float64
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == label && l.GetValue() == value {
-						n += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return n
+		return promtest.Sum(t, in.srv.Registry(), name, label, value)
 	}
 	sent := func() float64 {
 		var n float64
