@@ -174,14 +174,7 @@ func testClusterReturn(t *testing.T, store *redisstore.Store) {
 // cluster's node-th primary serves.
 func onNode(t *testing.T, cl *redisserver.Cluster, prefix string, node int) string {
 	t.Helper()
-	for i := range 10_000 {
-		name := fmt.Sprintf("sd{%s%d}c", prefix, i)
-		if cl.NodeOf(redisstore.Slot(name)) == node {
-			return name
-		}
-	}
-	t.Fatalf("no name %s… on node %d", prefix, node)
-	return ""
+	return "sd{" + guardtest.TagOn(t, cl.NodeOf, prefix, node) + "}c"
 }
 
 // TestClusterShardDownChargesNothingElsewhere: with one primary down, a

@@ -6,6 +6,7 @@ package guardtest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,3 +67,20 @@ type clockedNamer struct {
 }
 
 func (c *clockedNamer) CounterName(id *guard.CounterID) string { return c.n.CounterName(id) }
+
+// TagOn returns a hash tag, prefix and a number, whose slot (that of
+// "{tag}", and so of every key holding {tag}) is on node by nodeOf: a
+// test Cluster's NodeOf, which says which primary serves a slot
+// (StartCluster assigns the slots in order, a third each on a 3-primary
+// Cluster).
+func TagOn(tb testing.TB, nodeOf func(slot int) int, prefix string, node int) string {
+	tb.Helper()
+	for i := range 10_000 {
+		tag := fmt.Sprintf("%s%d", prefix, i)
+		if nodeOf(redisstore.Slot("{"+tag+"}")) == node {
+			return tag
+		}
+	}
+	tb.Fatalf("guardtest: no hash tag %s… on node %d", prefix, node)
+	return ""
+}
