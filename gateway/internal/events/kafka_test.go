@@ -175,8 +175,11 @@ func decision(i int) (*guard.Request, *guard.Decision) {
 	return req, d
 }
 
-// recordN records n decisions, numbered from first.
-func recordN(p *producer, first, n int) {
+// recordN records n decisions, numbered from first, on p: a test's
+// producer or the bare events.Producer of a child process.
+func recordN(p interface {
+	Record(*guard.Request, *guard.Decision, string)
+}, first, n int) {
 	for i := first; i < first+n; i++ {
 		req, d := decision(i)
 		p.Record(req, d, "proxy")
