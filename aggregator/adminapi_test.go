@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -79,15 +78,7 @@ func startFleetAggregatorOn(t *testing.T, brokers []string, opts ...func(*aggreg
 	cfg.Redis.Addrs = []string{redistest.StartTB(t).Addr()}
 	in := runWith(t, cfg, logtest.Verbose(t))
 	srv := in.srv
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t, ns.ClientURL())
 	testwait.Eventually(t, 20*time.Second, func() error {
 		if code, _, b := op(t, srv.Addrs().API, "GET", "/admin/v1/rules/versions", ""); code != 200 {
 			return fmt.Errorf("%d %s", code, b)

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -108,15 +107,7 @@ rules:
 // watch applies the blocklist and overrides buckets to the guard's
 // controls, as a gateway's watcher does, recording each change.
 func (st *penaltyStack) watch(t *testing.T, url string) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t, url)
 	var lists, overrides jetstream.KeyValue
 	testwait.Eventually(t, 30*time.Second, func() error {
 		var err error

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
@@ -22,11 +21,7 @@ import (
 func TestRegionsLargeReportGoesInParts(t *testing.T) {
 	t.Parallel()
 	ns := natstest.StartTB(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, ns.ClientURL())
 	sub, err := nc.SubscribeSync(regionwire.CoordinatorsSubject)
 	if err != nil {
 		t.Fatal(err)

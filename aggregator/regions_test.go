@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/aggregator"
@@ -22,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
+	"github.com/tollgate/tollgate/internal/promtest"
 	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -178,20 +178,11 @@ func (f *regionFleet) waitLoan(t *testing.T, r *region, timeout time.Duration) {
 	t.Logf("region %s borrowed within %v (%.1f periods)", r.name, took, float64(took)/float64(regionsPeriod))
 }
 
-// gauge reads a gauge of an aggregator's registry (0 when absent).
+// gauge reads an unlabelled gauge of an aggregator's registry (0 when
+// absent).
 func gauge(t *testing.T, in *instance, name string) float64 {
-	mfs, err := in.srv.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
+	t.Helper()
+	return promtest.Sum(t, in.srv.Registry(), name)
 }
 
 // TestRegionsLoanFollowsDemand: two regions, each its own Redis, NATS
@@ -205,7 +196,7 @@ func TestRegionsLoanFollowsDemand(t *testing.T) {
 	t.Parallel()
 	f := startRegionFleet(t, "eu", "us")
 	eu, us := f.regions[0], f.regions[1]
-	nc := connectNATS(t, us.nats)
+	nc := natstest.Connect(t, us.nats.ClientURL())
 	changed, err := nc.SubscribeSync(tollgatev1.SubjectCounters)
 	if err != nil {
 		t.Fatal(err)
@@ -445,17 +436,6 @@ func TestRegionsDemandOfEveryInstance(t *testing.T) {
 	t.Logf("demand of the other instance's partitions borrowed within %v", took)
 }
 
-// connectNATS connects to s for the test.
-func connectNATS(t *testing.T, s *natsserver.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
-
 var (
 	regionsFigures = flag.Bool("regions.figures", false, "run TestRegionsMessageFigures: cross-region messages per second with hot and cold counters (about 40 s)")
 	regionsCold    = flag.String("regions.cold", "2000", "TestRegionsMessageFigures: the numbers of cold counters to measure at, comma-separated, ascending (e.g. 1000,1000000)")
@@ -480,24 +460,7 @@ func TestRegionsMessageFigures(t *testing.T) {
 	}
 	f := startRegionFleet(t, "eu", "us")
 	sum := func(in *instance, name, label, value string) float64 {
-		mfs, err := in.srv.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n float64
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == label && l.GetValue() == value {
-						n += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return n
+		return promtest.Sum(t, in.srv.Registry(), name, label, value)
 	}
 	sent := func() float64 {
 		var n float64

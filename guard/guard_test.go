@@ -36,20 +36,7 @@ func mustRules(tb testing.TB, src string) *rules.Ruleset {
 
 func newRedisStore(tb testing.TB, opts ...redisstore.Option) *redisstore.Store {
 	tb.Helper()
-	return newStoreOn(tb, newRedisClient(tb), opts...)
-}
-
-// newRedisClient starts a redis-server for the test and returns a client
-// built as the gateway builds it.
-func newRedisClient(tb testing.TB) redis.UniversalClient {
-	tb.Helper()
-	srv := redistest.StartTB(tb)
-	c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { c.Close() })
-	return c
+	return newStoreOn(tb, guardtest.Client(tb, redistest.StartTB(tb).Addr()), opts...)
 }
 
 // newStoreOn returns a store on client, closed by the test's cleanup.
@@ -144,7 +131,7 @@ rules:
 // costs; peeks and reports), the same clock, rule changes and temporary
 // overrides between steps, and requires identical decisions.
 func TestGuardMatchesModel(t *testing.T) {
-	client := newRedisClient(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {

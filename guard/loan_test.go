@@ -8,7 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/internal/regions"
@@ -26,7 +28,7 @@ type loanRegion struct {
 
 func newLoanRegion(t *testing.T, rs string, name string) *loanRegion {
 	t.Helper()
-	c := newRedisClient(t)
+	c := guardtest.Client(t, redistest.StartTB(t).Addr())
 	fast := lease.New(newStoreOn(t, c))
 	t.Cleanup(func() { fast.Close() })
 	st, err := regionstore.New(c, regionsConfig, regionsFleet, name)

@@ -10,7 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/lease"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
@@ -58,7 +60,7 @@ func TestGlobalRuleAcrossRegions(t *testing.T) {
 				rule := "rules:\n  - id: r\n    match: {}\n    regions: " + regionsMode + "\n    " + alg + "\n"
 				rs := mustRules(t, fleet+rule)
 				ctx := context.Background()
-				clients := []redis.UniversalClient{newRedisClient(t), newRedisClient(t)}
+				clients := []redis.UniversalClient{guardtest.Client(t, redistest.StartTB(t).Addr()), guardtest.Client(t, redistest.StartTB(t).Addr())}
 				store := func(i int) guard.Store {
 					if !leases {
 						return newStoreOn(t, clients[i])

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"maps"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/testnet"
 )
 
 // Files of the deployment, relative to this directory (go test's working
@@ -193,27 +193,7 @@ func testEnv(t testing.TB) map[string]string {
 // exampleEnvNames returns the variables example.env names, in order.
 func exampleEnvNames(t testing.TB) []string {
 	t.Helper()
-	f, err := os.Open(exampleEnvFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var names []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, _, ok := strings.Cut(line, "=")
-		if !ok {
-			t.Fatalf("%s: %q is not NAME=value", exampleEnvFile, line)
-		}
-		names = append(names, name)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	names, _ := testnet.EnvFile(t, exampleEnvFile)
 	return names
 }
 

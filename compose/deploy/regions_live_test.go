@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -70,11 +70,7 @@ func TestLiveRegionsNATS(t *testing.T) {
 		srv *server.Server
 	}{{hub, hubSrv}, {spoke, spokeSrv}}
 	for _, from := range servers {
-		nc, err := nats.Connect(from.srv.ClientURL())
-		if err != nil {
-			t.Fatalf("%s: connect: %v", from.cfg.service, err)
-		}
-		t.Cleanup(nc.Close)
+		nc := natstest.Connect(t, from.srv.ClientURL())
 		// Unnamed, the domain is the server's own.
 		js, err := jetstream.New(nc)
 		if err != nil {

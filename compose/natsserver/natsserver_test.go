@@ -28,12 +28,7 @@ const waitTimeout = 10 * time.Second
 func connect(t *testing.T, s *natsserver.Server, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond)}, opts...)
-	nc, err := nats.Connect(s.ClientURL(), opts...)
-	if err != nil {
-		t.Fatalf("connect %s: %v", s.ClientURL(), err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(t, s.ClientURL(), opts...)
 }
 
 // bucket creates (or opens) the KV bucket "rules" with history 10.

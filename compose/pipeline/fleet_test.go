@@ -16,9 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver"
@@ -511,15 +508,7 @@ func TestFleetRestartWithoutNATS(t *testing.T) {
 func TestFleetRefusesInvalidRuleset(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 3)
-	nc, err := nats.Connect(f.ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t, f.ns.ClientURL())
 	kv, err := js.KeyValue(t.Context(), tollgatev1.BucketRules)
 	if err != nil {
 		t.Fatal(err)

@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
@@ -189,15 +186,7 @@ func TestGlobalOperatorChanges(t *testing.T) {
 	// Deliver eu's first change again (a duplicate in eu's journal, as a
 	// publisher's retry would leave it), then a marker change: once the
 	// marker is in force, the duplicate has been read.
-	nc, err := nats.Connect(servers[0].ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.JetStream(t, servers[0].ClientURL())
 	stream, err := js.Stream(t.Context(), "tollgate_global_eu")
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/internal/spawn/spawntest"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -178,16 +179,6 @@ func TestPauseMakesClientsTimeOutAndResumeRecovers(t *testing.T) {
 	t.Logf("resumed server answered after %v", took)
 }
 
-// processAlive reports whether pid names a live, non-zombie process (Linux).
-func processAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
-}
-
 // processesRunning returns the live processes whose command line mentions s.
 func processesRunning(s string) []int {
 	var pids []int
@@ -198,7 +189,7 @@ func processesRunning(s string) []int {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && strings.Contains(string(b), s) && processAlive(pid) {
+		if err == nil && strings.Contains(string(b), s) && spawntest.Alive(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -252,7 +243,7 @@ func TestStartKillsProcessWhenNotReady(t *testing.T) {
 				return
 			}
 			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-			if processAlive(pid) {
+			if spawntest.Alive(pid) {
 				t.Fatalf("process %d left running", pid)
 			}
 		})

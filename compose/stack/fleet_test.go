@@ -1,7 +1,6 @@
 package stack_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -50,27 +49,7 @@ func bannerValue(t *testing.T, banner, label string) string {
 // readEnvFile reads bin/stack.env's KEY=VALUE lines.
 func readEnvFile(t *testing.T, path string) map[string]string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			t.Fatalf("stack.env line %q is not KEY=VALUE", line)
-		}
-		env[k] = v
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	_, env := testnet.EnvFile(t, path)
 	return env
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver"
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
@@ -58,12 +59,7 @@ func roundTrip(from *nats.Conn, subject string) error {
 
 func connect(t *testing.T, url string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Name("stack-test"), nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(t, url, nats.Name("stack-test"), nats.MaxReconnects(-1))
 }
 
 // TestRegions starts the stack with two regions, linked through link

@@ -219,7 +219,7 @@ func TestSetHeaders(t *testing.T) {
 				}
 				h2.Set(p[0], p[1])
 			}
-			if !equalHeaders(h, h2) {
+			if !maps.EqualFunc(h, h2, slices.Equal) {
 				t.Errorf("HeaderPairs = %v, SetHeaders = %v", h2, h)
 			}
 		})
@@ -289,18 +289,6 @@ func checkSFList(t *testing.T, h http.Header, name string, want map[string]map[s
 			}
 		}
 	}
-}
-
-func equalHeaders(a, b http.Header) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if !slices.Equal(v, b[k]) {
-			return false
-		}
-	}
-	return true
 }
 
 func ptr[T any](v T) *T { return &v }

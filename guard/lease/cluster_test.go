@@ -216,21 +216,6 @@ func loads(xs []atomic.Int64) []int64 {
 	return out
 }
 
-// tenantOn returns a tenant name, from prefix and a number, whose hash tag
-// is in node's third of a 3-primary Cluster's slots (StartCluster assigns
-// them in order).
-func tenantOn(t *testing.T, cl *redisserver.Cluster, prefix string, node int) string {
-	t.Helper()
-	for i := range 10_000 {
-		name := fmt.Sprintf("%s%d", prefix, i)
-		if cl.NodeOf(redisstore.Slot("{"+name+"}")) == node {
-			return name
-		}
-	}
-	t.Fatalf("no tenant %s… on node %d", prefix, node)
-	return ""
-}
-
 // TestReturnsWhileAShardIsDown: leases of counters on several primaries
 // expire while one primary is down. The background sweep gives back their
 // unused units in batches that span slots and primaries; the live
@@ -251,7 +236,7 @@ func TestReturnsWhileAShardIsDown(t *testing.T) {
 	keys := []key{{"sk_d0", 2}, {"sk_l0", 0}, {"sk_l1", 1}, {"sk_l2", 0}, {"sk_l3", 1}}
 	src := "keys:\n"
 	for i, k := range keys {
-		src += fmt.Sprintf("  %s: {tenant: %s}\n", k.name, tenantOn(t, cl, fmt.Sprintf("t%d_", i), k.node))
+		src += fmt.Sprintf("  %s: {tenant: %s}\n", k.name, guardtest.TagOn(t, cl.NodeOf, fmt.Sprintf("t%d_", i), k.node))
 	}
 	rule := "{id: fw, match: {}, algorithm: fixed_window, limit: 100000, window: 1h}"
 	rs := mustRules(t, src+"rules:\n  - "+rule+"\n")

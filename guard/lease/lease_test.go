@@ -145,11 +145,7 @@ func clusterRig(t *testing.T, c *clock, cl *redisserver.Cluster) *rig {
 func rigOn(t *testing.T, c *clock, cfg redisstore.Config, opts ...redisstore.Option) *rig {
 	t.Helper()
 	cfg.Timeout = 2 * time.Second
-	client, err := redisstore.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := guardtest.RedisClient(t, cfg)
 	rs := redisstore.New(client, append([]redisstore.Option{redisstore.WithTimeout(2 * time.Second), redisstore.WithTTLMargin(time.Hour)}, opts...)...)
 	t.Cleanup(func() { rs.Close() })
 	return &rig{client: client, redis: rs, clock: c}
@@ -204,6 +200,12 @@ func mustRules(t testing.TB, src string) *rules.Ruleset {
 	return rs
 }
 
+// fixedWindow is the source of a ruleset of one rule, fw: a fixed window
+// of limit units an hour that every request matches.
+func fixedWindow(limit int64) string {
+	return fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit)
+}
+
 // used returns the units Redis counts as consumed by key's counter of a
 // ruleset of one rule, read without charging.
 func (r *rig) used(t *testing.T, rs *rules.Ruleset, key string) int64 {
@@ -224,7 +226,7 @@ func TestLeasesNeverExceedGrant(t *testing.T) {
 		c := newClock(start)
 		c.step = 3
 		r := b.newRig(t, c)
-		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+		rs := mustRules(t, fixedWindow(limit))
 		var gws []*gateway
 		for i := range 3 {
 			gws = append(gws, r.gateway(t, rs, int64(i)*1_000_000, 0))
@@ -281,7 +283,7 @@ func TestUnusedLeasesGivenBack(t *testing.T) {
 		const limit = 100_000
 		c := newClock(start)
 		r := b.newRig(t, c)
-		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+		rs := mustRules(t, fixedWindow(limit))
 		gw := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 		req := &guard.Request{Key: "sk_idle", Path: "/"}
 		check := func(n int) { admit(t, c, gw, req, n) }
@@ -302,7 +304,7 @@ func TestUnusedLeasesGivenBack(t *testing.T) {
 		})
 		// A new ruleset (the same rule) drops the leases at once.
 		check(50)
-		gw.guard.SetRules(mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\nversion: 2\n", limit)))
+		gw.guard.SetRules(mustRules(t, fixedWindow(limit)+"version: 2\n"))
 		testwait.Eventually(t, 5*time.Second, func() error {
 			if got := r.used(t, rs, "sk_idle"); got != 100 {
 				return fmt.Errorf("Redis counts %d units, 100 admitted", got)
@@ -329,7 +331,7 @@ func TestTimedOutReturnNeverSentAgain(t *testing.T) {
 	srv := redistest.StartTB(t)
 	c := newClock(start)
 	r := rigOn(t, c, redisstore.Config{Addrs: []string{srv.Addr()}}, redisstore.WithTimeout(100*time.Millisecond))
-	rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+	rs := mustRules(t, fixedWindow(limit))
 	gw := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 	req := &guard.Request{Key: "sk_late", Path: "/"}
 	for range 50 {
@@ -658,7 +660,7 @@ func TestResetElsewhereLeavesNoOldUnits(t *testing.T) {
 		const limit = 100_000
 		c := newClock(start)
 		r := b.newRig(t, c)
-		rs := mustRules(t, fmt.Sprintf("rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: %d, window: 1h}\n", limit))
+		rs := mustRules(t, fixedWindow(limit))
 		gwA := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 		gwB := r.gateway(t, rs, 0, 0, lease.WithWindowTTL(2*time.Second))
 		operator, err := guard.New(guardtest.Clocked(r.redis, r.clock.now), secret, rs, guard.WithClock(r.clock.now))
@@ -744,7 +746,7 @@ func TestWindowLeaseSizedToWhatIsLeft(t *testing.T) {
 	t.Parallel()
 	c := newClock(start + 980_000_000) // 20 s before the hour's end
 	r := rigOn(t, c, redisstore.Config{Addrs: []string{redistest.StartTB(t).Addr()}})
-	rs := mustRules(t, "rules:\n  - {id: fw, match: {}, algorithm: fixed_window, limit: 1000000, window: 1h}\n")
+	rs := mustRules(t, fixedWindow(1_000_000))
 	gw := r.gateway(t, rs, 0, 0)
 	req := &guard.Request{Key: "sk_late", Path: "/"}
 	// 10 requests/s: two misses, the second asks for a lease.

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -30,7 +32,7 @@ const benchCounters = 10_000
 // call must be admitted and not fail; the setup checks that each counter
 // is distinct and fresh and that every call sends exactly one script.
 func BenchmarkDo(b *testing.B) {
-	client := startRedis(b)
+	client := guardtest.Client(b, redistest.StartTB(b).Addr())
 	store := redisstore.New(client)
 	b.Cleanup(func() { store.Close() })
 	algs := []struct {

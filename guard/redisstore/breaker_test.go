@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/breaker"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/testnet"
@@ -33,7 +34,7 @@ func fixedWindow(name string) []guard.Counter {
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
-	client := newClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
+	client := guardtest.RedisClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
 	var clock atomic.Int64
 	var mu sync.Mutex
 	var changes []string
@@ -134,7 +135,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartTB(t)
-	client := newClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
+	client := guardtest.RedisClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: time.Second})
 	store := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithBatch(1, 0))
 	t.Cleanup(func() { store.Close() })
 	bad := fixedWindow("tg{t}bad")
@@ -161,7 +162,7 @@ func TestScriptErrorsKeepBreakerClosed(t *testing.T) {
 // breaker configuration falls back to the defaults (and is logged).
 func TestInvalidBreakerConfigUsesDefaults(t *testing.T) {
 	t.Parallel()
-	client := newClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}})
+	client := guardtest.RedisClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}})
 	store := redisstore.New(client, redisstore.WithBreaker(breaker.Config{FailureRatio: 2}))
 	t.Cleanup(func() { store.Close() })
 	if st := store.BreakerStates(); len(st) != 1 || st[0].Node != "127.0.0.1:1" || st[0].State != breaker.Closed {
@@ -174,7 +175,7 @@ func TestInvalidBreakerConfigUsesDefaults(t *testing.T) {
 // unset field.
 func TestBreakerOpenLogSaysForHowLong(t *testing.T) {
 	t.Parallel()
-	client := newClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second})
+	client := guardtest.RedisClient(t, redisstore.Config{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second})
 	tests := []struct {
 		name string
 		cfg  breaker.Config

@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/counterbytes"
 )
@@ -37,7 +39,7 @@ const (
 // checks that every counter was fresh and that each one made exactly one
 // key. loadtest sweep -what redis measures the same at other counts.
 func BenchmarkBytesPerCounter(b *testing.B) {
-	client := startRedis(b)
+	client := guardtest.Client(b, redistest.StartTB(b).Addr())
 	store := redisstore.New(client, redisstore.WithTimeout(5*time.Second))
 	b.Cleanup(func() { store.Close() })
 	ctx := context.Background()

@@ -57,7 +57,7 @@ rules:
 // cluster for its subtests.
 func TestCluster(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
-	client := newClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
+	client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
 	store := redisstore.New(client, redisstore.WithTimeout(2*time.Second), redisstore.WithTTLMargin(time.Hour))
 	t.Cleanup(func() { store.Close() })
 	if err := store.Load(context.Background()); err != nil {
@@ -174,14 +174,7 @@ func testClusterReturn(t *testing.T, store *redisstore.Store) {
 // cluster's node-th primary serves.
 func onNode(t *testing.T, cl *redisserver.Cluster, prefix string, node int) string {
 	t.Helper()
-	for i := range 10_000 {
-		name := fmt.Sprintf("sd{%s%d}c", prefix, i)
-		if cl.NodeOf(redisstore.Slot(name)) == node {
-			return name
-		}
-	}
-	t.Fatalf("no name %s… on node %d", prefix, node)
-	return ""
+	return "sd{" + guardtest.TagOn(t, cl.NodeOf, prefix, node) + "}c"
 }
 
 // TestClusterShardDownChargesNothingElsewhere: with one primary down, a
@@ -197,7 +190,7 @@ func TestClusterShardDownChargesNothingElsewhere(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartClusterTB(t, 3)
 	newStore := func(cfg breaker.Config) *redisstore.Store {
-		client := newClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: time.Second})
+		client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: time.Second})
 		s := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithTTLMargin(time.Hour), redisstore.WithBreaker(cfg))
 		t.Cleanup(func() { s.Close() })
 		if err := s.Load(context.Background()); err != nil {

@@ -9,7 +9,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -59,7 +61,7 @@ func (r *recordStore) Do(ctx context.Context, op guard.Op, now int64, counters [
 // (a shorter TTL forgets debt).
 func TestStatePerKey(t *testing.T) {
 	ctx := context.Background()
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	store := redisstore.New(client, redisstore.WithTimeout(2*time.Second))
 	t.Cleanup(func() { store.Close() })
 	rec := &recordStore{Store: store}

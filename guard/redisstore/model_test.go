@@ -7,34 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/memstore"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 )
-
-// startRedis starts a redis-server for the test and returns a client built
-// the way production builds it.
-func startRedis(tb testing.TB) redis.UniversalClient {
-	tb.Helper()
-	srv := redistest.StartTB(tb)
-	return newClient(tb, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
-}
-
-// newClient builds a client of cfg as production builds it, closed by the
-// test's cleanup.
-func newClient(tb testing.TB, cfg redisstore.Config) redis.UniversalClient {
-	tb.Helper()
-	c, err := redisstore.NewClient(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { c.Close() })
-	return c
-}
 
 var algorithms = []rules.Algorithm{
 	rules.TokenBucket, rules.GCRA, rules.FixedWindow,
@@ -81,7 +60,7 @@ func gcd(a, b int64) int64 {
 // Limits, rates and overrides change between steps (same counter names) to
 // check that consumed units carry over the same way in both.
 func TestScriptsMatchModel(t *testing.T) {
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	for _, batch := range []int{1, 16} {
 		for seed := uint64(1); seed <= 6; seed++ {
 			t.Run(fmt.Sprintf("batch=%d/seed=%d", batch, seed), func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -15,7 +16,7 @@ import (
 // master name, as TOLLGATE_REDIS_MODE=sentinel configures it.
 func TestSentinel(t *testing.T) {
 	st := redistest.StartSentinelTB(t)
-	client := newClient(t, redisstore.Config{
+	client := guardtest.RedisClient(t, redisstore.Config{
 		Mode: redisstore.ModeSentinel, Addrs: st.SentinelAddrs(), MasterName: st.MasterName(), Timeout: time.Second,
 	})
 	store := redisstore.New(client, redisstore.WithTimeout(time.Second))

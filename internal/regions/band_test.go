@@ -24,10 +24,7 @@ func TestFixedWindowSteadyTrafficBelowShare(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l, err := NewLedger(Config{}, tt.fleet, "r1")
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := newLedger(t, Config{}, tt.fleet, "r1")
 			lim := Limit{Kind: FixedWindow, Units: tt.units, Window: sec}
 			var rejected, n int
 			start := int64(1_763_000_000) * sec
@@ -59,10 +56,7 @@ func TestFixedWindowEveryOffsetWithinShare(t *testing.T) {
 	k := cfg.Skew
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		l, err := NewLedger(cfg, EqualFleet("r1", "r2"), "r1")
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := newLedger(t, cfg, EqualFleet("r1", "r2"), "r1")
 		lim := Limit{Kind: FixedWindow, Units: 40, Window: w}
 		base := int64(1_763_000_000) * sec
 		var admitted []int64

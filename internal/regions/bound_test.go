@@ -88,14 +88,7 @@ func TestLedgerBoundsWorkForFarLoans(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := Config{}.WithDefaults()
 			fleet := EqualFleet("r1", "r2", "r3")
-			giver, err := NewLedger(cfg, fleet, "r1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			receiver, err := NewLedger(cfg, fleet, "r2")
-			if err != nil {
-				t.Fatal(err)
-			}
+			giver, receiver := newLedger(t, cfg, fleet, "r1"), newLedger(t, cfg, fleet, "r2")
 			// A ledger that spins cannot be stopped: if the deadline
 			// passes the test fails and the goroutine ends with the
 			// test binary.

@@ -69,11 +69,7 @@ func FuzzLedgerMessages(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ledgers := map[string]*Ledger{}
 		for _, name := range []string{"r1", "r2"} {
-			l, err := NewLedger(cfg, fleet, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ledgers[name] = l
+			ledgers[name] = newLedger(t, cfg, fleet, name)
 		}
 		ctx := context.Background()
 		r := &fuzzReader{b: data}

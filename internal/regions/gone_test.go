@@ -280,10 +280,7 @@ func TestGiverKeepsItsDemandUnrounded(t *testing.T) {
 			fleet := EqualFleet("r1", "r2")
 			lim := Limit{Kind: FixedWindow, Units: 50, Window: 2 * sec}
 			start := int64(1_763_000_000) * sec
-			l, err := NewLedger(cfg, fleet, "r2")
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := newLedger(t, cfg, fleet, "r2")
 			q := &queue{}
 			r2, err := NewRegion(cfg, fleet, "r2", l, q, nil, start)
 			if err != nil {

@@ -69,19 +69,7 @@ func TestRegionLendsUnderTheLimitItsLedgerHolds(t *testing.T) {
 			cut.Units = 100 // a share of 50 in each region
 			q := &queue{}
 			start := int64(1000*sec + 300_000)
-			regs := map[string]*Region{}
-			ledgers := map[string]*Ledger{}
-			for _, name := range []string{"r1", "r2"} {
-				l, err := NewLedger(cfg, fleet, name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r, err := NewRegion(cfg, fleet, name, l, q, nil, start)
-				if err != nil {
-					t.Fatal(err)
-				}
-				regs[name], ledgers[name] = r, l
-			}
+			regs, ledgers := newAgents(t, cfg, fleet, q, start, "r1", "r2")
 			e := NewEpoch(1, 0)
 			coord, err := NewCoordinator(cfg, fleet, e, q, nil)
 			if err != nil {
@@ -159,14 +147,7 @@ func TestLedgerLimitChangeVoidsLoans(t *testing.T) {
 			full := Limit{Kind: kind, Units: 100, Window: 10 * sec}
 			cut := full
 			cut.Units = 20
-			giver, err := NewLedger(cfg, fleet, "r1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			receiver, err := NewLedger(cfg, fleet, "r2")
-			if err != nil {
-				t.Fatal(err)
-			}
+			giver, receiver := newLedger(t, cfg, fleet, "r1"), newLedger(t, cfg, fleet, "r2")
 			now := int64(1000 * sec)
 			slot := now / full.slotLen(cfg)
 			e := NewEpoch(1, 0)

@@ -46,20 +46,39 @@ func (f Fleet) weights() []int64 {
 
 const sec = 1_000_000
 
+// newLedger is NewLedger of region name; an error fails the test at once.
+func newLedger(t testing.TB, cfg Config, fleet Fleet, name string) *Ledger {
+	t.Helper()
+	l, err := NewLedger(cfg, fleet, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// newAgents is, for each region of names, a Region over a ledger of its
+// own, all sending through q, started at start.
+func newAgents(t testing.TB, cfg Config, fleet Fleet, q Transport, start int64, names ...string) (map[string]*Region, map[string]*Ledger) {
+	t.Helper()
+	regs, ledgers := map[string]*Region{}, map[string]*Ledger{}
+	for _, name := range names {
+		l := newLedger(t, cfg, fleet, name)
+		r, err := NewRegion(cfg, fleet, name, l, q, nil, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs[name], ledgers[name] = r, l
+	}
+	return regs, ledgers
+}
+
 // lending is two regions of a fleet of three with a bucket of 300 (static
 // shares 100 each), r1 having lent r2 50 units for periods 10 and 11.
 func lending(t *testing.T) (cfg Config, giver, receiver *Ledger, tr *Transfer) {
 	t.Helper()
 	cfg = Config{}.WithDefaults()
 	fleet := EqualFleet("r1", "r2", "r3")
-	giver, err := NewLedger(cfg, fleet, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver, err = NewLedger(cfg, fleet, "r2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	giver, receiver = newLedger(t, cfg, fleet, "r1"), newLedger(t, cfg, fleet, "r2")
 	lim := Limit{Kind: Bucket, Units: 300, Window: 10 * sec}
 	o := &Order{Epoch: NewEpoch(1, 0), Loan: Loan{ID: LoanID{Epoch: NewEpoch(1, 0), Seq: 1}, Counter: "c", Limit: lim, From: "r1", To: "r2", Units: 50, First: 10, Last: 11}}
 	loan, refused, err := giver.Give(context.Background(), o, 0, 10*sec)
@@ -136,10 +155,7 @@ func TestRegionFencesADeposedCoordinator(t *testing.T) {
 	ctx := context.Background()
 	cfg := Config{}.WithDefaults()
 	fleet := EqualFleet("r1", "r2", "r3")
-	ledger, err := NewLedger(cfg, fleet, "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ledger := newLedger(t, cfg, fleet, "r1")
 	var sent []Message
 	r, err := NewRegion(cfg, fleet, "r1", ledger, TransportFunc(func(_ Node, m Message) { sent = append(sent, m) }), nil, 10*sec)
 	if err != nil {

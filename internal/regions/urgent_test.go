@@ -14,18 +14,7 @@ func urgentFleet(t *testing.T, start int64) (map[string]*Region, map[string]*Led
 	cfg := Config{}.WithDefaults()
 	fleet := EqualFleet("r1", "r2")
 	q := &queue{}
-	regs, ledgers := map[string]*Region{}, map[string]*Ledger{}
-	for _, name := range []string{"r1", "r2"} {
-		l, err := NewLedger(cfg, fleet, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := NewRegion(cfg, fleet, name, l, q, nil, start-1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		regs[name], ledgers[name] = r, l
-	}
+	regs, ledgers := newAgents(t, cfg, fleet, q, start-1, "r1", "r2")
 	coord, err := NewCoordinator(cfg, fleet, NewEpoch(1, 0), q, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -3,12 +3,14 @@
 // buffer several goroutines (a process's stdout and stderr, a logger) may
 // write to while the test reads it, a server's Run kept going until the
 // test ends or stops it, a listener's connections kept going until the
-// test ends, and, for tests that read the source tree, the module's root
-// directory, generated files held to what generates them and the
-// constants a source file declares.
+// test ends, the variables of an env file a process is started with, and,
+// for tests that read the source tree, the module's root directory,
+// generated files held to what generates them and the constants a source
+// file declares.
 package testnet
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -300,6 +302,36 @@ func (r *fatalRecorder) Fatal(args ...any) {
 func (r *fatalRecorder) Fatalf(format string, args ...any) {
 	r.msg = fmt.Sprintf(format, args...)
 	runtime.Goexit()
+}
+
+// EnvFile reads the NAME=value lines of the env file at path, skipping
+// blank lines and # comments: the names in the file's order, and each
+// name's value. A line of another form fails the test.
+func EnvFile(t testing.TB, path string) (names []string, values map[string]string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	values = map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: %q is not NAME=value", path, line)
+		}
+		names = append(names, name)
+		values[name] = value
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return names, values
 }
 
 // ModuleRoot returns the directory holding go.mod, looked for from the

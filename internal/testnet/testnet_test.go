@@ -9,6 +9,7 @@ import (
 	"go/token"
 	"go/types"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -362,5 +363,42 @@ func TestNumbered(t *testing.T) {
 	}
 	if got := testnet.Numbered("r%d\n", 0); len(got) != 0 {
 		t.Errorf("Numbered(r%%d, 0) = %q, want none", got)
+	}
+}
+
+// TestEnvFile: names in order and their values, blank lines and comments
+// skipped, a value keeping its own '='; a line that is not NAME=value
+// fails the test.
+func TestEnvFile(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, file string
+		names      []string
+		values     map[string]string
+		fails      string
+	}{
+		{"names and values", "# a comment\nB=2\n\n  A=x=y  \nC=\n", []string{"B", "A", "C"}, map[string]string{"A": "x=y", "B": "2", "C": ""}, ""},
+		{"empty", "\n# only a comment\n", nil, map[string]string{}, ""},
+		{"not NAME=value", "A=1\njunk\n", nil, nil, `"junk" is not NAME=value`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "x.env")
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			var values map[string]string
+			msg := testnet.RecordFatal(t, func(tb testing.TB) { names, values = testnet.EnvFile(tb, path) })
+			if tc.fails != "" {
+				if !strings.Contains(msg, tc.fails) {
+					t.Fatalf("EnvFile failed with %q, want it to say %q", msg, tc.fails)
+				}
+				return
+			}
+			if msg != "" || !slices.Equal(names, tc.names) || !maps.Equal(values, tc.values) {
+				t.Fatalf("EnvFile = %q %q (failure %q), want %q %q", names, values, msg, tc.names, tc.values)
+			}
+		})
 	}
 }

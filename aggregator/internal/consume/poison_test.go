@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
@@ -24,6 +23,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/kafkabroker/kafkatest"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
@@ -92,35 +92,7 @@ func startProc(t *testing.T, brokers []string, id, dir string) *proc {
 // (name, value pairs).
 func (p *proc) metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := p.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.Metric {
-			if hasLabels(m, labels) {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, labels []string) bool {
-	for i := 0; i+1 < len(labels); i += 2 {
-		found := false
-		for _, l := range m.Label {
-			found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return promtest.Sum(t, p.reg, name, labels...)
 }
 
 // writer produces records to the decisions topic as anyone allowed to

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/natsserver"
 )
@@ -71,4 +74,28 @@ func WaitLinkedTB(tb testing.TB, servers []*natsserver.Server) {
 	if err != nil {
 		tb.Fatalf("natstest: regions not linked: %v", err)
 	}
+}
+
+// Connect returns a client connection to url (a server's ClientURL), closed
+// by tb.Cleanup. Any error fails the test at once.
+func Connect(tb testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		tb.Fatalf("natstest: connect %s: %v", url, err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream returns the JetStream of the server at url (in its own
+// domain), on a connection of its own that tb.Cleanup closes. Any error
+// fails the test at once.
+func JetStream(tb testing.TB, url string) jetstream.JetStream {
+	tb.Helper()
+	js, err := jetstream.New(Connect(tb, url))
+	if err != nil {
+		tb.Fatalf("natstest: jetstream %s: %v", url, err)
+	}
+	return js
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -260,7 +261,7 @@ func compareSequence(t *testing.T, stdAddr, fastAddr string, reqs []string) (str
 			// connection, fasthttp with a Content-Length.
 			fh.Del("Content-Length")
 		}
-		if sc != fc || !bytes.Equal(sb, fb) || !sameHeaders(sh, fh) {
+		if sc != fc || !bytes.Equal(sb, fb) || !maps.EqualFunc(sh, fh, slices.Equal) {
 			if len(raw) > 300 {
 				raw = raw[:300] + "…"
 			}
@@ -294,18 +295,6 @@ func chunk(raw string) string {
 		return raw
 	}
 	return fmt.Sprintf("%s%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", head, 5, body[:5], len(body)-5, body[5:])
-}
-
-func sameHeaders(a, b http.Header) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, av := range a {
-		if !slices.Equal(av, b[k]) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestFastServerTimeoutsAsNetHTTP: a client too slow for the read

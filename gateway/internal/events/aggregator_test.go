@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/aggregator"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtest"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -86,9 +87,9 @@ func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 		t.Fatalf("%d duplicates, fewer than the %d records replayed", want.duplicates, len(again))
 	}
 	took := testwait.Eventually(t, 90*time.Second, func() error {
-		applied := gather(t, agg.Registry(), "tollgate_aggregator_events_total", "result", "applied")
-		dups := gather(t, agg.Registry(), "tollgate_aggregator_events_total", "result", "duplicate")
-		missing := gather(t, agg.Registry(), "tollgate_aggregator_events_missing_total")
+		applied := promtest.Sum(t, agg.Registry(), "tollgate_aggregator_events_total", "result", "applied")
+		dups := promtest.Sum(t, agg.Registry(), "tollgate_aggregator_events_total", "result", "duplicate")
+		missing := promtest.Sum(t, agg.Registry(), "tollgate_aggregator_events_missing_total")
 		if applied != float64(want.applied) || dups != float64(want.duplicates) || missing != float64(want.missing) {
 			return fmt.Errorf("aggregator: %v applied, %v duplicates, %v missing; the topic says %d, %d, %d",
 				applied, dups, missing, want.applied, want.duplicates, want.missing)
@@ -100,7 +101,7 @@ func TestAggregatorCountsEveryEventOnce(t *testing.T) {
 	// says is missing: the killed epoch's loss, and nothing for the
 	// graceful stops.
 	lost := uint64(recorded - want.byEpoch[killed])
-	missing := uint64(gather(t, agg.Registry(), "tollgate_aggregator_events_missing_total"))
+	missing := uint64(promtest.Sum(t, agg.Registry(), "tollgate_aggregator_events_missing_total"))
 	t.Logf("the killed gateway recorded %d decisions, %d arrived: %d lost; the aggregator counts %d missing", recorded,
 		want.byEpoch[killed], lost, missing)
 	if missing < lost || missing > lost+recordBatch {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtest"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -130,40 +130,7 @@ func (p *producer) shutdown(t testing.TB) {
 // its label values matching labels).
 func (p *producer) metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
-	return gather(t, p.reg, name, labels...)
-}
-
-func gather(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				if !hasLabel(m, labels[i], labels[i+1]) {
-					continue next
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
+	return promtest.Sum(t, p.reg, name, labels...)
 }
 
 // waitDrained waits until p has nothing buffered in memory or the spool.
@@ -208,8 +175,11 @@ func decision(i int) (*guard.Request, *guard.Decision) {
 	return req, d
 }
 
-// recordN records n decisions, numbered from first.
-func recordN(p *producer, first, n int) {
+// recordN records n decisions, numbered from first, on p: a test's
+// producer or the bare events.Producer of a child process.
+func recordN(p interface {
+	Record(*guard.Request, *guard.Decision, string)
+}, first, n int) {
 	for i := first; i < first+n; i++ {
 		req, d := decision(i)
 		p.Record(req, d, "proxy")

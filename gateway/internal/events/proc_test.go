@@ -143,7 +143,7 @@ func recordUntilKilled() error {
 		case err := <-done:
 			return fmt.Errorf("run returned before the kill: %v", err)
 		}
-		recordBatchOf(p, n, recordBatch)
+		recordN(p, n, recordBatch)
 		n += recordBatch
 		fmt.Fprintf(w, "recorded %d %d\n", n, time.Now().UnixNano())
 		if err := w.Flush(); err != nil {
@@ -156,13 +156,6 @@ func recordUntilKilled() error {
 // two reports: after a SIGKILL it has recorded at least the last number it
 // printed and less than that plus recordBatch.
 const recordBatch = 50
-
-func recordBatchOf(p *events.Producer, first, n int) {
-	for i := first; i < first+n; i++ {
-		req, d := decision(i)
-		p.Record(req, d, "proxy")
-	}
-}
 
 // parseRecorded parses a "recorded" line's payload.
 func parseRecorded(tb testing.TB, s string) (n int, at time.Time) {

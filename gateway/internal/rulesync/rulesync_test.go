@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/compose/natsserver"
@@ -705,11 +704,7 @@ func TestCountersChangedReachTheGateway(t *testing.T) {
 	sy.start(t)
 	sy.waitVersion(t, 1)
 
-	pub, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pub.Close)
+	pub := natstest.Connect(t, ns.ClientURL())
 	msg, _ := json.Marshal(tollgatev1.CountersChanged{Kind: tollgatev1.CountersReset, KeyID: "kidQ", Counters: []string{"tg{t}a", "tg{t}b"}, Time: time.Now()})
 	// Core NATS drops a message no subscription is registered for yet:
 	// announce until one arrives.

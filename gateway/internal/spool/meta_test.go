@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"math/rand/v2"
 	"path"
 	"slices"
 	"syscall"
@@ -266,17 +265,7 @@ func TestCrashDuringWriteMeta(t *testing.T) {
 			t.Logf("a WriteMeta takes %d operations", ops)
 			for k := range ops + 1 {
 				fsys, s := setup(t)
-				fsys.Inject(spooltest.CrashAfter(k))
-				werr := s.WriteMeta([]byte(tc.blob))
-				if (werr == nil) != (k == ops) {
-					t.Fatalf("write meta crashed after %d of %d operations returned %v", k, ops, werr)
-				}
-				_ = s.Close()
-				fsys.Inject(nil)
-				states := map[string]*spooltest.FS{"process death": fsys, "machine crash": fsys.Crash(nil)}
-				for seed := range 16 {
-					states[fmt.Sprint("machine crash, seed ", seed)] = fsys.Crash(rand.New(rand.NewPCG(uint64(seed), uint64(k))))
-				}
+				states, werr := crashAfter(t, fsys, s, k, ops, 16, "write meta", func() error { return s.WriteMeta([]byte(tc.blob)) })
 				for name, after := range states {
 					s, err := spool.Open(after, dir, spool.Options{})
 					if err != nil {

@@ -123,6 +123,28 @@ func open(t testing.TB, fsys spool.FS, opts spool.Options) *spool.Spool {
 	return s
 }
 
+// crashAfter runs op, what's call on s, with s's file system fsys crashing
+// after k operations: op must fail unless k is all the ops operations it
+// takes. It closes s and returns what the crash can leave, by name: fsys
+// as the process left it ("process death"), its durable state ("machine
+// crash") and seeds machine crashes that also keep a random part of what
+// was not yet durable; and op's error.
+func crashAfter(t testing.TB, fsys *spooltest.FS, s *spool.Spool, k, ops, seeds int, what string, op func() error) (map[string]*spooltest.FS, error) {
+	t.Helper()
+	fsys.Inject(spooltest.CrashAfter(k))
+	err := op()
+	if (err == nil) != (k == ops) {
+		t.Fatalf("%s crashed after %d of %d operations returned %v", what, k, ops, err)
+	}
+	_ = s.Close()
+	fsys.Inject(nil)
+	states := map[string]*spooltest.FS{"process death": fsys, "machine crash": fsys.Crash(nil)}
+	for seed := range seeds {
+		states[fmt.Sprint("machine crash, seed ", seed)] = fsys.Crash(rand.New(rand.NewPCG(uint64(seed), uint64(k))))
+	}
+	return states, err
+}
+
 func mustAppend(t testing.TB, s *spool.Spool, recs []spool.Record) {
 	t.Helper()
 	if err := s.Append(recs); err != nil {
@@ -476,17 +498,7 @@ func TestCrashDuringAppend(t *testing.T) {
 		t.Run(fmt.Sprint("after ", k), func(t *testing.T) {
 			t.Parallel()
 			fsys, s := setup(t)
-			fsys.Inject(spooltest.CrashAfter(k))
-			appendErr := s.Append(d)
-			if (appendErr == nil) != (k == ops) {
-				t.Fatalf("append crashed after %d of %d operations returned %v", k, ops, appendErr)
-			}
-			_ = s.Close()
-			fsys.Inject(nil)
-			states := map[string]*spooltest.FS{"process death": fsys, "machine crash": fsys.Crash(nil)}
-			for seed := range 8 {
-				states[fmt.Sprint("machine crash, seed ", seed)] = fsys.Crash(rand.New(rand.NewPCG(uint64(seed), uint64(k))))
-			}
+			states, appendErr := crashAfter(t, fsys, s, k, ops, 8, "append", func() error { return s.Append(d) })
 			for name, after := range states {
 				s, err := spool.Open(after, dir, spool.Options{})
 				if err != nil {

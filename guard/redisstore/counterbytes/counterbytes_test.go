@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/rules"
 )
@@ -16,11 +17,7 @@ import (
 // counter and plausible sizes.
 func TestCountersOutliveTheMeasure(t *testing.T) {
 	srv := redistest.StartTB(t)
-	client, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := guardtest.RedisClient(t, redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 5 * time.Second})
 	store := redisstore.New(client, redisstore.WithTimeout(5*time.Second))
 	defer store.Close()
 	ctx := context.Background()

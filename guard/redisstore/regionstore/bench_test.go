@@ -10,7 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
 	"github.com/tollgate/tollgate/internal/regions"
@@ -55,7 +57,7 @@ func BenchmarkAdmit(b *testing.B) {
 // server of the benchmark's own, with the default configuration.
 func benchStore(b *testing.B) (redis.UniversalClient, regions.Config, regions.Fleet, *regionstore.Store) {
 	b.Helper()
-	client := startRedis(b)
+	client := guardtest.Client(b, redistest.StartTB(b).Addr())
 	cfg := regions.Config{}.WithDefaults()
 	fleet := regions.EqualFleet("r1", "r2", "r3")
 	store, err := regionstore.New(client, cfg, fleet, "r1")

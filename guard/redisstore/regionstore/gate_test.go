@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/guard/rules"
@@ -69,11 +70,7 @@ func (g *gate) check(ctx context.Context, name string, lim regions.Limit, cost, 
 // held before, as a single script's rejection would have left it.
 func TestGateRefundOnCluster(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
-	client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
 	ctx := context.Background()
 	cfg := regions.Config{}.WithDefaults()
 	fleet := regions.EqualFleet("r1", "r2")

@@ -13,30 +13,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/internal/regions"
 )
-
-// startRedis starts a redis-server for the test and returns a client built
-// the way production builds it.
-func startRedis(tb testing.TB) redis.UniversalClient {
-	tb.Helper()
-	srv := redistest.StartTB(tb)
-	c, err := redisstore.NewClient(redisstore.Config{Addrs: []string{srv.Addr()}, Timeout: 2 * time.Second})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { c.Close() })
-	return c
-}
 
 // twoRegions starts a redis-server for the test and returns a client
 // built the way production builds it, the default configuration and a
 // fleet of two equal regions, r1 and r2.
 func twoRegions(tb testing.TB) (redis.UniversalClient, regions.Config, regions.Fleet) {
 	tb.Helper()
-	return startRedis(tb), regions.Config{}.WithDefaults(), regions.EqualFleet("r1", "r2")
+	return guardtest.Client(tb, redistest.StartTB(tb).Addr()), regions.Config{}.WithDefaults(), regions.EqualFleet("r1", "r2")
 }
 
 // errClass is the sentinel an error of the store or the ledger wraps.
@@ -60,7 +48,7 @@ func errClass(err error) string {
 // contradictory and addressed to the wrong region; limits change under a
 // counter's name.
 func TestStoreMatchesLedger(t *testing.T) {
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			runLedgerSequence(t, client, seed, 1500, false, false)
@@ -73,7 +61,7 @@ func TestStoreMatchesLedger(t *testing.T) {
 // windows' boundaries: where a fixed window counts an admission in its
 // slot of the band.
 func TestStoreMatchesLedgerInTheBands(t *testing.T) {
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	for seed := uint64(21); seed <= 24; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			runLedgerSequence(t, client, seed, 1500, false, true)
@@ -87,7 +75,7 @@ func TestStoreMatchesLedgerInTheBands(t *testing.T) {
 // Ledger, which never forgets, answers. So a counter is only forgotten
 // once nothing in it can count any more.
 func TestStoreForgetsLikeNew(t *testing.T) {
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	for seed := uint64(11); seed <= 13; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			runLedgerSequence(t, client, seed, 1000, true, false)
@@ -478,10 +466,6 @@ func recent[T any](rng *rand.Rand, xs []T) T {
 // lives in a slot of its own.
 func TestStoreMatchesLedgerOnCluster(t *testing.T) {
 	cl := redistest.StartClusterTB(t, 3)
-	client, err := redisstore.NewClient(redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	client := guardtest.RedisClient(t, redisstore.Config{Mode: redisstore.ModeCluster, Addrs: cl.Addrs(), Timeout: 2 * time.Second})
 	runLedgerSequence(t, client, 7, 600, false, false)
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/internal/regions"
 	"github.com/tollgate/tollgate/internal/regions/regionsim"
@@ -46,7 +48,7 @@ func TestRegionsimWithRedis(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			client := startRedis(t) // the runs name their counters alike
+			client := guardtest.Client(t, redistest.StartTB(t).Addr()) // the runs name their counters alike
 			var admits, applied int64
 			s, err := regionsim.New(regionsim.Options{
 				Seed: tt.seed, Regions: 3,

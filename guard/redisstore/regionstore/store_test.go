@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/compose/redisserver/redistest"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/redisstore/regionstore"
 	"github.com/tollgate/tollgate/internal/regions"
 )
@@ -112,7 +114,7 @@ func TestExpiryCoversWhatCounts(t *testing.T) {
 		{"a bucket that admitted, until it is full again", []call{admit(bucket, 1, 0)}, 0, 10 * sec},
 		{"a bucket's loan given, until a refill time after it comes back", []call{give(bucket, 2, p, p+1, 0)}, 0, 2*sec + 100*ms + 10*sec},
 	}
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	ctx := context.Background()
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -153,7 +155,7 @@ func TestExpiryCoversWhatCounts(t *testing.T) {
 // half of L, 1 s windows, the default 100 ms skew).
 func TestSteadyTrafficBelowShare(t *testing.T) {
 	const sec = 1_000_000
-	client := startRedis(t)
+	client := guardtest.Client(t, redistest.StartTB(t).Addr())
 	ctx := context.Background()
 	cfg := regions.Config{}.WithDefaults()
 	tests := []struct {
