@@ -67,24 +67,14 @@ func (r *reader) end() error {
 	return r.err()
 }
 
-func (r *reader) byte() byte {
-	if len(r.b) < 1 {
-		r.fail()
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
+func (r *reader) byte() byte { return r.fixed(1)[0] }
 
 // expect reads the byte c (a key's space, a value's version); any other
 // spoils r.
 func (r *reader) expect(c byte) {
-	if len(r.b) < 1 || r.b[0] != c {
+	if r.byte() != c {
 		r.fail()
-		return
 	}
-	r.b = r.b[1:]
 }
 
 func (r *reader) string() string {
@@ -115,24 +105,28 @@ func (r *reader) uint64() uint64 { return binary.BigEndian.Uint64(r.fixed(8)) }
 
 func (r *reader) partition() int32 { return int32(binary.BigEndian.Uint32(r.fixed(4))) }
 
+// varint and uvarint read what binary.AppendVarint and AppendUvarint
+// wrote; binary's readers return 0 for a malformed number.
 func (r *reader) varint() int64 {
 	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.fail()
-		return 0
-	}
-	r.b = r.b[n:]
+	r.took(n)
 	return v
 }
 
 func (r *reader) uvarint() uint64 {
 	v, n := binary.Uvarint(r.b)
+	r.took(n)
+	return v
+}
+
+// took moves past the n bytes a binary reader read, n <= 0 for a failed
+// read.
+func (r *reader) took(n int) {
 	if n <= 0 {
 		r.fail()
-		return 0
+		return
 	}
 	r.b = r.b[n:]
-	return v
 }
 
 // appendInt64 appends v so that byte order is numeric order.
