@@ -129,6 +129,14 @@ func (r *reader) took(n int) {
 	r.b = r.b[n:]
 }
 
+// appendBool appends v as a byte, 1 or 0.
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
 // appendInt64 appends v so that byte order is numeric order.
 func appendInt64(b []byte, v int64) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(v)^(1<<63))
@@ -178,11 +186,7 @@ func RowValue(r windows.Row) []byte {
 	b = binary.AppendVarint(b, r.Allowed)
 	b = binary.AppendVarint(b, r.Rejected)
 	b = binary.AppendVarint(b, r.Cost)
-	flags := byte(0)
-	if r.Closed {
-		flags = 1
-	}
-	b = append(b, flags)
+	b = appendBool(b, r.Closed)
 	b = binary.AppendUvarint(b, uint64(r.Revision))
 	b = binary.AppendUvarint(b, uint64(len(r.Rules)))
 	for _, id := range r.Rules {
@@ -257,11 +261,7 @@ func MarkValue(m windows.Mark) []byte {
 	b := []byte{1}
 	b = binary.AppendUvarint(b, m.HWM)
 	b = binary.AppendUvarint(b, m.Missing)
-	c := byte(0)
-	if m.Closed {
-		c = 1
-	}
-	b = append(b, c)
+	b = appendBool(b, m.Closed)
 	b = binary.AppendVarint(b, m.Seen)
 	if m.HeldCount == 0 && m.GapNext == 0 {
 		return b
