@@ -76,28 +76,17 @@ func parseRequest(b []byte, r *rlsv3.RateLimitRequest, ar *requestArena) (ok boo
 	arenaUsed := false
 	seenDomain, seenHits := false, false
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		var f field
+		if f, b, ok = nextField(b); !ok {
 			return false
 		}
-		rest := b[n:]
 		switch {
-		case num == 1 && typ == protowire.BytesType && !seenDomain:
-			v, m := protowire.ConsumeBytes(rest)
-			if m < 0 {
+		case f.num == 1 && f.typ == protowire.BytesType && !seenDomain:
+			if r.Domain, ok = str.of(f.bytes); !ok {
 				return false
 			}
-			s, ok := str.of(v)
-			if !ok {
-				return false
-			}
-			r.Domain, seenDomain = s, true
-			b = rest[m:]
-		case num == 2 && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(rest)
-			if m < 0 {
-				return false
-			}
+			seenDomain = true
+		case f.num == 2 && f.typ == protowire.BytesType:
 			var d *ratelimitv3.RateLimitDescriptor
 			if !arenaUsed {
 				if ar == nil {
@@ -111,22 +100,48 @@ func parseRequest(b []byte, r *rlsv3.RateLimitRequest, ar *requestArena) (ok boo
 				d = new(ratelimitv3.RateLimitDescriptor)
 				r.Descriptors = append(r.Descriptors, d)
 			}
-			if !parseDescriptor(v, d, ar, &str) {
+			if !parseDescriptor(f.bytes, d, ar, &str) {
 				return false
 			}
-			b = rest[m:]
-		case num == 3 && typ == protowire.VarintType && !seenHits:
-			v, m := protowire.ConsumeVarint(rest)
-			if m < 0 {
-				return false
-			}
-			r.HitsAddend, seenHits = uint32(v), true
-			b = rest[m:]
+		case f.num == 3 && f.typ == protowire.VarintType && !seenHits:
+			r.HitsAddend, seenHits = uint32(f.varint), true
 		default:
 			return false
 		}
 	}
 	return true
+}
+
+// field is a message's field of a wire type the messages read by hand
+// use: bytes (a string or a message) or varint.
+type field struct {
+	num    protowire.Number
+	typ    protowire.Type
+	bytes  []byte // BytesType
+	varint uint64 // VarintType
+}
+
+// nextField reads the field b starts with, and returns what follows it;
+// ok is false for a malformed field or one of another wire type.
+func nextField(b []byte) (f field, rest []byte, ok bool) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return f, nil, false
+	}
+	f.num, f.typ, b = num, typ, b[n:]
+	var m int
+	switch typ {
+	case protowire.BytesType:
+		f.bytes, m = protowire.ConsumeBytes(b)
+	case protowire.VarintType:
+		f.varint, m = protowire.ConsumeVarint(b)
+	default:
+		return f, nil, false
+	}
+	if m < 0 {
+		return f, nil, false
+	}
+	return f, b[m:], true
 }
 
 // strings turns the bytes of a message's string fields into strings
@@ -149,17 +164,13 @@ func (s *strings) of(v []byte) (string, bool) {
 func parseDescriptor(b []byte, d *ratelimitv3.RateLimitDescriptor, ar *requestArena, str *strings) bool {
 	seenHits, seenNeg := false, false
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		f, rest, ok := nextField(b)
+		if !ok {
 			return false
 		}
-		rest := b[n:]
+		b = rest
 		switch {
-		case num == 1 && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(rest)
-			if m < 0 {
-				return false
-			}
+		case f.num == 1 && f.typ == protowire.BytesType:
 			var e *ratelimitv3.RateLimitDescriptor_Entry
 			if k := len(d.Entries); d == &ar.desc && k < len(ar.entries) {
 				e = &ar.entries[k]
@@ -169,40 +180,24 @@ func parseDescriptor(b []byte, d *ratelimitv3.RateLimitDescriptor, ar *requestAr
 				e = new(ratelimitv3.RateLimitDescriptor_Entry)
 				d.Entries = append(d.Entries, e)
 			}
-			if !parseEntry(v, e, str) {
+			if !parseEntry(f.bytes, e, str) {
 				return false
 			}
-			b = rest[m:]
-		case num == 3 && typ == protowire.BytesType && !seenHits:
-			v, m := protowire.ConsumeBytes(rest)
-			if m < 0 {
-				return false
-			}
+		case f.num == 3 && f.typ == protowire.BytesType && !seenHits:
 			h := &ar.hits
 			if d != &ar.desc {
 				h = new(wrapperspb.UInt64Value)
 			}
-			for len(v) > 0 {
-				num, typ, n := protowire.ConsumeTag(v)
-				if n < 0 || num != 1 || typ != protowire.VarintType {
+			for v := f.bytes; len(v) > 0; {
+				var hf field
+				if hf, v, ok = nextField(v); !ok || hf.num != 1 || hf.typ != protowire.VarintType {
 					return false
 				}
-				x, k := protowire.ConsumeVarint(v[n:])
-				if k < 0 {
-					return false
-				}
-				h.Value = x
-				v = v[n+k:]
+				h.Value = hf.varint
 			}
 			d.HitsAddend, seenHits = h, true
-			b = rest[m:]
-		case num == 4 && typ == protowire.VarintType && !seenNeg:
-			v, m := protowire.ConsumeVarint(rest)
-			if m < 0 {
-				return false
-			}
-			d.IsNegativeHits, seenNeg = protowire.DecodeBool(v), true
-			b = rest[m:]
+		case f.num == 4 && f.typ == protowire.VarintType && !seenNeg:
+			d.IsNegativeHits, seenNeg = protowire.DecodeBool(f.varint), true
 		default:
 			return false
 		}
@@ -213,27 +208,23 @@ func parseDescriptor(b []byte, d *ratelimitv3.RateLimitDescriptor, ar *requestAr
 func parseEntry(b []byte, e *ratelimitv3.RateLimitDescriptor_Entry, str *strings) bool {
 	seenKey, seenValue := false, false
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) {
+		f, rest, ok := nextField(b)
+		if !ok || f.typ != protowire.BytesType {
 			return false
 		}
-		v, m := protowire.ConsumeBytes(b[n:])
-		if m < 0 {
-			return false
-		}
-		s, ok := str.of(v)
+		b = rest
+		s, ok := str.of(f.bytes)
 		if !ok {
 			return false
 		}
 		switch {
-		case num == 1 && !seenKey:
+		case f.num == 1 && !seenKey:
 			e.Key, seenKey = s, true
-		case num == 2 && !seenValue:
+		case f.num == 2 && !seenValue:
 			e.Value, seenValue = s, true
 		default:
 			return false
 		}
-		b = b[n+m:]
 	}
 	return true
 }
