@@ -310,7 +310,7 @@ func setParams(w *work, c *guard.Counter) {
 	}
 }
 
-// Exact integer helpers (the Lua prelude's fdiv, cdiv, ms).
+// Exact integer helpers (the scripts' fdiv and cdiv, and ms).
 
 func fdiv(x, y int64) int64 {
 	q := x / y

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/redisstore/internal/luaarith"
 	"github.com/tollgate/tollgate/guard/redisstore/internal/scriptargs"
 )
 
@@ -14,9 +15,11 @@ import (
 var luaFiles embed.FS
 
 // scriptParts are concatenated, in order, into the one script every call
-// runs: the shared prelude, the algorithms, then the driver that reads KEYS
+// runs: the exact arithmetic (package luaarith), the shared prelude, the
+// algorithms, then the driver that reads KEYS
 // and ARGV. Each file's header states its inputs and outputs.
 var scriptParts = []string{
+	arithPart,
 	"lua/prelude.lua",
 	"lua/bucket.lua",
 	"lua/fixed_window.lua",
@@ -32,6 +35,7 @@ var scriptParts = []string{
 // function, the ledger's many functions are made only by a call that
 // decides a ledger counter.
 var regionParts = []string{
+	arithPart,
 	"lua/prelude.lua",
 	"lua/bucket.lua",
 	"lua/fixed_window.lua",
@@ -47,10 +51,12 @@ var regionParts = []string{
 	"lua/decide.lua",
 }
 
-// The lines around gate_parts's body in regionParts.
+// The lines around gate_parts's body in regionParts, and the place of
+// luaarith.Source in a script's parts.
 const (
 	gateOpen  = "local function gate_parts()"
 	gateClose = "end"
+	arithPart = "arith"
 )
 
 // Script is the guard's Redis script: its source and SHA-1 (for EVALSHA).
@@ -74,8 +80,13 @@ func RegionScript() Script { return joinScript(regionParts) }
 func joinScript(parts []string) Script {
 	var b strings.Builder
 	for _, name := range parts {
-		if name == gateOpen || name == gateClose {
+		switch name {
+		case gateOpen, gateClose:
 			b.WriteString(name)
+			b.WriteByte('\n')
+			continue
+		case arithPart:
+			b.WriteString(luaarith.Source)
 			b.WriteByte('\n')
 			continue
 		}

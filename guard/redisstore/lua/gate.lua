@@ -72,7 +72,7 @@ local function save(x, now, margin)
 end
 
 local function read(key, now, g, kind, L, W, S)
-  local lim = rg_fmt(kind) .. ':' .. rg_fmt(L) .. ':' .. rg_fmt(W)
+  local lim = ifmt(kind) .. ':' .. ifmt(L) .. ':' .. ifmt(W)
   local x = { key = key, log = key .. ':log', kind = kind, W = W, lim = lim, add = 0, dirty = false }
   local st = rg_load(key)
   if st.lim and st.lim ~= lim then
@@ -161,11 +161,11 @@ local function charge(x, now, n, capped)
   x.add, x.charged = x.add + n, true
   if x.kind == 1 then
     local j, q = fw_cell(x.W, K, now)
-    return x, rg_fmt(n) .. ':' .. rg_fmt(j) .. ':' .. rg_fmt(q)
+    return x, ifmt(n) .. ':' .. ifmt(j) .. ':' .. ifmt(q)
   elseif x.kind == 2 then
-    return x, rg_fmt(now) .. ':' .. rg_fmt(n)
+    return x, ifmt(now) .. ':' .. ifmt(n)
   end
-  return x, rg_fmt(n)
+  return x, ifmt(n)
 end
 
 -- take gives back up to n units charged in now's window (fixed), the
@@ -180,7 +180,7 @@ local function sub(x, now, n)
     -- From now's cell, then from the rest of now's window: its body, the
     -- band at its start, the band at its end.
     local j, q = fw_cell(x.W, K, now)
-    local cur = rg_fdiv(now, x.W)
+    local cur = fdiv(now, x.W)
     local cells = { { j, q }, { cur, -1 } }
     for _, bj in ipairs({ cur, cur + 1 }) do
       for k = FW_BAND - 1, 0, -1 do
@@ -210,7 +210,7 @@ local function sub(x, now, n)
       local t, c = sw_entry(v)
       local k = math.min(c, n)
       if c > k then
-        redis.call('RPUSH', x.log, rg_fmt(t) .. ':' .. rg_fmt(c - k))
+        redis.call('RPUSH', x.log, ifmt(t) .. ':' .. ifmt(c - k))
       end
       st.used, n = st.used - k, n - k
     end
@@ -248,7 +248,7 @@ local function refund(x, now, token, lim)
       local i = redis.call('LPOS', x.log, token, 'RANK', -1)
       if i then
         local k = cut(c)
-        redis.call('LSET', x.log, i, rg_fmt(t) .. ':' .. rg_fmt(c - k))
+        redis.call('LSET', x.log, i, ifmt(t) .. ':' .. ifmt(c - k))
         st.used = st.used - k
       end
     end
@@ -265,7 +265,7 @@ local function expire(x, now, margin)
   if left < 0 then
     left = 0
   end
-  local ttl = -rg_fdiv(-left, 1000) + margin
+  local ttl = -fdiv(-left, 1000) + margin
   redis.call('PEXPIRE', x.key, ttl)
   if x.kind == 2 then
     redis.call('PEXPIRE', x.log, ttl)
@@ -284,11 +284,11 @@ local function write(key, g, x, now, now2, margin)
       set[1], set[2] = fw_count(st, j, q, x.add)
     elseif x.kind == 3 then
       st.tok = st.tok - x.add * x.W
-      set[1], set[2], set[3], set[4] = 'k', rg_fmt(st.tok), 's', rg_fmt(st.ts)
+      set[1], set[2], set[3], set[4] = 'k', ifmt(st.tok), 's', ifmt(st.ts)
     else
-      redis.call('RPUSH', x.log, rg_fmt(now) .. ':' .. rg_fmt(x.add))
+      redis.call('RPUSH', x.log, ifmt(now) .. ':' .. ifmt(x.add))
       st.used = st.used + x.add
-      set[1], set[2] = 'u', rg_fmt(st.used)
+      set[1], set[2] = 'u', ifmt(st.used)
     end
     x.add = 0
   end
@@ -325,7 +325,7 @@ local function figures(x, now, now2, cost)
       if x.dirty then
         save(x, now, margin)
       else
-        redis.call('HSET', x.key, 'p', rg_fmt(st.promise))
+        redis.call('HSET', x.key, 'p', ifmt(st.promise))
         expire(x, now, margin)
       end
     end
@@ -362,8 +362,8 @@ local function figures(x, now, now2, cost)
     local e = bk_eff(st, now)
     local tok = st.tok - x.add * x.W
     if e > 0 and tok < e * x.W then
-      reset = rg_fdiv(e * x.W - tok + e - 1, e)
-      nxt = rg_fdiv((rg_fdiv(tok, x.W) + 1) * x.W - tok + e - 1, e)
+      reset = fdiv(e * x.W - tok + e - 1, e)
+      nxt = fdiv((fdiv(tok, x.W) + 1) * x.W - tok + e - 1, e)
     end
   else
     if pending then
@@ -386,7 +386,7 @@ local function figures(x, now, now2, cost)
   elseif x.slid then
     -- admissions slid out of the list: their sum goes with them
     if st.used ~= 0 then
-      redis.call('HSET', x.key, 'u', rg_fmt(st.used))
+      redis.call('HSET', x.key, 'u', ifmt(st.used))
     else
       redis.call('HDEL', x.key, 'u')
     end

@@ -29,6 +29,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/guard/redisstore/internal/luaarith"
 	"github.com/tollgate/tollgate/internal/regions"
 )
 
@@ -56,11 +57,14 @@ const MaxBucketUnitTime = 1 << 51
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scriptParts are concatenated, in order, into the one script.
+// scriptParts are concatenated, in order, after the exact arithmetic
+// (package luaarith), into the one script.
 var scriptParts = []string{"lua/ledger.lua", "lua/fixed.lua", "lua/sliding.lua", "lua/bucket.lua", "lua/ops.lua"}
 
 func loadScript() *redis.Script {
 	var b strings.Builder
+	b.WriteString(luaarith.Source)
+	b.WriteByte('\n')
 	for _, name := range scriptParts {
 		src, err := luaFiles.ReadFile(name)
 		if err != nil {

@@ -16,9 +16,9 @@
 
 local function rg_tdiv(x, y)
   if x >= 0 then
-    return rg_fdiv(x, y)
+    return fdiv(x, y)
   end
-  return -rg_fdiv(-x, y)
+  return -fdiv(-x, y)
 end
 
 -- bk_eff is the capacity at t: the share, or 0 while loans made under

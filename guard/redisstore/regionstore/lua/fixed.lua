@@ -54,12 +54,12 @@ local FW_SLOTS = 4
 local FW_BAND = 2 * FW_SLOTS
 
 local function fw_cell(W, K, now)
-  local j = rg_fdiv(now, W)
+  local j = fdiv(now, W)
   local off = now - j * W
   if K > 0 and off < K then
-    return j, rg_fdiv((off + K) * FW_SLOTS, K)
+    return j, fdiv((off + K) * FW_SLOTS, K)
   elseif K > 0 and off >= W - K then
-    return j + 1, rg_fdiv((off - (W - K)) * FW_SLOTS, K)
+    return j + 1, fdiv((off - (W - K)) * FW_SLOTS, K)
   end
   return j, -1
 end
@@ -122,7 +122,7 @@ end
 local function fw_count(st, j, q, n)
   if q < 0 then
     st.n[j] = math.max((st.n[j] or 0) + n, 0)
-    return 'n:' .. rg_fmt(j), rg_fmt(st.n[j])
+    return 'n:' .. ifmt(j), ifmt(st.n[j])
   end
   local b = st.b[j]
   if not b then
@@ -133,7 +133,7 @@ local function fw_count(st, j, q, n)
     b[i] = b[i] or 0
   end
   b[q + 1] = math.max(b[q + 1] + n, 0)
-  return 'b:' .. rg_fmt(j), rg_band(b)
+  return 'b:' .. ifmt(j), rg_band(b)
 end
 
 local function fw_prune(st, W, K, now)
@@ -150,7 +150,7 @@ local function fw_prune(st, W, K, now)
       dropped = true
     end
   end
-  local cur = rg_fdiv(now - K, W)
+  local cur = fdiv(now - K, W)
   for j in pairs(st.n) do
     if j < cur then
       st.n[j] = nil
@@ -214,7 +214,7 @@ end
 -- windows holding a count, so trying those (and now's window and the next)
 -- finds the same first window without walking a far-off loan's gap.
 local function fw_retry(st, S, W, K, cost, now)
-  local j = rg_fdiv(now, W)
+  local j = fdiv(now, W)
   local last = j + 1
   for _, o in pairs(st.outs) do
     last = math.max(last, o.last + 1)

@@ -1,11 +1,12 @@
 -- ledger.lua: a region's share ledger of one global counter, as one Redis
 -- hash: how it is read, pruned and written back. fixed.lua and sliding.lua
 -- and bucket.lua hold each kind's arithmetic and ops.lua the operations; the files are
--- concatenated, in that order, into the one script every call runs.
+-- concatenated, in that order, after arith.lua (fdiv, cdiv, ifmt; package
+-- luaarith), into the one script every call runs.
 --
 -- Lua numbers are IEEE doubles: every value here is an integer below 2^53
 -- (the Go side refuses limits and clamps costs and keeps above 2^52), where
--- +, - and * are exact and rg_fdiv makes division exact.
+-- +, - and * are exact and arith.lua's fdiv makes division exact.
 --
 -- The hash (its key: the counter's name, ":region:" and the region, so it
 -- shares the counter's Cluster hash tag):
@@ -23,20 +24,6 @@
 --              another limit than lim (rg_relimit)
 -- <id> is "<epoch>/<seq>" in decimal; the script never reads it as a number
 -- (an epoch does not fit a double).
-
-local function rg_fdiv(x, y)
-  local q = math.floor(x / y)
-  if q * y > x then
-    q = q - 1
-  elseif (q + 1) * y <= x then
-    q = q + 1
-  end
-  return q
-end
-
-local function rg_fmt(x)
-  return string.format('%d', x)
-end
 
 -- rg_load reads the hash into a table: lim (false when the counter is
 -- new), promise, n (window -> units in its body), b (boundary -> units per
@@ -89,13 +76,13 @@ end
 local function rg_band(b)
   local out = {}
   for q = 1, #b do
-    out[q] = rg_fmt(b[q])
+    out[q] = ifmt(b[q])
   end
   return table.concat(out, ':')
 end
 
 local function rg_rec(r)
-  local v = r.who .. ':' .. rg_fmt(r.units) .. ':' .. rg_fmt(r.first) .. ':' .. rg_fmt(r.last) .. ':' .. rg_fmt(r.at)
+  local v = r.who .. ':' .. ifmt(r.units) .. ':' .. ifmt(r.first) .. ':' .. ifmt(r.last) .. ':' .. ifmt(r.at)
   if r.void then
     v = v .. ':v'
   end
@@ -123,27 +110,27 @@ end
 -- key other (if not nil): margin ms after the last moment anything in it
 -- can still count (needed(st)); the limit is forgotten with the rest.
 local function rg_save(key, other, st, now, margin, needed)
-  local args = { 'lim', st.lim, 'S', rg_fmt(st.static) }
+  local args = { 'lim', st.lim, 'S', ifmt(st.static) }
   if st.promise > 0 then
     args[#args + 1] = 'p'
-    args[#args + 1] = rg_fmt(st.promise)
+    args[#args + 1] = ifmt(st.promise)
   end
   if st.used ~= 0 then
     args[#args + 1] = 'u'
-    args[#args + 1] = rg_fmt(st.used)
+    args[#args + 1] = ifmt(st.used)
   end
   if st.tok then
     args[#args + 1] = 'k'
-    args[#args + 1] = rg_fmt(st.tok)
+    args[#args + 1] = ifmt(st.tok)
     args[#args + 1] = 's'
-    args[#args + 1] = rg_fmt(st.ts)
+    args[#args + 1] = ifmt(st.ts)
   end
   for j, c in pairs(st.n) do
-    args[#args + 1] = 'n:' .. rg_fmt(j)
-    args[#args + 1] = rg_fmt(c)
+    args[#args + 1] = 'n:' .. ifmt(j)
+    args[#args + 1] = ifmt(c)
   end
   for j, b in pairs(st.b) do
-    args[#args + 1] = 'b:' .. rg_fmt(j)
+    args[#args + 1] = 'b:' .. ifmt(j)
     args[#args + 1] = rg_band(b)
   end
   for id, r in pairs(st.outs) do
@@ -179,7 +166,7 @@ local function rg_save(key, other, st, now, margin, needed)
   if left < 0 then
     left = 0
   end
-  local ttl = -rg_fdiv(-left, 1000) + margin
+  local ttl = cdiv(left, 1000) + margin
   redis.call('PEXPIRE', key, ttl)
   if other then
     redis.call('PEXPIRE', other, ttl)

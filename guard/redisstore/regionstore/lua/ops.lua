@@ -195,7 +195,7 @@ local function eff()
   return sw_share(st, now, now)
 end
 
-local cur = rg_fdiv(now, W)
+local cur = fdiv(now, W)
 
 if op == 'admit' then
   local cost = tonumber(ARGV[8])
@@ -227,7 +227,7 @@ if op == 'admit' then
         fw_count(st, cj, q, cost)
       end
     else
-      redis.call('RPUSH', log, rg_fmt(now) .. ':' .. rg_fmt(cost))
+      redis.call('RPUSH', log, ifmt(now) .. ':' .. ifmt(cost))
       st.used = st.used + cost
     end
     dirty = true
@@ -271,7 +271,7 @@ if op == 'give' then
       -- A fixed window's loan never grows in units: it only extends to
       -- windows that can spare all of them.
       if last > rec.last then
-        local lo = math.max(rec.last + 1, rg_fdiv(now - K, W))
+        local lo = math.max(rec.last + 1, fdiv(now - K, W))
         if fw_minroom(st, S, lo, last, cur, keep, kcur) < rec.units then
           reason = 'nothing'
         else
@@ -315,7 +315,7 @@ if op == 'give' then
   end
   local spare
   if kind == 1 then
-    local f = math.max(first, rg_fdiv(now - K, W))
+    local f = math.max(first, fdiv(now - K, W))
     if f > last then
       return done({ 'ok', 0, first, last, 'past' })
     end
@@ -354,8 +354,8 @@ if op == 'receive' then
       return done({ 'ok', 0, 'limit' })
     end
     if rec.who ~= from or rec.first ~= first or kind == 1 and rec.units ~= units then
-      return done({ 'invalid', 'loan ' .. id .. ' was ' .. rg_fmt(rec.units) .. ' units from "' .. rec.who ..
-        '" from slot ' .. rg_fmt(rec.first) })
+      return done({ 'invalid', 'loan ' .. id .. ' was ' .. ifmt(rec.units) .. ' units from "' .. rec.who ..
+        '" from slot ' .. ifmt(rec.first) })
     end
     if kind ~= 1 then
       local _, to = sw_validity(rec)
