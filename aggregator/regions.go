@@ -150,8 +150,7 @@ func (a *regionAgent) observe(ev *windows.Event) {
 		return
 	}
 	id := guard.CounterID{Rule: r.Tag, Scope: r.Scope}
-	tenant := ev.Tenant
-	tenant = cmp.Or(tenant, ev.KeyID) // a key without a tenant is its own tenant
+	tenant := cmp.Or(ev.Tenant, ev.KeyID) // a key without a tenant is its own tenant
 	switch r.Scope {
 	case rules.ScopeKey:
 		if ev.KeyID == "" {

@@ -203,8 +203,7 @@ func Vars(cfg any, docs map[string]string) ([]Var, error) {
 func WriteHelp(w io.Writer, vars []Var) error {
 	var b strings.Builder
 	for _, v := range vars {
-		def := v.Default
-		def = cmp.Or(def, "none")
+		def := cmp.Or(v.Default, "none")
 		fmt.Fprintf(&b, "  %s  (%s, %s; default: %s)\n", v.Name, v.Path, v.Kind, def)
 		for _, line := range wrap(v.Doc, 72) {
 			b.WriteString("      ")

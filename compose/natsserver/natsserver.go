@@ -273,8 +273,7 @@ func probe(host string, port int) error {
 // options returns nats-server's options for the next run.
 // s.life must be held.
 func (s *Server) options() *server.Options {
-	port := s.port
-	port = cmp.Or(port, server.RANDOM_PORT) // nats-server reads 0 as its default, 4222
+	port := cmp.Or(s.port, server.RANDOM_PORT) // nats-server reads 0 as its default, 4222
 	name := serverName
 	if s.cfg.domain != "" {
 		name += "-" + s.cfg.domain

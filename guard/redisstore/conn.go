@@ -74,8 +74,7 @@ func leanWire(client redis.UniversalClient) (*wire, bool) {
 		o.CredentialsProviderContext != nil || o.StreamingCredentialsProvider != nil || o.Limiter != nil {
 		return nil, false
 	}
-	network := o.Network
-	network = cmp.Or(network, "tcp")
+	network := cmp.Or(o.Network, "tcp")
 	w := &wire{dial: o.Dialer, network: network, addr: o.Addr, user: o.Username, pass: o.Password, db: o.DB}
 	if o.Addr == "FailoverClient" { // go-redis's NewFailoverClient
 		w.maxAge = failoverRecheck

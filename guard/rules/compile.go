@@ -353,8 +353,7 @@ func (c *compiler) overrides(name string, r *Rule, s *RuleSpec, base paramVals, 
 	for _, key := range slices.Sorted(maps.Keys(s.Overrides)) {
 		o := s.Overrides[key]
 		field := "overrides[" + redactKey(key) + "]"
-		oline := o.line
-		oline = cmp.Or(oline, line)
+		oline := cmp.Or(o.line, line)
 		kid, isKid := strings.CutPrefix(key, "kid:")
 		if isKid && kid == "" {
 			c.errorf(name, field, oline, "kid: needs a key_id")

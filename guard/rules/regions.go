@@ -108,8 +108,7 @@ func (c *compiler) regionList() {
 	million := big.NewRat(WeightScale, 1)
 	for i, s := range specs {
 		field := fmt.Sprintf("regions[%d]", i)
-		line := s.line
-		line = cmp.Or(line, top)
+		line := cmp.Or(s.line, top)
 		out[i].Name = s.Name
 		switch {
 		case s.Name == "":

@@ -31,8 +31,7 @@ func headers(h http.Header) {
 func Register(mux *http.ServeMux, g *Guard) {
 	mux.HandleFunc("GET /console/", func(w http.ResponseWriter, r *http.Request) {
 		headers(w.Header())
-		name := strings.TrimPrefix(r.URL.Path, "/console/")
-		name = cmp.Or(name, "index.html")
+		name := cmp.Or(strings.TrimPrefix(r.URL.Path, "/console/"), "index.html")
 		if !fs.ValidPath(name) || strings.HasSuffix(name, "/") {
 			http.NotFound(w, r)
 			return

@@ -132,15 +132,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, q state.Query) {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "from must be before to")
 		return
 	}
-	gname := v.Get("granularity")
-	gname = cmp.Or(gname, "hour")
+	gname := cmp.Or(v.Get("granularity"), "hour")
 	g, ok := windows.ParseGranularity(gname)
 	if !ok {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "granularity: minute, hour or day")
 		return
 	}
-	format := v.Get("format")
-	format = cmp.Or(format, "json")
+	format := cmp.Or(v.Get("format"), "json")
 	if format != "json" && format != "csv" {
 		apierror.Write(w, http.StatusBadRequest, apierror.InvalidRequest, "format: json or csv")
 		return

@@ -195,8 +195,7 @@ func releaseDecision(pd *guard.Decision) {
 // encodeDecision writes d's JSON answer into a pooled buffer (give it
 // back with releaseBody) and returns the answer's status.
 func encodeDecision(d *guard.Decision) (int, *[]byte) {
-	status := d.Status
-	status = cmp.Or(status, http.StatusOK)
+	status := cmp.Or(d.Status, http.StatusOK)
 	out := outPool.Get().(*[]byte)
 	*out = appendDecision((*out)[:0], d, status)
 	return status, out
@@ -250,8 +249,7 @@ func (h *handler) batchBody(ctx context.Context, body []byte) ([]byte, bool) {
 			out = appendItemError(out, http.StatusServiceUnavailable, apierror.Unavailable, "error", "No decision could be made.")
 			continue
 		}
-		status := dd.Status
-		status = cmp.Or(status, http.StatusOK)
+		status := cmp.Or(dd.Status, http.StatusOK)
 		out = appendDecision(out, dd, status)
 	}
 	return append(out, ']'), true

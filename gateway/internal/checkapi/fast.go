@@ -266,8 +266,7 @@ func appendDecisionHead(b []byte, d *guard.Decision, status int) []byte {
 // an admission, with the deciding rule's details on a 429.
 func appendDecisionError(b []byte, d *guard.Decision, status int) []byte {
 	dr := d.DecidingRule()
-	code := d.Code
-	code = cmp.Or(code, apierror.RateLimitExceeded)
+	code := cmp.Or(d.Code, apierror.RateLimitExceeded)
 	b = appendNext(b, "error")
 	b = append(b, '{')
 	b = apierror.AppendFields(b, code, httpguard.Message(d), apierror.EscapeHTML)

@@ -259,8 +259,7 @@ func (r *Result) charts() []report.Chart {
 		if f.Start == 0 {
 			continue
 		}
-		end := f.End
-		end = cmp.Or(end, h.Meta.End)
+		end := cmp.Or(f.End, h.Meta.End)
 		cl := 0
 		switch {
 		case f.Link != nil:

@@ -327,8 +327,7 @@ func renderSVG(c Chart) (string, error) {
 	if len(c.XNames) > 0 {
 		labels = c.XNames
 	}
-	xTitle := c.XTitle
-	xTitle = cmp.Or(xTitle, secondsTitle)
+	xTitle := cmp.Or(c.XTitle, secondsTitle)
 	opt := charts.NewLineChartOptionWithData(values)
 	opt.Theme = charts.GetDefaultTheme().WithSeriesColors(colors)
 	opt.Padding = charts.Box{Top: 16, Right: 24, Bottom: 8, Left: 12}
