@@ -93,20 +93,24 @@ func (o *overlay) size() int {
 }
 
 // The reads of one entry, overlay first: what decisions read. Each is
-// look on its kind's maps; each inlines, look and changes with it, so a
-// read makes no call.
+// look on its kind's maps; look and changes inline into it, so a read is
+// one call, as when each kind's was written out.
 func (s *ControlSet) blocked(k string) (Entry, bool) {
 	return look(s.changes().mask[kindBlocked], s.changes().blocked, s.Blocked, k)
 }
+
 func (s *ControlSet) allowed(k string) (Entry, bool) {
 	return look(s.changes().mask[kindAllowed], s.changes().allowed, s.Allowed, k)
 }
+
 func (s *ControlSet) penaltyOf(k string) (Penalty, bool) {
 	return look(s.changes().mask[kindPenalties], s.changes().penalties, s.Penalties, k)
 }
+
 func (s *ControlSet) keyOverride(k string) (Override, bool) {
 	return look(s.changes().mask[kindKeyOverrides], s.changes().keyOverrides, s.KeyOverrides, k)
 }
+
 func (s *ControlSet) tenantOverride(k string) (Override, bool) {
 	return look(s.changes().mask[kindTenantOverrides], s.changes().tenantOverrides, s.TenantOverrides, k)
 }

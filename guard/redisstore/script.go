@@ -14,12 +14,11 @@ import (
 //go:embed lua/*.lua regionstore/lua/*.lua
 var luaFiles embed.FS
 
-// scriptParts are concatenated, in order, into the one script every call
-// runs: the exact arithmetic (package luaarith), the shared prelude, the
-// algorithms, then the driver that reads KEYS
-// and ARGV. Each file's header states its inputs and outputs.
+// scriptParts are concatenated, in order, after the exact arithmetic
+// (package luaarith), into the one script every call runs: the shared
+// prelude, the algorithms, then the driver that reads KEYS and ARGV. Each
+// file's header states its inputs and outputs.
 var scriptParts = []string{
-	arithPart,
 	"lua/prelude.lua",
 	"lua/bucket.lua",
 	"lua/fixed_window.lua",
@@ -35,7 +34,6 @@ var scriptParts = []string{
 // function, the ledger's many functions are made only by a call that
 // decides a ledger counter.
 var regionParts = []string{
-	arithPart,
 	"lua/prelude.lua",
 	"lua/bucket.lua",
 	"lua/fixed_window.lua",
@@ -51,12 +49,10 @@ var regionParts = []string{
 	"lua/decide.lua",
 }
 
-// The lines around gate_parts's body in regionParts, and the place of
-// luaarith.Source in a script's parts.
+// The lines around gate_parts's body in regionParts.
 const (
 	gateOpen  = "local function gate_parts()"
 	gateClose = "end"
-	arithPart = "arith"
 )
 
 // Script is the guard's Redis script: its source and SHA-1 (for EVALSHA).
@@ -79,14 +75,11 @@ func RegionScript() Script { return joinScript(regionParts) }
 
 func joinScript(parts []string) Script {
 	var b strings.Builder
+	b.WriteString(luaarith.Source)
+	b.WriteByte('\n')
 	for _, name := range parts {
-		switch name {
-		case gateOpen, gateClose:
+		if name == gateOpen || name == gateClose {
 			b.WriteString(name)
-			b.WriteByte('\n')
-			continue
-		case arithPart:
-			b.WriteString(luaarith.Source)
 			b.WriteByte('\n')
 			continue
 		}
