@@ -3,6 +3,7 @@
 package promtest
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,14 +41,9 @@ func Sum(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) fl
 // hasLabels reports whether m has every (name, value) pair of labels.
 func hasLabels(m *dto.Metric, labels []string) bool {
 	for i := 0; i+1 < len(labels); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+			return l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+		}) {
 			return false
 		}
 	}
