@@ -123,7 +123,7 @@ func open(t testing.TB, fsys spool.FS, opts spool.Options) *spool.Spool {
 	return s
 }
 
-// crashAfter runs op, what's call on s, with s's file system fsys crashing
+// crashAfter runs op (what, a call on s) with s's file system fsys crashing
 // after k operations: op must fail unless k is all the ops operations it
 // takes. It closes s and returns what the crash can leave, by name: fsys
 // as the process left it ("process death"), its durable state ("machine
