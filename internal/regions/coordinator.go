@@ -341,8 +341,8 @@ func flows(static, target []int64, reach []bool, loans []outstanding) [][]int64 
 			have[l.from] -= u
 		}
 	}
-	for _, r := range order(want) {
-		for _, g := range order(have) {
+	for _, r := range largestFirst(want) {
+		for _, g := range largestFirst(have) {
 			if u := min(want[r], have[g]); u > 0 {
 				flow[g][r] += u
 				want[r] -= u
@@ -443,8 +443,8 @@ func (c *Coordinator) planWindows(name string, lim Limit, static, target []int64
 				under[i] = max(target[i]-held[i], 0)
 			}
 		}
-		for _, r := range order(under) {
-			for _, g := range order(over) {
+		for _, r := range largestFirst(under) {
+			for _, g := range largestFirst(over) {
 				if u := min(under[r], over[g], lim.Units); u > tol {
 					give[g][r][k] = u
 					under[r] -= u
@@ -489,24 +489,6 @@ func (c *Coordinator) newLoan(name string, lim Limit, g, r int, units, first, la
 }
 
 func (c *Coordinator) order(o *Order) { c.tr.Send(Node(o.Loan.From), o) }
-
-// order is the indexes of xs, largest first (ties: lower index first).
-func order(xs []int64) []int {
-	idx := make([]int, len(xs))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortStableFunc(idx, func(a, b int) int {
-		switch {
-		case xs[a] > xs[b]:
-			return -1
-		case xs[a] < xs[b]:
-			return 1
-		}
-		return 0
-	})
-	return idx
-}
 
 // targetsFor splits the units of the reachable regions' static shares among
 // them by need: when the needs fit, each region gets its need and the

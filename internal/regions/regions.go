@@ -351,20 +351,7 @@ func largestRemainder(total, units int64, parts []int64, denom int64) []int64 {
 		shares[i], rems[i] = mulDiv(units, p, denom)
 		given += shares[i]
 	}
-	order := make([]int, len(parts))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch {
-		case rems[a] > rems[b]:
-			return -1
-		case rems[a] < rems[b]:
-			return 1
-		}
-		return 0
-	})
-	for _, i := range order {
+	for _, i := range largestFirst(rems) {
 		if given >= total {
 			break
 		}
@@ -374,6 +361,24 @@ func largestRemainder(total, units int64, parts []int64, denom int64) []int64 {
 		}
 	}
 	return shares
+}
+
+// largestFirst is the indexes of xs, largest first (ties: lower index first).
+func largestFirst(xs []int64) []int {
+	idx := make([]int, len(xs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		switch {
+		case xs[a] > xs[b]:
+			return -1
+		case xs[a] < xs[b]:
+			return 1
+		}
+		return 0
+	})
+	return idx
 }
 
 // mulDiv returns floor(a × b / d) and the remainder, for non-negative a, b
