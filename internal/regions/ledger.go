@@ -122,16 +122,9 @@ var _ Store = (*Ledger)(nil)
 
 // NewLedger is the ledger of region in fleet.
 func NewLedger(cfg Config, fleet Fleet, region string) (*Ledger, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, i, err := Place(cfg, fleet, region)
+	if err != nil {
 		return nil, fmt.Errorf("regions: new ledger: %w", err)
-	}
-	if err := fleet.Validate(); err != nil {
-		return nil, fmt.Errorf("regions: new ledger: %w", err)
-	}
-	i := fleet.Index(region)
-	if i < 0 {
-		return nil, fmt.Errorf("regions: new ledger: %w: region %q not in the fleet", ErrInvalid, region)
 	}
 	return &Ledger{cfg: cfg, fleet: fleet, region: region, index: i, counters: map[string]*counter{}, active: map[string]bool{}}, nil
 }

@@ -299,6 +299,24 @@ func (f Fleet) Index(name string) int {
 	return slices.IndexFunc(f.Members, func(m Member) bool { return m.Name == name })
 }
 
+// Place checks what a Store of region in fleet is built from: cfg with its
+// defaults, valid; fleet valid; region in it. It returns cfg with defaults
+// and the region's index in the fleet.
+func Place(cfg Config, fleet Fleet, region string) (Config, int, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, -1, err
+	}
+	if err := fleet.Validate(); err != nil {
+		return cfg, -1, err
+	}
+	i := fleet.Index(region)
+	if i < 0 {
+		return cfg, -1, fmt.Errorf("%w: region %q not in the fleet", ErrInvalid, region)
+	}
+	return cfg, i, nil
+}
+
 // Static is every region's static share of units, in the fleet's order
 // (StaticShares of the weights).
 func (f Fleet) Static(units int64) []int64 {

@@ -121,16 +121,9 @@ func WithExpiryMargin(d time.Duration) Option {
 
 // New is the Store of region in fleet, in client's Redis.
 func New(client redis.UniversalClient, cfg regions.Config, fleet regions.Fleet, region string, opts ...Option) (*Store, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, i, err := regions.Place(cfg, fleet, region)
+	if err != nil {
 		return nil, fmt.Errorf("regionstore: new: %w", err)
-	}
-	if err := fleet.Validate(); err != nil {
-		return nil, fmt.Errorf("regionstore: new: %w", err)
-	}
-	i := fleet.Index(region)
-	if i < 0 {
-		return nil, fmt.Errorf("regionstore: new: %w: region %q not in the fleet", regions.ErrInvalid, region)
 	}
 	s := &Store{client: client, cfg: cfg, fleet: fleet, region: region, index: i, margin: 60_000}
 	WithKeyPrefix("tg").apply(s)
