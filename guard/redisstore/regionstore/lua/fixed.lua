@@ -26,6 +26,8 @@
 --                           answers its field and value
 -- fw_prune(st, W, K, now)   drops loans and windows that can no longer
 --                           count; true when it dropped something
+--                           (its helper fw_drop_ended does the loans
+--                           of one side, st.outs or st.ins)
 -- fw_needed(W, K)           a function of st: the last moment anything in
 --                           st can count (for the key's expiry)
 -- fw_retry(st, S, W, K, cost, now)  the wait until a window the region is
@@ -136,20 +138,22 @@ local function fw_count(st, j, q, n)
   return 'b:' .. ifmt(j), rg_band(b)
 end
 
-local function fw_prune(st, W, K, now)
+-- fw_drop_ended removes from loans (st.outs or st.ins) the loans whose
+-- last window ended a skew bound ago; true when it removed any.
+local function fw_drop_ended(loans, W, K, now)
   local dropped = false
-  for id, o in pairs(st.outs) do
-    if now >= (o.last + 1) * W + K then
-      st.outs[id] = nil
+  for id, l in pairs(loans) do
+    if now >= (l.last + 1) * W + K then
+      loans[id] = nil
       dropped = true
     end
   end
-  for id, r in pairs(st.ins) do
-    if now >= (r.last + 1) * W + K then
-      st.ins[id] = nil
-      dropped = true
-    end
-  end
+  return dropped
+end
+
+local function fw_prune(st, W, K, now)
+  local dropped = fw_drop_ended(st.outs, W, K, now)
+  dropped = fw_drop_ended(st.ins, W, K, now) or dropped
   local cur = fdiv(now - K, W)
   for j in pairs(st.n) do
     if j < cur then
