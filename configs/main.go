@@ -1,31 +1,40 @@
 package configs
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 // RunFunc is a binary's body: it parses args, reads its configuration
-// through lookup and returns the process's exit status.
-type RunFunc func(args []string, lookup LookupFunc, stdout, stderr io.Writer) int
+// through lookup, runs until ctx is done (the process got SIGINT or
+// SIGTERM: drain and stop) and returns the process's exit status.
+type RunFunc func(ctx context.Context, args []string, lookup LookupFunc, stdout, stderr io.Writer) int
 
 // Main is the main function of a Tollgate binary called name: it refuses
 // to start (exit status 2, naming the variable on stderr) when the
 // environment holds a TOLLGATE_* variable no binary or tool knows (see
-// CheckEnv), and otherwise exits with run's status.
+// CheckEnv), and otherwise exits with run's status. run's context is done
+// at the first SIGINT or SIGTERM; until run returns, further ones are
+// caught too, so that a drain in progress is not cut short.
 func Main(name string, run RunFunc) {
-	os.Exit(mainStatus(name, os.Environ(), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, run))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	status := mainStatus(ctx, name, os.Environ(), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr, run)
+	stop()
+	os.Exit(status)
 }
 
-func mainStatus(name string, environ, args []string, lookup LookupFunc, stdout, stderr io.Writer, run RunFunc) int {
+func mainStatus(ctx context.Context, name string, environ, args []string, lookup LookupFunc, stdout, stderr io.Writer, run RunFunc) int {
 	if err := CheckEnv(environ, Registry()); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	return run(args, lookup, stdout, stderr)
+	return run(ctx, args, lookup, stdout, stderr)
 }
 
 // ParseArgs parses a binary's command line with fs, whose output should

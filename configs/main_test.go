@@ -2,6 +2,7 @@ package configs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"io"
@@ -25,8 +26,12 @@ func TestMainStatus(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			ran := false
-			run := func(args []string, lookup LookupFunc, out, errw io.Writer) int {
+			want := t.Context()
+			run := func(ctx context.Context, args []string, lookup LookupFunc, out, errw io.Writer) int {
 				ran = true
+				if ctx != want {
+					t.Errorf("run got another context")
+				}
 				if len(args) != 1 || args[0] == "" || out != &stdout || errw != &stderr {
 					t.Errorf("run got args %q and other writers", args)
 				}
@@ -36,7 +41,7 @@ func TestMainStatus(t *testing.T) {
 				return 7
 			}
 			lookup := func(name string) (string, bool) { return strings.ToLower(name), true }
-			got := mainStatus("gw", tt.environ, []string{"--help"}, lookup, &stdout, &stderr, run)
+			got := mainStatus(want, "gw", tt.environ, []string{"--help"}, lookup, &stdout, &stderr, run)
 			if got != tt.wantStatus || ran != tt.wantRun {
 				t.Fatalf("status %d, ran %v; want %d, %v", got, ran, tt.wantStatus, tt.wantRun)
 			}

@@ -101,14 +101,14 @@ func TestAuditEverywhereAndSnapshot(t *testing.T) {
 		return nil
 	})
 	var out, errOut bytes.Buffer
-	if code := run([]string{"audit", "--snapshot", snap, "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"audit", "--snapshot", snap, "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
 		t.Fatalf("audit exit %d: %s", code, errOut.String())
 	}
 	if lines := strings.Count(out.String(), "\n"); lines != 2 {
 		t.Fatalf("snapshot holds %d entries, want the 2 written before it:\n%s", lines, out.String())
 	}
 	out.Reset()
-	run([]string{"audit", "--snapshot", snap, "--kind", "blocklist", "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut)
+	run(t.Context(), []string{"audit", "--snapshot", snap, "--kind", "blocklist", "--no-usage"}, func(string) (string, bool) { return "", false }, &out, &errOut)
 	if !strings.Contains(out.String(), `"reason":"abuse"`) || strings.Count(out.String(), "\n") != 1 {
 		t.Fatalf("kind filter on the snapshot: %s", out.String())
 	}
@@ -169,7 +169,7 @@ func TestPenaltyStepsInSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"audit", "--snapshot", snap, "--kind", "penalty", "--key", "kid:" + id, "--no-usage"},
+	if code := run(t.Context(), []string{"audit", "--snapshot", snap, "--kind", "penalty", "--key", "kid:" + id, "--no-usage"},
 		func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
 		t.Fatalf("audit exit %d: %s", code, errOut.String())
 	}

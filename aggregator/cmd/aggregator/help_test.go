@@ -29,7 +29,7 @@ func TestHelpJoinsAsTheREADME(t *testing.T) {
 		t.Fatal("README.md has no ```sh block joining a second bin/aggregator to the local stack")
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--help"}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"--help"}, func(string) (string, bool) { return "", false }, &out, &errOut); code != 0 {
 		t.Fatalf("--help: exit %d: %s", code, errOut.String())
 	}
 	var want strings.Builder

@@ -14,9 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,7 +48,7 @@ Subcommands:
 Environment variables:
 `
 
-func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "audit" {
 		return runAudit(args[1:], lookup, stdout, stderr)
 	}
@@ -71,8 +68,6 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	// route it into ours at debug level (/readyz and one log line per
 	// outage say that Redis is down).
 	redis.SetLogger(redisstore.SlogLogger{Log: log})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	srv, err := aggregator.New(cfg, log)
 	if err != nil {
 		log.Error("aggregator did not start", "error", err.Error())

@@ -15,10 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/redis/go-redis/v9"
 
@@ -58,7 +55,7 @@ Flags:
 Environment variables:
 `
 
-func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tollgate-stack", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	if status, ok := configs.ParseArgs(fs, args, stderr, "tollgate-stack", "tollgate-stack", func() int { return help(stdout, stderr) }); !ok {
@@ -79,8 +76,6 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	// go-redis logs failed dials through its own process-wide logger:
 	// route it into ours at debug level, as bin/gateway does.
 	redis.SetLogger(redisstore.SlogLogger{Log: log})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := st.Run(ctx); err != nil {
 		fail(stderr, err)
 		return 1

@@ -13,7 +13,7 @@ import (
 func TestHelpListsEveryVariable(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	vars, err := stack.Vars()
@@ -73,7 +73,7 @@ func TestExitCodes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errOut bytes.Buffer
-			if code := run(tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			if code := run(t.Context(), tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
 			}
 		})

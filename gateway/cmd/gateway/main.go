@@ -13,11 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"runtime/debug"
 	"strings"
-	"syscall"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,7 +48,7 @@ Flags:
 Environment variables:
 `
 
-func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")
@@ -76,8 +73,6 @@ func run(args []string, lookup configs.LookupFunc, stdout, stderr io.Writer) int
 	// and counts the errors in tollgate_redis_errors_total).
 	redis.SetLogger(redisstore.SlogLogger{Log: log})
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	srv, err := gateway.New(cfg, log)
 	if err != nil {
 		// One line per problem (every busy listener, every invalid

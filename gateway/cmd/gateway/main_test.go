@@ -13,7 +13,7 @@ import (
 func TestHelpListsEveryVariable(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"--help"}, configs.MapLookup(nil), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	for _, name := range []string{
@@ -51,7 +51,7 @@ func TestExitCodes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errOut bytes.Buffer
-			if code := run(tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			if code := run(t.Context(), tt.args, configs.MapLookup(tt.env), &out, &errOut); code != tt.code || !strings.Contains(errOut.String(), tt.want) {
 				t.Fatalf("exit %d, want %d; stderr %q lacks %q?", code, tt.code, errOut.String(), tt.want)
 			}
 		})
@@ -73,7 +73,7 @@ func TestBusyPortsAreAllNamed(t *testing.T) {
 		"TOLLGATE_METRICS_LISTEN": busy[1], "TOLLGATE_GRPC_LISTEN": "off", "TOLLGATE_REDIS_ADDRS": "127.0.0.1:9",
 	}
 	var out, errOut bytes.Buffer
-	if code := run(nil, configs.MapLookup(env), &out, &errOut); code != 1 {
+	if code := run(t.Context(), nil, configs.MapLookup(env), &out, &errOut); code != 1 {
 		t.Fatalf("exit %d with two ports taken, want 1; stderr %s", code, errOut.String())
 	}
 	t.Logf("stderr:\n%s", errOut.String())
@@ -92,7 +92,7 @@ func TestBusyPortsAreAllNamed(t *testing.T) {
 func TestExampleConfig(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	if code := run([]string{"--example-config"}, configs.MapLookup(nil), &out, &errOut); code != 0 || !bytes.Equal(out.Bytes(), configs.GatewayYAML()) {
+	if code := run(t.Context(), []string{"--example-config"}, configs.MapLookup(nil), &out, &errOut); code != 0 || !bytes.Equal(out.Bytes(), configs.GatewayYAML()) {
 		t.Fatalf("exit %d, output %d bytes", code, out.Len())
 	}
 }
