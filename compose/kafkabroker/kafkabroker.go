@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/internal/loopback"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // Errors returned by this package; match them with errors.Is.
@@ -300,7 +301,7 @@ func listenAll(ctx context.Context, addrs []string, retry bool) ([]*trackingList
 func listen(ctx context.Context, addr string, retry bool) (net.Listener, error) {
 	var lc net.ListenConfig
 	var l net.Listener
-	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		var err error
 		l, err = lc.Listen(ctx, "tcp", addr)
 		return err == nil || !retry || !errors.Is(err, syscall.EADDRINUSE), err

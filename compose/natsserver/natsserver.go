@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/internal/loopback"
 	"github.com/tollgate/tollgate/compose/linkproxy"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // Errors returned by this package; match them with errors.Is. A start on a
@@ -424,7 +425,7 @@ func (s *Server) Up(ctx context.Context) error {
 func (s *Server) runRetry(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
-	return lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	return service.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		err := s.run(ctx)
 		return err == nil, err
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // clusterSlots is the number of hash slots in a Redis Cluster.
@@ -125,7 +126,7 @@ func (c *Cluster) create(ctx context.Context) error {
 			return fmt.Errorf("meet %s: %w", node.Addr(), err)
 		}
 	}
-	err := lifecycle.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		for i, cl := range clients {
 			if err := clusterNodeReady(ctx, cl, len(c.nodes)); err != nil {
 				return false, fmt.Errorf("node %s: %w", c.nodes[i].Addr(), err)

@@ -48,6 +48,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/spawn"
 )
 
@@ -528,7 +529,7 @@ func (s *Server) restart(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	t0 := time.Now()
-	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		err := s.launch(ctx)
 		if errors.Is(err, errAddrInUse) {
 			return false, err

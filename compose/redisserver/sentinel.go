@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // MasterName is the name under which the sentinels of StartSentinel
@@ -95,7 +96,7 @@ func StartSentinel(ctx context.Context, opts ...Option) (*Sentinel, error) {
 func waitReplicaLink(ctx context.Context, replica *Server) error {
 	cl := replica.Client()
 	defer cl.Close()
-	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		info, err := cl.Info(ctx, "replication").Result()
 		if err != nil {
 			return false, err
@@ -120,7 +121,7 @@ func (st *Sentinel) waitDiscovery(ctx context.Context) error {
 		clients[i] = redis.NewSentinelClient(o)
 		defer clients[i].Close()
 	}
-	err := lifecycle.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		for i, cl := range clients {
 			m, err := cl.Master(ctx, MasterName).Result()
 			if err != nil {

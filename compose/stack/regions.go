@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/natsserver"
 	"github.com/tollgate/tollgate/configs"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // regionKey is the log attribute naming a line's region when the stack
@@ -169,20 +170,15 @@ func (s *Stack) startLink(ctx context.Context, r *region, target string, stops *
 func (s *Stack) waitLinked(ctx context.Context, regions []*region) error {
 	ctx, cancel := context.WithTimeout(ctx, linkTimeout)
 	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
 	want := len(regions) - 1
-	for {
+	err := service.Poll(ctx, pollEvery, func() (bool, error) {
 		n := regions[0].nats.Leafnodes()
-		if n >= want {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stack: %d of %d regions linked to r1 within %v: %w", n, want, linkTimeout, ctx.Err())
-		case <-tick.C:
-		}
+		return n >= want, fmt.Errorf("%d of %d regions linked to r1", n, want)
+	})
+	if err != nil {
+		return fmt.Errorf("stack: regions not linked within %v: %w", linkTimeout, err)
 	}
+	return nil
 }
 
 // Region is one region of a stack of several, as Regions reports it.

@@ -84,6 +84,8 @@ const (
 	shutdownTimeout = 5 * time.Second
 	// readyTimeout bounds the wait for the gateway's /readyz at start.
 	readyTimeout = 10 * time.Second
+	// pollEvery is how often the waits at start look again.
+	pollEvery = 20 * time.Millisecond
 	// embeddedRedisTimeout is the gateway's and aggregator's Redis
 	// deadline on the embedded Redis, which runs Lua far slower than
 	// redis-server (the default, 50ms, stays for redis-server), unless
@@ -480,6 +482,16 @@ func start(f func() error) *task { return &task{Task: service.Go(f)} }
 // wait waits for the goroutine and returns its error.
 func (t *task) wait() error { return t.Wait() }
 
+// exited reports whether the goroutine has returned.
+func (t *task) exited() bool {
+	select {
+	case <-t.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // report is Run's error for a part that stopped on its own.
 func (t *task) report(part string) error {
 	t.reported = true
@@ -608,21 +620,17 @@ func (s *Stack) waitControlPlane(ctx context.Context, natsURL string, agg *task)
 		}
 		return nil
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	err = service.Poll(ctx, pollEvery, func() (bool, error) {
+		if agg.exited() {
+			return true, agg.report("aggregator")
+		}
 		err := seeded()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-agg.Done():
-			return agg.report("aggregator")
-		case <-ctx.Done():
-			return fmt.Errorf("stack: control plane not seeded within %v: %w", readyTimeout, err)
-		case <-tick.C:
-		}
+		return err == nil, err
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("stack: control plane not seeded within %v: %w", readyTimeout, err)
 	}
+	return err
 }
 
 // waitReady polls a part's /readyz until it answers 200 (and, when accept
@@ -633,28 +641,26 @@ func (s *Stack) waitReady(ctx context.Context, name, url string, part *task, acc
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	err := service.Poll(ctx, pollEvery, func() (bool, error) {
+		if part.exited() {
+			return true, part.report(name)
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			return fmt.Errorf("stack: readyz: %w", err)
+			return true, fmt.Errorf("stack: readyz: %w", err)
 		}
-		if resp, err := client.Do(req); err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && (accept == nil || accept(body)) {
-				return nil
-			}
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, err
 		}
-		select {
-		case <-part.Done():
-			return part.report(name)
-		case <-ctx.Done():
-			return fmt.Errorf("stack: %s not ready within %v: %w", name, readyTimeout, ctx.Err())
-		case <-tick.C:
-		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && (accept == nil || accept(body)), nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("stack: %s not ready within %v: %w", name, readyTimeout, err)
 	}
+	return err
 }
 
 // dialable turns a listen address into one a client can dial: an

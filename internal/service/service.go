@@ -4,12 +4,14 @@
 // from any goroutine, returning only when everything Run started has
 // stopped (STYLE: every goroutine has an owner that waits for it); and
 // Every, the loop of a goroutine that works at an interval, with Wait for
-// the loops that pace themselves with a timer.
+// the loops that pace themselves with a timer; and Poll, the loop that
+// waits for a condition (a process ready, a link up).
 package service
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -178,5 +180,33 @@ func Wait(ctx context.Context, c <-chan time.Time) bool {
 		return false
 	case <-c:
 		return true
+	}
+}
+
+// Poll calls fn at interval, the first time at once, until it reports
+// done or ctx ends. It returns fn's error when done, else ctx's error
+// joined with fn's last error (a call cut short by ctx's deadline says
+// less than the one before, so that one is kept).
+func Poll(ctx context.Context, interval time.Duration, fn func() (done bool, err error)) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var last error
+	for {
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+		done, err := fn()
+		if done {
+			return err
+		}
+		if last == nil || ctx.Err() == nil {
+			last = err
+		}
+		t.Reset(interval)
 	}
 }

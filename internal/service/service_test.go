@@ -118,3 +118,38 @@ func TestWait(t *testing.T) {
 		})
 	}
 }
+
+func TestPoll(t *testing.T) {
+	t.Parallel()
+	busy := errors.New("busy")
+	for _, tc := range []struct {
+		name    string
+		results []error // fn's results in turn; after them fn reports busy, not done
+		timeout time.Duration
+		want    func(error) bool
+		calls   int // the least number of calls
+	}{
+		{"done at once", []error{nil}, time.Minute, func(err error) bool { return err == nil }, 1},
+		{"done after retries", []error{busy, busy, nil}, time.Minute, func(err error) bool { return err == nil }, 3},
+		{"deadline keeps the last error", nil, 50 * time.Millisecond, func(err error) bool {
+			return errors.Is(err, context.DeadlineExceeded) && errors.Is(err, busy)
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), tc.timeout)
+			defer cancel()
+			calls := 0
+			err := Poll(ctx, time.Millisecond, func() (bool, error) {
+				calls++
+				if calls <= len(tc.results) {
+					r := tc.results[calls-1]
+					return r == nil, r
+				}
+				return false, busy
+			})
+			if !tc.want(err) || calls < tc.calls {
+				t.Errorf("Poll = %v after %d calls", err, calls)
+			}
+		})
+	}
+}

@@ -146,34 +146,6 @@ func (o *Once) Do(fn func() error) error {
 	return o.err
 }
 
-// Poll calls fn at interval, the first time at once, until it reports
-// done or ctx ends. It returns fn's error when done, else ctx's error
-// joined with fn's last error (a call cut short by ctx's deadline says
-// less than the one before, so that one is kept).
-func Poll(ctx context.Context, interval time.Duration, fn func() (done bool, err error)) error {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	var last error
-	for {
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-		done, err := fn()
-		if done {
-			return err
-		}
-		if last == nil || ctx.Err() == nil {
-			last = err
-		}
-		t.Reset(interval)
-	}
-}
-
 // Dir is a starter's data directory: one the caller gave, which Remove
 // leaves in place, or a new temporary one the starter owns and Remove
 // deletes.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/internal/lifecycle"
 	"github.com/tollgate/tollgate/compose/natsserver"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // StartTB starts a NATS server with JetStream (see natsserver.Start) for the
@@ -60,7 +61,7 @@ func WaitLinkedTB(tb testing.TB, servers []*natsserver.Server) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 15*time.Second)
 	defer cancel()
-	err := lifecycle.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
+	err := service.Poll(ctx, 10*time.Millisecond, func() (bool, error) {
 		if servers[0].Leafnodes() != len(servers)-1 {
 			return false, nil
 		}
