@@ -482,16 +482,6 @@ func start(f func() error) *task { return &task{Task: service.Go(f)} }
 // wait waits for the goroutine and returns its error.
 func (t *task) wait() error { return t.Wait() }
 
-// exited reports whether the goroutine has returned.
-func (t *task) exited() bool {
-	select {
-	case <-t.Done():
-		return true
-	default:
-		return false
-	}
-}
-
 // report is Run's error for a part that stopped on its own.
 func (t *task) report(part string) error {
 	t.reported = true
@@ -621,7 +611,7 @@ func (s *Stack) waitControlPlane(ctx context.Context, natsURL string, agg *task)
 		return nil
 	}
 	err = service.Poll(ctx, pollEvery, func() (bool, error) {
-		if agg.exited() {
+		if agg.Exited() {
 			return true, agg.report("aggregator")
 		}
 		err := seeded()
@@ -642,7 +632,7 @@ func (s *Stack) waitReady(ctx context.Context, name, url string, part *task, acc
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	err := service.Poll(ctx, pollEvery, func() (bool, error) {
-		if part.exited() {
+		if part.Exited() {
 			return true, part.report(name)
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -146,6 +146,16 @@ func Go(f func() error) *Task {
 // Done is closed once f has returned.
 func (t *Task) Done() <-chan struct{} { return t.done }
 
+// Exited reports whether f has returned.
+func (t *Task) Exited() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Wait waits for f and returns its error.
 func (t *Task) Wait() error {
 	<-t.done

@@ -85,11 +85,17 @@ func TestEvery(t *testing.T) {
 		}
 		return nil
 	})
+	if done.Exited() {
+		t.Fatal("Exited before Every returned")
+	}
 	cancel()
 	select {
 	case <-done.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Every still running 10s after its context ended")
+	}
+	if !done.Exited() {
+		t.Fatal("not Exited after Done")
 	}
 }
 
