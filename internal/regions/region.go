@@ -395,21 +395,17 @@ func (r *Region) rate(d *demand, now int64) int64 {
 // these reports too grow with hot counters, not keys.
 func (r *Region) urgent(ctx context.Context, now int64) error {
 	goneErr := r.gone(ctx, now)
-	var names []string
-	for name, d := range r.demand {
+	names := r.demandWhere(func(d *demand) bool {
 		if d.urgent || d.goneFrom != 0 || r.hot(d) {
-			continue
+			return false
 		}
 		lim := d.limit()
 		per := float64(r.staticOf(lim)) * float64(r.cfg.Period) / float64(lim.Window)
-		if d.curRejected > 0 || float64(d.cur) > r.cfg.HotFraction*per {
-			names = append(names, name)
-		}
-	}
+		return d.curRejected > 0 || float64(d.cur) > r.cfg.HotFraction*per
+	})
 	if len(names) == 0 {
 		return goneErr
 	}
-	slices.Sort(names)
 	reps := r.reports(now, true)
 	var errs []error
 	for _, name := range names {
@@ -431,6 +427,19 @@ func (r *Region) urgent(ctx context.Context, now int64) error {
 		return errors.Join(goneErr, fmt.Errorf("regions: urgent report: %w", errors.Join(errs...)))
 	}
 	return goneErr
+}
+
+// demandWhere is the names of the counters whose demand keep accepts, in
+// order.
+func (r *Region) demandWhere(keep func(*demand) bool) []string {
+	var names []string
+	for name, d := range r.demand {
+		if keep(d) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // goneArrivals is how many arrivals a counter's demand rate must call for,
@@ -471,17 +480,13 @@ func (r *Region) arrivals(d *demand, dt int64) float64 {
 // made since counts again (ObserveAt); a give then keeps what the demand
 // needs, as before.
 func (r *Region) gone(ctx context.Context, now int64) error {
-	var names []string
-	for name, d := range r.demand {
-		if d.goneFrom == 0 && d.sample.at != 0 && d.limit().Kind == FixedWindow && d.seen > 0 &&
-			now-d.seen >= r.cfg.Period/10 && r.arrivals(d, now-d.seen) >= goneArrivals {
-			names = append(names, name)
-		}
-	}
+	names := r.demandWhere(func(d *demand) bool {
+		return d.goneFrom == 0 && d.sample.at != 0 && d.limit().Kind == FixedWindow && d.seen > 0 &&
+			now-d.seen >= r.cfg.Period/10 && r.arrivals(d, now-d.seen) >= goneArrivals
+	})
 	if len(names) == 0 {
 		return nil
 	}
-	slices.Sort(names)
 	reps := r.reports(now, true)
 	var errs []error
 	for _, name := range names {
