@@ -47,13 +47,19 @@ func appendString(b []byte, s string) []byte {
 type reader struct {
 	b   []byte
 	bad bool
+	// version names the value whose version byte was not this build's
+	// ("row"), for the error.
+	version string
 }
 
 func (r *reader) fail() { r.b, r.bad = nil, true }
 
 // err is errCorrupt when a read failed.
 func (r *reader) err() error {
-	if r.bad {
+	switch {
+	case r.version != "":
+		return fmt.Errorf("%w: %s version", errCorrupt, r.version)
+	case r.bad:
 		return errCorrupt
 	}
 	return nil
@@ -69,11 +75,20 @@ func (r *reader) end() error {
 
 func (r *reader) byte() byte { return r.fixed(1)[0] }
 
-// expect reads the byte c (a key's space, a value's version); any other
-// spoils r.
+// expect reads the byte c (a key's space); any other spoils r.
 func (r *reader) expect(c byte) {
 	if r.byte() != c {
 		r.fail()
+	}
+}
+
+// versioned reads the version byte of a value of the kind what ("row"),
+// v in this build; any other (a corrupt value, or a format this build
+// does not read) spoils r, and err names it.
+func (r *reader) versioned(v byte, what string) {
+	if !r.bad && r.byte() != v {
+		r.fail()
+		r.version = what
 	}
 }
 
@@ -195,24 +210,11 @@ func RowValue(r windows.Row) []byte {
 	return b
 }
 
-// versioned strips the version byte of an encoded value of the kind what,
-// which must be version; any other is corrupt (or a format this build
-// does not read).
-func versioned(b []byte, version byte, what string) ([]byte, error) {
-	if len(b) < 1 || b[0] != version {
-		return nil, fmt.Errorf("%w: %s version", errCorrupt, what)
-	}
-	return b[1:], nil
-}
-
 // DecodeRowValue is the inverse of RowValue.
 func DecodeRowValue(b []byte) (windows.Row, error) {
 	var row windows.Row
-	b, err := versioned(b, rowVersion, "row")
-	if err != nil {
-		return row, err
-	}
 	r := reader{b: b}
+	r.versioned(rowVersion, "row")
 	row.KeyPrefix = r.string()
 	row.Allowed, row.Rejected, row.Cost = r.varint(), r.varint(), r.varint()
 	row.Closed = r.byte()&1 != 0
@@ -252,13 +254,15 @@ func DecodeMarkKey(b []byte) (windows.Source, error) {
 	return s, r.end()
 }
 
+const markVersion = 1
+
 // MarkValue encodes a mark: version 1, the high-water mark, missing,
 // closed and seen, then — only when one of them is set — the held run and
 // the open gap. A reader that knows only the first part ignores the rest
 // (they were added later), so instances of both builds can share a
 // changelog while they are upgraded.
 func MarkValue(m windows.Mark) []byte {
-	b := []byte{1}
+	b := []byte{markVersion}
 	b = binary.AppendUvarint(b, m.HWM)
 	b = binary.AppendUvarint(b, m.Missing)
 	b = appendBool(b, m.Closed)
@@ -275,7 +279,7 @@ func MarkValue(m windows.Mark) []byte {
 // DecodeMarkValue is the inverse of MarkValue.
 func DecodeMarkValue(b []byte) (windows.Mark, error) {
 	r := reader{b: b}
-	r.expect(1)
+	r.versioned(markVersion, "mark")
 	var m windows.Mark
 	m.HWM, m.Missing = r.uvarint(), r.uvarint()
 	m.Closed = r.byte() == 1
@@ -392,11 +396,8 @@ func PenaltyValue(s abuse.State) []byte {
 // DecodePenaltyValue is the inverse of PenaltyValue.
 func DecodePenaltyValue(b []byte) (abuse.State, error) {
 	var s abuse.State
-	b, err := versioned(b, penaltyVersion, "penalty")
-	if err != nil {
-		return s, err
-	}
 	r := reader{b: b}
+	r.versioned(penaltyVersion, "penalty")
 	s.Tenant, s.KeyPrefix = r.string(), r.string()
 	level := r.uvarint()
 	if level > abuse.MaxLevel {

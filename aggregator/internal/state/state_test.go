@@ -326,6 +326,7 @@ func TestUnknownValueVersionIsCorrupt(t *testing.T) {
 	}{
 		{"row", func(b []byte) error { _, err := DecodeRowValue(b); return err }, RowValue(windows.Row{KeyPrefix: "sk_…", Allowed: 3, Rejected: 1, Cost: 4})},
 		{"penalty", func(b []byte) error { _, err := DecodePenaltyValue(b); return err }, PenaltyValue(abuse.State{Tenant: "acme", KeyPrefix: "sk_…"})},
+		{"mark", func(b []byte) error { _, err := DecodeMarkValue(b); return err }, MarkValue(windows.Mark{HWM: 7, Seen: 3})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
