@@ -26,8 +26,7 @@
 --                           answers its field and value
 -- fw_prune(st, W, K, now)   drops loans and windows that can no longer
 --                           count; true when it dropped something
---                           (its helper fw_drop_ended does the loans
---                           of one side, st.outs or st.ins)
+--                           (both walk what st holds: fw_each_held)
 -- fw_needed(W, K)           a function of st: the last moment anything in
 --                           st can count (for the key's expiry)
 -- fw_retry(st, S, W, K, cost, now)  the wait until a window the region is
@@ -138,53 +137,43 @@ local function fw_count(st, j, q, n)
   return 'b:' .. ifmt(j), rg_band(b)
 end
 
--- fw_drop_ended removes from loans (st.outs or st.ins) the loans whose
--- last window ended a skew bound ago; true when it removed any.
-local function fw_drop_ended(loans, W, K, now)
-  local dropped = false
-  for id, l in pairs(loans) do
-    if now >= (l.last + 1) * W + K then
-      loans[id] = nil
-      dropped = true
-    end
+-- fw_each_held calls visit(j, t, id) for each window st holds something
+-- in: each loan's last window (t: st.outs or st.ins, id: the loan's) and
+-- each window or band with a count (t: st.n or st.b, id = j). All of it
+-- counts until (j + 1)W + K.
+local function fw_each_held(st, visit)
+  for id, o in pairs(st.outs) do
+    visit(o.last, st.outs, id)
   end
-  return dropped
+  for id, r in pairs(st.ins) do
+    visit(r.last, st.ins, id)
+  end
+  for j in pairs(st.n) do
+    visit(j, st.n, j)
+  end
+  for j in pairs(st.b) do
+    visit(j, st.b, j)
+  end
 end
 
 local function fw_prune(st, W, K, now)
-  local dropped = fw_drop_ended(st.outs, W, K, now)
-  dropped = fw_drop_ended(st.ins, W, K, now) or dropped
   local cur = fdiv(now - K, W)
-  for j in pairs(st.n) do
+  local dropped = false
+  fw_each_held(st, function(j, t, id)
     if j < cur then
-      st.n[j] = nil
+      t[id] = nil
       dropped = true
     end
-  end
-  for j in pairs(st.b) do
-    if j < cur then
-      st.b[j] = nil
-      dropped = true
-    end
-  end
+  end)
   return dropped
 end
 
 local function fw_needed(W, K)
   return function(st)
     local t = st.promise
-    for _, o in pairs(st.outs) do
-      t = math.max(t, (o.last + 1) * W + K)
-    end
-    for _, r in pairs(st.ins) do
-      t = math.max(t, (r.last + 1) * W + K)
-    end
-    for j in pairs(st.n) do
+    fw_each_held(st, function(j)
       t = math.max(t, (j + 1) * W + K)
-    end
-    for j in pairs(st.b) do
-      t = math.max(t, (j + 1) * W + K)
-    end
+    end)
     return t
   end
 end
