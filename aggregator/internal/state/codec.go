@@ -32,6 +32,14 @@ const (
 	TopicAudit     = 'a'
 )
 
+// The versions of the values this build writes and reads (the first byte
+// of each): another is refused as corrupt, naming the kind.
+const (
+	rowVersion     = 1
+	markVersion    = 1
+	penaltyVersion = 1
+)
+
 // errCorrupt is returned for keys or values this package cannot decode.
 var errCorrupt = errors.New("state: corrupt record")
 
@@ -191,8 +199,6 @@ func DecodeRowKey(b []byte) (windows.RowKey, error) {
 	return k, r.end()
 }
 
-const rowVersion = 1
-
 // RowValue encodes a row.
 func RowValue(r windows.Row) []byte {
 	b := make([]byte, 0, 32+len(r.KeyPrefix))
@@ -253,8 +259,6 @@ func DecodeMarkKey(b []byte) (windows.Source, error) {
 	s.Epoch = r.uint64()
 	return s, r.end()
 }
-
-const markVersion = 1
 
 // MarkValue encodes a mark: version 1, the high-water mark, missing,
 // closed and seen, then — only when one of them is set — the held run and
@@ -360,8 +364,6 @@ func DecodePenaltyKey(b []byte) (int32, string, error) {
 func penaltyByKeyKey(keyID string, p int32) []byte {
 	return appendPartition(appendString([]byte{spacePenaltyByKey}, keyID), p)
 }
-
-const penaltyVersion = 1
 
 // PenaltyValue encodes a key's penalty state.
 func PenaltyValue(s abuse.State) []byte {
