@@ -34,9 +34,7 @@ func docFiles(fsys fs.FS) ([]docFile, error) {
 			return err
 		}
 		if d.IsDir() {
-			name := d.Name()
-			if p != "." && (name == "testdata" || name == "vendor" || name == "bin" || name == "node_modules" ||
-				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			if skipDir(p, d.Name()) {
 				return fs.SkipDir
 			}
 			return nil
@@ -583,24 +581,8 @@ var nameRef = regexp.MustCompile(`tollgate_[a-z0-9_]*[a-z0-9](_\*|_)?`)
 func sourceNames(fsys fs.FS) (map[string]bool, error) {
 	names := map[string]bool{}
 	lit := regexp.MustCompile(`"(tollgate[_-][a-z0-9_.-]*)"`)
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); p != "." && (name == "testdata" || name == "bin" || strings.HasPrefix(name, ".")) {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := fs.ReadFile(fsys, p)
-		if err != nil {
-			return err
-		}
-		for _, m := range lit.FindAllStringSubmatch(string(b), -1) {
+	err := goSources(fsys, func(_ string, src []byte) error {
+		for _, m := range lit.FindAllStringSubmatch(string(src), -1) {
 			names[m[1]] = true
 		}
 		return nil

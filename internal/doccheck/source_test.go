@@ -179,16 +179,23 @@ var flagFuncs = map[string]int{
 	"TextVar": 1, "Uint": 0, "UintVar": 1, "Uint64": 0, "Uint64Var": 1, "Var": 1,
 }
 
-// mainPackages lists the directories of fsys holding a main package.
-func mainPackages(fsys fs.FS) ([]string, error) {
-	var dirs []string
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+// skipDir says whether a walk of the repository passes over the
+// directory p, named name: test data, vendored, built or installed files
+// (bin, node_modules), and hidden and _ directories, as the go tool does.
+func skipDir(p, name string) bool {
+	return p != "." && (name == "testdata" || name == "vendor" || name == "bin" || name == "node_modules" ||
+		strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_"))
+}
+
+// goSources calls fn with the path and the content of each non-test Go
+// file of fsys, outside the directories skipDir passes over.
+func goSources(fsys fs.FS, fn func(p string, src []byte) error) error {
+	return fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			name := d.Name()
-			if p != "." && (name == "testdata" || name == "vendor" || name == "bin" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			if skipDir(p, d.Name()) {
 				return fs.SkipDir
 			}
 			return nil
@@ -200,6 +207,14 @@ func mainPackages(fsys fs.FS) ([]string, error) {
 		if err != nil {
 			return err
 		}
+		return fn(p, src)
+	})
+}
+
+// mainPackages lists the directories of fsys holding a main package.
+func mainPackages(fsys fs.FS) ([]string, error) {
+	var dirs []string
+	err := goSources(fsys, func(p string, src []byte) error {
 		f, err := parser.ParseFile(token.NewFileSet(), p, src, parser.PackageClauseOnly)
 		if err == nil && f.Name.Name == "main" && !slices.Contains(dirs, path.Dir(p)) {
 			dirs = append(dirs, path.Dir(p))
