@@ -67,7 +67,7 @@ func TestCheckAPIDrainsOnShutdown(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer busy.Close()
-			apiPort := portOf(t, api)
+			apiPort := testnet.Port(t, api)
 			if tt.wholeRequest {
 				// Redis is paused, so the check waits for it while the
 				// gateway shuts down: in flight once its script sits
@@ -195,20 +195,6 @@ func exchange(t *testing.T, c *conn, raw string) int {
 
 func isReset(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "connection reset")
-}
-
-// portOf returns the port of a host:port address.
-func portOf(t *testing.T, addr string) int {
-	t.Helper()
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // unreadBytes returns the bytes received and not yet read by the process

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/spawn"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -275,7 +275,7 @@ func startGateway(t *testing.T, redisAddr, rulesPath string, trusted bool) *runn
 	if trusted {
 		cfg.Identity.TrustedProxies = []string{"127.0.0.1/32"}
 	}
-	srv, err := gateway.New(cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	srv, err := gateway.New(cfg, logtest.Warnings(t))
 	if err != nil {
 		t.Fatal(err)
 	}

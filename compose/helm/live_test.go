@@ -3,7 +3,6 @@ package helm_test
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/compose/natsserver/natstest"
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -63,7 +63,7 @@ func TestChartProbesAnswer(t *testing.T) {
 		"TOLLGATE_REDIS_ADDRS":    redis.Addr(),
 		"TOLLGATE_REDIS_PASSWORD": "",
 	}
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := logtest.Warnings(t)
 
 	// The aggregator first: it creates the KV buckets fleet mode watches.
 	aggCfg, err := aggregator.LoadConfig("", env(agg, with(deps, map[string]string{

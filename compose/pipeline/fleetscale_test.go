@@ -23,6 +23,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -60,7 +61,7 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 	cfg.Kafka.Brokers = kb.Addrs()
 	cfg.NATS.URL = ns.ClientURL()
 	cfg.Redis = configs.Redis{Addrs: []string{redisAddr}, Timeout: 2 * time.Second}
-	agg, _ := runAggregator(tb, cfg, logger(tb).With("part", "aggregator"))
+	agg, _ := runAggregator(tb, cfg, logtest.Verbose(tb).With("part", "aggregator"))
 	f.admin = agg.Addrs().API
 	waitOperatorAPI(tb, f.op)
 	f.op("PUT", "/admin/v1/rules", fleetRules(5))
@@ -82,7 +83,7 @@ func newScaleFleet(tb testing.TB, n int) *scaleFleet {
 			RulesFile: rulesFile, KeySecret: secret, GatewayID: id, DataDir: dataDir,
 			Redis: configs.Redis{Addrs: []string{redisAddr}, Timeout: 2 * time.Second}}
 		c.NATS.URL = ns.ClientURL()
-		srv, err := gateway.New(c, logger(tb).With("part", id))
+		srv, err := gateway.New(c, logtest.Verbose(tb).With("part", id))
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/compose/redisserver/redistest"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -76,8 +77,8 @@ func TestMain(m *testing.M) {
 	os.Exit(0)
 }
 
-// childLogger is a child process's log, as logger's: on stderr from info
-// with TOLLGATE_TEST_LOG, else none.
+// childLogger is a child process's log (a child has no test to give
+// logtest.Verbose): on stderr from info with TOLLGATE_TEST_LOG, else none.
 func childLogger() *slog.Logger {
 	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -100,13 +101,6 @@ func runAggregatorChild() error {
 	return srv.Run(ctx)
 }
 
-func logger(t testing.TB) *slog.Logger {
-	if os.Getenv("TOLLGATE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
 // env is Redis, a Kafka-protocol broker on a fixed port (so it can go down
 // and come back), a rules file and an aggregator.
 type env struct {
@@ -123,7 +117,7 @@ func newEnv(t *testing.T) *env { return newEnvTB(t, true) }
 // newEnvTB starts the env, the aggregator only when withAggregator.
 func newEnvTB(t testing.TB, withAggregator bool) *env {
 	e := &env{t: t, redis: redistest.StartTB(t).Addr()}
-	e.broker = kafkatest.StartTB(t, kafkabroker.WithLogger(logger(t)))
+	e.broker = kafkatest.StartTB(t, kafkabroker.WithLogger(logtest.Verbose(t)))
 	e.rules = filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(e.rules, []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
@@ -135,7 +129,7 @@ func newEnvTB(t testing.TB, withAggregator bool) *env {
 		AdminToken: token, KeySecret: secret, SessionTimeout: 2 * time.Second}
 	cfg.Kafka.Brokers = e.broker.Addrs()
 	cfg.Usage.Lateness = time.Second
-	e.agg, e.aggStop = runAggregator(t, cfg, logger(t).With("part", "aggregator"))
+	e.agg, e.aggStop = runAggregator(t, cfg, logtest.Verbose(t).With("part", "aggregator"))
 	return e
 }
 
@@ -183,7 +177,7 @@ type gw struct {
 }
 
 func (e *env) startGateway(id string) *gw {
-	srv, err := gateway.New(e.gatewayConfig(id, e.t.TempDir()), logger(e.t).With("part", id))
+	srv, err := gateway.New(e.gatewayConfig(id, e.t.TempDir()), logtest.Verbose(e.t).With("part", id))
 	if err != nil {
 		e.t.Fatal(err)
 	}

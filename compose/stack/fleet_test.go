@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -245,7 +245,7 @@ func TestFleetJourney(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := gateway.New(gcfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("part", "second-gateway"))
+	second, err := gateway.New(gcfg, logtest.Warnings(t).With("part", "second-gateway"))
 	if err != nil {
 		t.Fatal(err)
 	}

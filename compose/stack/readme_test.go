@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/compose/stack"
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
+	"github.com/tollgate/tollgate/internal/logtest"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
@@ -574,7 +574,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 			if err != nil {
 				t.Fatalf("README's gateway line: %v", err)
 			}
-			second, err = gateway.New(gcfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("part", "second-gateway"))
+			second, err = gateway.New(gcfg, logtest.Warnings(t).With("part", "second-gateway"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -614,7 +614,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 			if err != nil {
 				t.Fatalf("README's aggregator line: %v", err)
 			}
-			agg, err := aggregator.New(acfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("part", "second-aggregator"))
+			agg, err := aggregator.New(acfg, logtest.Warnings(t).With("part", "second-aggregator"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -326,6 +326,19 @@ func (l *load) recovered(p int, from time.Time) (time.Duration, bool) {
 	return time.Unix(0, n).Sub(from), true
 }
 
+// untilNormal waits up to bound (failing the test with what) until phase
+// p has made a non-degraded decision and the load a streak of 100 of them,
+// and returns how long after from the first came.
+func (l *load) untilNormal(t *testing.T, bound time.Duration, what string, p int, from time.Time) time.Duration {
+	t.Helper()
+	until(t, bound, what, func() bool {
+		_, ok := l.recovered(p, from)
+		return ok && l.streak.Load() >= 100
+	})
+	d, _ := l.recovered(p, from)
+	return d
+}
+
 // stats summarises latencies.
 type stats struct {
 	n             int

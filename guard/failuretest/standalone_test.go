@@ -89,11 +89,7 @@ func TestRedisKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := l.next(3)
-	until(t, recoverBound, "normal limiting after the restart", func() bool {
-		_, ok := l.recovered(3, back)
-		return ok && l.streak.Load() >= 100
-	})
-	recovery, _ := l.recovered(3, back)
+	recovery := l.untilNormal(t, recoverBound, "normal limiting after the restart", 3, back)
 	st := l.assertAnswered(t, 1, 2, 3)
 	if recovery > recoverBound {
 		t.Errorf("normal limiting %v after the restart, bound %v", recovery, recoverBound)
@@ -148,11 +144,7 @@ func TestRedisHung(t *testing.T) {
 	}
 	resumed := l.next(3)
 	stopped := resumed.Sub(paused)
-	until(t, recoverBound, "normal limiting after SIGCONT", func() bool {
-		_, ok := l.recovered(3, resumed)
-		return ok && l.streak.Load() >= 100
-	})
-	recovery, _ := l.recovered(3, resumed)
+	recovery := l.untilNormal(t, recoverBound, "normal limiting after SIGCONT", 3, resumed)
 	st := l.assertAnswered(t, 1, 2, 3)
 	if recovery > recoverBound {
 		t.Errorf("normal limiting %v after SIGCONT, bound %v", recovery, recoverBound)
@@ -184,11 +176,7 @@ func TestRedisHung(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := l2.next(1)
-	until(t, recoverBound, "normal limiting after the restart", func() bool {
-		_, ok := l2.recovered(1, back)
-		return ok && l2.streak.Load() >= 100
-	})
-	recovery, _ = l2.recovered(1, back)
+	recovery = l2.untilNormal(t, recoverBound, "normal limiting after the restart", 1, back)
 	st = l2.assertAnswered(t, 1)
 	t.Logf("figure: restart (SIGKILL, start empty) under load -> normal limiting %v after Redis answers; checks meanwhile %v",
 		recovery.Round(time.Millisecond), st[0])

@@ -59,11 +59,7 @@ func TestSentinelPrimaryKilled(t *testing.T) {
 			}
 		}
 	}()
-	until(t, failoverBound, "normal limiting after the failover", func() bool {
-		_, ok := l.recovered(1, killed)
-		return ok && l.streak.Load() >= 100
-	})
-	recovery, _ := l.recovered(1, killed)
+	recovery := l.untilNormal(t, failoverBound, "normal limiting after the failover", 1, killed)
 	stats := l.assertAnswered(t, 1)
 	if recovery > failoverBound {
 		t.Errorf("normal limiting %v after the primary's SIGKILL, bound %v", recovery, failoverBound)

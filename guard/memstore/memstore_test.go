@@ -8,27 +8,19 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/guard"
+	"github.com/tollgate/tollgate/guard/internal/guardtest"
 	"github.com/tollgate/tollgate/guard/rules"
 )
 
 func params(alg rules.Algorithm, limit, window, prec, rateN int64) rules.Params {
 	p := rules.Params{Limit: limit, Window: window, Precision: prec}
 	if alg.Bucket() {
-		num, den := limit*window, rateN
-		g := gcdT(num, den)
-		p.FullNum, p.FullDen = num/g, den/g
+		p.FullNum, p.FullDen = guardtest.FullRefill(limit, window, rateN)
 		if alg == rules.TokenBucket {
 			p.Window = 0
 		}
 	}
 	return p
-}
-
-func gcdT(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 var allAlgs = []rules.Algorithm{rules.TokenBucket, rules.GCRA, rules.FixedWindow, rules.SlidingWindowCounter, rules.SlidingWindowLog}

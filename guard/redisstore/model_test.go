@@ -31,9 +31,7 @@ func randomParams(rng *rand.Rand, alg rules.Algorithm) rules.Params {
 	case rules.TokenBucket, rules.GCRA:
 		// rate: n units per w, n need not divide anything.
 		n := int64(1 + rng.IntN(int(limit)+5))
-		num, den := limit*w, n
-		g := gcd(num, den)
-		p.FullNum, p.FullDen = num/g, den/g
+		p.FullNum, p.FullDen = guardtest.FullRefill(limit, w, n)
 		if alg == rules.TokenBucket {
 			p.Window = 0
 		}
@@ -42,13 +40,6 @@ func randomParams(rng *rand.Rand, alg rules.Algorithm) rules.Params {
 		p.Precision = precs[rng.IntN(len(precs))]
 	}
 	return p
-}
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 // TestScriptsMatchModel runs random sequences of operations through the

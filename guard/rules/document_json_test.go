@@ -111,16 +111,23 @@ func FuzzDocument(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if doc, err := DecodeDocument(data, data); err == nil {
-			_, _ = Compile(doc)
+		// roundTrip encodes doc (a document decoded or parsed from data,
+		// as from says) and decodes it back: both must succeed.
+		roundTrip := func(doc *Document, from string) (enc []byte, back *Document) {
+			t.Helper()
 			enc, err := EncodeDocument(doc)
 			if err != nil {
-				t.Fatalf("a decoded document does not encode: %v", err)
+				t.Fatalf("a %s document does not encode: %v", from, err)
 			}
-			back, err := DecodeDocument(enc, data)
+			back, err = DecodeDocument(enc, data)
 			if err != nil {
-				t.Fatalf("%s, encoded from a decoded document, does not decode: %v", enc, err)
+				t.Fatalf("%s, encoded from a %s document, does not decode: %v", enc, from, err)
 			}
+			return enc, back
+		}
+		if doc, err := DecodeDocument(data, data); err == nil {
+			_, _ = Compile(doc)
+			enc, back := roundTrip(doc, "decoded")
 			if again, _ := EncodeDocument(back); !bytes.Equal(again, enc) {
 				t.Fatalf("encoding unstable: %s, then %s", enc, again)
 			}
@@ -130,14 +137,7 @@ func FuzzDocument(f *testing.F) {
 			return
 		}
 		want, wantErr := Compile(doc)
-		enc, err := EncodeDocument(doc)
-		if err != nil {
-			t.Fatalf("a parsed document does not encode: %v", err)
-		}
-		back, err := DecodeDocument(enc, data)
-		if err != nil {
-			t.Fatalf("%s, encoded from a parsed document, does not decode: %v", enc, err)
-		}
+		_, back := roundTrip(doc, "parsed")
 		got, gotErr := Compile(back)
 		if (gotErr == nil) != (wantErr == nil) {
 			t.Fatalf("the source compiles: %v; its document: %v", wantErr, gotErr)

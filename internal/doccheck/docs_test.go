@@ -29,25 +29,10 @@ type docFile struct {
 // every README.md of the repository.
 func docFiles(fsys fs.FS) ([]docFile, error) {
 	var out []docFile
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			name := d.Name()
-			if p != "." && (name == "testdata" || name == "vendor" || name == "bin" || name == "node_modules" ||
-				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".md") || (path.Base(p) != "README.md" && !strings.HasPrefix(p, "docs/")) {
-			return nil
-		}
-		b, err := fs.ReadFile(fsys, p)
-		if err != nil {
-			return err
-		}
+	doc := func(p string) bool {
+		return strings.HasSuffix(p, ".md") && (path.Base(p) == "README.md" || strings.HasPrefix(p, "docs/"))
+	}
+	err := repoFiles(fsys, doc, func(p string, b []byte) error {
 		out = append(out, docFile{Path: p, Lines: strings.Split(string(b), "\n")})
 		return nil
 	})
@@ -583,24 +568,8 @@ var nameRef = regexp.MustCompile(`tollgate_[a-z0-9_]*[a-z0-9](_\*|_)?`)
 func sourceNames(fsys fs.FS) (map[string]bool, error) {
 	names := map[string]bool{}
 	lit := regexp.MustCompile(`"(tollgate[_-][a-z0-9_.-]*)"`)
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); p != "." && (name == "testdata" || name == "bin" || strings.HasPrefix(name, ".")) {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := fs.ReadFile(fsys, p)
-		if err != nil {
-			return err
-		}
-		for _, m := range lit.FindAllStringSubmatch(string(b), -1) {
+	err := repoFiles(fsys, goSource, func(_ string, src []byte) error {
+		for _, m := range lit.FindAllStringSubmatch(string(src), -1) {
 			names[m[1]] = true
 		}
 		return nil

@@ -179,27 +179,43 @@ var flagFuncs = map[string]int{
 	"TextVar": 1, "Uint": 0, "UintVar": 1, "Uint64": 0, "Uint64Var": 1, "Var": 1,
 }
 
-// mainPackages lists the directories of fsys holding a main package.
-func mainPackages(fsys fs.FS) ([]string, error) {
-	var dirs []string
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+// repoFiles calls fn with the path and the content of each file of fsys
+// that keep accepts, passing over test data, vendored, built or installed
+// files (bin, node_modules), and hidden and _ directories, as the go tool
+// does.
+func repoFiles(fsys fs.FS, keep func(p string) bool, fn func(p string, b []byte) error) error {
+	return fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
 			name := d.Name()
-			if p != "." && (name == "testdata" || name == "vendor" || name == "bin" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			if p != "." && (name == "testdata" || name == "vendor" || name == "bin" || name == "node_modules" ||
+				strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
 				return fs.SkipDir
 			}
 			return nil
 		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+		if !keep(p) {
 			return nil
 		}
-		src, err := fs.ReadFile(fsys, p)
+		b, err := fs.ReadFile(fsys, p)
 		if err != nil {
 			return err
 		}
+		return fn(p, b)
+	})
+}
+
+// goSource says whether p is a non-test Go file.
+func goSource(p string) bool {
+	return strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go")
+}
+
+// mainPackages lists the directories of fsys holding a main package.
+func mainPackages(fsys fs.FS) ([]string, error) {
+	var dirs []string
+	err := repoFiles(fsys, goSource, func(p string, src []byte) error {
 		f, err := parser.ParseFile(token.NewFileSet(), p, src, parser.PackageClauseOnly)
 		if err == nil && f.Name.Name == "main" && !slices.Contains(dirs, path.Dir(p)) {
 			dirs = append(dirs, path.Dir(p))

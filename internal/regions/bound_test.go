@@ -23,6 +23,26 @@ func TestLedgerBoundsWorkForFarLoans(t *testing.T) {
 	loan := func(lim Limit, first, last int64) Loan {
 		return Loan{ID: id, Counter: "c", Limit: lim, From: "r1", To: "r2", Units: 50, First: first, Last: last}
 	}
+	// farTransferAndExtension: the receiver takes a far transfer, the
+	// giver gives a loan and extends it far ahead, then both admit.
+	farTransferAndExtension := func(lim Limit) func(ctx context.Context, giver, receiver *Ledger) error {
+		return func(ctx context.Context, giver, receiver *Ledger) error {
+			if _, _, err := receiver.Receive(ctx, &Transfer{Loan: loan(lim, far, far+1)}, 10*sec); err != nil {
+				return err
+			}
+			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Loan: loan(lim, 10, 11)}, 0, 10*sec); err != nil {
+				return err
+			}
+			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Extend: true, Loan: loan(lim, far, far+1)}, 0, 10*sec); err != nil {
+				return err
+			}
+			if _, err := receiver.Admit("c", lim, 200, 10*sec+sec/2); err != nil {
+				return err
+			}
+			_, err := giver.Admit("c", lim, 200, 10*sec+sec/2)
+			return err
+		}
+	}
 	tests := []struct {
 		name string
 		run  func(ctx context.Context, giver, receiver *Ledger) error
@@ -51,38 +71,8 @@ func TestLedgerBoundsWorkForFarLoans(t *testing.T) {
 			_, err := giver.Admit("c", fixed, 200, 10*sec+sec/2)
 			return err
 		}},
-		{"sliding window: a far transfer and a far extension", func(ctx context.Context, giver, receiver *Ledger) error {
-			if _, _, err := receiver.Receive(ctx, &Transfer{Loan: loan(sliding, far, far+1)}, 10*sec); err != nil {
-				return err
-			}
-			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Loan: loan(sliding, 10, 11)}, 0, 10*sec); err != nil {
-				return err
-			}
-			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Extend: true, Loan: loan(sliding, far, far+1)}, 0, 10*sec); err != nil {
-				return err
-			}
-			if _, err := receiver.Admit("c", sliding, 200, 10*sec+sec/2); err != nil {
-				return err
-			}
-			_, err := giver.Admit("c", sliding, 200, 10*sec+sec/2)
-			return err
-		}},
-		{"bucket: a far transfer and a far extension", func(ctx context.Context, giver, receiver *Ledger) error {
-			if _, _, err := receiver.Receive(ctx, &Transfer{Loan: loan(bucket, far, far+1)}, 10*sec); err != nil {
-				return err
-			}
-			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Loan: loan(bucket, 10, 11)}, 0, 10*sec); err != nil {
-				return err
-			}
-			if _, _, err := giver.Give(ctx, &Order{Epoch: id.Epoch, Extend: true, Loan: loan(bucket, far, far+1)}, 0, 10*sec); err != nil {
-				return err
-			}
-			if _, err := receiver.Admit("c", bucket, 200, 10*sec+sec/2); err != nil {
-				return err
-			}
-			_, err := giver.Admit("c", bucket, 200, 10*sec+sec/2)
-			return err
-		}},
+		{"sliding window: a far transfer and a far extension", farTransferAndExtension(sliding)},
+		{"bucket: a far transfer and a far extension", farTransferAndExtension(bucket)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -63,13 +63,20 @@ func Listen(t testing.TB) net.Listener {
 // FreePort is FreeAddr's port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	_, port, err := net.SplitHostPort(FreeAddr(t))
+	return Port(t, FreeAddr(t))
+}
+
+// Port returns the port of a host:port address; an address of another
+// form fails the test.
+func Port(t testing.TB, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		t.Fatalf("testnet: %v", err)
 	}
 	n, err := strconv.Atoi(port)
 	if err != nil {
-		t.Fatalf("testnet: port of %s: %v", port, err)
+		t.Fatalf("testnet: port of %s: %v", addr, err)
 	}
 	return n
 }

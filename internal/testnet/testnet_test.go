@@ -47,6 +47,30 @@ func TestFreeAddrIsFreeLoopback(t *testing.T) {
 	}
 }
 
+func TestPort(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		addr string
+		port int
+		msg  string // of the failure; "" for none
+	}{
+		{"127.0.0.1:8080", 8080, ""},
+		{"[::1]:9092", 9092, ""},
+		{"localhost:0", 0, ""},
+		{"127.0.0.1", 0, "missing port"},
+		{"127.0.0.1:http", 0, "port of 127.0.0.1:http"},
+	} {
+		t.Run(tt.addr, func(t *testing.T) {
+			t.Parallel()
+			var port int
+			msg := testnet.RecordFatal(t, func(tb testing.TB) { port = testnet.Port(tb, tt.addr) })
+			if port != tt.port || (tt.msg == "") != (msg == "") || !strings.Contains(msg, tt.msg) {
+				t.Fatalf("Port(%q) = %d, failure %q; want %d, failure %q", tt.addr, port, msg, tt.port, tt.msg)
+			}
+		})
+	}
+}
+
 func TestBufferConcurrentWriters(t *testing.T) {
 	t.Parallel()
 	var b testnet.Buffer

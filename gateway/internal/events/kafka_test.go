@@ -36,17 +36,6 @@ import (
 // The tests' topic has this many partitions.
 const partitions = 6
 
-// portOf returns the port of a host:port address.
-func portOf(t testing.TB, addr string) int {
-	t.Helper()
-	_, ps, err := net.SplitHostPort(addr)
-	port, perr := strconv.Atoi(ps)
-	if err != nil || perr != nil {
-		t.Fatalf("address %q: %v %v", addr, err, perr)
-	}
-	return port
-}
-
 // startKafka starts a one-broker Kafka on port (0: any) with the
 // decisions topic, persisting in dataDir unless it is "", waiting while a
 // chosen port (a broker that starts late or restarts) is held for a
@@ -387,7 +376,7 @@ func TestKafkaOutageSpillsAndReplaysInOrder(t *testing.T) {
 	data := t.TempDir()
 	c := startKafka(t, 0, data)
 	brokers := c.Addrs()
-	port := portOf(t, brokers[0])
+	port := testnet.Port(t, brokers[0])
 	cfg := testConfig(t, brokers, t.TempDir())
 	// 16 chunks of 16 KiB, 4 of them in flight: most of the outage's
 	// events wait in the spool, not in franz-go.

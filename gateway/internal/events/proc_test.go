@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/gateway/internal/events"
+	"github.com/tollgate/tollgate/internal/spawn/spawntest"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
 )
 
@@ -67,27 +68,8 @@ type child struct {
 // added to its environment. The test kills it at the end.
 func startChild(tb testing.TB, kind string, env ...string) *child {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(append(os.Environ(), helperEnv+"="+kind), env...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
-	tb.Cleanup(func() {
-		_ = c.stdin.Close()
-		_ = c.cmd.Process.Kill()
-		_ = c.cmd.Wait()
-	})
-	return c
+	cmd, stdin, stdout := spawntest.Self(tb, nil, append([]string{helperEnv + "=" + kind}, env...)...)
+	return &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
 }
 
 // line returns the child's next line of output that starts with prefix,

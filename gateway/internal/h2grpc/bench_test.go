@@ -26,12 +26,7 @@ func BenchmarkUnaryCall(b *testing.B) {
 	srv.Handle(echo, func(_ context.Context, req, resp []byte) ([]byte, error) {
 		return append(resp, reply...), nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	addr, served := serve(b, srv)
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -40,7 +35,7 @@ func BenchmarkUnaryCall(b *testing.B) {
 			b.Errorf("Serve: %v", err)
 		}
 	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -456,13 +456,8 @@ func TestFramesShutdownClientNotReading(t *testing.T) {
 	srv.Handle(echo, func(_ context.Context, _, resp []byte) ([]byte, error) {
 		return append(resp, big...), nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	c := dialRaw(t, ln.Addr().String(), http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
+	addr, served := serve(t, srv)
+	c := dialRaw(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
 	if err := c.fr.WriteWindowUpdate(0, 1<<31-1-65535); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package h2grpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate/tollgate/gateway/internal/h2grpc"
+	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 )
 
@@ -34,20 +34,26 @@ type testServer struct {
 	started chan struct{} // one value per waiting call
 	mu      sync.Mutex
 	ctxErrs []error // contexts of waiting calls, when they ended
-	served  chan error
+	served  <-chan error
+}
+
+// serve serves srv on a new loopback listener, on a goroutine, and
+// returns the listener's address and a channel that receives what Serve
+// returned. The caller shuts srv down and reads the channel.
+func serve(tb testing.TB, srv *h2grpc.Server) (addr string, served <-chan error) {
+	tb.Helper()
+	ln := testnet.Listen(tb)
+	ch := make(chan error, 1)
+	go func() { ch <- srv.Serve(ln) }()
+	return ln.Addr().String(), ch
 }
 
 func newTestServer(t *testing.T, opts h2grpc.Options) *testServer {
 	t.Helper()
-	ts := &testServer{release: make(chan struct{}), started: make(chan struct{}, 64), served: make(chan error, 1)}
+	ts := &testServer{release: make(chan struct{}), started: make(chan struct{}, 64)}
 	ts.srv = h2grpc.New(opts)
 	ts.srv.Handle(echo, ts.handle)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.addr = ln.Addr().String()
-	go func() { ts.served <- ts.srv.Serve(ln) }()
+	ts.addr, ts.served = serve(t, ts.srv)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -157,13 +163,8 @@ func TestWaitingCallsReuseGoroutines(t *testing.T) {
 	ts := &testServer{release: make(chan struct{}), started: make(chan struct{}, 64)}
 	srv.Handle(echo, ts.handle)
 	close(ts.release)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	cc := dial(t, ln.Addr().String())
+	addr, served := serve(t, srv)
+	cc := dial(t, addr)
 	const calls = 50
 	for i := range calls {
 		if _, err := call(t.Context(), cc, echo, "wait:"+strconv.Itoa(i)); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/gateway/internal/spool"
+	"github.com/tollgate/tollgate/internal/spawn/spawntest"
 )
 
 // lockHelperEnv makes the test binary act as another gateway process: it
@@ -40,25 +41,9 @@ func TestLockHelperProcess(t *testing.T) {
 // with its stdin (closing it stops the process gracefully) and pid.
 func startLockHolder(t *testing.T, d string) (*exec.Cmd, io.WriteCloser, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLockHelperProcess$", "-test.count=1")
 	// GORACE: a race-enabled binary otherwise waits 1 s before exiting.
-	cmd.Env = append(os.Environ(), lockHelperEnv+"="+d, "GORACE=atexit_sleep_ms=0")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+	cmd, stdin, stdout := spawntest.Self(t, []string{"-test.run=^TestLockHelperProcess$", "-test.count=1"},
+		lockHelperEnv+"="+d, "GORACE=atexit_sleep_ms=0")
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	pid, perr := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "locked ")))
 	if err != nil || perr != nil {

@@ -84,3 +84,16 @@ func TagOn(tb testing.TB, nodeOf func(slot int) int, prefix string, node int) st
 	tb.Fatalf("guardtest: no hash tag %s… on node %d", prefix, node)
 	return ""
 }
+
+// FullRefill returns the rules.Params FullNum and FullDen of a bucket of
+// limit units that refills n units per window µs: the time an empty one
+// takes to fill, limit×window/n µs, as a fraction in lowest terms (as
+// rules.Compile writes it).
+func FullRefill(limit, window, n int64) (num, den int64) {
+	num, den = limit*window, n
+	g, r := num, den
+	for r != 0 {
+		g, r = r, g%r
+	}
+	return num / g, den / g
+}

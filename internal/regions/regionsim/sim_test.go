@@ -35,6 +35,24 @@ func chaosSeeds() []uint64 {
 	return seeds
 }
 
+// runChaos runs c on a simulation of regions regions seeded with seed, on
+// chaosNet, for c.Duration, failing the test on the first step that breaks
+// an invariant, and returns the run's stats.
+func runChaos(t *testing.T, seed uint64, regions int, c Chaos) Stats {
+	t.Helper()
+	s, err := New(Options{Seed: seed, Regions: regions, Net: chaosNet})
+	if err != nil {
+		t.Fatalf("new: %v", err)
+	}
+	if err := s.Chaos(c); err != nil {
+		t.Fatalf("chaos: %v", err)
+	}
+	if err := s.RunFor(c.Duration); err != nil {
+		t.Fatalf("replay with -regionsim.seed=%d: %v", seed, err)
+	}
+	return s.Stats()
+}
+
 // TestChaosInvariant runs random fleets under every fault the simulation
 // has and fails on the first step at which the fleet admitted more than
 // one region alone would, or the shares held summed past the limit.
@@ -46,17 +64,7 @@ func TestChaosInvariant(t *testing.T) {
 	for _, seed := range chaosSeeds() {
 		for _, n := range []int{3, 7} {
 			t.Run(fmt.Sprintf("seed=%d/regions=%d", seed, n), func(t *testing.T) {
-				s, err := New(Options{Seed: seed, Regions: n, Net: chaosNet})
-				if err != nil {
-					t.Fatalf("new: %v", err)
-				}
-				if err := s.Chaos(Chaos{Duration: d, Hot: 6, Cold: 20}); err != nil {
-					t.Fatalf("chaos: %v", err)
-				}
-				if err := s.RunFor(d); err != nil {
-					t.Fatalf("replay with -regionsim.seed=%d: %v", seed, err)
-				}
-				st := s.Stats()
+				st := runChaos(t, seed, n, Chaos{Duration: d, Hot: 6, Cold: 20})
 				if st.Checks == 0 || st.Admitted == 0 || st.Transfers == 0 {
 					t.Fatalf("run checked nothing: %+v", st)
 				}
@@ -81,17 +89,7 @@ func TestChaosLimitChanges(t *testing.T) {
 	for _, seed := range chaosSeeds() {
 		for _, n := range []int{2, 3, 5} {
 			t.Run(fmt.Sprintf("seed=%d/regions=%d", seed, n), func(t *testing.T) {
-				s, err := New(Options{Seed: seed, Regions: n, Net: chaosNet})
-				if err != nil {
-					t.Fatalf("new: %v", err)
-				}
-				if err := s.Chaos(Chaos{Duration: d, Hot: 6, LimitChanges: 20}); err != nil {
-					t.Fatalf("chaos: %v", err)
-				}
-				if err := s.RunFor(d); err != nil {
-					t.Fatalf("replay with -regionsim.seed=%d: %v", seed, err)
-				}
-				st := s.Stats()
+				st := runChaos(t, seed, n, Chaos{Duration: d, Hot: 6, LimitChanges: 20})
 				if st.Checks == 0 || st.Admitted == 0 || st.Applied == 0 {
 					t.Fatalf("run checked nothing: %+v", st)
 				}
@@ -125,16 +123,7 @@ func TestChaosRegressionSeeds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := New(Options{Seed: tt.seed, Regions: tt.regions, Net: chaosNet})
-			if err != nil {
-				t.Fatalf("new: %v", err)
-			}
-			if err := s.Chaos(tt.chaos); err != nil {
-				t.Fatalf("chaos: %v", err)
-			}
-			if err := s.RunFor(tt.chaos.Duration); err != nil {
-				t.Fatal(err)
-			}
+			runChaos(t, tt.seed, tt.regions, tt.chaos)
 		})
 	}
 }

@@ -1,7 +1,8 @@
 // Package spawntest checks that a child a test process starts dies with
 // it (see package spawn): the test binary runs itself as a helper that
 // starts the child and prints its pid, is SIGKILLed, and the child must
-// be gone within seconds. Linux only (/proc and Pdeathsig).
+// be gone within seconds. Linux only (/proc and Pdeathsig). Self, which
+// starts the test binary again as a helper process, serves any test.
 package spawntest
 
 import (
@@ -36,25 +37,9 @@ func Helper(t *testing.T, env string, start func(t *testing.T) int) {
 // that took.
 func NoOrphan(t *testing.T, env, helperTest string) time.Duration {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+helperTest+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, _, stdout := Self(t, []string{"-test.run=^" + helperTest + "$", "-test.count=1"}, env+"=1")
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
 		t.Fatalf("helper printed %q: %v", line, err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
@@ -71,6 +56,35 @@ func NoOrphan(t *testing.T, env, helperTest string) time.Duration {
 		}
 		return nil
 	})
+}
+
+// Self starts the test binary again as a helper process, with args and
+// with env added to its environment, its stderr the test's, and returns
+// it with pipes to its stdin and from its stdout. When the test ends the
+// process's stdin is closed and it is killed and reaped; a test may stop
+// it before (close stdin, or kill it, and Wait).
+func Self(t testing.TB, args []string, env ...string) (cmd *exec.Cmd, stdin io.WriteCloser, stdout io.ReadCloser) {
+	t.Helper()
+	cmd = exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err = cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, stdin, stdout
 }
 
 // Alive reports whether pid names a live process that is not a zombie
