@@ -130,8 +130,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg.Log = stderr
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%v\n\nRun loadtest chaos -h for the flags.\n", err)
-		return exitUsage
+		return usageError(fs, err, stderr)
 	}
 	fmt.Fprintf(stderr, "loadtest chaos: seed %d\n", seed)
 	res, err := chaos.Run(ctx, cfg)

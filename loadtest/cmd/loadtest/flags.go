@@ -36,6 +36,14 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok
 	return 0, true
 }
 
+// usageError says err, then where the flags are explained (fs's -h), and
+// returns exitUsage: the end of a command whose flags parsed but do not
+// make a valid run.
+func usageError(fs *flag.FlagSet, err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "%v\n\nRun %s -h for the flags.\n", err, fs.Name())
+	return exitUsage
+}
+
 // createReport creates the report's file before the run, so that a bad
 // path costs no run; nil when file is "". When ok is false the command
 // exits with code (the error is on stderr, prefixed by name).

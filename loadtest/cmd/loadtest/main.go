@@ -122,8 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg.RedisUsername = os.Getenv("TOLLGATE_REDIS_USERNAME")
 	cfg.RedisPassword = os.Getenv("TOLLGATE_REDIS_PASSWORD")
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%v\n\nRun loadtest -h for the flags.\n", err)
-		return exitUsage
+		return usageError(fs, err, stderr)
 	}
 
 	if cpuProfile != "" {

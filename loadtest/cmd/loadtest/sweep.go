@@ -90,8 +90,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	if len(errs) > 0 {
-		fmt.Fprintf(stderr, "loadtest sweep: %v\n\nRun loadtest sweep -h for the flags.\n", errors.Join(errs...))
-		return exitUsage
+		return usageError(fs, fmt.Errorf("loadtest sweep: %w", errors.Join(errs...)), stderr)
 	}
 	if commit == "" {
 		commit = vcsRevision()
