@@ -53,8 +53,14 @@ func createReport(name, file string, stderr io.Writer) (f *os.File, code int, ok
 	}
 	f, err := os.Create(file)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: report: %v\n", name, err)
-		return nil, exitFailed, false
+		return nil, failed(stderr, name+": report", err), false
 	}
 	return f, 0, true
+}
+
+// failed says err on stderr after prefix (the command's name, and what
+// failed where the error does not say it) and returns exitFailed.
+func failed(stderr io.Writer, prefix string, err error) int {
+	fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
+	return exitFailed
 }
