@@ -100,14 +100,12 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if checkFile != "" {
 		f, err := os.Open(checkFile)
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest chaos: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest chaos", err)
 		}
 		h, err := history.Read(f)
 		f.Close()
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest chaos: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest chaos", err)
 		}
 		histFile = ""
 		return outputs(chaos.Recheck(h))
@@ -121,8 +119,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if cfg.BinDir == "" {
 		self, err := os.Executable()
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest chaos: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest chaos", err)
 		}
 		cfg.BinDir = filepath.Dir(self)
 	}
@@ -130,8 +127,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg.Log = stderr
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%v\n\nRun loadtest chaos -h for the flags.\n", err)
-		return exitUsage
+		return usageError(fs, err, stderr)
 	}
 	fmt.Fprintf(stderr, "loadtest chaos: seed %d\n", seed)
 	res, err := chaos.Run(ctx, cfg)

@@ -36,6 +36,14 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok
 	return 0, true
 }
 
+// usageError says err, then where the flags are explained (fs's -h), and
+// returns exitUsage: the end of a command whose flags parsed but do not
+// make a valid run.
+func usageError(fs *flag.FlagSet, err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "%v\n\nRun %s -h for the flags.\n", err, fs.Name())
+	return exitUsage
+}
+
 // createReport creates the report's file before the run, so that a bad
 // path costs no run; nil when file is "". When ok is false the command
 // exits with code (the error is on stderr, prefixed by name).
@@ -45,8 +53,14 @@ func createReport(name, file string, stderr io.Writer) (f *os.File, code int, ok
 	}
 	f, err := os.Create(file)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: report: %v\n", name, err)
-		return nil, exitFailed, false
+		return nil, failed(stderr, name+": report", err), false
 	}
 	return f, 0, true
+}
+
+// failed says err on stderr after prefix (the command's name, and what
+// failed where the error does not say it) and returns exitFailed.
+func failed(stderr io.Writer, prefix string, err error) int {
+	fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
+	return exitFailed
 }

@@ -122,20 +122,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg.RedisUsername = os.Getenv("TOLLGATE_REDIS_USERNAME")
 	cfg.RedisPassword = os.Getenv("TOLLGATE_REDIS_PASSWORD")
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%v\n\nRun loadtest -h for the flags.\n", err)
-		return exitUsage
+		return usageError(fs, err, stderr)
 	}
 
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest", err)
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "loadtest: cpu profile: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest: cpu profile", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -260,24 +257,20 @@ func writeSummary(name string, sum summary, jsonOut bool, stdout, stderr io.Writ
 	if jsonOut {
 		text = stderr
 		if err := sum.WriteJSON(stdout); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", name, err)
-			return exitFailed
+			return failed(stderr, name, err)
 		}
 	}
 	if err := sum.WriteText(text); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return exitFailed
+		return failed(stderr, name, err)
 	}
 	if reportOut == nil {
 		return exitOK
 	}
 	if err := sum.WriteHTML(reportOut); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return exitFailed
+		return failed(stderr, name, err)
 	}
 	if err := reportOut.Close(); err != nil {
-		fmt.Fprintf(stderr, "%s: report: %v\n", name, err)
-		return exitFailed
+		return failed(stderr, name+": report", err)
 	}
 	fmt.Fprintf(stderr, "%s: report written to %s\n", name, reportFile)
 	return exitOK

@@ -60,8 +60,7 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	cfg.RedisUsername = os.Getenv("TOLLGATE_REDIS_USERNAME")
 	cfg.RedisPassword = os.Getenv("TOLLGATE_REDIS_PASSWORD")
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%v\n\nRun loadtest storm -h for the flags.\n", err)
-		return exitUsage
+		return usageError(fs, err, stderr)
 	}
 	return out.run(func(progress io.Writer) ended {
 		sum, err := loadtest.RunStorm(ctx, cfg, progress)

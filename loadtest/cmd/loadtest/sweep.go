@@ -90,8 +90,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	if len(errs) > 0 {
-		fmt.Fprintf(stderr, "loadtest sweep: %v\n\nRun loadtest sweep -h for the flags.\n", errors.Join(errs...))
-		return exitUsage
+		return usageError(fs, fmt.Errorf("loadtest sweep: %w", errors.Join(errs...)), stderr)
 	}
 	if commit == "" {
 		commit = vcsRevision()
@@ -108,26 +107,22 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		srv, err := redisserver.Start(ctx, opts...)
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest sweep: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest sweep", err)
 		}
 		defer srv.Stop()
 		env.RedisAddr, env.RedisPID = srv.Addr(), srv.Pid()
 	}
 	res, runErr := sweep.Run(ctx, cfg, env, progress)
 	if res == nil {
-		fmt.Fprintf(stderr, "loadtest sweep: %v\n", runErr)
-		return exitFailed
+		return failed(stderr, "loadtest sweep", runErr)
 	}
 	if err := res.WriteMarkdown(stdout, commit); err != nil {
-		fmt.Fprintf(stderr, "loadtest sweep: %v\n", err)
-		return exitFailed
+		return failed(stderr, "loadtest sweep", err)
 	}
 	if out != "" {
 		files, err := res.WriteFigures(out)
 		if err != nil {
-			fmt.Fprintf(stderr, "loadtest sweep: %v\n", err)
-			return exitFailed
+			return failed(stderr, "loadtest sweep", err)
 		}
 		if len(files) > 0 {
 			fmt.Fprintf(stderr, "loadtest sweep: charts written: %s\n", strings.Join(files, ", "))
@@ -135,8 +130,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	switch {
 	case runErr != nil:
-		fmt.Fprintf(stderr, "loadtest sweep: %v\n", runErr)
-		return exitFailed
+		return failed(stderr, "loadtest sweep", runErr)
 	case ctx.Err() != nil:
 		fmt.Fprintf(stderr, "loadtest sweep: interrupted after %v\n", res.Elapsed.Round(time.Second))
 		return exitInterrupted

@@ -415,19 +415,10 @@ func (f *fleet) startAggregators(ctx context.Context) error {
 			"TOLLGATE_PENALTY_BLOCK_FOR=5s",
 			"TOLLGATE_PENALTY_QUIET_PERIOD=5s",
 		)
-		a := &aggregator{name: name, api: api, metrics: met, proc: &proc{name: name, path: filepath.Join(f.cfg.BinDir, "aggregator"),
-			env: env, logPath: filepath.Join(f.dir, name+".log"), rec: f.rec}}
-		if err := a.proc.start(ctx); err != nil {
-			return err
-		}
-		f.aggs = append(f.aggs, a)
+		f.aggs = append(f.aggs, &aggregator{name: name, api: api, metrics: met, proc: &proc{name: name, path: filepath.Join(f.cfg.BinDir, "aggregator"),
+			env: env, logPath: filepath.Join(f.dir, name+".log"), rec: f.rec}})
 	}
-	for _, a := range f.aggs {
-		if err := f.awaitReady(ctx, a.proc, func() error { return f.aggReady(ctx, a) }); err != nil {
-			return err
-		}
-	}
-	return nil
+	return startAll(ctx, f, f.aggs, func(a *aggregator) *proc { return a.proc }, f.aggReady)
 }
 
 func (f *fleet) startGateways(ctx context.Context) error {
@@ -463,17 +454,9 @@ func (f *fleet) startGateways(ctx context.Context) error {
 		}
 		g.proc = &proc{name: name, path: filepath.Join(f.cfg.BinDir, "gateway"), env: env,
 			logPath: filepath.Join(f.dir, name+".log"), rec: f.rec}
-		if err := g.proc.start(ctx); err != nil {
-			return err
-		}
 		f.gws = append(f.gws, g)
 	}
-	for _, g := range f.gws {
-		if err := f.awaitReady(ctx, g.proc, func() error { return f.gatewayReady(ctx, g) }); err != nil {
-			return err
-		}
-	}
-	return nil
+	return startAll(ctx, f, f.gws, func(g *gateway) *proc { return g.proc }, f.gatewayReady)
 }
 
 // key returns the key named name; it panics on a name the harness does
@@ -561,6 +544,24 @@ func (f *fleet) procs() []*proc {
 type errGone struct{ err error }
 
 func (e errGone) Error() string { return e.err.Error() }
+
+// startAll starts the process of each of ms, then waits for each in turn
+// until ready says it is up (awaitReady): the processes boot side by
+// side, not one after the other. A start that fails ends it; those not
+// started yet are left alone, as stop leaves them.
+func startAll[M any](ctx context.Context, f *fleet, ms []M, procOf func(M) *proc, ready func(context.Context, M) error) error {
+	for _, m := range ms {
+		if err := procOf(m).start(ctx); err != nil {
+			return err
+		}
+	}
+	for _, m := range ms {
+		if err := f.awaitReady(ctx, procOf(m), func() error { return ready(ctx, m) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // awaitReady polls ready until it returns nil, for at most the start-up
 // bound; it stops at once when p has exited, as waiting longer for it to
