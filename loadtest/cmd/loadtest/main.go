@@ -240,7 +240,6 @@ func (o *outputs) finish(sum summary, err error, start time.Time, stoppedBy stri
 	return exitOK
 }
 
-// writeReport writes the HTML page of sum to f and closes it.
 // summary is what a run's outputs are written from: loadtest.Summary and
 // loadtest.StormSummary.
 type summary interface {
