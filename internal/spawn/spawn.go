@@ -14,15 +14,16 @@ package spawn
 import (
 	"os/exec"
 	"runtime"
+
+	"github.com/tollgate/tollgate/internal/service"
 )
 
-// Process is a started child. Its goroutine, which owns cmd.Wait, ends
-// when the child exits; wait for it with Done.
+// Process is a started child. Its goroutine (a service.Task), which owns
+// cmd.Wait, ends when the child exits; wait for it with Done.
 type Process struct {
 	// Cmd is the command Start started.
 	Cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	task *service.Task
 }
 
 // Start sets cmd's SysProcAttr (see SysProcAttr) and starts it, waiting
@@ -30,44 +31,33 @@ type Process struct {
 // The error is cmd.Start's.
 func Start(cmd *exec.Cmd) (*Process, error) {
 	cmd.SysProcAttr = SysProcAttr()
-	p := &Process{Cmd: cmd, done: make(chan struct{})}
 	started := make(chan error, 1)
-	go func() {
+	task := service.Go(func() error {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		if err := cmd.Start(); err != nil {
 			started <- err
-			return
+			return nil
 		}
 		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
+		return cmd.Wait()
+	})
 	if err := <-started; err != nil {
 		return nil, err
 	}
-	return p, nil
+	return &Process{Cmd: cmd, task: task}, nil
 }
 
 // Done is closed once the child has exited and been waited for.
-func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Process) Done() <-chan struct{} { return p.task.Done() }
 
 // Exited reports whether the child has exited.
-func (p *Process) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+func (p *Process) Exited() bool { return p.task.Exited() }
 
 // Err returns cmd.Wait's result once Done is closed, nil before.
 func (p *Process) Err() error {
-	select {
-	case <-p.done:
-		return p.err
-	default:
+	if !p.task.Exited() {
 		return nil
 	}
+	return p.task.Wait()
 }
