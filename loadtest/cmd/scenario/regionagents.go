@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate/tollgate/compose/kafkabroker"
 	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/natsserver"
+	"github.com/tollgate/tollgate/internal/service"
 )
 
 // regionsSecret is the key secret of the scenario's gateways (the
@@ -78,22 +79,17 @@ func (f *regionFleet) startLinkedNATS(ctx context.Context, log *slog.Logger) err
 func (f *regionFleet) waitLinked(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, linkTimeout)
 	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	err := service.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		linked := f.regions[0].agent.nats.Leafnodes() == len(f.regions)-1
 		for _, r := range f.regions[1:] {
 			linked = linked && r.agent.nats.Leafnodes() == 1
 		}
-		if linked {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("regions: NATS servers not linked within %v: %w", linkTimeout, ctx.Err())
-		case <-tick.C:
-		}
+		return linked, nil
+	})
+	if err != nil {
+		return fmt.Errorf("regions: NATS servers not linked within %v: %w", linkTimeout, err)
 	}
+	return nil
 }
 
 // startAgent starts region r's Kafka broker and aggregator (its NATS is

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/compose/demoapi"
 	"github.com/tollgate/tollgate/compose/linkproxy"
 	"github.com/tollgate/tollgate/compose/redisserver"
+	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/chaos/history"
 )
 
@@ -580,25 +581,18 @@ func (f *fleet) awaitReady(ctx context.Context, p *proc, ready func() error) err
 	return nil
 }
 
-// pollUntil calls cond every 50 ms until it returns nil, ctx ends or d
-// passes; it returns cond's last error then.
+// pollUntil calls cond every 50 ms (service.Poll) until it returns nil
+// or errGone, ctx ends or d passes; it returns cond's last error then.
 func pollUntil(ctx context.Context, d time.Duration, cond func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return nil
-		}
-		if errors.As(err, new(errGone)) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (after %v)", err, d)
-		case <-t.C:
-		}
+	var last error
+	err := service.Poll(ctx, 50*time.Millisecond, func() (bool, error) {
+		last = cond()
+		return last == nil || errors.As(last, new(errGone)), last
+	})
+	if err != nil && last != nil && !errors.As(last, new(errGone)) {
+		return fmt.Errorf("%w (after %v)", last, d)
 	}
+	return err
 }
