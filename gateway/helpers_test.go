@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtext"
 	"github.com/tollgate/tollgate/internal/testnet"
 )
 
@@ -236,27 +237,11 @@ func (e *env) get(url string) (int, string) {
 // every one of labels (`k="v"` strings), from g's /metrics.
 func (e *env) metric(g *runningGateway, name string, labels ...string) float64 {
 	e.t.Helper()
-	_, body := e.get("http://" + g.addrs.Metrics + "/metrics")
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		if !ok {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			e.t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
+	ss, err := promtext.Get(e.t.Context(), e.client, "http://"+g.addrs.Metrics+"/metrics")
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	return sum
+	return ss.Sum(name, labels...)
 }
 
 // counter hands out distinct keys within a test binary.

@@ -18,10 +18,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/promtext"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/loadtest/internal/cmdstats"
 	"github.com/tollgate/tollgate/loadtest/internal/procstat"
-	"github.com/tollgate/tollgate/loadtest/internal/promtext"
 	"github.com/tollgate/tollgate/loadtest/internal/report"
 	"github.com/tollgate/tollgate/loadtest/internal/target"
 )

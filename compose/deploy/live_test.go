@@ -32,6 +32,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtext"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -497,19 +498,16 @@ func scrape(t testing.TB, addr string) []byte {
 // metricAtLeast reports whether the series (written as in the exposition
 // format, labels in order) at addr/metrics has a value of at least min.
 func metricAtLeast(addr, series string, min float64) error {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	ss, err := promtext.Get(context.Background(), http.DefaultClient, "http://"+addr+"/metrics")
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(body)
-	if m == nil {
+	v, ok := ss.Value(series)
+	if !ok {
 		return fmt.Errorf("%s: no series %s", addr, series)
 	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil || v < min {
-		return fmt.Errorf("%s: %s = %s, want at least %v", addr, series, m[1], min)
+	if v < min {
+		return fmt.Errorf("%s: %s = %v, want at least %v", addr, series, v, min)
 	}
 	return nil
 }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +23,7 @@ import (
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/guard"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtext"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
 	"github.com/tollgate/tollgate/schemas/tollgatev1"
@@ -242,24 +241,16 @@ func (f *fleet) readyz(g *fleetGateway) readyz {
 	return r
 }
 
-// metric returns the value of one series of a gateway's /metrics (the
-// first line starting with series), -1 when absent.
+// metric returns the value of one series of a gateway's /metrics (see
+// promtext.Samples.Value), -1 when absent.
 func (f *fleet) metric(g *fleetGateway, series string) float64 {
 	f.t.Helper()
-	resp, err := f.client.Get("http://" + g.addrs.Metrics + "/metrics")
+	ss, err := promtext.Get(f.t.Context(), f.client, "http://"+g.addrs.Metrics+"/metrics")
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, series); ok && (rest == "" || rest[0] == ' ') {
-			v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
-			if err != nil {
-				f.t.Fatalf("%s: %v", line, err)
-			}
-			return v
-		}
+	if v, ok := ss.Value(series); ok {
+		return v
 	}
 	return -1
 }

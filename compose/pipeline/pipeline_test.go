@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/configs"
 	"github.com/tollgate/tollgate/gateway"
 	"github.com/tollgate/tollgate/internal/logtest"
+	"github.com/tollgate/tollgate/internal/promtext"
 	"github.com/tollgate/tollgate/internal/service"
 	"github.com/tollgate/tollgate/internal/testnet"
 	"github.com/tollgate/tollgate/internal/testwait"
@@ -336,23 +337,14 @@ type child struct {
 	kill         func()
 }
 
-// metric returns the value of an unlabelled-but-gateway metric of the
-// child's /metrics.
+// metric returns the value of a metric of the child's /metrics (its one
+// series, labelled by gateway only).
 func (c *child) metric(name string) (float64, error) {
-	resp, err := http.Get("http://" + c.metrics + "/metrics")
+	ss, err := promtext.Get(context.Background(), http.DefaultClient, "http://"+c.metrics+"/metrics")
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			var v float64
-			_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			return v, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in /metrics", name)
+	return ss.Sum(name), nil
 }
 
 func (e *env) startChild(id, dataDir string) *child {

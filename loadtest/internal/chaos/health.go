@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tollgate/tollgate/loadtest/internal/promtext"
+	"github.com/tollgate/tollgate/internal/promtext"
 )
 
 // probeClient is the harness's own HTTP client for health and metrics.

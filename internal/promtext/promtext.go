@@ -1,6 +1,8 @@
 // Package promtext reads a few series from a Prometheus text exposition
-// (a gateway's /metrics): scenarios sample counters such as
-// tollgate_redis_calls_total while they run. It understands the text
+// (a gateway's or an aggregator's /metrics): the load scenarios sample
+// counters such as tollgate_redis_calls_total while they run, the chaos
+// soak reads the fleet's health from them, and end-to-end tests read
+// what the processes they start counted. It understands the text
 // format's sample lines, `name{labels} value [timestamp]`, and nothing
 // more: comments and the types of series are ignored.
 package promtext
@@ -78,6 +80,21 @@ func (ss Samples) Sum(name string, labels ...string) float64 {
 		sum += s.Value
 	}
 	return sum
+}
+
+// Value returns the value of the sample written series, as the
+// exposition writes it: a name alone, or a name with all its labels in
+// the exposition's order (`tollgate_rules_version{gateway="gw1"}`); ok is
+// false when there is none.
+func (ss Samples) Value(series string) (v float64, ok bool) {
+	name, labels, _ := strings.Cut(series, "{")
+	labels = strings.TrimSuffix(labels, "}")
+	for _, s := range ss {
+		if s.Name == name && s.Labels == labels {
+			return s.Value, true
+		}
+	}
+	return 0, false
 }
 
 func hasLabels(have string, want []string) bool {
