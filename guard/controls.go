@@ -96,23 +96,28 @@ func (o *overlay) size() int {
 // look on its kind's maps; look and changes inline into it, so a read is
 // one call, as when each kind's was written out.
 func (s *ControlSet) blocked(k string) (Entry, bool) {
-	return look(s.changes().mask[kindBlocked], s.changes().blocked, s.Blocked, k)
+	o := s.changes()
+	return look(o.mask[kindBlocked], o.blocked, s.Blocked, k)
 }
 
 func (s *ControlSet) allowed(k string) (Entry, bool) {
-	return look(s.changes().mask[kindAllowed], s.changes().allowed, s.Allowed, k)
+	o := s.changes()
+	return look(o.mask[kindAllowed], o.allowed, s.Allowed, k)
 }
 
 func (s *ControlSet) penaltyOf(k string) (Penalty, bool) {
-	return look(s.changes().mask[kindPenalties], s.changes().penalties, s.Penalties, k)
+	o := s.changes()
+	return look(o.mask[kindPenalties], o.penalties, s.Penalties, k)
 }
 
 func (s *ControlSet) keyOverride(k string) (Override, bool) {
-	return look(s.changes().mask[kindKeyOverrides], s.changes().keyOverrides, s.KeyOverrides, k)
+	o := s.changes()
+	return look(o.mask[kindKeyOverrides], o.keyOverrides, s.KeyOverrides, k)
 }
 
 func (s *ControlSet) tenantOverride(k string) (Override, bool) {
-	return look(s.changes().mask[kindTenantOverrides], s.changes().tenantOverrides, s.TenantOverrides, k)
+	o := s.changes()
+	return look(o.mask[kindTenantOverrides], o.tenantOverrides, s.TenantOverrides, k)
 }
 
 // look reads k of one kind: from the overlay's map over when the kind's
