@@ -591,7 +591,7 @@ func pollUntil(ctx context.Context, d time.Duration, cond func() error) error {
 		last = cond()
 		return last == nil || errors.As(last, new(errGone)), last
 	})
-	if err != nil && last != nil && !errors.As(last, new(errGone)) {
+	if err != nil && ctx.Err() != nil && last != nil {
 		return fmt.Errorf("%w (after %v)", last, d)
 	}
 	return err
